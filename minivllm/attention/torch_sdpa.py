@@ -1,0 +1,63 @@
+"""The torch_sdpa backend: reference and CPU path.
+
+It writes new K/V into the paged cache, gathers each request's context back out of it and
+calls scaled_dot_product_attention. Slow but obviously right; the ground truth in tests.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from minivllm.attention.base import AttnMetadata
+
+
+def store_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Writes k/v rows [num_tokens, num_kv_heads, head_dim] at their slots; -1 slots are skipped."""
+    num_blocks, block_size = kv_cache.shape[1], kv_cache.shape[2]
+    flat = kv_cache.view(2, num_blocks * block_size, *kv_cache.shape[3:])
+    valid = slot_mapping >= 0
+    slots = slot_mapping[valid]
+    flat[0, slots] = k[valid]
+    flat[1, slots] = v[valid]
+
+
+class TorchSDPABackend:
+    name = "torch_sdpa"
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttnMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        store_kv(k, v, kv_cache, meta.slot_mapping)
+        block_size = kv_cache.shape[2]
+        starts = meta.query_start_loc_cpu or meta.query_start_loc.tolist()
+        seq_lens = meta.seq_lens_cpu or meta.seq_lens.tolist()
+        out = torch.empty_like(q)
+        group = q.shape[1] // kv_cache.shape[3]
+        for i, seq_len in enumerate(seq_lens):
+            q_start, q_end = starts[i], starts[i + 1]
+            num_q = q_end - q_start
+            if num_q == 0:
+                continue
+            num_blocks = (seq_len + block_size - 1) // block_size
+            blocks = meta.block_tables[i, :num_blocks].long()
+            # ctx_k, ctx_v: [seq_len, num_kv_heads, head_dim]
+            ctx_k = kv_cache[0, blocks].flatten(0, 1)[:seq_len]
+            ctx_v = kv_cache[1, blocks].flatten(0, 1)[:seq_len]
+            # Query j sits at position seq_len - num_q + j and sees keys up to it.
+            q_pos = torch.arange(seq_len - num_q, seq_len, device=q.device)
+            mask = torch.arange(seq_len, device=q.device)[None, :] <= q_pos[:, None]
+            qi = q[q_start:q_end].transpose(0, 1)  # [heads, num_q, head_dim]
+            ki = ctx_k.transpose(0, 1).repeat_interleave(group, dim=0)
+            vi = ctx_v.transpose(0, 1).repeat_interleave(group, dim=0)
+            o = F.scaled_dot_product_attention(
+                qi.float(), ki.float(), vi.float(), attn_mask=mask, scale=scale
+            )
+            out[q_start:q_end] = o.transpose(0, 1).to(q.dtype)
+        return out

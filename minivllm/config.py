@@ -1,0 +1,184 @@
+"""Engine and model configuration: frozen, validated on construction.
+
+Derived values (number of KV blocks, CUDA graph sizes) are returned by functions elsewhere,
+never written back here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal
+
+import torch
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The hyperparameters of a dense decoder model, read from an HF config.json."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool
+    torch_dtype: str  # the checkpoint's dtype: "float32" | "float16" | "bfloat16"
+    rope_scaling: dict[str, Any] | None = None
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+    @classmethod
+    def from_hf(cls, model_dir: str) -> ModelConfig:
+        """Reads config.json as written by transformers 4 (rope_theta, rope_scaling,
+        torch_dtype) or 5 (rope_parameters, dtype)."""
+        path = os.path.join(model_dir, "config.json")
+        if not os.path.isfile(path):
+            raise ValueError(f"no config.json in model directory {model_dir!r}")
+        with open(path) as f:
+            hf = json.load(f)
+        return cls.from_dict(hf)
+
+    @classmethod
+    def from_dict(cls, hf: dict[str, Any]) -> ModelConfig:
+        archs = hf.get("architectures") or []
+        if not archs:
+            raise ValueError("config.json has no 'architectures' entry")
+        rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+        rope_theta = float(hf.get("rope_theta", rope.get("rope_theta", 10000.0)))
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        rope_scaling = None if rope_type in (None, "default") else {**rope, "rope_type": rope_type}
+        heads = hf["num_attention_heads"]
+        eos = hf.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+        arch = archs[0]
+        return cls(
+            architecture=arch,
+            vocab_size=hf["vocab_size"],
+            hidden_size=hf["hidden_size"],
+            intermediate_size=hf["intermediate_size"],
+            num_hidden_layers=hf["num_hidden_layers"],
+            num_attention_heads=heads,
+            num_key_value_heads=hf.get("num_key_value_heads") or heads,
+            head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            rope_theta=rope_theta,
+            max_position_embeddings=hf.get("max_position_embeddings", 4096),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            # Qwen2 has q/k/v biases without saying so in its config.
+            attention_bias=bool(hf.get("attention_bias", arch == "Qwen2ForCausalLM")),
+            torch_dtype=str(hf.get("dtype") or hf.get("torch_dtype") or "float32"),
+            rope_scaling=rope_scaling,
+            bos_token_id=hf.get("bos_token_id"),
+            eos_token_ids=eos_ids,
+        )
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Every engine option, with vLLM's names. Unknown options raise TypeError."""
+
+    model: str
+    tokenizer: str | None = None
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+    device: Literal["auto", "cuda", "cpu"] = "auto"
+    tensor_parallel_size: int = 1
+    max_model_len: int | None = None
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+    enable_prefix_caching: bool = True
+    enforce_eager: bool = False
+    load_format: Literal["auto", "dummy"] = "auto"
+    seed: int = 0
+    attention_backend: Literal["auto", "triton", "torch_sdpa"] = "auto"
+    # KV cache size on the CPU, in bytes (on CUDA it comes from profiling).
+    kv_cache_memory: int = 1 << 30
+    # Fixes the number of KV blocks (tests use it to force preemption).
+    num_gpu_blocks_override: int | None = None
+    # Largest decode batch captured in a CUDA graph.
+    max_cuda_graph_batch_size: int = 512
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        def check(ok: bool, message: str) -> None:
+            if not ok:
+                raise ValueError(message)
+
+        check(self.dtype in ("auto", *DTYPES), f"dtype must be auto or one of {list(DTYPES)}")
+        check(self.device in ("auto", "cuda", "cpu"), f"device must be auto|cuda|cpu, got {self.device!r}")
+        check(self.tensor_parallel_size >= 1, "tensor_parallel_size must be >= 1")
+        check(self.max_model_len is None or self.max_model_len >= 1, "max_model_len must be >= 1")
+        check(self.max_num_seqs >= 1, f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        check(
+            self.max_num_batched_tokens >= 1,
+            f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}",
+        )
+        check(
+            self.block_size >= 1 and self.block_size & (self.block_size - 1) == 0,
+            f"block_size must be a power of two, got {self.block_size}",
+        )
+        check(
+            0.0 < self.gpu_memory_utilization <= 1.0,
+            f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}",
+        )
+        check(self.load_format in ("auto", "dummy"), f"load_format must be auto|dummy, got {self.load_format!r}")
+        check(
+            self.attention_backend in ("auto", "triton", "torch_sdpa"),
+            f"attention_backend must be auto|triton|torch_sdpa, got {self.attention_backend!r}",
+        )
+        check(self.kv_cache_memory > 0, "kv_cache_memory must be > 0")
+        check(
+            self.num_gpu_blocks_override is None or self.num_gpu_blocks_override >= 1,
+            "num_gpu_blocks_override must be >= 1",
+        )
+        check(os.path.isdir(self.model), f"model directory does not exist: {self.model!r}")
+
+    @classmethod
+    def from_options(cls, model: str, **options: Any) -> EngineConfig:
+        """Builds the config from LLM(...) keyword options; an unknown name is a TypeError."""
+        known = {f.name for f in fields(cls)} - {"model", "extra"}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise TypeError(
+                f"unknown engine option(s) {unknown}; known options: {sorted(known)}"
+            )
+        return cls(model=model, **options)
+
+    def resolved_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device='cuda' was asked for but no CUDA GPU is available")
+        return torch.device(self.device)
+
+    def resolved_dtype(self, model_config: ModelConfig, device: torch.device) -> torch.dtype:
+        """auto: the checkpoint's dtype on CUDA (float32 -> bfloat16 there), float32 on CPU."""
+        if self.dtype != "auto":
+            return DTYPES[self.dtype]
+        if device.type == "cpu":
+            return torch.float32
+        dtype = DTYPES.get(model_config.torch_dtype, torch.bfloat16)
+        return torch.bfloat16 if dtype == torch.float32 else dtype
+
+    def resolved_max_model_len(self, model_config: ModelConfig) -> int:
+        limit = model_config.max_position_embeddings
+        if self.max_model_len is None:
+            return limit
+        if self.max_model_len > limit:
+            raise ValueError(
+                f"max_model_len={self.max_model_len} exceeds the model's "
+                f"max_position_embeddings={limit}"
+            )
+        return self.max_model_len

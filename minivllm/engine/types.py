@@ -1,0 +1,98 @@
+"""The plain-data boundary objects of the engine core.
+
+SchedulerOutput goes from the scheduler to the model runner (and, under tensor parallelism,
+to every rank); RunnerOutput comes back; EngineOutput goes from the core to a frontend.
+Only ints, floats, strings, lists and SamplingParams cross these boundaries: no tensors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from minivllm.sampling_params import SamplingParams
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass
+class NewRequestData:
+    """Sent once, the first step a request is scheduled: what the sampler needs to know."""
+
+    req_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+
+
+@dataclass
+class ScheduledChunk:
+    """The tokens of one request computed this step.
+
+    token_ids are the tokens at positions [num_computed_tokens, num_computed_tokens +
+    len(token_ids)); block_ids is the request's whole block table after allocation.
+    sample is True when the chunk reaches the request's last known token, so that the
+    runner samples the next one (a non-final prefill chunk samples nothing).
+    """
+
+    req_id: str
+    token_ids: list[int]
+    num_computed_tokens: int
+    block_ids: list[int]
+    sample: bool
+
+
+@dataclass
+class SchedulerOutput:
+    """One step's work. Decode chunks (one token, sample=True, past the prompt) come first."""
+
+    chunks: list[ScheduledChunk]
+    num_decode_chunks: int
+    new_requests: list[NewRequestData] = field(default_factory=list)
+    # Requests the runner can forget (finished, aborted). Preempted ones are not in here.
+    finished_req_ids: list[str] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(c.token_ids) for c in self.chunks)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.chunks
+
+
+@dataclass
+class Logprob:
+    """vLLM's Logprob: log-probability of one token, its rank (1 = most likely), its text."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+# {token_id: Logprob} for one position: the sampled (or prompt) token plus the top k.
+LogprobsDict = dict[int, Logprob]
+
+
+@dataclass
+class RunnerOutput:
+    """What the model runner returns: one sampled token per chunk with sample=True, in order."""
+
+    req_ids: list[str]
+    sampled_token_ids: list[int]
+    # Per sampled request (aligned with req_ids), when the request asked for logprobs.
+    logprobs: list[LogprobsDict | None] | None = None
+    # req_id -> one entry per prompt position computed this step (first prompt token: None).
+    prompt_logprobs: dict[str, list[LogprobsDict | None]] = field(default_factory=dict)
+
+
+@dataclass
+class EngineOutput:
+    """What the core tells a frontend about one request after a step."""
+
+    req_id: str
+    new_token_ids: list[int]
+    finished: bool = False
+    finish_reason: FinishReason | None = None
+    new_logprobs: list[LogprobsDict] | None = None
+    prompt_logprobs: list[LogprobsDict | None] | None = None
+    num_cached_tokens: int = 0

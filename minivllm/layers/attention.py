@@ -1,0 +1,39 @@
+"""The attention layer: owns its slice of the paged KV cache and calls the backend."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from minivllm.attention.base import AttentionBackend, AttnMetadata
+
+
+class Attention(nn.Module):
+    """Paged attention for one layer. The runner binds `kv_cache` after allocating it."""
+
+    def __init__(
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        scale: float,
+        backend: AttentionBackend,
+    ) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scale = scale
+        self.backend = backend
+        # [2, num_blocks, block_size, num_kv_heads, head_dim]; empty until the runner binds it.
+        self.kv_cache = torch.empty(0)
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttnMetadata
+    ) -> torch.Tensor:
+        # q: [num_tokens, num_heads * head_dim]; k, v: [num_tokens, num_kv_heads * head_dim]
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        out = self.backend.forward(q, k, v, self.kv_cache, meta, self.scale)
+        return out.reshape(-1, self.num_heads * self.head_dim)
