@@ -1,0 +1,39 @@
+"""Picks the attention backend: `auto` is triton on CUDA and torch_sdpa on the CPU."""
+
+from __future__ import annotations
+
+import torch
+
+from minivllm.attention.base import AttentionBackend
+from minivllm.attention.torch_sdpa import TorchSDPABackend
+
+
+def resolve_backend_name(name: str, device: torch.device) -> str:
+    if name == "auto":
+        return "triton" if device.type == "cuda" else "torch_sdpa"
+    if name == "triton" and device.type != "cuda":
+        raise ValueError("attention_backend='triton' needs a CUDA device; use torch_sdpa on the CPU")
+    return name
+
+
+def get_attn_backend(
+    name: str,
+    device: torch.device,
+    num_heads: int,
+    head_dim: int,
+    max_num_seqs: int,
+    max_model_len: int,
+) -> AttentionBackend:
+    name = resolve_backend_name(name, device)
+    if name == "torch_sdpa":
+        return TorchSDPABackend()
+    # Imported lazily: triton is only needed on CUDA.
+    from minivllm.attention.triton import TritonBackend
+
+    return TritonBackend(
+        num_heads=num_heads,
+        head_dim=head_dim,
+        max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len,
+        device=device,
+    )

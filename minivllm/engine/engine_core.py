@@ -1,0 +1,100 @@
+"""EngineCore: tokens in, tokens out. step() is schedule, execute, update.
+
+Both frontends (LLM.generate and the async server engine) drive this one class.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from minivllm.config import EngineConfig, ModelConfig
+from minivllm.engine.block_manager import BlockManager
+from minivllm.engine.request import Request
+from minivllm.engine.scheduler import Scheduler
+from minivllm.engine.types import EngineOutput
+from minivllm.engine.parallel import build_executor
+from minivllm.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.model_config = ModelConfig.from_hf(config.model)
+        self.max_model_len = config.resolved_max_model_len(self.model_config)
+        self.executor = build_executor(config, self.model_config, self.max_model_len)
+        self.num_blocks = self.executor.num_blocks
+        if self.num_blocks < 1:
+            raise ValueError(
+                "no KV cache blocks fit in the memory budget; raise gpu_memory_utilization "
+                "(CUDA) or kv_cache_memory (CPU), or lower max_num_batched_tokens"
+            )
+        logger.info(
+            "KV cache: %d blocks of %d tokens (%d tokens)",
+            self.num_blocks,
+            config.block_size,
+            self.num_blocks * config.block_size,
+        )
+        block_manager = BlockManager(
+            self.num_blocks, config.block_size, config.enable_prefix_caching
+        )
+        self.scheduler = Scheduler(
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_model_len=self.max_model_len,
+            block_manager=block_manager,
+        )
+
+    def validate_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Raises ValueError for a request the engine could never serve."""
+        num_prompt = len(prompt_token_ids)
+        if num_prompt == 0:
+            raise ValueError("the prompt is empty: give at least one token")
+        vocab_size = self.model_config.vocab_size
+        for token_id in prompt_token_ids:
+            if not isinstance(token_id, int) or not 0 <= token_id < vocab_size:
+                raise ValueError(
+                    f"prompt token id {token_id!r} is outside the vocabulary [0, {vocab_size})"
+                )
+        if num_prompt >= self.max_model_len:
+            raise ValueError(
+                f"the prompt has {num_prompt} tokens but max_model_len is {self.max_model_len}: "
+                "it must be shorter, to leave room for at least one generated token"
+            )
+        max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len
+        worst_case = min(num_prompt + max_tokens, self.max_model_len)
+        blocks_needed = -(-worst_case // self.config.block_size)
+        if blocks_needed > self.num_blocks:
+            raise ValueError(
+                f"the request needs up to {worst_case} tokens ({blocks_needed} KV blocks) but "
+                f"the KV cache holds only {self.num_blocks} blocks of {self.config.block_size}"
+            )
+
+    def add_request(
+        self,
+        req_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        arrival_time: float | None = None,
+    ) -> None:
+        self.validate_request(prompt_token_ids, params)
+        if arrival_time is None:
+            arrival_time = time.time()
+        request = Request(req_id, list(prompt_token_ids), params, arrival_time)
+        self.scheduler.add_request(request)
+
+    def abort_requests(self, req_ids: list[str]) -> None:
+        self.scheduler.abort_requests(req_ids)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def step(self) -> list[EngineOutput]:
+        sched_out = self.scheduler.schedule()
+        runner_out = self.executor.execute(sched_out)
+        return self.scheduler.update(sched_out, runner_out)
+
+    def shutdown(self) -> None:
+        self.executor.shutdown()

@@ -1,0 +1,144 @@
+"""ModelRunner: owns the model, the KV cache and the sampler on one device (one TP rank).
+
+`execute(SchedulerOutput) -> RunnerOutput` is its whole interface to the engine core.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+from minivllm.attention.base import AttnMetadata
+from minivllm.attention.selector import get_attn_backend
+from minivllm.config import EngineConfig, ModelConfig
+from minivllm.engine.input_prep import StepInputs, prepare_inputs
+from minivllm.engine.kv_cache import allocate_kv_caches, bytes_per_block, num_blocks_for_budget
+from minivllm.engine.sampling_state import SamplingState
+from minivllm.engine.types import RunnerOutput, SchedulerOutput
+from minivllm.layers.sampler import Sampler
+from minivllm.model_loader import build_model
+
+logger = logging.getLogger(__name__)
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        config: EngineConfig,
+        model_config: ModelConfig,
+        device: torch.device,
+        dtype: torch.dtype,
+        max_model_len: int,
+        tp_size: int = 1,
+    ) -> None:
+        self.config = config
+        self.model_config = model_config
+        self.device = device
+        self.dtype = dtype
+        self.max_model_len = max_model_len
+        self.tp_size = tp_size
+        self.block_size = config.block_size
+        tp_heads = model_config.num_attention_heads // tp_size
+        self.attn_backend = get_attn_backend(
+            config.attention_backend,
+            device,
+            num_heads=tp_heads,
+            head_dim=model_config.head_dim,
+            max_num_seqs=config.max_num_seqs,
+            max_model_len=max_model_len,
+        )
+        self.model = build_model(
+            model_config,
+            self.attn_backend,
+            dtype=dtype,
+            device=device,
+            model_dir=config.model,
+            load_format=config.load_format,
+            seed=config.seed,
+        )
+        self.sampler = Sampler()
+        self.sampling_state = SamplingState(device)
+        self.kv_caches: list[torch.Tensor] = []
+        self.graphs = None  # a CUDAGraphRunner once captured
+
+    # ---- KV cache -------------------------------------------------------------------------
+
+    def determine_num_blocks(self) -> int:
+        """How many KV blocks fit: an override, a byte budget on the CPU, profiling on CUDA."""
+        if self.config.num_gpu_blocks_override is not None:
+            return self.config.num_gpu_blocks_override
+        block_bytes = bytes_per_block(self.model_config, self.block_size, self.dtype, self.tp_size)
+        if self.device.type != "cuda":
+            return num_blocks_for_budget(self.config.kv_cache_memory, block_bytes)
+        from minivllm.engine.profiling import profile_kv_budget
+
+        budget = profile_kv_budget(self, self.config.gpu_memory_utilization)
+        return num_blocks_for_budget(budget, block_bytes)
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        self.kv_caches = allocate_kv_caches(
+            self.model_config, num_blocks, self.block_size, self.dtype, self.device, self.tp_size
+        )
+        for layer, cache in zip(self.model.attention_layers(), self.kv_caches, strict=True):
+            layer.kv_cache = cache
+        if self.device.type == "cuda" and not self.config.enforce_eager:
+            from minivllm.engine.cuda_graph import CUDAGraphRunner
+
+            self.graphs = CUDAGraphRunner(self, num_blocks)
+            self.graphs.capture()
+
+    # ---- one step -------------------------------------------------------------------------
+
+    def execute(self, sched_out: SchedulerOutput) -> RunnerOutput:
+        for req_id in sched_out.finished_req_ids:
+            self.sampling_state.remove(req_id)
+        for new in sched_out.new_requests:
+            self.sampling_state.add_request(new)
+        if sched_out.is_empty:
+            return RunnerOutput(req_ids=[], sampled_token_ids=[])
+        inputs = prepare_inputs(sched_out, self.block_size)
+        logits = self.compute_logits(inputs)
+        return self.sample(logits, inputs.sample_req_ids)
+
+    @torch.inference_mode()
+    def compute_logits(self, inputs: StepInputs) -> torch.Tensor:
+        """Runs the model over the step's tokens; returns [num_sampled, vocab] logits."""
+        if self.graphs is not None and self.graphs.can_run(inputs):
+            return self.graphs.run(inputs)
+        meta, input_ids, positions = self.to_device(inputs)
+        hidden = self.model(input_ids, positions, meta)
+        logits_indices = torch.from_numpy(inputs.logits_indices).to(self.device, non_blocking=True)
+        return self.model.compute_logits(hidden[logits_indices])
+
+    @torch.inference_mode()
+    def sample(self, logits: torch.Tensor, req_ids: list[str]) -> RunnerOutput:
+        if not req_ids:
+            return RunnerOutput(req_ids=[], sampled_token_ids=[])
+        sampling_meta = self.sampling_state.build_metadata(req_ids, self.device)
+        sampler_out = self.sampler(logits, sampling_meta)
+        token_ids = sampler_out.sampled_token_ids.tolist()  # the step's one host sync
+        for req_id, token_id in zip(req_ids, token_ids, strict=True):
+            self.sampling_state.append_token(req_id, token_id)
+        logprobs = None
+        if sampling_meta.max_num_logprobs is not None:
+            logprobs = self.sampling_state.to_runner_logprobs(sampler_out, req_ids)
+        return RunnerOutput(req_ids=req_ids, sampled_token_ids=token_ids, logprobs=logprobs)
+
+    def to_device(self, inputs: StepInputs) -> tuple[AttnMetadata, torch.Tensor, torch.Tensor]:
+        def put(array: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(array).to(self.device, non_blocking=True)
+
+        meta = AttnMetadata(
+            query_start_loc=put(inputs.query_start_loc),
+            seq_lens=put(inputs.seq_lens),
+            block_tables=put(inputs.block_tables),
+            slot_mapping=put(inputs.slot_mapping),
+            max_query_len=inputs.max_query_len,
+            max_seq_len=inputs.max_seq_len,
+            num_decode_tokens=inputs.num_decode_tokens,
+            query_start_loc_cpu=inputs.query_start_loc.tolist(),
+            seq_lens_cpu=inputs.seq_lens.tolist(),
+        )
+        return meta, put(inputs.input_ids), put(inputs.positions)

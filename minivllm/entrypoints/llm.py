@@ -1,0 +1,163 @@
+"""LLM: the offline frontend. Text in, RequestOutputs out, driving one EngineCore."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any, Union
+
+from tqdm.auto import tqdm
+from transformers import AutoTokenizer
+
+from minivllm.config import EngineConfig
+from minivllm.engine.engine_core import EngineCore
+from minivllm.entrypoints.generation_config import read_generation_defaults
+from minivllm.entrypoints.output_processor import OutputProcessor
+from minivllm.outputs import RequestOutput
+from minivllm.sampling_params import SamplingParams
+
+PromptType = Union[str, list[int], dict[str, Any]]
+
+
+class LLM:
+    """vLLM's offline API: `LLM(model_dir, **options).generate(prompts, sampling_params)`."""
+
+    def __init__(self, model: str, **options: Any) -> None:
+        self.config = EngineConfig.from_options(model, **options)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.config.tokenizer or model)
+        self.generation_defaults = read_generation_defaults(model, self.tokenizer)
+        self.engine = EngineCore(self.config)
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self._request_counter = itertools.count()
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        return SamplingParams(**self.generation_defaults.sampling)
+
+    def generate(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Generates for every prompt; returns outputs in input order."""
+        prompt_list = _as_prompt_list(prompts)
+        params_list = self._params_per_prompt(sampling_params, len(prompt_list))
+        # Tokenize and validate everything before submitting anything, so that one bad
+        # prompt leaves the engine untouched.
+        requests = [self._tokenize(p) for p in prompt_list]
+        for (_, token_ids), params in zip(requests, params_list):
+            self.engine.validate_request(token_ids, params)
+        request_ids = []
+        for (text, token_ids), params in zip(requests, params_list):
+            request_ids.append(self._add_request(text, token_ids, params))
+        return self._run_engine(request_ids, use_tqdm)
+
+    def chat(
+        self,
+        messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        add_generation_prompt: bool = True,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> list[RequestOutput]:
+        """Applies the tokenizer's chat template to one conversation or a list of them."""
+        if not messages:
+            raise ValueError("messages is empty")
+        conversations = [messages] if isinstance(messages[0], dict) else messages
+        prompts = []
+        for conversation in conversations:
+            token_ids = self.tokenizer.apply_chat_template(
+                conversation,
+                add_generation_prompt=add_generation_prompt,
+                tokenize=True,
+                **(chat_template_kwargs or {}),
+            )
+            if isinstance(token_ids, dict) or hasattr(token_ids, "input_ids"):
+                token_ids = token_ids["input_ids"]
+            prompts.append({"prompt_token_ids": list(token_ids)})
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    # ---- internals ------------------------------------------------------------------------
+
+    def _params_per_prompt(self, sampling_params, num_prompts: int) -> list[SamplingParams]:
+        if sampling_params is None:
+            sampling_params = self.get_default_sampling_params()
+        if isinstance(sampling_params, SamplingParams):
+            params_list = [sampling_params] * num_prompts
+        else:
+            params_list = list(sampling_params)
+            if len(params_list) != num_prompts:
+                raise ValueError(
+                    f"got {len(params_list)} SamplingParams for {num_prompts} prompts; "
+                    "give one, or one per prompt"
+                )
+        for params in params_list:
+            if not isinstance(params, SamplingParams):
+                raise TypeError(f"sampling_params must be SamplingParams, got {type(params).__name__}")
+        eos = list(self.generation_defaults.eos_token_ids)
+        return [replace(p, eos_token_ids=eos) for p in params_list]
+
+    def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer.encode(prompt)
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+            if "prompt" in prompt:
+                return prompt["prompt"], self.tokenizer.encode(prompt["prompt"])
+            raise ValueError(f"a prompt dict needs 'prompt' or 'prompt_token_ids', got {sorted(prompt)}")
+        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+            return None, list(prompt)
+        raise TypeError(f"unsupported prompt type: {type(prompt).__name__}")
+
+    def _add_request(self, text: str | None, token_ids: list[int], params: SamplingParams) -> str:
+        request_id = str(next(self._request_counter))
+        arrival = time.time()
+        children = self.output_processor.add_request(request_id, text, token_ids, params, arrival)
+        for child_id, child_params in children:
+            self.engine.add_request(child_id, token_ids, child_params, arrival)
+        return request_id
+
+    def _run_engine(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        finished: dict[str, RequestOutput] = {}
+        bar = tqdm(total=len(request_ids), desc="Processed prompts", disable=not use_tqdm)
+        num_output_tokens = 0
+        start = time.perf_counter()
+        try:
+            while self.engine.has_unfinished_requests():
+                engine_outputs = self.engine.step()
+                num_output_tokens += sum(len(o.new_token_ids) for o in engine_outputs)
+                outputs, to_abort = self.output_processor.process(engine_outputs)
+                if to_abort:
+                    self.engine.abort_requests(to_abort)
+                for out in outputs:
+                    if out.finished:
+                        finished[out.request_id] = out
+                        bar.update(1)
+                elapsed = time.perf_counter() - start
+                bar.set_postfix_str(f"output {num_output_tokens / max(elapsed, 1e-9):.1f} tok/s")
+        except BaseException:
+            # Leave the engine clean for the next call: drop what this call started.
+            for request_id in request_ids:
+                if request_id not in finished:
+                    self.engine.abort_requests(self.output_processor.abort(request_id))
+            raise
+        finally:
+            bar.close()
+        return [finished[r] for r in request_ids]
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+
+
+def _as_prompt_list(prompts) -> list[PromptType]:
+    if isinstance(prompts, (str, dict)):
+        return [prompts]
+    if isinstance(prompts, list) and prompts and all(isinstance(t, int) for t in prompts):
+        return [prompts]
+    prompt_list = list(prompts)
+    if not prompt_list:
+        raise ValueError("no prompts given")
+    return prompt_list

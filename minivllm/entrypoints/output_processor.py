@@ -1,0 +1,167 @@
+"""Turns the core's token-level EngineOutputs into RequestOutputs with text.
+
+It owns everything text-side per request: the incremental detokenizer, stop strings, the
+fan-out of `n` samples into child requests and their gathering back into one output.
+Shared by LLM.generate and the async server engine.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+
+from minivllm.engine.types import EngineOutput, LogprobsDict
+from minivllm.entrypoints.processing import IncrementalDetokenizer, decode_logprobs
+from minivllm.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from minivllm.sampling_params import SamplingParams
+
+
+@dataclass
+class _Child:
+    """One of the n samples of a request; the core knows it as its own request."""
+
+    index: int
+    params: SamplingParams
+    detokenizer: IncrementalDetokenizer
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[LogprobsDict] | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+@dataclass
+class _Parent:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    children: dict[str, _Child]
+    metrics: RequestMetrics
+    prompt_logprobs: list[LogprobsDict | None] | None = None
+
+    @property
+    def finished(self) -> bool:
+        return all(c.finish_reason is not None for c in self.children.values())
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.parents: dict[str, _Parent] = {}
+        self.child_to_parent: dict[str, str] = {}
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | None,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        arrival_time: float,
+    ) -> list[tuple[str, SamplingParams]]:
+        """Registers a request; returns the (core request id, params) of each of its n samples."""
+        if request_id in self.parents:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        children: dict[str, _Child] = {}
+        for index in range(params.n):
+            child_id = request_id if params.n == 1 else f"{index}_{request_id}"
+            # Each sample gets its own seed stream, so that n > 1 with a seed differs per sample.
+            seed = None if params.seed is None else params.seed + index
+            child_params = replace(params, n=1, seed=seed)
+            children[child_id] = _Child(
+                index=index,
+                params=child_params,
+                detokenizer=IncrementalDetokenizer(
+                    self.tokenizer,
+                    prompt_token_ids,
+                    skip_special_tokens=params.skip_special_tokens,
+                    stop=params.stop,
+                    include_stop_str_in_output=params.include_stop_str_in_output,
+                ),
+                logprobs=[] if params.logprobs is not None else None,
+            )
+            self.child_to_parent[child_id] = request_id
+        self.parents[request_id] = _Parent(
+            request_id, prompt, prompt_token_ids, children, RequestMetrics(arrival_time)
+        )
+        return [(child_id, child.params) for child_id, child in children.items()]
+
+    def process(self, engine_outputs: list[EngineOutput]) -> tuple[list[RequestOutput], list[str]]:
+        """Applies one step's outputs. Returns (outputs of the requests that changed, core
+        request ids to abort because a stop string ended them)."""
+        now = time.time()
+        to_abort: list[str] = []
+        changed: dict[str, _Parent] = {}
+        for out in engine_outputs:
+            parent_id = self.child_to_parent.get(out.req_id)
+            if parent_id is None:
+                continue
+            parent = self.parents[parent_id]
+            child = parent.children[out.req_id]
+            if child.finish_reason is not None:
+                continue
+            self._apply(parent, child, out, now)
+            if child.detokenizer.stopped and not out.finished:
+                to_abort.append(out.req_id)
+            changed[parent_id] = parent
+        results = []
+        for parent in changed.values():
+            if parent.finished:
+                parent.metrics.finished_time = now
+                for child_id in parent.children:
+                    del self.child_to_parent[child_id]
+                del self.parents[parent.request_id]
+            results.append(self._request_output(parent))
+        return results, to_abort
+
+    def abort(self, request_id: str) -> list[str]:
+        """Forgets a request; returns the core ids of its samples (for the core to abort)."""
+        parent = self.parents.pop(request_id, None)
+        if parent is None:
+            return []
+        for child_id in parent.children:
+            self.child_to_parent.pop(child_id, None)
+        return list(parent.children)
+
+    def _apply(self, parent: _Parent, child: _Child, out: EngineOutput, now: float) -> None:
+        if parent.metrics.first_token_time is None and out.new_token_ids:
+            parent.metrics.first_token_time = now
+        parent.metrics.num_cached_tokens = max(parent.metrics.num_cached_tokens, out.num_cached_tokens)
+        if out.prompt_logprobs is not None:
+            parent.prompt_logprobs = (parent.prompt_logprobs or []) + [
+                None if d is None else decode_logprobs(self.tokenizer, d) for d in out.prompt_logprobs
+            ]
+        child.token_ids.extend(out.new_token_ids)
+        if child.logprobs is not None and out.new_logprobs:
+            child.logprobs.extend(decode_logprobs(self.tokenizer, d) for d in out.new_logprobs)
+        child.detokenizer.add_tokens(out.new_token_ids)
+        if child.detokenizer.stopped:
+            child.finish_reason = "stop"
+            child.stop_reason = child.detokenizer.stop_reason
+        elif out.finished:
+            child.finish_reason = out.finish_reason
+            if out.finish_reason == "stop" and out.new_token_ids:
+                last = out.new_token_ids[-1]
+                child.stop_reason = last if last in child.params.stop_token_ids else None
+
+    def _request_output(self, parent: _Parent) -> RequestOutput:
+        outputs = [
+            CompletionOutput(
+                index=c.index,
+                text=c.detokenizer.text,
+                token_ids=list(c.token_ids),
+                cumulative_logprob=None,
+                logprobs=c.logprobs,
+                finish_reason=c.finish_reason,
+                stop_reason=c.stop_reason,
+            )
+            for c in parent.children.values()
+        ]
+        return RequestOutput(
+            request_id=parent.request_id,
+            prompt=parent.prompt,
+            prompt_token_ids=parent.prompt_token_ids,
+            outputs=outputs,
+            finished=parent.finished,
+            prompt_logprobs=parent.prompt_logprobs,
+            metrics=parent.metrics,
+            num_cached_tokens=parent.metrics.num_cached_tokens,
+        )

@@ -1,0 +1,185 @@
+"""The tensor-parallel linear family.
+
+Every parameter carries `weight_loader(param, loaded_weight, shard_id=None)`: it takes the
+FULL checkpoint tensor and copies this rank's slice. Column-parallel layers split the output
+dim (no communication); RowParallelLinear splits the input dim and all-reduces its output.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minivllm.layers.parallel_state import all_reduce, divide, get_tp_rank_size
+
+
+def copy_checked(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """dst.copy_(src) (casting dtype and device) after checking that the shapes agree."""
+    if dst.shape != src.shape:
+        raise ValueError(
+            f"shape mismatch: checkpoint tensor (slice) {tuple(src.shape)} vs "
+            f"parameter (slice) {tuple(dst.shape)}"
+        )
+    dst.copy_(src)
+
+
+def default_weight_loader(
+    param: torch.Tensor, loaded_weight: torch.Tensor, shard_id: object = None
+) -> None:
+    copy_checked(param.data, loaded_weight)
+
+
+class LinearBase(nn.Module):
+    """y = x @ W.T (+ b) with W: [output_size, input_size] of this rank's shard."""
+
+    def __init__(
+        self, input_size: int, output_size: int, bias: bool, dtype: torch.dtype | None
+    ) -> None:
+        super().__init__()
+        self.tp_rank, self.tp_size = get_tp_rank_size()
+        self.input_size = input_size
+        self.output_size = output_size
+        self.weight = nn.Parameter(
+            torch.empty(output_size, input_size, dtype=dtype), requires_grad=False
+        )
+        self.weight.weight_loader = self.weight_loader
+        if bias:
+            self.bias = nn.Parameter(torch.empty(output_size, dtype=dtype), requires_grad=False)
+            self.bias.weight_loader = self.weight_loader
+        else:
+            self.register_parameter("bias", None)
+
+    def weight_loader(
+        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
+    ) -> None:
+        default_weight_loader(param, loaded_weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class ReplicatedLinear(LinearBase):
+    """The full weight on every rank."""
+
+    def __init__(
+        self, input_size: int, output_size: int, bias: bool = False, dtype: torch.dtype | None = None
+    ) -> None:
+        super().__init__(input_size, output_size, bias, dtype)
+
+
+class ColumnParallelLinear(LinearBase):
+    """Splits the output dim: rank r holds rows [r * n, (r + 1) * n) of W and b."""
+
+    def __init__(
+        self, input_size: int, output_size: int, bias: bool = False, dtype: torch.dtype | None = None
+    ) -> None:
+        _, tp_size = get_tp_rank_size()
+        super().__init__(input_size, divide(output_size, tp_size, "output size"), bias, dtype)
+
+    def weight_loader(
+        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
+    ) -> None:
+        size = param.shape[0]
+        copy_checked(param.data, loaded_weight.narrow(0, self.tp_rank * size, size))
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """Several column-parallel outputs in one matmul (gate_up); shard_id indexes output_sizes."""
+
+    def __init__(
+        self,
+        input_size: int,
+        output_sizes: list[int],
+        bias: bool = False,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        _, tp_size = get_tp_rank_size()
+        self.shard_sizes = [divide(n, tp_size, "merged output size") for n in output_sizes]
+        super().__init__(input_size, sum(output_sizes), bias, dtype)
+
+    def weight_loader(
+        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
+    ) -> None:
+        if not isinstance(shard_id, int) or not 0 <= shard_id < len(self.shard_sizes):
+            raise ValueError(f"merged linear needs shard_id in 0..{len(self.shard_sizes) - 1}")
+        size = self.shard_sizes[shard_id]
+        offset = sum(self.shard_sizes[:shard_id])
+        src = loaded_weight.narrow(0, self.tp_rank * size, size)
+        copy_checked(param.data.narrow(0, offset, size), src)
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """q, k and v projections in one matmul, split by heads.
+
+    With fewer KV heads than ranks, each rank holds one KV head, replicated over
+    tp_size // total_num_kv_heads ranks.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        head_dim: int,
+        total_num_heads: int,
+        total_num_kv_heads: int,
+        bias: bool = False,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        tp_rank, tp_size = get_tp_rank_size()
+        self.head_dim = head_dim
+        self.num_heads = divide(total_num_heads, tp_size, "number of attention heads")
+        if total_num_kv_heads >= tp_size:
+            self.num_kv_heads = divide(total_num_kv_heads, tp_size, "number of KV heads")
+            num_kv_replicas = 1
+        else:
+            if tp_size % total_num_kv_heads != 0:
+                raise ValueError(
+                    f"tensor_parallel_size ({tp_size}) must be a multiple of the number of "
+                    f"KV heads ({total_num_kv_heads}) when it exceeds it"
+                )
+            self.num_kv_heads = 1
+            num_kv_replicas = tp_size // total_num_kv_heads
+        self.kv_rank = tp_rank // num_kv_replicas
+        self.q_size = self.num_heads * head_dim
+        self.kv_size = self.num_kv_heads * head_dim
+        output_size = (self.num_heads + 2 * self.num_kv_heads) * head_dim
+        LinearBase.__init__(self, hidden_size, output_size, bias, dtype)
+
+    def weight_loader(
+        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
+    ) -> None:
+        if shard_id == "q":
+            offset, size, start = 0, self.q_size, self.tp_rank * self.q_size
+        elif shard_id == "k":
+            offset, size, start = self.q_size, self.kv_size, self.kv_rank * self.kv_size
+        elif shard_id == "v":
+            offset, size = self.q_size + self.kv_size, self.kv_size
+            start = self.kv_rank * self.kv_size
+        else:
+            raise ValueError(f"qkv linear needs shard_id 'q', 'k' or 'v', got {shard_id!r}")
+        copy_checked(param.data.narrow(0, offset, size), loaded_weight.narrow(0, start, size))
+
+
+class RowParallelLinear(LinearBase):
+    """Splits the input dim; partial products are summed with an all-reduce."""
+
+    def __init__(
+        self, input_size: int, output_size: int, bias: bool = False, dtype: torch.dtype | None = None
+    ) -> None:
+        _, tp_size = get_tp_rank_size()
+        super().__init__(divide(input_size, tp_size, "input size"), output_size, bias, dtype)
+
+    def weight_loader(
+        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
+    ) -> None:
+        if param.dim() == 1:  # the bias is not split
+            copy_checked(param.data, loaded_weight)
+            return
+        size = param.shape[1]
+        copy_checked(param.data, loaded_weight.narrow(1, self.tp_rank * size, size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [num_tokens, input_size // tp_size]. Only rank 0 adds the bias, so that the
+        # all-reduce adds it once.
+        bias = self.bias if self.tp_rank == 0 else None
+        return all_reduce(F.linear(x, self.weight, bias), self.tp_size)

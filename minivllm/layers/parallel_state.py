@@ -1,0 +1,41 @@
+"""Tensor-parallel rank and size, plus the two collectives the layers need.
+
+TP spans the default torch.distributed group; without one initialized we are rank 0 of 1.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def get_tp_rank_size() -> tuple[int, int]:
+    """(tp_rank, tp_size) from torch.distributed, or (0, 1) when it is not initialized."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def all_reduce(x: torch.Tensor, tp_size: int) -> torch.Tensor:
+    """Sums x over the TP ranks, in place; a no-op at tp_size 1."""
+    if tp_size > 1:
+        dist.all_reduce(x)
+    return x
+
+
+def all_gather_last_dim(x: torch.Tensor, tp_size: int) -> torch.Tensor:
+    """Concatenates every rank's x along the last dim, in rank order."""
+    if tp_size == 1:
+        return x
+    parts = [torch.empty_like(x) for _ in range(tp_size)]
+    dist.all_gather(parts, x.contiguous())
+    return torch.cat(parts, dim=-1)
+
+
+def divide(numerator: int, denominator: int, what: str) -> int:
+    """numerator // denominator, or a ValueError naming both numbers."""
+    if numerator % denominator != 0:
+        raise ValueError(
+            f"{what} ({numerator}) is not divisible by tensor_parallel_size ({denominator})"
+        )
+    return numerator // denominator

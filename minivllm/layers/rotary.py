@@ -1,0 +1,92 @@
+"""Rotary position embedding (neox style, rotate_half) with a precomputed cos/sin cache.
+
+Supports rope_type "default" and "llama3"; the inverse frequencies follow HF's formulas.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+SUPPORTED_ROPE_TYPES = ("default", "llama3")
+
+
+def default_inv_freq(head_dim: int, base: float) -> torch.Tensor:
+    """[head_dim // 2] float32 inverse frequencies base^(-2i / head_dim)."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    return 1.0 / (base**exponents)
+
+
+def llama3_inv_freq(head_dim: int, base: float, rope_scaling: dict[str, Any]) -> torch.Tensor:
+    """Llama 3.1 scaling: long wavelengths divided by `factor`, short ones kept, a smooth
+    blend in between (the band set by low/high_freq_factor over the original context)."""
+    try:
+        factor = float(rope_scaling["factor"])
+        low_freq_factor = float(rope_scaling["low_freq_factor"])
+        high_freq_factor = float(rope_scaling["high_freq_factor"])
+        old_context_len = rope_scaling["original_max_position_embeddings"]
+    except KeyError as e:
+        raise ValueError(f"llama3 rope_scaling is missing {e.args[0]!r}: {rope_scaling}") from e
+    inv_freq = default_inv_freq(head_dim, base)
+    low_freq_wavelen = old_context_len / low_freq_factor
+    high_freq_wavelen = old_context_len / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+def compute_inv_freq(
+    head_dim: int, base: float, rope_scaling: dict[str, Any] | None
+) -> torch.Tensor:
+    rope_type = "default"
+    if rope_scaling is not None:
+        rope_type = rope_scaling.get("rope_type", rope_scaling.get("type", "default"))
+    if rope_type == "default":
+        return default_inv_freq(head_dim, base)
+    if rope_type == "llama3":
+        return llama3_inv_freq(head_dim, base, rope_scaling)
+    raise ValueError(
+        f"rope_type {rope_type!r} is not supported; supported rope types: {SUPPORTED_ROPE_TYPES}"
+    )
+
+
+class RotaryEmbedding(nn.Module):
+    def __init__(
+        self,
+        head_dim: int,
+        max_position: int,
+        base: float,
+        rope_scaling: dict[str, Any] | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.head_dim = head_dim
+        inv_freq = compute_inv_freq(head_dim, base, rope_scaling)
+        freqs = torch.arange(max_position, dtype=torch.float32)[:, None] * inv_freq[None, :]
+        # cos_sin_cache: [max_position, head_dim], cos in the first half, sin in the second;
+        # stored in the model dtype because HF casts cos/sin to it before the rotation.
+        cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(dtype or torch.float32)
+        self.register_buffer("cos_sin_cache", cache, persistent=False)
+
+    def forward(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions: [num_tokens]; q: [num_tokens, num_heads * head_dim]; k likewise with
+        num_kv_heads. Returns the rotated (q, k) in the same shapes."""
+        cos, sin = self.cos_sin_cache[positions].chunk(2, dim=-1)
+        # cos, sin: [num_tokens, 1, head_dim // 2], broadcast over heads
+        cos, sin = cos[:, None, :], sin[:, None, :]
+        return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x = x.view(shape[0], -1, self.head_dim)
+        x1, x2 = x.chunk(2, dim=-1)
+        out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+        return out.view(shape)

@@ -1,0 +1,202 @@
+"""The Llama dense decoder, shared by Qwen2 (q/k/v bias) and Qwen3 (per-head q/k RMSNorm).
+
+Parameter names match HF checkpoints after packing q/k/v into qkv_proj and gate/up into
+gate_up_proj (see `packed_modules_mapping`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from minivllm.attention.base import AttentionBackend, AttnMetadata
+from minivllm.config import ModelConfig
+from minivllm.layers.activation import SiluAndMul
+from minivllm.layers.attention import Attention
+from minivllm.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from minivllm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from minivllm.layers.norm import RMSNorm
+from minivllm.layers.rotary import RotaryEmbedding
+
+
+@dataclass(frozen=True)
+class DecoderOptions:
+    """What differs between the Llama-like families."""
+
+    qkv_bias: bool
+    o_bias: bool
+    qk_norm: bool  # Qwen3: RMSNorm over each head of q and k, before RoPE
+
+
+class DecoderAttention(nn.Module):
+    def __init__(
+        self,
+        config: ModelConfig,
+        rotary_emb: RotaryEmbedding,
+        attn_backend: AttentionBackend,
+        options: DecoderOptions,
+        dtype: torch.dtype | None,
+    ) -> None:
+        super().__init__()
+        head_dim = config.head_dim
+        self.qkv_proj = QKVParallelLinear(
+            config.hidden_size,
+            head_dim,
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            bias=options.qkv_bias,
+            dtype=dtype,
+        )
+        self.num_heads = self.qkv_proj.num_heads  # on this rank
+        self.num_kv_heads = self.qkv_proj.num_kv_heads
+        self.head_dim = head_dim
+        self.q_size = self.qkv_proj.q_size
+        self.kv_size = self.qkv_proj.kv_size
+        self.o_proj = RowParallelLinear(
+            config.num_attention_heads * head_dim, config.hidden_size, options.o_bias, dtype
+        )
+        self.rotary_emb = rotary_emb  # shared by all layers
+        self.qk_norm = options.qk_norm
+        if self.qk_norm:
+            self.q_norm = RMSNorm(head_dim, config.rms_norm_eps, dtype)
+            self.k_norm = RMSNorm(head_dim, config.rms_norm_eps, dtype)
+        scale = head_dim**-0.5
+        self.attn = Attention(self.num_heads, self.num_kv_heads, head_dim, scale, attn_backend)
+
+    def forward(
+        self, positions: torch.Tensor, hidden: torch.Tensor, attn_meta: AttnMetadata
+    ) -> torch.Tensor:
+        qkv = self.qkv_proj(hidden)
+        # q: [num_tokens, num_heads * head_dim]; k, v: [num_tokens, num_kv_heads * head_dim]
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        if self.qk_norm:
+            num_tokens = q.shape[0]
+            q = self.q_norm(q.reshape(num_tokens, self.num_heads, self.head_dim))
+            k = self.k_norm(k.reshape(num_tokens, self.num_kv_heads, self.head_dim))
+            q, k = q.view(num_tokens, self.q_size), k.view(num_tokens, self.kv_size)
+        q, k = self.rotary_emb(positions, q, k)
+        return self.o_proj(self.attn(q, k, v.contiguous(), attn_meta))
+
+
+class DecoderMLP(nn.Module):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype | None) -> None:
+        super().__init__()
+        size = config.intermediate_size
+        self.gate_up_proj = MergedColumnParallelLinear(
+            config.hidden_size, [size, size], bias=False, dtype=dtype
+        )
+        self.down_proj = RowParallelLinear(size, config.hidden_size, bias=False, dtype=dtype)
+        self.act_fn = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(
+        self,
+        config: ModelConfig,
+        rotary_emb: RotaryEmbedding,
+        attn_backend: AttentionBackend,
+        options: DecoderOptions,
+        dtype: torch.dtype | None,
+    ) -> None:
+        super().__init__()
+        self.self_attn = DecoderAttention(config, rotary_emb, attn_backend, options, dtype)
+        self.mlp = DecoderMLP(config, dtype)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        attn_meta: AttnMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        # The residual stream is carried separately so that each norm fuses the add.
+        if residual is None:
+            hidden, residual = self.input_layernorm(hidden), hidden
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden, attn_meta)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class DecoderModel(nn.Module):
+    def __init__(
+        self,
+        config: ModelConfig,
+        attn_backend: AttentionBackend,
+        options: DecoderOptions,
+        dtype: torch.dtype | None,
+    ) -> None:
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, dtype)
+        self.rotary_emb = RotaryEmbedding(
+            config.head_dim,
+            config.max_position_embeddings,
+            config.rope_theta,
+            config.rope_scaling,
+            dtype,
+        )
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, self.rotary_emb, attn_backend, options, dtype)
+            for _ in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attn_meta: AttnMetadata
+    ) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)
+        residual = None
+        for layer in self.layers:
+            hidden, residual = layer(positions, hidden, residual, attn_meta)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+
+class LlamaForCausalLM(nn.Module):
+    packed_modules_mapping = {
+        "q_proj": ("qkv_proj", "q"),
+        "k_proj": ("qkv_proj", "k"),
+        "v_proj": ("qkv_proj", "v"),
+        "gate_proj": ("gate_up_proj", 0),
+        "up_proj": ("gate_up_proj", 1),
+    }
+
+    @classmethod
+    def decoder_options(cls, config: ModelConfig) -> DecoderOptions:
+        return DecoderOptions(config.attention_bias, config.attention_bias, qk_norm=False)
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        attn_backend: AttentionBackend,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        options = self.decoder_options(config)
+        self.model = DecoderModel(config, attn_backend, options, dtype)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, dtype)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attn_meta: AttnMetadata
+    ) -> torch.Tensor:
+        """input_ids, positions: [num_tokens] -> hidden [num_tokens, hidden_size] (normed)."""
+        return self.model(input_ids, positions, attn_meta)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: [num_rows, hidden_size] -> logits [num_rows, vocab_size]."""
+        return self.lm_head.compute_logits(hidden)
+
+    def attention_layers(self) -> list[Attention]:
+        """The Attention modules in layer order; the runner binds their kv_cache."""
+        return [layer.self_attn.attn for layer in self.model.layers]

@@ -1,0 +1,43 @@
+"""RequestOutput and CompletionOutput, shaped like vLLM's."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from minivllm.engine.types import LogprobsDict
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float | None = None
+    logprobs: list[LogprobsDict] | None = None
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    stop_reason: int | str | None = None  # the stop token id or stop string that ended it
+
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestMetrics:
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
+    num_cached_tokens: int = 0
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    prompt_logprobs: list[LogprobsDict | None] | None = None
+    metrics: RequestMetrics | None = None
+    num_cached_tokens: int = 0
+    extra: dict = field(default_factory=dict, repr=False)
