@@ -1,0 +1,55 @@
+"""Batch-1 latency on dummy weights: time to first token for a 1,000-token prompt and time per
+output token over 256 greedy tokens (median of 3). Prints one JSON line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import make_dummy_model_dir  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model-name", default="qwen3-0.6b")
+    parser.add_argument("--enforce-eager", action="store_true")
+    args = parser.parse_args()
+
+    from minivllm import LLM, SamplingParams
+
+    model_dir = make_dummy_model_dir(
+        args.model_name, os.path.join(tempfile.gettempdir(), f"minivllm-dummy-{args.model_name}")
+    )
+    llm = LLM(model_dir, load_format="dummy", max_model_len=4096, enable_prefix_caching=False,
+              enforce_eager=args.enforce_eager)
+    random.seed(1)
+
+    def generate(max_tokens: int) -> None:
+        prompt = [random.randint(0, 10000) for _ in range(1000)]
+        params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=max_tokens)
+        llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
+
+    generate(8)
+    generate(8)
+    ttft, full = [], []
+    for _ in range(3):
+        start = time.perf_counter()
+        generate(1)
+        ttft.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        generate(257)
+        full.append(time.perf_counter() - start)
+    t1, tf = sorted(ttft)[1], sorted(full)[1]
+    print(json.dumps({"bench": "latency", "model": args.model_name, "enforce_eager": args.enforce_eager,
+                      "ttft_ms": round(t1 * 1e3, 2), "tpot_ms": round((tf - t1) / 256 * 1e3, 3)}), flush=True)
+    llm.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""The headline offline throughput workload (PERF.md) on dummy weights. Prints one JSON line.
+
+python benchmarks/bench_throughput.py [--model-name qwen3-0.6b] [--num-seqs 256] [--enforce-eager]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import headline_workload, make_dummy_model_dir, measure_bandwidth, roofline_seconds  # noqa: E402
+
+
+class StepTimer:
+    """Wraps EngineCore.step to split wall time into prefill-containing and decode-only steps."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self.schedule = engine.scheduler.schedule
+        self.step = engine.step
+        self.last_decode_only = False
+        self.times = {"decode": [], "mixed": []}
+        engine.scheduler.schedule = self._schedule
+        engine.step = self._step
+
+    def _schedule(self):
+        out = self.schedule()
+        self.last_decode_only = out.num_decode_chunks == len(out.chunks)
+        return out
+
+    def _step(self):
+        start = time.perf_counter()
+        out = self.step()
+        self.times["decode" if self.last_decode_only else "mixed"].append(time.perf_counter() - start)
+        return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model-name", default="qwen3-0.6b")
+    parser.add_argument("--model", default=None, help="a model dir (default: dummy dir from --model-name)")
+    parser.add_argument("--num-seqs", type=int, default=256)
+    parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None)
+    parser.add_argument("--block-size", type=int, default=None)
+    parser.add_argument("--attention-backend", default=None)
+    args = parser.parse_args()
+
+    import torch
+
+    from minivllm import LLM, SamplingParams
+
+    model_dir = args.model or make_dummy_model_dir(
+        args.model_name, os.path.join(tempfile.gettempdir(), f"minivllm-dummy-{args.model_name}")
+    )
+    options = {"load_format": "dummy", "max_model_len": 4096, "enforce_eager": args.enforce_eager,
+               "tensor_parallel_size": args.tensor_parallel_size}
+    for name in ("max_num_batched_tokens", "block_size", "attention_backend"):
+        if getattr(args, name) is not None:
+            options[name] = getattr(args, name)
+    llm = LLM(model_dir, **options)
+    prompts, output_lens = headline_workload(args.num_seqs)
+    params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=n) for n in output_lens]
+    llm.generate([{"prompt_token_ids": [1, 2, 3, 4]}], SamplingParams(max_tokens=8), use_tqdm=False)
+
+    timer = StepTimer(llm.engine)
+    start = time.perf_counter()
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    seconds = time.perf_counter() - start
+    generated = sum(len(o.outputs[0].token_ids) for o in outputs)
+    result = {
+        "bench": "throughput", "model": args.model_name, "enforce_eager": args.enforce_eager,
+        "tp": args.tensor_parallel_size, "num_seqs": args.num_seqs,
+        "prompt_tokens": sum(map(len, prompts)), "output_tokens": sum(output_lens), "generated": generated,
+        "seconds": round(seconds, 3), "output_tok_s": round(sum(output_lens) / seconds, 1),
+        "steps": len(timer.times["decode"]) + len(timer.times["mixed"]),
+        "decode_steps": len(timer.times["decode"]), "decode_s": round(sum(timer.times["decode"]), 3),
+        "mixed_steps": len(timer.times["mixed"]), "mixed_s": round(sum(timer.times["mixed"]), 3),
+        "mean_decode_step_ms": round(1e3 * sum(timer.times["decode"]) / max(1, len(timer.times["decode"])), 3),
+    }
+    if torch.cuda.is_available():
+        with open(os.path.join(model_dir, "config.json")) as f:
+            cfg = json.load(f)
+        bandwidth = measure_bandwidth()
+        bound_s = roofline_seconds(cfg, [len(p) for p in prompts], output_lens, bandwidth, 790e12)
+        result.update({"copy_tb_s": round(bandwidth / 1e12, 2), "bound_tok_s": round(sum(output_lens) / bound_s, 1),
+                       "fraction_of_bound": round(bound_s / seconds, 3)})
+    print(json.dumps(result), flush=True)
+    llm.shutdown()
+
+
+if __name__ == "__main__":
+    main()

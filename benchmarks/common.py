@@ -1,0 +1,81 @@
+"""Shared by the benchmark scripts: a weightless model directory and the roofline bound."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from importlib import resources
+
+
+def make_dummy_model_dir(name: str, out_dir: str) -> str:
+    """Writes config.json (shipped real hyperparameters) and a full-vocabulary word-level
+    tokenizer, for load_format="dummy" runs without a checkpoint."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    os.makedirs(out_dir, exist_ok=True)
+    src = resources.files("minivllm") / "configs" / f"{name}.json"
+    with resources.as_file(src) as path:
+        shutil.copy(path, os.path.join(out_dir, "config.json"))
+    with open(os.path.join(out_dir, "config.json")) as f:
+        cfg = json.load(f)
+    if not os.path.exists(os.path.join(out_dir, "tokenizer.json")):
+        vocab = {f"t{i}": i for i in range(cfg["vocab_size"])}
+        tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0"))
+        tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+        eos = f"t{cfg['eos_token_id']}"
+        PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos, pad_token=eos).save_pretrained(out_dir)
+    return out_dir
+
+
+def headline_workload(num_seqs: int = 256, seed: int = 0) -> tuple[list[list[int]], list[int]]:
+    """PERF.md's workload: prompts of 100-1024 random ids in [0, 10000], outputs of 100-1024."""
+    import random
+
+    random.seed(seed)
+    prompts = [[random.randint(0, 10000) for _ in range(random.randint(100, 1024))] for _ in range(num_seqs)]
+    output_lens = [random.randint(100, 1024) for _ in range(num_seqs)]
+    return prompts, output_lens
+
+
+def model_bytes(cfg: dict, dtype_bytes: int = 2) -> tuple[int, int]:
+    """(weight bytes read per decode step, KV bytes per token of context)."""
+    h, inter, layers = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
+    hd, nq, nkv, vocab = cfg["head_dim"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["vocab_size"]
+    per_layer = h * (nq + 2 * nkv) * hd + nq * hd * h + 3 * h * inter
+    weights = (layers * per_layer + vocab * h) * dtype_bytes
+    kv_per_token = layers * 2 * nkv * hd * dtype_bytes
+    return weights, kv_per_token
+
+
+def roofline_seconds(cfg: dict, prompt_lens: list[int], output_lens: list[int], bandwidth: float,
+                     flops: float) -> float:
+    """Lower bound on the run: every decode step reads the weights once and every sequence's KV;
+    prefill is bounded by its matmul flops. All sequences start together."""
+    weights, kv_per_token = model_bytes(cfg)
+    num_steps = max(output_lens)
+    kv_bytes = sum(o * p + o * (o + 1) // 2 for p, o in zip(prompt_lens, output_lens)) * kv_per_token
+    decode_s = (num_steps * weights + kv_bytes) / bandwidth
+    params = weights / 2
+    prefill_s = 2 * params * sum(prompt_lens) / flops
+    return decode_s + prefill_s
+
+
+def measure_bandwidth(device: str = "cuda") -> float:
+    """Device copy bandwidth in bytes/s (read + write), from a 2 GiB copy."""
+    import torch
+
+    src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(10):
+        dst.copy_(src)
+    end.record()
+    torch.cuda.synchronize()
+    seconds = start.elapsed_time(end) / 1e3 / 10
+    return 2 * src.numel() / seconds

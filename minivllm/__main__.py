@@ -1,0 +1,5 @@
+import sys
+
+from minivllm.entrypoints.cli import main
+
+sys.exit(main())

@@ -1,0 +1,67 @@
+"""Sizes the KV cache on CUDA: a dummy forward at the largest token budget, peak memory read,
+and `gpu_memory_utilization` of the card minus everything else given to the cache."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from minivllm.engine.input_prep import prepare_inputs
+from minivllm.engine.kv_cache import allocate_kv_caches
+from minivllm.engine.types import ScheduledChunk, SchedulerOutput
+
+logger = logging.getLogger(__name__)
+
+
+def dummy_step(num_tokens: int, num_seqs: int, max_model_len: int, block_size: int) -> SchedulerOutput:
+    """num_tokens prompt tokens split over num_seqs sequences, each on its own blocks, all sampled."""
+    num_seqs = max(num_seqs, -(-num_tokens // max_model_len))
+    base, extra = divmod(num_tokens, num_seqs)
+    chunks, next_block = [], 0
+    for i in range(num_seqs):
+        n = base + (1 if i < extra else 0)
+        num_blocks = -(-n // block_size)
+        chunks.append(ScheduledChunk(f"profile-{i}", [0] * n, 0, list(range(next_block, next_block + num_blocks)), True))
+        next_block += num_blocks
+    return SchedulerOutput(chunks=[c for c in chunks if c.token_ids], num_decode_chunks=0)
+
+
+def profile_kv_budget(runner, gpu_memory_utilization: float) -> int:
+    """Returns the bytes the KV cache may take on this rank's GPU."""
+    config = runner.config
+    num_tokens = config.max_num_batched_tokens
+    num_seqs = min(config.max_num_seqs, num_tokens)
+    sched_out = dummy_step(num_tokens, num_seqs, runner.max_model_len, runner.block_size)
+    num_blocks = sum(len(c.block_ids) for c in sched_out.chunks)
+
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    free_before, total = torch.cuda.mem_get_info()
+    allocated_before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    # A throwaway cache just large enough for the dummy batch.
+    caches = allocate_kv_caches(
+        runner.model_config, num_blocks, runner.block_size, runner.dtype, runner.device, runner.tp_size
+    )
+    cache_bytes = sum(c.numel() * c.element_size() for c in caches)
+    for layer, cache in zip(runner.model.attention_layers(), caches, strict=True):
+        layer.kv_cache = cache
+    logits = runner.compute_logits(prepare_inputs(sched_out, runner.block_size))
+    torch.cuda.synchronize()
+    # Top-p sorting and softmax take a few float32 copies of the logits on top.
+    sampler_bytes = 4 * logits.shape[0] * logits.shape[1] * 4
+    peak_activation = torch.cuda.max_memory_allocated() - allocated_before - cache_bytes + sampler_bytes
+    for layer in runner.model.attention_layers():
+        layer.kv_cache = torch.empty(0)
+    del caches, logits
+    torch.cuda.empty_cache()
+
+    # used_elsewhere: weights, the CUDA context, other processes.
+    used_elsewhere = total - free_before
+    budget = int(total * gpu_memory_utilization) - used_elsewhere - peak_activation
+    logger.info(
+        "memory profile: total %.1f GiB, in use %.2f GiB, activation peak %.2f GiB -> KV cache %.2f GiB",
+        total / 2**30, used_elsewhere / 2**30, peak_activation / 2**30, budget / 2**30,
+    )
+    return max(budget, 0)

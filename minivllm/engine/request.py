@@ -1,0 +1,88 @@
+"""Request: the scheduler's record of one generation (tokens, progress, blocks, status)."""
+
+from __future__ import annotations
+
+import enum
+
+from minivllm.engine.types import FinishReason
+from minivllm.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = enum.auto()
+    RUNNING = enum.auto()
+    FINISHED_STOPPED = enum.auto()
+    FINISHED_LENGTH = enum.auto()
+    FINISHED_ABORTED = enum.auto()
+
+    def is_finished(self) -> bool:
+        return self in _FINISHED
+
+
+_FINISHED = frozenset(
+    {RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED}
+)
+
+
+class Request:
+    """One prompt and what has been generated for it so far.
+
+    Tokens at positions [0, num_computed_tokens) have their KV in the blocks of block_ids;
+    the rest of all_token_ids still has to be computed (a prompt chunk, the last sampled
+    token, or everything again after a preemption).
+    """
+
+    def __init__(
+        self,
+        req_id: str,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams,
+        arrival_time: float,
+    ) -> None:
+        if not prompt_token_ids:
+            raise ValueError(f"request {req_id!r} has an empty prompt: give at least one token")
+        self.req_id = req_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.sampling_params = sampling_params
+        self.arrival_time = arrival_time
+        self.output_token_ids: list[int] = []
+        self.all_token_ids: list[int] = list(prompt_token_ids)
+        self.num_computed_tokens = 0
+        self.status = RequestStatus.WAITING
+        self.block_ids: list[int] = []
+        # Chained hashes of the full blocks of all_token_ids, extended by the BlockManager.
+        self.block_hashes: list[int] = []
+        # Prompt tokens served from the prefix cache at first admission; -1 before.
+        self.num_cached_tokens = -1
+        self.num_preemptions = 0
+        self.finish_reason: FinishReason | None = None
+        self.stop_reason: int | None = None  # the stop token id, when one ended the request
+        self.first_scheduled_time: float | None = None
+        self.first_token_time: float | None = None
+        self.finish_time: float | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished()
+
+    def append_output_token(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.req_id!r}, status={self.status.name}, num_tokens={self.num_tokens}, "
+            f"num_computed_tokens={self.num_computed_tokens}, block_ids={self.block_ids})"
+        )

@@ -1,0 +1,194 @@
+"""The runner's per-request sampling state: params, output ids, seeded generators.
+
+It turns a step's rows into SamplingMetadata for the Sampler and the sampler's logprob
+tensors back into plain LogprobsDicts (one host transfer per step).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from minivllm.engine.types import Logprob, LogprobsDict, NewRequestData
+from minivllm.layers.sampler import SamplerOutput, SamplingMetadata, gather_logprobs
+from minivllm.sampling_params import SamplingParams
+
+
+@dataclass
+class _RequestState:
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    output_token_ids: list[int]
+    generator: torch.Generator | None
+
+
+class SamplingState:
+    """What the runner remembers per request to sample it; keyed by req_id."""
+
+    def __init__(self, device: torch.device | str) -> None:
+        self.device = torch.device(device)
+        self.requests: dict[str, _RequestState] = {}
+
+    def add_request(self, new: NewRequestData) -> None:
+        """Registers a request. A req_id already known keeps its state (outputs, generator)."""
+        if new.req_id in self.requests:
+            return
+        params = new.sampling_params
+        generator = None
+        if params.seed is not None:
+            generator = torch.Generator(device=self.device)
+            generator.manual_seed(params.seed)
+        self.requests[new.req_id] = _RequestState(
+            list(new.prompt_token_ids), params, [], generator
+        )
+
+    def remove(self, req_id: str) -> None:
+        self.requests.pop(req_id, None)
+
+    def append_token(self, req_id: str, token_id: int) -> None:
+        self.requests[req_id].output_token_ids.append(token_id)
+
+    def build_metadata(
+        self, req_ids: list[str], device: torch.device | str | None = None
+    ) -> SamplingMetadata:
+        """SamplingMetadata for rows req_ids (one row per sampled request, in order)."""
+        device = self.device if device is None else torch.device(device)
+        states = [self.requests[req_id] for req_id in req_ids]
+        params = [s.params for s in states]
+        random_params = [p for p in params if not p.is_greedy]
+        has_repetition = any(p.repetition_penalty != 1.0 for p in params)
+        no_penalties = not has_repetition and all(
+            p.presence_penalty == 0.0 and p.frequency_penalty == 0.0 for p in params
+        )
+        num_logprobs = [p.logprobs for p in params if p.logprobs is not None]
+        return SamplingMetadata(
+            **_param_tensors(params, device),
+            output_token_ids=None
+            if no_penalties
+            else _padded([s.output_token_ids for s in states], device),
+            prompt_token_ids=_padded([s.prompt_token_ids for s in states], device)
+            if has_repetition
+            else None,
+            suppressed_token_ids=_suppressed_token_ids(states, device),
+            generators={
+                row: s.generator
+                for row, s in enumerate(states)
+                if s.generator is not None and not s.params.is_greedy
+            },
+            all_greedy=not random_params,
+            all_random=len(random_params) == len(params),
+            no_penalties=no_penalties,
+            no_top_k=all(p.top_k == 0 for p in random_params),
+            no_top_p=all(p.top_p == 1.0 for p in random_params),
+            no_min_p=all(p.min_p == 0.0 for p in random_params),
+            max_top_k=max((p.top_k for p in random_params), default=0),
+            max_num_logprobs=max(num_logprobs) if num_logprobs else None,
+        )
+
+    def to_runner_logprobs(
+        self, sampler_out: SamplerOutput, req_ids: list[str]
+    ) -> list[LogprobsDict | None]:
+        """Per row: {token_id: Logprob} (sampled token + top params.logprobs), or None."""
+        assert sampler_out.logprobs is not None, "the step was built without logprobs"
+        rows = _logprobs_to_host(
+            sampler_out.logprob_token_ids, sampler_out.logprobs, sampler_out.ranks
+        )
+        result: list[LogprobsDict | None] = []
+        for req_id, (ids, logprobs, rank) in zip(req_ids, rows):
+            num_logprobs = self.requests[req_id].params.logprobs
+            result.append(
+                None if num_logprobs is None else _to_dict(ids, logprobs, rank, num_logprobs)
+            )
+        return result
+
+
+def prompt_logprobs_for(
+    logits: torch.Tensor, next_token_ids: torch.Tensor | list[int], num_logprobs: int
+) -> list[LogprobsDict]:
+    """Prompt logprobs: entry i scores next_token_ids[i] (prompt token i + 1) from logits[i].
+
+    logits: [P, V] raw model logits; next_token_ids: [P]. Each entry holds the scored token
+    (with its rank) plus the top num_logprobs tokens.
+    """
+    logprobs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)  # [P, V]
+    token_ids = torch.as_tensor(next_token_ids, dtype=torch.int64, device=logits.device)
+    rows = _logprobs_to_host(*gather_logprobs(logprobs, token_ids, num_logprobs))
+    return [_to_dict(ids, values, rank, num_logprobs) for ids, values, rank in rows]
+
+
+def _logprobs_to_host(
+    token_ids: torch.Tensor, logprobs: torch.Tensor, ranks: torch.Tensor
+) -> list[tuple[list[int], list[float], int]]:
+    """[N, k+1] ids, [N, k+1] logprobs, [N] ranks -> per row (ids, logprobs, rank), one sync."""
+    width = token_ids.shape[1]
+    # float64 holds int ids (< 2**53) and float32 logprobs exactly, so one tensor moves all.
+    packed = torch.cat([token_ids.double(), logprobs.double(), ranks.double().unsqueeze(1)], 1)
+    return [
+        ([int(t) for t in row[:width]], row[width : 2 * width], int(row[-1]))
+        for row in packed.tolist()
+    ]
+
+
+def _to_dict(ids: list[int], logprobs: list[float], rank: int, num_logprobs: int) -> LogprobsDict:
+    # The sampled/scored token first; if it is also in the top k, that entry (same logprob)
+    # replaces it, as in vLLM.
+    entry = {ids[0]: Logprob(logprobs[0], rank)}
+    for j in range(1, min(num_logprobs, len(ids) - 1) + 1):
+        entry[ids[j]] = Logprob(logprobs[j], j)
+    return entry
+
+
+def _param_tensors(params: list[SamplingParams], device: torch.device) -> dict[str, torch.Tensor]:
+    """The per-row [N] parameter tensors of SamplingMetadata."""
+    # One transfer for all float parameters: [6, N].
+    floats = _to_device(
+        [
+            [p.temperature for p in params],
+            [p.top_p for p in params],
+            [p.min_p for p in params],
+            [p.presence_penalty for p in params],
+            [p.frequency_penalty for p in params],
+            [p.repetition_penalty for p in params],
+        ],
+        torch.float32,
+        device,
+    )
+    names = (
+        "temperature",
+        "top_p",
+        "min_p",
+        "presence_penalties",
+        "frequency_penalties",
+        "repetition_penalties",
+    )
+    tensors = dict(zip(names, floats.unbind(0)))
+    tensors["top_k"] = _to_device([p.top_k for p in params], torch.int64, device)
+    return tensors
+
+
+def _suppressed_token_ids(states: list[_RequestState], device: torch.device) -> torch.Tensor | None:
+    """[N, max_num_suppressed] ids banned this step by min_tokens, or None when none are."""
+    rows: list[list[int]] = []
+    for s in states:
+        banned: list[int] = []
+        if len(s.output_token_ids) < s.params.min_tokens:
+            banned = list(s.params.stop_token_ids)
+            if not s.params.ignore_eos:
+                banned += s.params.eos_token_ids
+        rows.append(banned)
+    return _padded(rows, device) if any(rows) else None
+
+
+def _padded(rows: list[list[int]], device: torch.device) -> torch.Tensor:
+    """Ragged id lists -> [N, max_len] int64 padded with -1."""
+    width = max((len(r) for r in rows), default=0)
+    return _to_device([r + [-1] * (width - len(r)) for r in rows], torch.int64, device)
+
+
+def _to_device(data: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    cpu = torch.tensor(data, dtype=dtype)
+    if device.type == "cuda":
+        # Pinned memory lets the copy run asynchronously instead of stalling the host.
+        return cpu.pin_memory().to(device, non_blocking=True)
+    return cpu.to(device)

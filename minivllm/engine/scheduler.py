@@ -1,0 +1,229 @@
+"""Scheduler: phase-free continuous batching with chunked prefill and preemption by recompute.
+
+Each step gives every request the tokens it still needs (num_tokens - num_computed_tokens)
+within a token budget and a seat limit; running requests first, then waiting ones (FIFO).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterable
+
+from minivllm.engine.block_manager import BlockManager
+from minivllm.engine.request import Request, RequestStatus
+from minivllm.engine.stop_checker import check_stop
+from minivllm.engine.types import (
+    EngineOutput,
+    LogprobsDict,
+    NewRequestData,
+    RunnerOutput,
+    ScheduledChunk,
+    SchedulerOutput,
+)
+
+
+class Scheduler:
+    """Decides which tokens of which requests each step computes, and applies the results.
+
+    Synchronous: update() is always called with the output of the preceding schedule().
+    A finished request stays reachable through get_request until the next schedule().
+    """
+
+    def __init__(
+        self,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        block_manager: BlockManager,
+    ) -> None:
+        for name, value in (
+            ("max_num_seqs", max_num_seqs),
+            ("max_num_batched_tokens", max_num_batched_tokens),
+            ("max_model_len", max_model_len),
+        ):
+            if value < 1:
+                raise ValueError(f"{name} must be at least 1, got {value}")
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.block_manager = block_manager
+        self.requests: dict[str, Request] = {}
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []  # in admission order: the last one is preempted first
+        self._finished_req_ids: list[str] = []
+
+    def add_request(self, request: Request) -> None:
+        if request.req_id in self.requests:
+            raise ValueError(f"request id {request.req_id!r} is already in use")
+        self.requests[request.req_id] = request
+        self.waiting.append(request)
+
+    def get_request(self, req_id: str) -> Request | None:
+        return self.requests.get(req_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def abort_requests(self, req_ids: Iterable[str]) -> None:
+        """Finishes the given requests now; unknown and finished ids are ignored."""
+        for req_id in req_ids:
+            request = self.requests.get(req_id)
+            if request is None or request.is_finished:
+                continue
+            if request.status == RequestStatus.RUNNING:
+                self.running.remove(request)
+            else:
+                self.waiting.remove(request)
+            request.status = RequestStatus.FINISHED_ABORTED
+            request.finish_reason = "abort"
+            self._finish(request, time.time())
+
+    def schedule(self, now: float | None = None) -> SchedulerOutput:
+        now = time.time() if now is None else now
+        for req_id in self._finished_req_ids:
+            self.requests.pop(req_id, None)
+        finished_req_ids, self._finished_req_ids = self._finished_req_ids, []
+        chunks: list[ScheduledChunk] = []
+        budget, preempted = self._schedule_running(self.max_num_batched_tokens, chunks)
+        new_requests: list[NewRequestData] = []
+        # After a preemption memory is short: admitting now would only cause more of them.
+        if not preempted:
+            self._schedule_waiting(budget, chunks, new_requests, now)
+        decodes = [c for c in chunks if self._is_decode(c)]
+        others = [c for c in chunks if not self._is_decode(c)]
+        return SchedulerOutput(
+            chunks=decodes + others,
+            num_decode_chunks=len(decodes),
+            new_requests=new_requests,
+            finished_req_ids=finished_req_ids,
+        )
+
+    def _schedule_running(self, budget: int, chunks: list[ScheduledChunk]) -> tuple[int, bool]:
+        """Schedules running requests in order; returns (budget left, whether any preempted)."""
+        preempted = False
+        i = 0
+        while i < len(self.running) and budget > 0:
+            request = self.running[i]
+            num_new_tokens = min(request.num_tokens - request.num_computed_tokens, budget)
+            while not self.block_manager.allocate_slots(request, num_new_tokens):
+                # Victims come from the tail, which nothing has been scheduled for this step.
+                victim = self.running.pop()
+                self._preempt(victim)
+                preempted = True
+                if victim is request:
+                    return budget, preempted
+            chunks.append(self._make_chunk(request, num_new_tokens))
+            budget -= num_new_tokens
+            i += 1
+        return budget, preempted
+
+    def _schedule_waiting(
+        self,
+        budget: int,
+        chunks: list[ScheduledChunk],
+        new_requests: list[NewRequestData],
+        now: float,
+    ) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            request = self.waiting[0]
+            computed_blocks, num_cached_tokens = self.block_manager.get_computed_blocks(request)
+            num_new_tokens = min(request.num_tokens - num_cached_tokens, budget)
+            request.num_computed_tokens = num_cached_tokens
+            if not self.block_manager.allocate_slots(request, num_new_tokens, computed_blocks):
+                request.num_computed_tokens = 0
+                return
+            self.waiting.popleft()
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            if request.first_scheduled_time is None:
+                request.first_scheduled_time = now
+                request.num_cached_tokens = num_cached_tokens
+                new_requests.append(
+                    NewRequestData(
+                        request.req_id, request.prompt_token_ids, request.sampling_params
+                    )
+                )
+            chunks.append(self._make_chunk(request, num_new_tokens))
+            budget -= num_new_tokens
+
+    def _preempt(self, request: Request) -> None:
+        self.block_manager.free(request)
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.WAITING
+        request.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    def _make_chunk(self, request: Request, num_new_tokens: int) -> ScheduledChunk:
+        start = request.num_computed_tokens
+        end = start + num_new_tokens
+        return ScheduledChunk(
+            req_id=request.req_id,
+            token_ids=request.all_token_ids[start:end],
+            num_computed_tokens=start,
+            block_ids=list(request.block_ids),
+            sample=end == request.num_tokens,
+        )
+
+    def _is_decode(self, chunk: ScheduledChunk) -> bool:
+        num_prompt_tokens = self.requests[chunk.req_id].num_prompt_tokens
+        return (
+            len(chunk.token_ids) == 1
+            and chunk.sample
+            and chunk.num_computed_tokens >= num_prompt_tokens
+        )
+
+    def update(
+        self, sched_out: SchedulerOutput, runner_out: RunnerOutput, now: float | None = None
+    ) -> list[EngineOutput]:
+        """Applies one step's results: progress, sampled tokens, stops. One output per
+        request that got a token or prompt logprobs this step."""
+        now = time.time() if now is None else now
+        sampled_index = {req_id: i for i, req_id in enumerate(runner_out.req_ids)}
+        outputs: list[EngineOutput] = []
+        for chunk in sched_out.chunks:
+            request = self.requests.get(chunk.req_id)
+            if request is None or request.is_finished:
+                continue  # aborted after schedule()
+            request.num_computed_tokens += len(chunk.token_ids)
+            prompt_logprobs = runner_out.prompt_logprobs.get(chunk.req_id)
+            if not chunk.sample:
+                if prompt_logprobs is not None:
+                    outputs.append(self._make_output(request, [], None, prompt_logprobs))
+                continue
+            i = sampled_index[chunk.req_id]
+            token_id = runner_out.sampled_token_ids[i]
+            request.append_output_token(token_id)
+            if request.first_token_time is None:
+                request.first_token_time = now
+            if check_stop(request, self.max_model_len):
+                self._finish(request, now)
+            logprobs = runner_out.logprobs[i] if runner_out.logprobs is not None else None
+            new_logprobs = [logprobs] if logprobs is not None else None
+            outputs.append(self._make_output(request, [token_id], new_logprobs, prompt_logprobs))
+        if any(r.is_finished for r in self.running):
+            self.running = [r for r in self.running if not r.is_finished]
+        return outputs
+
+    def _finish(self, request: Request, now: float) -> None:
+        """Releases a request whose status is already final (it may still be in running)."""
+        self.block_manager.free(request)
+        request.finish_time = now
+        self._finished_req_ids.append(request.req_id)
+
+    @staticmethod
+    def _make_output(
+        request: Request,
+        new_token_ids: list[int],
+        new_logprobs: list[LogprobsDict] | None,
+        prompt_logprobs: list[LogprobsDict | None] | None,
+    ) -> EngineOutput:
+        return EngineOutput(
+            req_id=request.req_id,
+            new_token_ids=new_token_ids,
+            finished=request.is_finished,
+            finish_reason=request.finish_reason,
+            new_logprobs=new_logprobs,
+            prompt_logprobs=prompt_logprobs,
+            num_cached_tokens=max(request.num_cached_tokens, 0),
+        )

@@ -1,0 +1,110 @@
+"""The `minivllm` command: `generate` (offline generation) and `bench` (benchmarks)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import sys
+import time
+import typing
+
+from minivllm.config import EngineConfig
+
+_SKIP = {"model", "extra"}
+
+
+def add_engine_options(parser: argparse.ArgumentParser) -> None:
+    """One --flag per EngineConfig field (vLLM's names with dashes)."""
+    hints = typing.get_type_hints(EngineConfig)
+    for f in dataclasses.fields(EngineConfig):
+        if f.name in _SKIP:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        hint = hints[f.name]
+        if hint is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
+        elif typing.get_origin(hint) is typing.Literal:
+            parser.add_argument(flag, choices=typing.get_args(hint), default=None)
+        else:
+            kind = float if f.name == "gpu_memory_utilization" else (str if f.name == "tokenizer" else int)
+            parser.add_argument(flag, type=kind, default=None)
+
+
+def engine_options(args: argparse.Namespace) -> dict:
+    names = {f.name for f in dataclasses.fields(EngineConfig)} - _SKIP
+    return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    from minivllm import LLM, SamplingParams
+
+    model = args.model
+    if model is None:
+        from minivllm.tiny_model import default_tiny_model_dir
+
+        model = default_tiny_model_dir()
+        print(
+            f"[minivllm] no --model given: using the built-in tiny model with RANDOM weights at "
+            f"{model} (its text is gibberish; pass --model DIR for a real checkpoint)",
+            file=sys.stderr,
+        )
+    llm = LLM(model, **engine_options(args))
+    params = SamplingParams(
+        temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed_sampling
+    )
+    prompts = args.prompt or ["Hello, my name is", "The capital of France is"]
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=not args.no_progress)
+    elapsed = time.perf_counter() - start
+    for out in outputs:
+        print(json.dumps({"prompt": out.prompt, "text": out.outputs[0].text,
+                          "num_tokens": len(out.outputs[0].token_ids),
+                          "finish_reason": out.outputs[0].finish_reason}))
+    num_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    print(f"[minivllm] {num_tokens} tokens in {elapsed:.2f} s", file=sys.stderr)
+    llm.shutdown()
+    return 0
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """Runs benchmarks/bench_<kind>.py of the source checkout with the remaining arguments."""
+    import runpy
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / f"bench_{args.kind}.py"
+    if not script.is_file():
+        raise ValueError(f"benchmark script not found at {script} (needs a source checkout)")
+    sys.argv = [str(script), *args.rest]
+    runpy.run_path(str(script), run_name="__main__")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    parser = argparse.ArgumentParser(prog="minivllm")
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="generate text offline")
+    gen.add_argument("--model", default=None, help="HF checkpoint directory (default: built-in tiny model)")
+    gen.add_argument("--prompt", action="append", help="a prompt (repeatable)")
+    gen.add_argument("--max-tokens", type=int, default=32)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--seed-sampling", type=int, default=None, help="sampling seed")
+    gen.add_argument("--no-progress", action="store_true")
+    add_engine_options(gen)
+    bench = sub.add_parser("bench", help="run a benchmark (prints one JSON line)")
+    bench.add_argument("kind", choices=["throughput", "latency"])
+    bench.add_argument("rest", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "generate":
+            return run_generate(args)
+        return run_bench(args)
+    except (ValueError, TypeError) as e:
+        print(f"minivllm: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""Text-side output processing: incremental detokenization, stop strings, logprob text.
+
+Pure Python over a HF tokenizer; never touches tensors.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from minivllm.engine.types import LogprobsDict
+
+# Prompt tokens decoded ahead of the first output token, so that it is decoded in context
+# (leading spaces of SentencePiece tokenizers, a character split across the boundary).
+_NUM_CONTEXT_TOKENS = 5
+_REPLACEMENT_CHAR = "\ufffd"
+
+
+class IncrementalDetokenizer:
+    """Turns one sequence's output token ids into text, a delta at a time, and finds stop strings.
+
+    add_tokens returns text that is final: an incomplete multi-byte character is held until
+    its last byte arrives, and (unless include_stop_str_in_output) the last
+    len(longest stop) - 1 characters are held until they cannot start a stop string.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        prompt_token_ids: list[int],
+        skip_special_tokens: bool = True,
+        stop: list[str] | None = None,
+        include_stop_str_in_output: bool = False,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        self.stop = list(stop or [])
+        self.include_stop_str_in_output = include_stop_str_in_output
+        # Decode window: token_ids[prefix_offset:read_offset] is text already produced.
+        self._token_ids = list(prompt_token_ids[-_NUM_CONTEXT_TOKENS:])
+        self._prefix_offset = 0
+        self._read_offset = len(self._token_ids)
+        self._output_text = ""
+        self._num_emitted_chars = 0
+        self._stop_reason: str | None = None
+        hold = max((len(s) for s in self.stop), default=1) - 1
+        self._num_held_chars = 0 if include_stop_str_in_output else hold
+
+    @property
+    def text(self) -> str:
+        """All output text so far, cut at the stop string (kept when include_stop_str_in_output)."""
+        return self._output_text
+
+    @property
+    def stop_reason(self) -> str | None:
+        """The stop string that ended the output, if any."""
+        return self._stop_reason
+
+    @property
+    def stopped(self) -> bool:
+        return self._stop_reason is not None
+
+    def add_tokens(
+        self, new_token_ids: list[int], finished: bool = False, stopped_by_token: bool = False
+    ) -> str:
+        """Adds generated tokens; returns the new text that is safe to show.
+
+        finished: the request ends with these tokens, so nothing is held back.
+        stopped_by_token: it ended on an EOS / stop token id (the last one), whose text is
+        left out unless include_stop_str_in_output.
+        """
+        if self.stopped:
+            return ""
+        token_ids = list(new_token_ids)
+        if stopped_by_token and not self.include_stop_str_in_output:
+            token_ids = token_ids[:-1]
+        old_len = len(self._output_text)
+        self._output_text += self._decode_new(token_ids)
+        self._find_stop(old_len)
+        end = len(self._output_text)
+        if not (finished or stopped_by_token or self.stopped):
+            end -= self._num_held_chars
+        end = max(end, self._num_emitted_chars)
+        delta = self._output_text[self._num_emitted_chars : end]
+        self._num_emitted_chars = end
+        return delta
+
+    def _decode_new(self, token_ids: list[int]) -> str:
+        """Appends token_ids to the window; returns their text once it is complete."""
+        self._token_ids.extend(token_ids)
+        prefix_text = self._decode(self._token_ids[self._prefix_offset : self._read_offset])
+        new_text = self._decode(self._token_ids[self._prefix_offset :])
+        # A trailing U+FFFD is a character whose remaining bytes are in tokens yet to come.
+        if len(new_text) <= len(prefix_text) or new_text.endswith(_REPLACEMENT_CHAR):
+            return ""
+        self._prefix_offset = self._read_offset
+        self._read_offset = len(self._token_ids)
+        return new_text[len(prefix_text) :]
+
+    def _decode(self, token_ids: list[int]) -> str:
+        # No clean-up of spaces: it is not stable under concatenation (vLLM does not apply it).
+        return self.tokenizer.decode(
+            token_ids,
+            skip_special_tokens=self.skip_special_tokens,
+            clean_up_tokenization_spaces=False,
+        )
+
+    def _find_stop(self, old_len: int) -> None:
+        """Cuts the text at the earliest stop string that ends in the text added after old_len."""
+        best: tuple[int, str] | None = None
+        for stop in self.stop:
+            # A match must end in the new text, else an earlier call would have found it.
+            index = self._output_text.find(stop, max(0, old_len - len(stop) + 1))
+            if index != -1 and (best is None or index < best[0]):
+                best = (index, stop)
+        if best is None:
+            return
+        index, stop = best
+        if self.include_stop_str_in_output:
+            index += len(stop)
+        self._output_text = self._output_text[:index]
+        self._stop_reason = stop
+
+
+def decode_logprobs(tokenizer: Any, logprobs: LogprobsDict) -> LogprobsDict:
+    """Fills decoded_token of every entry with the text of its single token id; returns it."""
+    for token_id, logprob in logprobs.items():
+        logprob.decoded_token = tokenizer.decode([token_id], clean_up_tokenization_spaces=False)
+    return logprobs

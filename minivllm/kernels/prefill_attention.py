@@ -1,0 +1,205 @@
+"""Varlen paged attention: packed queries of several requests attend causally over their
+whole paged context (full prefills, chunked continuations, prefix-cache hits).
+
+GQA: the query heads of a KV group are folded into the M dimension of `tl.dot`, so each K/V
+tile is read once per group. Tiles are found in-kernel (binary search), with no host sync.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from minivllm.kernels.checks import check_head_dim, check_kv_cache, check_same, check_tensor
+
+LOG2E = 1.4426950408889634
+# head_dim bound -> (BLOCK_M rows = query tokens * group, BLOCK_N, num_warps, num_stages)
+_CONFIGS = ((64, (128, 64, 4, 3)), (128, (128, 64, 8, 3)), (256, (64, 32, 8, 2)))
+
+
+def prefill_config(head_dim: int) -> tuple[int, int, int, int]:
+    for bound, cfg in _CONFIGS:
+        if head_dim <= bound:
+            return cfg
+    raise ValueError(f"head_dim {head_dim} > 256 is not supported")
+
+
+@triton.jit
+def _attend_tile(
+    acc, m_i, l_i, q, q_pos, n0, kv_end, block_table, cache_ptr, kv_head, scale_log2e,
+    v_cache_offset, offs_n, offs_d, d_mask,
+    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    MASKED: tl.constexpr,
+):  # fmt: skip
+    """One online-softmax step over keys [n0, n0 + BLOCK_N). MASKED: apply causal/end masks."""
+    pos = n0 + offs_n
+    if MASKED:
+        valid = pos < kv_end
+        block_ids = tl.load(block_table + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
+    else:
+        block_ids = tl.load(block_table + pos // BLOCK_SIZE).to(tl.int64)
+    slots = block_ids * BLOCK_SIZE + pos % BLOCK_SIZE
+    rows = cache_ptr + slots[:, None] * (NUM_KV_HEADS * HEAD_DIM) + kv_head * HEAD_DIM
+    if MASKED:
+        kv_mask = valid[:, None] & d_mask[None, :]
+    else:
+        kv_mask = d_mask[None, :]
+    k = tl.load(rows + offs_d[None, :], mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
+    s = tl.dot(q, tl.trans(k)) * scale_log2e  # [BLOCK_M, BLOCK_N]
+    if MASKED:
+        visible = (pos[None, :] <= q_pos[:, None]) & valid[None, :]
+        s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(rows + v_cache_offset + offs_d[None, :], mask=kv_mask, other=0.0)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _find_tile(query_start_loc_ptr, num_seqs, start_row, tile_id, BLOCK_Q: tl.constexpr):
+    """Request i owns tiles from (query_start_loc[i] - start_row) // BLOCK_Q + i on (a
+    monotone sequence with room for cdiv(query_len, BLOCK_Q) tiles); binary-search tile_id."""
+    lo = 0
+    hi = num_seqs - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        first = (tl.load(query_start_loc_ptr + mid) - start_row) // BLOCK_Q + mid
+        ok = first <= tile_id
+        lo = tl.where(ok, mid, lo)
+        hi = tl.where(ok, hi, mid - 1)
+    q_start = tl.load(query_start_loc_ptr + lo)
+    tile = tile_id - ((q_start - start_row) // BLOCK_Q + lo)
+    return lo, q_start, tile
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, query_start_loc_ptr, out_ptr,
+    scale_log2e, num_seqs, start_row,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_bt, v_cache_offset,
+    NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """Grid (cdiv(num_rows, BLOCK_Q) + num_seqs, num_kv_heads). A program owns BLOCK_Q query
+    tokens of one request times the GROUP heads of one kv head (row r: token r // GROUP,
+    head r % GROUP); programs past a request's last tile exit at once."""
+    # Later tiles see more keys: start them first for a shorter tail.
+    tile_id = tl.num_programs(0) - 1 - tl.program_id(0)
+    kv_head = tl.program_id(1)
+    seq, q_start, tile = _find_tile(query_start_loc_ptr, num_seqs, start_row, tile_id, BLOCK_Q)
+    query_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    t0 = tile * BLOCK_Q
+    if t0 >= query_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    ctx_start = seq_len - query_len  # position of the request's first query token
+
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+    tok = t0 + offs_m // GROUP
+    heads = kv_head * GROUP + offs_m % GROUP
+    m_mask = (tok < query_len) & (offs_m < BLOCK_Q * GROUP)
+    q_pos = ctx_start + tok
+    rows = (q_start + tok).to(tl.int64)
+    io_mask = m_mask[:, None] & d_mask[None, :]
+    q = tl.load(
+        q_ptr + rows[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+        mask=io_mask,
+        other=0.0,
+    )  # [BLOCK_M, BLOCK_D]
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    block_table = block_table_ptr + seq.to(tl.int64) * stride_bt
+    # Keys < first query position + 1 are visible to every row: no masks there.
+    kv_end = ctx_start + tl.minimum(t0 + BLOCK_Q, query_len)
+    full_end = (ctx_start + t0 + 1) // BLOCK_N * BLOCK_N
+    for n0 in range(0, full_end, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(
+            acc, m_i, l_i, q, q_pos, n0, kv_end, block_table, cache_ptr, kv_head, scale_log2e,
+            v_cache_offset, offs_n, offs_d, d_mask, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, False,
+        )  # fmt: skip
+    for n0 in range(full_end, kv_end, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(
+            acc, m_i, l_i, q, q_pos, n0, kv_end, block_table, cache_ptr, kv_head, scale_log2e,
+            v_cache_offset, offs_n, offs_d, d_mask, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, True,
+        )  # fmt: skip
+
+    o = acc / l_i[:, None]
+    dst = out_ptr + rows[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
+    tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=io_mask)
+
+
+def _check_inputs(q, kv_cache, query_start_loc, seq_lens, block_tables, out) -> None:
+    check_tensor("q", q, 3)
+    check_kv_cache(kv_cache)
+    check_tensor("query_start_loc", query_start_loc, 1, (torch.int32,))
+    check_tensor("seq_lens", seq_lens, 1, (torch.int32,))
+    check_tensor("block_tables", block_tables, 2, (torch.int32,))
+    check_tensor("out", out, 3)
+    check_head_dim(q.shape[2])
+    check_same("q.dtype", q.dtype, "kv_cache.dtype", kv_cache.dtype)
+    check_same("out.shape", tuple(out.shape), "q.shape", tuple(q.shape))
+    check_same("q head_dim", q.shape[2], "kv_cache head_dim", kv_cache.shape[4])
+    check_same("query_start_loc length", query_start_loc.shape[0], "num_seqs + 1", 1 + len(seq_lens))
+    check_same("block_tables rows", block_tables.shape[0], "num_seqs", seq_lens.shape[0])
+    if q.shape[1] % kv_cache.shape[3]:
+        raise ValueError(f"num_heads {q.shape[1]} must be a multiple of {kv_cache.shape[3]}")
+
+
+def prefill_attention(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+    out: torch.Tensor,
+    start_row: int = 0,
+    block_m: int | None = None,
+    block_n: int | None = None,
+) -> torch.Tensor:
+    """Causal attention of packed queries over their paged contexts; writes and returns out.
+
+    q, out: [num_rows, num_heads, head_dim] (last dim contiguous). query_start_loc:
+    [num_seqs + 1] int32, absolute row offsets into q, the first equal to `start_row` (rows
+    before it belong to someone else, e.g. decodes). seq_lens: [num_seqs] int32 contexts incl.
+    the new tokens; query j of request i sits at position seq_lens[i] - query_len_i + j.
+    block_tables: [num_seqs, max_num_blocks] int32. kv_cache: [2, num_blocks, block_size,
+    num_kv_heads, head_dim], block_size any power of two. block_m/block_n override the
+    per-head_dim config (powers of two >= 16; tests use small ones).
+    """
+    _check_inputs(q, kv_cache, query_start_loc, seq_lens, block_tables, out)
+    num_seqs = seq_lens.shape[0]
+    num_rows = q.shape[0] - start_row
+    if num_seqs == 0 or num_rows <= 0:
+        return out
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads = kv_cache.shape[3]
+    group = num_heads // num_kv_heads
+    cfg_m, cfg_n, num_warps, num_stages = prefill_config(head_dim)
+    block_m = max(block_m or cfg_m, triton.next_power_of_2(group))
+    block_n = block_n or cfg_n
+    for name, val in (("block_m", block_m), ("block_n", block_n)):
+        if val < 16 or val & (val - 1):
+            raise ValueError(f"{name} must be a power of two >= 16, got {val}")
+    block_q = block_m // group
+    grid = (triton.cdiv(num_rows, block_q) + num_seqs, num_kv_heads)
+    _prefill_kernel[grid](
+        q, kv_cache, block_tables, seq_lens, query_start_loc, out,
+        scale * LOG2E, num_seqs, start_row,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
+        kv_cache[0].numel(),
+        NUM_KV_HEADS=num_kv_heads, GROUP=group, HEAD_DIM=head_dim,
+        BLOCK_SIZE=kv_cache.shape[2], BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n,
+        BLOCK_D=triton.next_power_of_2(head_dim), num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+    return out

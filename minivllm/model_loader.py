@@ -1,0 +1,156 @@
+"""Builds a model on its device and fills its weights: safetensors checkpoints or dummy.
+
+Checkpoint names are mapped onto packed parameters with the model's packed_modules_mapping;
+every parameter's own weight_loader copies this rank's slice of the full tensor.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from collections.abc import Iterator
+
+import torch
+from safetensors import SafetensorError, safe_open
+from torch import nn
+
+from minivllm.attention.base import AttentionBackend
+from minivllm.config import ModelConfig
+from minivllm.layers.linear import default_weight_loader
+from minivllm.layers.norm import RMSNorm
+from minivllm.models.registry import get_model_class
+
+
+def build_model(
+    model_config: ModelConfig,
+    attn_backend: AttentionBackend,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    model_dir: str | None = None,
+    load_format: str = "auto",
+    seed: int = 0,
+) -> nn.Module:
+    """Constructs the registered class on `device` in `dtype`, then loads its weights
+    ("auto": safetensors from model_dir; "dummy": random, seeded)."""
+    model_class = get_model_class(model_config.architecture)
+    with torch.device(device):
+        model = model_class(model_config, attn_backend, dtype=dtype)
+    if load_format == "dummy":
+        load_dummy_weights(model, seed)
+    elif load_format == "auto":
+        if model_dir is None:
+            raise ValueError("load_format='auto' needs model_dir")
+        load_model(model, model_dir)
+    else:
+        raise ValueError(f"load_format must be 'auto' or 'dummy', got {load_format!r}")
+    return model.eval()
+
+
+def safetensors_files(model_dir: str) -> list[str]:
+    """The checkpoint files: those of model.safetensors.index.json if present, else all."""
+    index_path = os.path.join(model_dir, "model.safetensors.index.json")
+    if os.path.isfile(index_path):
+        with open(index_path) as f:
+            weight_map = json.load(f).get("weight_map", {})
+        files = sorted({os.path.join(model_dir, name) for name in weight_map.values()})
+    else:
+        files = sorted(glob.glob(os.path.join(model_dir, "*.safetensors")))
+    if not files:
+        raise ValueError(f"no *.safetensors files in model directory {model_dir!r}")
+    return files
+
+
+def iterate_checkpoint(model_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yields (name, tensor) over every checkpoint file; a corrupt file is a ValueError."""
+    for path in safetensors_files(model_dir):
+        try:
+            with safe_open(path, framework="pt", device="cpu") as f:
+                for name in f.keys():
+                    yield name, f.get_tensor(name)
+        except (SafetensorError, OSError, RuntimeError) as e:
+            raise ValueError(
+                f"cannot read checkpoint file {path!r} (corrupt or truncated?): {e}"
+            ) from e
+
+
+def _skip(name: str, tie_word_embeddings: bool) -> bool:
+    # Old checkpoints store RoPE inverse frequencies; we compute our own.
+    return name.endswith("rotary_emb.inv_freq") or (
+        tie_word_embeddings and name == "lm_head.weight"
+    )
+
+
+def _packed_target(name: str, mapping: dict[str, tuple[str, object]]) -> tuple[str, object]:
+    """Checkpoint name -> (parameter name, shard_id); shard_id None for unpacked ones."""
+    for ckpt_part, (packed_part, shard_id) in mapping.items():
+        if f".{ckpt_part}." in name:
+            return name.replace(f".{ckpt_part}.", f".{packed_part}."), shard_id
+    return name, None
+
+
+def _expected_loads(model: nn.Module, mapping: dict[str, tuple[str, object]]) -> dict:
+    """(parameter name, shard_id) -> checkpoint name, for every load the model needs."""
+    expected = {}
+    for param_name, _ in model.named_parameters():
+        shards = [(c, s) for c, (p, s) in mapping.items() if f".{p}." in param_name]
+        if not shards:
+            expected[(param_name, None)] = param_name
+        for ckpt_part, shard_id in shards:
+            packed_part = mapping[ckpt_part][0]
+            ckpt_name = param_name.replace(f".{packed_part}.", f".{ckpt_part}.")
+            expected[(param_name, shard_id)] = ckpt_name
+    return expected
+
+
+def load_model(model: nn.Module, model_dir: str) -> None:
+    """Loads every parameter from the safetensors in model_dir (tensors cast to the
+    parameter's dtype); raises ValueError listing all unloaded parameters."""
+    mapping = getattr(model, "packed_modules_mapping", {})
+    tied = bool(getattr(model.config, "tie_word_embeddings", False))
+    params = dict(model.named_parameters())
+    expected = _expected_loads(model, mapping)
+    loaded, unexpected = set(), []
+    for ckpt_name, tensor in iterate_checkpoint(model_dir):
+        if _skip(ckpt_name, tied):
+            continue
+        param_name, shard_id = _packed_target(ckpt_name, mapping)
+        if param_name not in params:
+            unexpected.append(ckpt_name)
+            continue
+        param = params[param_name]
+        weight_loader = getattr(param, "weight_loader", default_weight_loader)
+        try:
+            with torch.no_grad():
+                weight_loader(param, tensor, shard_id)
+        except (ValueError, RuntimeError) as e:
+            raise ValueError(f"cannot load {ckpt_name!r} into {param_name!r}: {e}") from e
+        loaded.add((param_name, shard_id))
+    if unexpected:
+        raise ValueError(f"checkpoint tensors with no model parameter: {sorted(unexpected)}")
+    missing = sorted(ckpt for key, ckpt in expected.items() if key not in loaded)
+    if missing:
+        raise ValueError(
+            f"{len(missing)} weight(s) missing from the checkpoint in {model_dir!r}: {missing}"
+        )
+
+
+@torch.no_grad()
+def load_dummy_weights(model: nn.Module, seed: int = 0) -> None:
+    """Random weights of the right shapes: normal(0, 0.02), norm weights 1; deterministic
+    for a given seed and device."""
+    generators: dict[torch.device, torch.Generator] = {}
+    seen: set[int] = set()  # a tied weight belongs to two modules; fill it once
+    for module in model.modules():
+        for param in module.parameters(recurse=False):
+            if id(param) in seen:
+                continue
+            seen.add(id(param))
+            if isinstance(module, RMSNorm):
+                param.fill_(1.0)
+                continue
+            if param.device not in generators:
+                generators[param.device] = torch.Generator(param.device).manual_seed(seed)
+            # Sampled in float32: normal_ on low-precision dtypes is not supported everywhere.
+            values = torch.empty(param.shape, dtype=torch.float32, device=param.device)
+            param.copy_(values.normal_(0.0, 0.02, generator=generators[param.device]))

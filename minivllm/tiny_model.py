@@ -1,0 +1,144 @@
+"""A tiny random-weight HF checkpoint plus a tiny byte-level BPE tokenizer, built locally.
+
+Tests and the CLI use it so that nothing is ever downloaded. Deterministic for a given seed.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+TRAINING_TEXT = """\
+The quick brown fox jumps over the lazy dog. Once upon a time there was a small model that
+wanted to learn to speak. It read every book in the library, from the first page to the last.
+Hello, world! How are you today? I am fine, thank you. What is the capital of France? Paris is
+the capital of France. One, two, three, four, five, six, seven, eight, nine, ten.
+The sun rises in the east and sets in the west. Water is made of hydrogen and oxygen.
+def main():\n    print("hello")\n    return 0\n
+A paged attention cache stores keys and values in blocks. The scheduler decides which requests
+run in each step, and the model computes the next token for every running sequence.
+Numbers like 0 1 2 3 4 5 6 7 8 9 and 2024 or 3.14 appear in text too, as do symbols: @#$%&*.
+"""
+SIZES = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-6,
+    # Larger than HF's 0.02 so that logits are peaked and greedy choices are not near-ties.
+    initializer_range=0.1,
+)
+ARCH_OVERRIDES: dict[str, dict[str, Any]] = {
+    "Qwen3ForCausalLM": dict(head_dim=32, tie_word_embeddings=True, rope_theta=1000000.0),
+    "Qwen2ForCausalLM": dict(tie_word_embeddings=False, rope_theta=1000000.0),
+    "LlamaForCausalLM": dict(
+        head_dim=16,
+        tie_word_embeddings=True,
+        # original 64 against max 512 puts head_dim 16's frequencies in all three bands.
+        rope_scaling=dict(
+            rope_type="llama3",
+            factor=8.0,
+            low_freq_factor=1.0,
+            high_freq_factor=4.0,
+            original_max_position_embeddings=64,
+        ),
+        rope_theta=10000.0,
+    ),
+}
+
+
+def build_tiny_tokenizer(vocab_size: int = 500):
+    """A byte-level BPE trained on TRAINING_TEXT, with ChatML special tokens and template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        # Every byte is in the vocab, so any string encodes.
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(TRAINING_TEXT.splitlines(), trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        eos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+        chat_template=CHAT_TEMPLATE,
+    )
+
+
+def tiny_hf_config(architecture: str, vocab_size: int, eos_token_id: int, **overrides: Any):
+    """The transformers config of a tiny model of `architecture`."""
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+
+    config_classes = {
+        "Qwen3ForCausalLM": Qwen3Config,
+        "Qwen2ForCausalLM": Qwen2Config,
+        "LlamaForCausalLM": LlamaConfig,
+    }
+    if architecture not in config_classes:
+        raise ValueError(
+            f"unknown tiny architecture {architecture!r}; supported: {sorted(config_classes)}"
+        )
+    options = {
+        **SIZES,
+        **ARCH_OVERRIDES[architecture],
+        "vocab_size": vocab_size,
+        "bos_token_id": eos_token_id,
+        "eos_token_id": eos_token_id,
+        "pad_token_id": eos_token_id,
+        **overrides,
+    }
+    config = config_classes[architecture](**options)
+    config.architectures = [architecture]
+    config.dtype = "float32"
+    return config
+
+
+def build_tiny_model(
+    out_dir: str, architecture: str = "Qwen3ForCausalLM", seed: int = 0, **overrides: Any
+) -> str:
+    """Writes config.json, model.safetensors, generation_config.json and the tokenizer files
+    into out_dir; `overrides` replace config fields (e.g. tie_word_embeddings=False)."""
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    tokenizer = build_tiny_tokenizer()
+    eos_id = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    im_end_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    config = tiny_hf_config(architecture, len(tokenizer), eos_id, **overrides)
+    # fork_rng keeps the caller's global RNG state untouched.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    os.makedirs(out_dir, exist_ok=True)
+    model.save_pretrained(out_dir)
+    generation_config = GenerationConfig(
+        bos_token_id=eos_id, eos_token_id=[im_end_id, eos_id], pad_token_id=eos_id
+    )
+    generation_config.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return out_dir
+
+
+def default_tiny_model_dir() -> str:
+    """~/.cache/minivllm/tiny-qwen3, built on first use."""
+    out_dir = os.path.join(os.path.expanduser("~"), ".cache", "minivllm", "tiny-qwen3")
+    if not os.path.isfile(os.path.join(out_dir, "model.safetensors")):
+        build_tiny_model(out_dir)
+    return out_dir

@@ -1,0 +1,35 @@
+"""Session fixtures: tiny random checkpoints (with tokenizer) of each supported architecture."""
+
+from __future__ import annotations
+
+import pytest
+
+from minivllm.tiny_model import build_tiny_model
+
+TINY_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return build_tiny_model(str(tmp_path_factory.mktemp("tiny-qwen3")), "Qwen3ForCausalLM")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return build_tiny_model(str(tmp_path_factory.mktemp("tiny-qwen2")), "Qwen2ForCausalLM")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return build_tiny_model(str(tmp_path_factory.mktemp("tiny-llama")), "LlamaForCausalLM")
+
+
+@pytest.fixture(params=TINY_ARCHITECTURES)
+def tiny_model_dir(request: pytest.FixtureRequest) -> str:
+    """Each tiny checkpoint in turn (parametrized over the architectures)."""
+    fixture = {
+        "Qwen3ForCausalLM": "tiny_qwen3_dir",
+        "Qwen2ForCausalLM": "tiny_qwen2_dir",
+        "LlamaForCausalLM": "tiny_llama_dir",
+    }[request.param]
+    return request.getfixturevalue(fixture)

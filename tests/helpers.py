@@ -1,0 +1,72 @@
+"""Test helpers: attention metadata and KV caches for running a model over whole prompts."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from minivllm.attention.base import AttnMetadata
+
+
+def prefill_metadata(
+    seq_lens: list[int], block_size: int, device: torch.device | str = "cpu"
+) -> tuple[AttnMetadata, int]:
+    """Metadata for prefilling each whole prompt in one packed step; returns (meta, num_blocks).
+
+    Blocks are handed out in reverse order from the top and block 0 stays unused, so that
+    a backend that ignores block_tables or reads padding fails.
+    """
+    blocks_per_seq = [(n + block_size - 1) // block_size for n in seq_lens]
+    num_blocks = sum(blocks_per_seq) + 1
+    next_block = num_blocks - 1
+    block_tables = torch.zeros(len(seq_lens), max(blocks_per_seq), dtype=torch.int32)
+    slots = []
+    for i, (seq_len, count) in enumerate(zip(seq_lens, blocks_per_seq)):
+        blocks = list(range(next_block, next_block - count, -1))
+        next_block -= count
+        block_tables[i, :count] = torch.tensor(blocks, dtype=torch.int32)
+        slots += [blocks[pos // block_size] * block_size + pos % block_size for pos in range(seq_len)]
+    query_start_loc = [0]
+    for seq_len in seq_lens:
+        query_start_loc.append(query_start_loc[-1] + seq_len)
+    meta = AttnMetadata(
+        query_start_loc=torch.tensor(query_start_loc, dtype=torch.int32, device=device),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        block_tables=block_tables.to(device),
+        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+        max_query_len=max(seq_lens),
+        max_seq_len=max(seq_lens),
+        num_decode_tokens=0,
+        query_start_loc_cpu=query_start_loc,
+        seq_lens_cpu=list(seq_lens),
+    )
+    return meta, num_blocks
+
+
+def bind_kv_caches(
+    model: nn.Module, num_blocks: int, block_size: int, dtype: torch.dtype = torch.float32
+) -> list[torch.Tensor]:
+    """Gives every attention layer a fresh zeroed cache [2, num_blocks, block_size, kv_heads, hd]."""
+    caches = []
+    for attn in model.attention_layers():
+        shape = (2, num_blocks, block_size, attn.num_kv_heads, attn.head_dim)
+        attn.kv_cache = torch.zeros(shape, dtype=dtype, device=attn_device(model))
+        caches.append(attn.kv_cache)
+    return caches
+
+
+def attn_device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+@torch.no_grad()
+def prefill_logits(model: nn.Module, prompts: list[list[int]], block_size: int = 4) -> list:
+    """Runs all prompts in one packed forward; returns per-prompt logits [len, vocab]."""
+    device = attn_device(model)
+    seq_lens = [len(p) for p in prompts]
+    meta, num_blocks = prefill_metadata(seq_lens, block_size, device)
+    bind_kv_caches(model, num_blocks, block_size, next(model.parameters()).dtype)
+    input_ids = torch.tensor([t for p in prompts for t in p], dtype=torch.long, device=device)
+    positions = torch.tensor([i for n in seq_lens for i in range(n)], dtype=torch.long, device=device)
+    logits = model.compute_logits(model(input_ids, positions, meta))
+    return list(logits.split(seq_lens))
