@@ -1,0 +1,147 @@
+"""Tensor parallelism: rank 0 (this process) schedules and samples; ranks 1..N-1 are worker
+processes the executor spawns. Each step's SchedulerOutput goes to every rank over a gloo
+process group; every rank runs the model on its shard (NCCL on CUDA, gloo on the CPU).
+
+Under `torchrun` the same code spans nodes: the process group comes from the environment
+(see docs/parallelism.md).
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import multiprocessing as mp
+import socket
+import weakref
+
+import torch
+import torch.distributed as dist
+
+from minivllm.config import EngineConfig, ModelConfig
+from minivllm.engine.input_prep import prepare_inputs
+from minivllm.engine.model_runner import ModelRunner
+from minivllm.engine.types import RunnerOutput, SchedulerOutput
+
+logger = logging.getLogger(__name__)
+
+# A step that takes longer than this on any rank means a rank is gone.
+_COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=120)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_device(config: EngineConfig, rank: int) -> torch.device:
+    device = config.resolved_device()
+    return torch.device("cuda", rank) if device.type == "cuda" else device
+
+
+def _init_rank(config: EngineConfig, model_config: ModelConfig, max_model_len: int, rank: int,
+               world_size: int, port: int):
+    """Joins the process groups and builds this rank's runner with its KV cache."""
+    device = _rank_device(config, rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(
+        backend, init_method=f"tcp://127.0.0.1:{port}", world_size=world_size, rank=rank,
+        timeout=_COLLECTIVE_TIMEOUT,
+    )
+    # The control plane (SchedulerOutputs) always travels on the CPU.
+    control = dist.new_group(backend="gloo", timeout=_COLLECTIVE_TIMEOUT)
+    torch.manual_seed(config.seed)
+    dtype = config.resolved_dtype(model_config, device)
+    runner = ModelRunner(config, model_config, device, dtype, max_model_len, tp_size=world_size)
+    num_blocks = torch.tensor([runner.determine_num_blocks()])
+    dist.all_reduce(num_blocks, op=dist.ReduceOp.MIN, group=control)
+    if num_blocks.item() >= 1:
+        runner.initialize_kv_cache(int(num_blocks.item()))
+    return runner, control, int(num_blocks.item())
+
+
+def _worker_main(config, model_config, max_model_len, rank, world_size, port) -> None:
+    runner, control, _ = _init_rank(config, model_config, max_model_len, rank, world_size, port)
+    while True:
+        box = [None]
+        dist.broadcast_object_list(box, src=0, group=control)
+        sched_out = box[0]
+        if sched_out is None:
+            break
+        if not sched_out.is_empty:
+            runner.compute_logits(prepare_inputs(sched_out, runner.block_size))
+    dist.destroy_process_group()
+
+
+class TPExecutor:
+    def __init__(self, config: EngineConfig, model_config: ModelConfig, max_model_len: int) -> None:
+        world_size = config.tensor_parallel_size
+        if config.resolved_device().type == "cuda" and torch.cuda.device_count() < world_size:
+            raise ValueError(
+                f"tensor_parallel_size={world_size} but only {torch.cuda.device_count()} GPUs are visible"
+            )
+        port = free_port()
+        ctx = mp.get_context("spawn")
+        self.workers = [
+            ctx.Process(
+                target=_worker_main,
+                args=(config, model_config, max_model_len, rank, world_size, port),
+                daemon=True,
+                name=f"minivllm-tp{rank}",
+            )
+            for rank in range(1, world_size)
+        ]
+        for worker in self.workers:
+            worker.start()
+        self._closed = False
+        self._finalizer = weakref.finalize(self, TPExecutor._reap, list(self.workers))
+        self.runner, self.control, self.num_blocks = _init_rank(
+            config, model_config, max_model_len, 0, world_size, port
+        )
+
+    def _check_workers(self) -> None:
+        for rank, worker in enumerate(self.workers, start=1):
+            if not worker.is_alive():
+                self._closed = True
+                raise RuntimeError(
+                    f"tensor-parallel worker rank {rank} (pid {worker.pid}) died with exit code "
+                    f"{worker.exitcode}; the engine cannot continue, create a new LLM"
+                )
+
+    def execute(self, sched_out: SchedulerOutput) -> RunnerOutput:
+        if self._closed:
+            raise RuntimeError("the tensor-parallel engine has shut down")
+        self._check_workers()
+        try:
+            dist.broadcast_object_list([sched_out], src=0, group=self.control)
+            return self.runner.execute(sched_out)
+        except RuntimeError as e:
+            self._check_workers()
+            raise RuntimeError(f"tensor-parallel step failed: {e}") from e
+
+    def shutdown(self) -> None:
+        if self._closed:
+            TPExecutor._reap(self.workers)
+            return
+        self._closed = True
+        try:
+            self._check_workers()
+            dist.broadcast_object_list([None], src=0, group=self.control)
+        except RuntimeError:
+            pass
+        for worker in self.workers:
+            worker.join(timeout=30)
+        TPExecutor._reap(self.workers)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    @staticmethod
+    def _reap(workers: list) -> None:
+        for worker in workers:
+            if worker.is_alive():
+                worker.terminate()
+                worker.join(timeout=5)
+            if worker.is_alive():
+                worker.kill()

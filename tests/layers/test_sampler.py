@@ -1,0 +1,218 @@
+"""Sampler: greedy, seeded and filtered sampling, penalties and logprobs against plain references."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from minivllm.engine.sampling_state import SamplingState
+from minivllm.engine.types import NewRequestData
+from minivllm.layers.sampler import Sampler, SamplingMetadata, apply_penalties
+from minivllm.sampling_params import SamplingParams
+
+
+def make_state(
+    params: list[SamplingParams],
+    prompts: list[list[int]] | None = None,
+    outputs: list[list[int]] | None = None,
+) -> tuple[SamplingState, list[str]]:
+    state = SamplingState("cpu")
+    req_ids = [f"r{i}" for i in range(len(params))]
+    for i, (req_id, p) in enumerate(zip(req_ids, params)):
+        state.add_request(NewRequestData(req_id, prompts[i] if prompts else [0], p))
+        for token_id in outputs[i] if outputs else []:
+            state.append_token(req_id, token_id)
+    return state, req_ids
+
+
+def make_meta(params: list[SamplingParams], **kwargs) -> SamplingMetadata:
+    state, req_ids = make_state(params, **kwargs)
+    return state.build_metadata(req_ids)
+
+
+def test_greedy_is_argmax_any_dtype():
+    logits = torch.randn(5, 50)
+    meta = make_meta([SamplingParams(temperature=0.0)] * 5)
+    assert meta.all_greedy and meta.no_penalties
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        out = Sampler()(logits.to(dtype), meta)
+        assert torch.equal(out.sampled_token_ids, logits.to(dtype).float().argmax(-1))
+        assert out.logprobs is None
+
+
+def test_top_k_1_equals_greedy_in_mixed_batch():
+    torch.manual_seed(0)
+    logits = torch.randn(6, 100)
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=1.5, top_k=1)] * 3
+    meta = make_meta(params)
+    assert not meta.all_greedy and not meta.all_random
+    for _ in range(5):
+        assert torch.equal(Sampler()(logits, meta).sampled_token_ids, logits.argmax(-1))
+
+
+def draw_sequence(seed: int, batch_with_others: bool, num_steps: int = 8) -> list[int]:
+    """Tokens of a seeded request over num_steps, alone or in the middle of random rows."""
+    target = SamplingParams(temperature=1.0, seed=seed, top_p=0.9)
+    others = [SamplingParams(temperature=0.8), SamplingParams(temperature=1.2, top_k=5)]
+    params = [others[0], target, others[1]] if batch_with_others else [target]
+    state, req_ids = make_state(params)
+    row = req_ids.index("r1") if batch_with_others else 0
+    logits = torch.linspace(0.0, 2.0, 64).repeat(len(params), 1)
+    tokens = []
+    for _ in range(num_steps):
+        sampled = Sampler()(logits, state.build_metadata(req_ids)).sampled_token_ids.tolist()
+        for req_id, token_id in zip(req_ids, sampled):
+            state.append_token(req_id, token_id)
+        tokens.append(sampled[row])
+    return tokens
+
+
+def test_seed_is_independent_of_batch():
+    torch.manual_seed(1)
+    alone = draw_sequence(seed=7, batch_with_others=False)
+    torch.manual_seed(2)  # a different default RNG state for the unseeded rows
+    batched = draw_sequence(seed=7, batch_with_others=True)
+    assert alone == batched
+    assert draw_sequence(seed=7, batch_with_others=False) == alone
+    assert draw_sequence(seed=8, batch_with_others=False) != alone
+
+
+def reference_probs(logits: list[float], p: SamplingParams) -> list[float]:
+    """Plain-Python vLLM semantics: temperature, top-k, top-p, then min-p, renormalized."""
+
+    def normalize(weights: list[float]) -> list[float]:
+        total = sum(weights)
+        return [w / total for w in weights]
+
+    probs = normalize([math.exp(x / p.temperature) for x in logits])
+    order = sorted(range(len(probs)), key=lambda i: -probs[i])
+    if p.top_k:
+        probs = normalize([w if i in order[: p.top_k] else 0.0 for i, w in enumerate(probs)])
+    mass_before, keep = 0.0, set()
+    for i in order:
+        if mass_before < p.top_p:
+            keep.add(i)
+        mass_before += probs[i]
+    probs = normalize([w if i in keep else 0.0 for i, w in enumerate(probs)])
+    max_prob = max(probs)
+    return normalize([w if w >= p.min_p * max_prob else 0.0 for w in probs])
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=1.0),
+        SamplingParams(temperature=0.7, top_k=3),
+        SamplingParams(temperature=1.0, top_p=0.6),
+        SamplingParams(temperature=1.3, min_p=0.3),
+        SamplingParams(temperature=0.9, top_k=5, top_p=0.8, min_p=0.1),
+    ],
+)
+def test_filtered_sampling_matches_distribution(params):
+    torch.manual_seed(3)
+    logits_row = [2.0, 1.6, 1.1, 0.9, 0.3, -0.2, -0.7, -1.5]
+    expected = reference_probs(logits_row, params)
+    num_draws = 2000
+    # Pad the batch with rows that use no filters, so that per-row flags are exercised.
+    other = SamplingParams(temperature=1.0, top_p=1.0)
+    meta = make_meta([params] * num_draws + [other] * 4)
+    logits = torch.tensor(logits_row).repeat(num_draws + 4, 1)
+    sampled = Sampler()(logits, meta).sampled_token_ids[:num_draws]
+    counts = torch.bincount(sampled, minlength=len(logits_row)).tolist()
+    for token_id, (count, prob) in enumerate(zip(counts, expected)):
+        if prob == 0.0:
+            assert count == 0, f"token {token_id} is outside the support"
+        else:
+            std = math.sqrt(prob * (1 - prob) / num_draws)
+            assert abs(count / num_draws - prob) < 5 * std + 1e-3, (token_id, counts, expected)
+
+
+def reference_penalties(
+    logits: list[float], prompt: list[int], output: list[int], p: SamplingParams
+) -> list[float]:
+    result = []
+    for token_id, x in enumerate(logits):
+        count = output.count(token_id)
+        if token_id in prompt or count:
+            x = x / p.repetition_penalty if x > 0 else x * p.repetition_penalty
+        x -= p.frequency_penalty * count
+        x -= p.presence_penalty * (count > 0)
+        result.append(x)
+    return result
+
+
+def test_penalties_match_reference():
+    torch.manual_seed(4)
+    vocab_size = 16
+    params = [
+        SamplingParams(temperature=0.0, repetition_penalty=1.5),
+        SamplingParams(temperature=0.0, frequency_penalty=0.7, presence_penalty=-0.4),
+        SamplingParams(temperature=0.0, repetition_penalty=0.8, presence_penalty=1.1),
+        SamplingParams(temperature=0.0),
+    ]
+    prompts = [[1, 2, 2, 3], [4], [5, 6, 7, 8, 9, 10], [1]]
+    outputs = [[3, 11, 11], [4, 4, 4, 12], [], [1, 2]]
+    logits = torch.randn(len(params), vocab_size) * 3
+    meta = make_meta(params, prompts=prompts, outputs=outputs)
+    assert not meta.no_penalties
+    penalized = apply_penalties(logits.clone(), meta)
+    for row, p in enumerate(params):
+        expected = reference_penalties(logits[row].tolist(), prompts[row], outputs[row], p)
+        torch.testing.assert_close(penalized[row], torch.tensor(expected))
+    # Greedy rows take the argmax of the penalized logits.
+    assert torch.equal(Sampler()(logits, meta).sampled_token_ids, penalized.argmax(-1))
+
+
+def test_logprobs_come_from_raw_logits():
+    torch.manual_seed(5)
+    logits = torch.randn(4, 30, dtype=torch.bfloat16)
+    params = [
+        SamplingParams(temperature=0.0, logprobs=3, repetition_penalty=2.0),
+        SamplingParams(temperature=0.5, logprobs=0),
+        SamplingParams(temperature=2.0, top_k=4, logprobs=2),
+        SamplingParams(temperature=1.0),
+    ]
+    meta = make_meta(params, outputs=[[1, 2], [], [3], []])
+    assert meta.max_num_logprobs == 3
+    out = Sampler()(logits, meta)
+    raw = torch.log_softmax(logits.float(), dim=-1)
+    assert out.logprob_token_ids.shape == (4, 4) and out.logprobs.dtype == torch.float32
+    assert torch.equal(out.logprob_token_ids[:, 0], out.sampled_token_ids)
+    torch.testing.assert_close(out.logprobs, raw.gather(1, out.logprob_token_ids))
+    top_values, top_ids = raw.topk(3, dim=-1)
+    assert torch.equal(out.logprob_token_ids[:, 1:], top_ids)
+    for row in range(4):
+        sampled = out.sampled_token_ids[row]
+        expected_rank = int((raw[row] > raw[row, sampled]).sum()) + 1
+        assert out.ranks[row].item() == expected_rank
+
+
+def test_min_tokens_suppresses_eos_and_stop_tokens():
+    logits = torch.zeros(3, 10)
+    logits[:, 9] = 10.0  # EOS
+    logits[:, 8] = 9.0  # a stop token id
+    logits[:, 7] = 1.0
+    base = dict(temperature=0.0, eos_token_ids=[9], stop_token_ids=[8], min_tokens=2)
+    params = [
+        SamplingParams(**base),
+        SamplingParams(**base, ignore_eos=True),  # EOS is allowed, the stop token is not
+        SamplingParams(temperature=0.0, eos_token_ids=[9], stop_token_ids=[8]),
+    ]
+    state, req_ids = make_state(params)
+    for step, expected in enumerate(([7, 9, 9], [7, 9, 9], [9, 9, 9])):
+        meta = state.build_metadata(req_ids)
+        assert (meta.suppressed_token_ids is None) == (step == 2)  # min_tokens reached
+        sampled = Sampler()(logits, meta).sampled_token_ids.tolist()
+        assert sampled == expected
+        for req_id, token_id in zip(req_ids, sampled):
+            state.append_token(req_id, token_id)
+
+
+def test_min_tokens_suppression_is_sampled_not_only_greedy():
+    logits = torch.tensor([[0.0, 0.0, 6.0]]).repeat(500, 1)
+    params = SamplingParams(temperature=1.0, eos_token_ids=[2], min_tokens=1)
+    sampled = Sampler()(logits, make_meta([params] * 500)).sampled_token_ids
+    assert (sampled != 2).all()
+    assert set(sampled.tolist()) == {0, 1}
