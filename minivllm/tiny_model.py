@@ -6,6 +6,8 @@ Tests and the CLI use it so that nothing is ever downloaded. Deterministic for a
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from typing import Any
 
 import torch
@@ -139,6 +141,13 @@ def build_tiny_model(
 def default_tiny_model_dir() -> str:
     """~/.cache/minivllm/tiny-qwen3, built on first use."""
     out_dir = os.path.join(os.path.expanduser("~"), ".cache", "minivllm", "tiny-qwen3")
-    if not os.path.isfile(os.path.join(out_dir, "model.safetensors")):
-        build_tiny_model(out_dir)
+    if not os.path.isdir(out_dir):
+        # Built aside and renamed into place, so a concurrent reader never sees half a model.
+        os.makedirs(os.path.dirname(out_dir), exist_ok=True)
+        tmp_dir = tempfile.mkdtemp(prefix="tiny-qwen3-", dir=os.path.dirname(out_dir))
+        build_tiny_model(tmp_dir)
+        try:
+            os.rename(tmp_dir, out_dir)
+        except OSError:  # another process won the race
+            shutil.rmtree(tmp_dir, ignore_errors=True)
     return out_dir

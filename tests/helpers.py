@@ -21,11 +21,13 @@ def prefill_metadata(
     next_block = num_blocks - 1
     block_tables = torch.zeros(len(seq_lens), max(blocks_per_seq), dtype=torch.int32)
     slots = []
-    for i, (seq_len, count) in enumerate(zip(seq_lens, blocks_per_seq)):
+    for i, (seq_len, count) in enumerate(zip(seq_lens, blocks_per_seq, strict=True)):
         blocks = list(range(next_block, next_block - count, -1))
         next_block -= count
         block_tables[i, :count] = torch.tensor(blocks, dtype=torch.int32)
-        slots += [blocks[pos // block_size] * block_size + pos % block_size for pos in range(seq_len)]
+        slots += [
+            blocks[pos // block_size] * block_size + pos % block_size for pos in range(seq_len)
+        ]
     query_start_loc = [0]
     for seq_len in seq_lens:
         query_start_loc.append(query_start_loc[-1] + seq_len)
@@ -46,7 +48,7 @@ def prefill_metadata(
 def bind_kv_caches(
     model: nn.Module, num_blocks: int, block_size: int, dtype: torch.dtype = torch.float32
 ) -> list[torch.Tensor]:
-    """Gives every attention layer a fresh zeroed cache [2, num_blocks, block_size, kv_heads, hd]."""
+    """Binds a fresh zeroed [2, num_blocks, block_size, kv_heads, head_dim] cache per layer."""
     caches = []
     for attn in model.attention_layers():
         shape = (2, num_blocks, block_size, attn.num_kv_heads, attn.head_dim)
@@ -67,6 +69,8 @@ def prefill_logits(model: nn.Module, prompts: list[list[int]], block_size: int =
     meta, num_blocks = prefill_metadata(seq_lens, block_size, device)
     bind_kv_caches(model, num_blocks, block_size, next(model.parameters()).dtype)
     input_ids = torch.tensor([t for p in prompts for t in p], dtype=torch.long, device=device)
-    positions = torch.tensor([i for n in seq_lens for i in range(n)], dtype=torch.long, device=device)
+    positions = torch.tensor(
+        [i for n in seq_lens for i in range(n)], dtype=torch.long, device=device
+    )
     logits = model.compute_logits(model(input_ids, positions, meta))
     return list(logits.split(seq_lens))

@@ -39,9 +39,7 @@ class SamplingState:
         if params.seed is not None:
             generator = torch.Generator(device=self.device)
             generator.manual_seed(params.seed)
-        self.requests[new.req_id] = _RequestState(
-            list(new.prompt_token_ids), params, [], generator
-        )
+        self.requests[new.req_id] = _RequestState(list(new.prompt_token_ids), params, [], generator)
 
     def remove(self, req_id: str) -> None:
         self.requests.pop(req_id, None)
@@ -62,14 +60,14 @@ class SamplingState:
             p.presence_penalty == 0.0 and p.frequency_penalty == 0.0 for p in params
         )
         num_logprobs = [p.logprobs for p in params if p.logprobs is not None]
+        output_ids = None if no_penalties else _padded([s.output_token_ids for s in states], device)
+        prompt_ids = (
+            _padded([s.prompt_token_ids for s in states], device) if has_repetition else None
+        )
         return SamplingMetadata(
             **_param_tensors(params, device),
-            output_token_ids=None
-            if no_penalties
-            else _padded([s.output_token_ids for s in states], device),
-            prompt_token_ids=_padded([s.prompt_token_ids for s in states], device)
-            if has_repetition
-            else None,
+            output_token_ids=output_ids,
+            prompt_token_ids=prompt_ids,
             suppressed_token_ids=_suppressed_token_ids(states, device),
             generators={
                 row: s.generator
@@ -95,7 +93,7 @@ class SamplingState:
             sampler_out.logprob_token_ids, sampler_out.logprobs, sampler_out.ranks
         )
         result: list[LogprobsDict | None] = []
-        for req_id, (ids, logprobs, rank) in zip(req_ids, rows):
+        for req_id, (ids, logprobs, rank) in zip(req_ids, rows, strict=True):
             num_logprobs = self.requests[req_id].params.logprobs
             result.append(
                 None if num_logprobs is None else _to_dict(ids, logprobs, rank, num_logprobs)
@@ -162,7 +160,7 @@ def _param_tensors(params: list[SamplingParams], device: torch.device) -> dict[s
         "frequency_penalties",
         "repetition_penalties",
     )
-    tensors = dict(zip(names, floats.unbind(0)))
+    tensors = dict(zip(names, floats.unbind(0), strict=True))
     tensors["top_k"] = _to_device([p.top_k for p in params], torch.int64, device)
     return tensors
 

@@ -117,10 +117,11 @@ def _decode_kernel(
         m_i = m_new
 
     # An empty partition (or seq_len 0) has l_i == 0: output 0, lse -inf (weight 0 in reduce).
-    o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    o = acc / l_safe[:, None]
     out_mask = g_mask[:, None] & d_mask[None, :]
     if SPLIT:
-        lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(l_i))
+        lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(l_safe))
         mid = seq64 * stride_mo_t + heads * stride_mo_h + split * stride_mo_s
         tl.store(mid_o_ptr + mid[:, None] + offs_d[None, :], o, mask=out_mask)
         tl.store(mid_lse_ptr + seq64 * stride_ml_t + heads * stride_ml_h + split, lse, mask=g_mask)

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minivllm.layers.linear import copy_checked
 from minivllm.layers.parallel_state import all_gather_last_dim, all_reduce, get_tp_rank_size
 
 VOCAB_PADDING = 64
@@ -43,7 +44,7 @@ class VocabParallelEmbedding(nn.Module):
                 f"the model expects vocab_size {self.num_embeddings}"
             )
         num_rows = max(0, min(self.num_embeddings - self.vocab_start, self.shard_size))
-        param.data[:num_rows].copy_(loaded_weight.narrow(0, self.vocab_start, num_rows))
+        copy_checked(param.data[:num_rows], loaded_weight.narrow(0, self.vocab_start, num_rows))
         param.data[num_rows:].zero_()
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:

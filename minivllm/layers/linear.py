@@ -24,6 +24,19 @@ def copy_checked(dst: torch.Tensor, src: torch.Tensor) -> None:
     dst.copy_(src)
 
 
+def take_shard(
+    loaded_weight: torch.Tensor, dim: int, index: int, size: int, full_size: int
+) -> torch.Tensor:
+    """Slice `index` of `size` along `dim`, after checking the full tensor's extent there
+    (a too-large tensor would otherwise load silently)."""
+    if loaded_weight.dim() <= dim or loaded_weight.shape[dim] != full_size:
+        raise ValueError(
+            f"shape mismatch: checkpoint tensor {tuple(loaded_weight.shape)} should have "
+            f"size {full_size} along dim {dim}"
+        )
+    return loaded_weight.narrow(dim, index * size, size)
+
+
 def default_weight_loader(
     param: torch.Tensor, loaded_weight: torch.Tensor, shard_id: object = None
 ) -> None:
@@ -63,7 +76,11 @@ class ReplicatedLinear(LinearBase):
     """The full weight on every rank."""
 
     def __init__(
-        self, input_size: int, output_size: int, bias: bool = False, dtype: torch.dtype | None = None
+        self,
+        input_size: int,
+        output_size: int,
+        bias: bool = False,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__(input_size, output_size, bias, dtype)
 
@@ -72,7 +89,11 @@ class ColumnParallelLinear(LinearBase):
     """Splits the output dim: rank r holds rows [r * n, (r + 1) * n) of W and b."""
 
     def __init__(
-        self, input_size: int, output_size: int, bias: bool = False, dtype: torch.dtype | None = None
+        self,
+        input_size: int,
+        output_size: int,
+        bias: bool = False,
+        dtype: torch.dtype | None = None,
     ) -> None:
         _, tp_size = get_tp_rank_size()
         super().__init__(input_size, divide(output_size, tp_size, "output size"), bias, dtype)
@@ -81,7 +102,8 @@ class ColumnParallelLinear(LinearBase):
         self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
     ) -> None:
         size = param.shape[0]
-        copy_checked(param.data, loaded_weight.narrow(0, self.tp_rank * size, size))
+        src = take_shard(loaded_weight, 0, self.tp_rank, size, size * self.tp_size)
+        copy_checked(param.data, src)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -105,7 +127,7 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
             raise ValueError(f"merged linear needs shard_id in 0..{len(self.shard_sizes) - 1}")
         size = self.shard_sizes[shard_id]
         offset = sum(self.shard_sizes[:shard_id])
-        src = loaded_weight.narrow(0, self.tp_rank * size, size)
+        src = take_shard(loaded_weight, 0, self.tp_rank, size, size * self.tp_size)
         copy_checked(param.data.narrow(0, offset, size), src)
 
 
@@ -127,6 +149,8 @@ class QKVParallelLinear(ColumnParallelLinear):
     ) -> None:
         tp_rank, tp_size = get_tp_rank_size()
         self.head_dim = head_dim
+        self.total_num_heads = total_num_heads
+        self.total_num_kv_heads = total_num_kv_heads
         self.num_heads = divide(total_num_heads, tp_size, "number of attention heads")
         if total_num_kv_heads >= tp_size:
             self.num_kv_heads = divide(total_num_kv_heads, tp_size, "number of KV heads")
@@ -149,22 +173,27 @@ class QKVParallelLinear(ColumnParallelLinear):
         self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
     ) -> None:
         if shard_id == "q":
-            offset, size, start = 0, self.q_size, self.tp_rank * self.q_size
-        elif shard_id == "k":
-            offset, size, start = self.q_size, self.kv_size, self.kv_rank * self.kv_size
-        elif shard_id == "v":
-            offset, size = self.q_size + self.kv_size, self.kv_size
-            start = self.kv_rank * self.kv_size
+            offset, size, index = 0, self.q_size, self.tp_rank
+            full_size = self.total_num_heads * self.head_dim
+        elif shard_id in ("k", "v"):
+            offset = self.q_size if shard_id == "k" else self.q_size + self.kv_size
+            size, index = self.kv_size, self.kv_rank
+            full_size = self.total_num_kv_heads * self.head_dim
         else:
             raise ValueError(f"qkv linear needs shard_id 'q', 'k' or 'v', got {shard_id!r}")
-        copy_checked(param.data.narrow(0, offset, size), loaded_weight.narrow(0, start, size))
+        src = take_shard(loaded_weight, 0, index, size, full_size)
+        copy_checked(param.data.narrow(0, offset, size), src)
 
 
 class RowParallelLinear(LinearBase):
     """Splits the input dim; partial products are summed with an all-reduce."""
 
     def __init__(
-        self, input_size: int, output_size: int, bias: bool = False, dtype: torch.dtype | None = None
+        self,
+        input_size: int,
+        output_size: int,
+        bias: bool = False,
+        dtype: torch.dtype | None = None,
     ) -> None:
         _, tp_size = get_tp_rank_size()
         super().__init__(divide(input_size, tp_size, "input size"), output_size, bias, dtype)
@@ -176,7 +205,8 @@ class RowParallelLinear(LinearBase):
             copy_checked(param.data, loaded_weight)
             return
         size = param.shape[1]
-        copy_checked(param.data, loaded_weight.narrow(1, self.tp_rank * size, size))
+        src = take_shard(loaded_weight, 1, self.tp_rank, size, size * self.tp_size)
+        copy_checked(param.data, src)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [num_tokens, input_size // tp_size]. Only rank 0 adds the bias, so that the

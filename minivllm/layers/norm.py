@@ -7,7 +7,9 @@ from torch import nn
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, hidden_size: int, eps: float = 1e-6, dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self, hidden_size: int, eps: float = 1e-6, dtype: torch.dtype | None = None
+    ) -> None:
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype), requires_grad=False)

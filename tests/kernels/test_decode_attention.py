@@ -10,7 +10,7 @@ from minivllm.kernels.decode_attention import choose_num_splits, decode_attentio
 
 BLOCK = 16
 # Ragged contexts around block (16) and tile (64) edges; 0 is a padded CUDA-graph row.
-SEQ_LENS = [1, BLOCK - 1, BLOCK, BLOCK + 1, 70, 3]
+SEQ_LENS = [1, BLOCK - 1, BLOCK, BLOCK + 1, 70, 0, 3]
 
 
 def _run(seq_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, num_splits):

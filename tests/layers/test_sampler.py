@@ -1,4 +1,4 @@
-"""Sampler: greedy, seeded and filtered sampling, penalties and logprobs against plain references."""
+"""Sampler: greedy, seeded, filtered sampling, penalties and logprobs against plain references."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def make_state(
 ) -> tuple[SamplingState, list[str]]:
     state = SamplingState("cpu")
     req_ids = [f"r{i}" for i in range(len(params))]
-    for i, (req_id, p) in enumerate(zip(req_ids, params)):
+    for i, (req_id, p) in enumerate(zip(req_ids, params, strict=True)):
         state.add_request(NewRequestData(req_id, prompts[i] if prompts else [0], p))
         for token_id in outputs[i] if outputs else []:
             state.append_token(req_id, token_id)
@@ -63,7 +63,7 @@ def draw_sequence(seed: int, batch_with_others: bool, num_steps: int = 8) -> lis
     tokens = []
     for _ in range(num_steps):
         sampled = Sampler()(logits, state.build_metadata(req_ids)).sampled_token_ids.tolist()
-        for req_id, token_id in zip(req_ids, sampled):
+        for req_id, token_id in zip(req_ids, sampled, strict=True):
             state.append_token(req_id, token_id)
         tokens.append(sampled[row])
     return tokens
@@ -113,20 +113,21 @@ def reference_probs(logits: list[float], p: SamplingParams) -> list[float]:
 def test_filtered_sampling_matches_distribution(params):
     torch.manual_seed(3)
     logits_row = [2.0, 1.6, 1.1, 0.9, 0.3, -0.2, -0.7, -1.5]
-    expected = reference_probs(logits_row, params)
     num_draws = 2000
-    # Pad the batch with rows that use no filters, so that per-row flags are exercised.
-    other = SamplingParams(temperature=1.0, top_p=1.0)
-    meta = make_meta([params] * num_draws + [other] * 4)
-    logits = torch.tensor(logits_row).repeat(num_draws + 4, 1)
-    sampled = Sampler()(logits, meta).sampled_token_ids[:num_draws]
-    counts = torch.bincount(sampled, minlength=len(logits_row)).tolist()
-    for token_id, (count, prob) in enumerate(zip(counts, expected)):
-        if prob == 0.0:
-            assert count == 0, f"token {token_id} is outside the support"
-        else:
-            std = math.sqrt(prob * (1 - prob) / num_draws)
-            assert abs(count / num_draws - prob) < 5 * std + 1e-3, (token_id, counts, expected)
+    # Half the batch uses no filters: per-row parameters must not leak between rows.
+    plain = SamplingParams(temperature=1.0)
+    meta = make_meta([params] * num_draws + [plain] * num_draws)
+    logits = torch.tensor(logits_row).repeat(2 * num_draws, 1)
+    sampled = Sampler()(logits, meta).sampled_token_ids
+    for rows, p in ((sampled[:num_draws], params), (sampled[num_draws:], plain)):
+        expected = reference_probs(logits_row, p)
+        counts = torch.bincount(rows, minlength=len(logits_row)).tolist()
+        for token_id, (count, prob) in enumerate(zip(counts, expected, strict=True)):
+            if prob == 0.0:
+                assert count == 0, f"token {token_id} is outside the support"
+            else:
+                std = math.sqrt(prob * (1 - prob) / num_draws)
+                assert abs(count / num_draws - prob) < 5 * std + 1e-3, (token_id, counts, expected)
 
 
 def reference_penalties(
@@ -206,7 +207,7 @@ def test_min_tokens_suppresses_eos_and_stop_tokens():
         assert (meta.suppressed_token_ids is None) == (step == 2)  # min_tokens reached
         sampled = Sampler()(logits, meta).sampled_token_ids.tolist()
         assert sampled == expected
-        for req_id, token_id in zip(req_ids, sampled):
+        for req_id, token_id in zip(req_ids, sampled, strict=True):
             state.append_token(req_id, token_id)
 
 

@@ -31,7 +31,7 @@ def test_prefill_logits_match_hf(tiny_model_dir: str) -> None:
     prompts = make_prompts(config.vocab_size)
 
     ours = prefill_logits(model, prompts, block_size=4)
-    for prompt, logits in zip(prompts, ours):
+    for prompt, logits in zip(prompts, ours, strict=True):
         with torch.no_grad():
             expected = hf_model(torch.tensor([prompt])).logits[0]
         assert logits.shape == expected.shape == (len(prompt), config.vocab_size)
@@ -46,7 +46,7 @@ def test_batching_does_not_change_logits(tiny_qwen3_dir: str) -> None:
     model = build_model(config, TorchSDPABackend(), torch.float32, "cpu", tiny_qwen3_dir)
     prompts = make_prompts(config.vocab_size)
     batched = prefill_logits(model, prompts, block_size=8)
-    for prompt, logits in zip(prompts, batched):
+    for prompt, logits in zip(prompts, batched, strict=True):
         (alone,) = prefill_logits(model, [prompt], block_size=16)
         torch.testing.assert_close(logits, alone, atol=1e-5, rtol=1e-5)
 
@@ -73,5 +73,5 @@ def test_bfloat16_close_to_fp32(tiny_llama_dir: str) -> None:
     ref = build_model(config, TorchSDPABackend(), torch.float32, "cpu", tiny_llama_dir)
     low = build_model(config, TorchSDPABackend(), torch.bfloat16, "cpu", tiny_llama_dir)
     assert all(p.dtype == torch.bfloat16 for p in low.parameters())
-    for a, b in zip(prefill_logits(ref, prompts), prefill_logits(low, prompts)):
+    for a, b in zip(prefill_logits(ref, prompts), prefill_logits(low, prompts), strict=True):
         torch.testing.assert_close(b.float(), a, atol=0.1, rtol=0.05)

@@ -68,7 +68,9 @@ def test_rotary_matches_hf(rope_scaling: dict | None) -> None:
 def test_llama3_inv_freq_matches_hf_and_scales_all_bands() -> None:
     head_dim = 16
     inv_freq = compute_inv_freq(head_dim, 10000.0, LLAMA3_SCALING)
-    hf_inv_freq, _ = ROPE_INIT_FUNCTIONS["llama3"](hf_rope_config(head_dim, 10000.0, LLAMA3_SCALING))
+    hf_inv_freq, _ = ROPE_INIT_FUNCTIONS["llama3"](
+        hf_rope_config(head_dim, 10000.0, LLAMA3_SCALING)
+    )
     torch.testing.assert_close(inv_freq, hf_inv_freq, rtol=0, atol=0)
     ratio = compute_inv_freq(head_dim, 10000.0, None) / inv_freq
     assert ratio[0] == 1.0  # high frequency: kept
@@ -108,22 +110,31 @@ def build_on_rank(monkeypatch: pytest.MonkeyPatch, module, rank: int, tp_size: i
 
 
 @pytest.mark.parametrize("tp_size", [1, 2, 4])
-def test_qkv_shards_by_heads_and_replicates_kv(monkeypatch: pytest.MonkeyPatch, tp_size: int) -> None:
+def test_qkv_shards_by_heads_and_replicates_kv(
+    monkeypatch: pytest.MonkeyPatch, tp_size: int
+) -> None:
     hidden, head_dim, num_heads, num_kv_heads = 16, 4, 4, 2
-    full = {name: torch.randn(n * head_dim, hidden) for name, n in
-            (("q", num_heads), ("k", num_kv_heads), ("v", num_kv_heads))}
+    full = {
+        name: torch.randn(n * head_dim, hidden)
+        for name, n in (("q", num_heads), ("k", num_kv_heads), ("v", num_kv_heads))
+    }
     x = torch.randn(3, hidden)
     ref = {name: x @ w.T for name, w in full.items()}
     kv_per_rank = max(1, num_kv_heads // tp_size) * head_dim
     for rank in range(tp_size):
-        layer = build_on_rank(monkeypatch, linear_module, rank, tp_size, lambda: QKVParallelLinear(
-            hidden, head_dim, num_heads, num_kv_heads))
+        layer = build_on_rank(
+            monkeypatch,
+            linear_module,
+            rank,
+            tp_size,
+            lambda: QKVParallelLinear(hidden, head_dim, num_heads, num_kv_heads),
+        )
         for name, w in full.items():
             layer.weight.weight_loader(layer.weight, w, name)
         q, k, v = layer(x).split([layer.q_size, layer.kv_size, layer.kv_size], dim=-1)
         q_size = num_heads // tp_size * head_dim
         kv_head = rank * num_kv_heads // tp_size  # first KV head this rank serves
-        torch.testing.assert_close(q, ref["q"][:, rank * q_size:(rank + 1) * q_size])
+        torch.testing.assert_close(q, ref["q"][:, rank * q_size : (rank + 1) * q_size])
         kv_cols = slice(kv_head * head_dim, kv_head * head_dim + kv_per_rank)
         torch.testing.assert_close(k, ref["k"][:, kv_cols])
         torch.testing.assert_close(v, ref["v"][:, kv_cols])
@@ -131,15 +142,25 @@ def test_qkv_shards_by_heads_and_replicates_kv(monkeypatch: pytest.MonkeyPatch, 
 
 def test_merged_and_row_parallel_sum_to_full(monkeypatch: pytest.MonkeyPatch) -> None:
     tp_size, hidden, inter = 2, 8, 12
-    gate, up, down = torch.randn(inter, hidden), torch.randn(inter, hidden), torch.randn(hidden, inter)
+    gate, up, down = (
+        torch.randn(inter, hidden),
+        torch.randn(inter, hidden),
+        torch.randn(hidden, inter),
+    )
     x = torch.randn(3, hidden)
     expected = (F.silu(x @ gate.T) * (x @ up.T)) @ down.T
     total = torch.zeros_like(expected)
     for rank in range(tp_size):
-        gate_up = build_on_rank(monkeypatch, linear_module, rank, tp_size,
-                                lambda: MergedColumnParallelLinear(hidden, [inter, inter]))
-        row = build_on_rank(monkeypatch, linear_module, rank, tp_size,
-                            lambda: RowParallelLinear(inter, hidden))
+        gate_up = build_on_rank(
+            monkeypatch,
+            linear_module,
+            rank,
+            tp_size,
+            lambda: MergedColumnParallelLinear(hidden, [inter, inter]),
+        )
+        row = build_on_rank(
+            monkeypatch, linear_module, rank, tp_size, lambda: RowParallelLinear(inter, hidden)
+        )
         gate_up.weight.weight_loader(gate_up.weight, gate, 0)
         gate_up.weight.weight_loader(gate_up.weight, up, 1)
         row.weight.weight_loader(row.weight, down)
@@ -159,7 +180,9 @@ def test_indivisible_sizes_name_the_numbers(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 @pytest.mark.parametrize("tp_size", [1, 2])
-def test_vocab_parallel_embedding_and_lm_head(monkeypatch: pytest.MonkeyPatch, tp_size: int) -> None:
+def test_vocab_parallel_embedding_and_lm_head(
+    monkeypatch: pytest.MonkeyPatch, tp_size: int
+) -> None:
     vocab, hidden = 100, 8  # padded to 128 at tp 1 and 2
     weight = torch.randn(vocab, hidden)
     input_ids = torch.tensor([0, 5, 63, 64, 99, 70])
