@@ -107,7 +107,7 @@ class BlockManager:
 
     def free(self, request: Request) -> None:
         """Drops request's references, tail first so that its tail blocks are evicted first."""
-        for block_id in list(request.block_ids):
+        for block_id in reversed(request.block_ids):
             self.ref_counts[block_id] -= 1
             if self.ref_counts[block_id] == 0:
                 self._free_queue[block_id] = None
