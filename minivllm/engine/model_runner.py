@@ -15,6 +15,7 @@ from minivllm.attention.selector import get_attn_backend
 from minivllm.config import EngineConfig, ModelConfig
 from minivllm.engine.input_prep import StepInputs, prepare_inputs
 from minivllm.engine.kv_cache import allocate_kv_caches, bytes_per_block, num_blocks_for_budget
+from minivllm.engine.prompt_logprobs import PromptLogprobsTracker
 from minivllm.engine.sampling_state import SamplingState
 from minivllm.engine.types import RunnerOutput, SchedulerOutput
 from minivllm.layers.sampler import Sampler
@@ -60,6 +61,7 @@ class ModelRunner:
         )
         self.sampler = Sampler()
         self.sampling_state = SamplingState(device)
+        self.prompt_logprobs = PromptLogprobsTracker()
         self.kv_caches: list[torch.Tensor] = []
         self.graphs = None  # a CUDAGraphRunner once captured
 
@@ -99,17 +101,27 @@ class ModelRunner:
         if sched_out.is_empty:
             return RunnerOutput(req_ids=[], sampled_token_ids=[])
         inputs = prepare_inputs(sched_out, self.block_size)
-        logits = self.compute_logits(inputs)
-        return self.sample(logits, inputs.sample_req_ids)
+        jobs = self.prompt_logprobs.plan(sched_out, inputs.query_start_loc, self.sampling_state)
+        extra_rows = np.concatenate([job.rows for job in jobs]) if jobs else None
+        logits = self.compute_logits(inputs, extra_rows)
+        num_sampled = len(inputs.sample_req_ids)
+        out = self.sample(logits[:num_sampled], inputs.sample_req_ids)
+        if jobs:
+            out.prompt_logprobs = self.prompt_logprobs.collect(jobs, logits[num_sampled:])
+        return out
 
     @torch.inference_mode()
-    def compute_logits(self, inputs: StepInputs) -> torch.Tensor:
-        """Runs the model over the step's tokens; returns [num_sampled, vocab] logits."""
-        if self.graphs is not None and self.graphs.can_run(inputs):
+    def compute_logits(self, inputs: StepInputs, extra_rows: np.ndarray | None = None) -> torch.Tensor:
+        """Runs the model over the step's tokens; returns logits [num_sampled (+ extra), vocab]
+        for the sampled rows, then for extra_rows (prompt logprobs)."""
+        if extra_rows is None and self.graphs is not None and self.graphs.can_run(inputs):
             return self.graphs.run(inputs)
         meta, input_ids, positions = self.to_device(inputs)
         hidden = self.model(input_ids, positions, meta)
-        logits_indices = torch.from_numpy(inputs.logits_indices).to(self.device, non_blocking=True)
+        rows = inputs.logits_indices
+        if extra_rows is not None:
+            rows = np.concatenate([rows, extra_rows])
+        logits_indices = torch.from_numpy(rows).to(self.device, non_blocking=True)
         return self.model.compute_logits(hidden[logits_indices])
 
     @torch.inference_mode()

@@ -108,7 +108,7 @@ class Scheduler:
             num_new_tokens = min(request.num_tokens - request.num_computed_tokens, budget)
             while not self.block_manager.allocate_slots(request, num_new_tokens):
                 # Victims come from the tail, which nothing has been scheduled for this step.
-                victim = self.running.pop(i)
+                victim = self.running.pop()
                 self._preempt(victim)
                 preempted = True
                 if victim is request:

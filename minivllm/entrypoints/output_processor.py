@@ -23,6 +23,8 @@ class _Child:
     index: int
     params: SamplingParams
     detokenizer: IncrementalDetokenizer
+    # Without stop strings or streaming, text is decoded once at the end: cheaper per step.
+    incremental: bool
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[LogprobsDict] | None = None
     finish_reason: str | None = None
@@ -44,8 +46,9 @@ class _Parent:
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer) -> None:
+    def __init__(self, tokenizer, stream: bool = False) -> None:
         self.tokenizer = tokenizer
+        self.stream = stream
         self.parents: dict[str, _Parent] = {}
         self.child_to_parent: dict[str, str] = {}
 
@@ -76,6 +79,7 @@ class OutputProcessor:
                     stop=params.stop,
                     include_stop_str_in_output=params.include_stop_str_in_output,
                 ),
+                incremental=self.stream or bool(params.stop),
                 logprobs=[] if params.logprobs is not None else None,
             )
             self.child_to_parent[child_id] = request_id
@@ -132,7 +136,12 @@ class OutputProcessor:
         child.token_ids.extend(out.new_token_ids)
         if child.logprobs is not None and out.new_logprobs:
             child.logprobs.extend(decode_logprobs(self.tokenizer, d) for d in out.new_logprobs)
-        child.detokenizer.add_tokens(out.new_token_ids)
+        # Core stops ("stop") are always an EOS or stop token id, whose text is left out.
+        by_token = out.finished and out.finish_reason == "stop"
+        if child.incremental:
+            child.detokenizer.add_tokens(out.new_token_ids, out.finished, by_token)
+        elif out.finished:
+            child.detokenizer.add_tokens(child.token_ids, True, by_token)
         if child.detokenizer.stopped:
             child.finish_reason = "stop"
             child.stop_reason = child.detokenizer.stop_reason

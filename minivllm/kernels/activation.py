@@ -10,7 +10,9 @@ from minivllm.kernels.checks import check_tensor
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_out, INTER: tl.constexpr, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(
+    x_ptr, out_ptr, stride_x, stride_out, INTER: tl.constexpr, BLOCK: tl.constexpr
+):
     """Grid (num_tokens, cdiv(INTER, BLOCK)): out = silu(x[:, :INTER]) * x[:, INTER:]."""
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -32,5 +34,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         return out
     block = min(1024, triton.next_power_of_2(inter))
     grid = (num_tokens, triton.cdiv(inter, block))
-    _silu_and_mul_kernel[grid](x, out, x.stride(0), out.stride(0), INTER=inter, BLOCK=block, num_warps=4)
+    _silu_and_mul_kernel[grid](
+        x, out, x.stride(0), out.stride(0), INTER=inter, BLOCK=block, num_warps=4
+    )
     return out

@@ -37,7 +37,9 @@ def _store_kv_kernel(
     k = tl.load(k_ptr + tok * stride_kt + offs_h[:, None] * stride_kh + offs_d[None, :], mask=mask)
     v = tl.load(v_ptr + tok * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :], mask=mask)
     # A cache slot row is [num_kv_heads, head_dim], contiguous.
-    dst = cache_ptr + slot * (NUM_KV_HEADS * HEAD_DIM) + offs_h[:, None] * HEAD_DIM + offs_d[None, :]
+    dst = (
+        cache_ptr + slot * (NUM_KV_HEADS * HEAD_DIM) + offs_h[:, None] * HEAD_DIM + offs_d[None, :]
+    )
     tl.store(dst, k, mask=mask)
     tl.store(dst + v_cache_offset, v, mask=mask)
 

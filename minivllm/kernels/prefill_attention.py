@@ -149,7 +149,9 @@ def _check_inputs(q, kv_cache, query_start_loc, seq_lens, block_tables, out) -> 
     check_same("q.dtype", q.dtype, "kv_cache.dtype", kv_cache.dtype)
     check_same("out.shape", tuple(out.shape), "q.shape", tuple(q.shape))
     check_same("q head_dim", q.shape[2], "kv_cache head_dim", kv_cache.shape[4])
-    check_same("query_start_loc length", query_start_loc.shape[0], "num_seqs + 1", 1 + len(seq_lens))
+    check_same(
+        "query_start_loc length", query_start_loc.shape[0], "num_seqs + 1", 1 + len(seq_lens)
+    )
     check_same("block_tables rows", block_tables.shape[0], "num_seqs", seq_lens.shape[0])
     if q.shape[1] % kv_cache.shape[3]:
         raise ValueError(f"num_heads {q.shape[1]} must be a multiple of {kv_cache.shape[3]}")

@@ -22,7 +22,9 @@ def _rmsnorm_kernel(
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         # The sum is rounded to the model dtype, as the unfused model does.
-        x = (x.to(tl.float32) + tl.load(res_ptr + row * stride_res + offs, mask=mask).to(tl.float32)).to(x.dtype)
+        x = (
+            x.to(tl.float32) + tl.load(res_ptr + row * stride_res + offs, mask=mask).to(tl.float32)
+        ).to(x.dtype)
         tl.store(new_res_ptr + row * stride_new_res + offs, x, mask=mask)
     xf = x.to(tl.float32)
     rstd = tl.rsqrt(tl.sum(xf * xf, 0) / HIDDEN + eps)

@@ -167,6 +167,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         self.q_size = self.num_heads * head_dim
         self.kv_size = self.num_kv_heads * head_dim
         output_size = (self.num_heads + 2 * self.num_kv_heads) * head_dim
+        # Skips ColumnParallelLinear.__init__: the per-rank size here is by heads, not output / tp.
         LinearBase.__init__(self, hidden_size, output_size, bias, dtype)
 
     def weight_loader(

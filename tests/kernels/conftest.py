@@ -9,5 +9,7 @@ import torch
 
 if not torch.cuda.is_available():
     if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-        raise RuntimeError("triton was imported before TRITON_INTERPRET=1 was set (tests/conftest.py)")
+        raise RuntimeError(
+            "triton was imported before TRITON_INTERPRET=1 was set (tests/conftest.py)"
+        )
     os.environ.setdefault("TRITON_INTERPRET", "1")

@@ -30,10 +30,13 @@ def make_paged_case(
     perm = (torch.randperm(num_blocks - 1, generator=gen) + 1).tolist()
     block_tables = torch.zeros(len(seq_lens), max(counts + [1]) + 1, dtype=torch.int32)
     contexts = []
-    for i, (seq_len, count) in enumerate(zip(seq_lens, counts)):
+    for i, (seq_len, count) in enumerate(zip(seq_lens, counts, strict=True)):
         blocks = [perm.pop() for _ in range(count)]
         block_tables[i, :count] = torch.tensor(blocks, dtype=torch.int32)
-        slots = torch.tensor([blocks[p // block_size] * block_size + p % block_size for p in range(seq_len)], dtype=torch.long)
+        slots = torch.tensor(
+            [blocks[p // block_size] * block_size + p % block_size for p in range(seq_len)],
+            dtype=torch.long,
+        )
         k = torch.randn(seq_len, num_kv_heads, head_dim, generator=gen).to(dtype)
         v = torch.randn(seq_len, num_kv_heads, head_dim, generator=gen).to(dtype)
         kv_cache[0].view(-1, num_kv_heads, head_dim)[slots] = k
@@ -65,4 +68,4 @@ def tolerance(dtype: torch.dtype) -> dict[str, float]:
     if dtype == torch.float32:
         # The GPU runs fp32 tl.dot in tf32; the interpreter is exact.
         return {"atol": 2e-3, "rtol": 2e-3} if DEVICE == "cuda" else {"atol": 1e-4, "rtol": 1e-4}
-    return {"atol": 1e-2, "rtol": 1e-2}
+    return {"atol": 2e-2, "rtol": 2e-2} if dtype == torch.bfloat16 else {"atol": 1e-2, "rtol": 1e-2}

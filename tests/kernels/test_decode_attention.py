@@ -19,16 +19,22 @@ def _run(seq_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, num_spl
     q = torch.randn(num_seqs, num_heads, head_dim, generator=torch.Generator().manual_seed(1))
     q = q.to(dtype).to(DEVICE)
     out = torch.full_like(q, float("nan"))
-    mid_o = torch.full((num_seqs + 1, num_heads, num_splits + 1, head_dim), float("nan"), device=DEVICE)
+    mid_o = torch.full(
+        (num_seqs + 1, num_heads, num_splits + 1, head_dim), float("nan"), device=DEVICE
+    )
     mid_lse = torch.full(mid_o.shape[:3], float("nan"), device=DEVICE)
     scale = head_dim**-0.5
-    decode_attention(q, case.kv_cache, case.block_tables, case.seq_lens, scale, out, num_splits, mid_o, mid_lse)
+    decode_attention(
+        q, case.kv_cache, case.block_tables, case.seq_lens, scale, out, num_splits, mid_o, mid_lse
+    )
     for i, (k, v) in enumerate(case.contexts):
         if seq_lens[i] == 0:
             torch.testing.assert_close(out[i].cpu().float(), torch.zeros(num_heads, head_dim))
             continue
         expected = ref_attention(q[i : i + 1], k, v, scale)[0]
-        torch.testing.assert_close(out[i].cpu().float(), expected, **tolerance(dtype), msg=f"seq {i}")
+        torch.testing.assert_close(
+            out[i].cpu().float(), expected, **tolerance(dtype), msg=f"seq {i}"
+        )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -55,7 +61,9 @@ def test_decode_writes_into_strided_out():
     out = wide[:, :4]  # a view with row stride 8 * 64
     decode_attention(q, case.kv_cache, case.block_tables, case.seq_lens, 0.125, out)
     for i, (k, v) in enumerate(case.contexts):
-        torch.testing.assert_close(out[i].cpu(), ref_attention(q[i : i + 1], k, v, 0.125)[0], **tolerance(torch.float32))
+        torch.testing.assert_close(
+            out[i].cpu(), ref_attention(q[i : i + 1], k, v, 0.125)[0], **tolerance(torch.float32)
+        )
     assert torch.all(wide[:, 4:] == 0)
 
 

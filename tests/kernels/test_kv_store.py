@@ -14,10 +14,14 @@ from minivllm.kernels.kv_store import store_kv
 def test_store_kv_matches_indexing(dtype, num_kv_heads, head_dim, block_size):
     torch.manual_seed(0)
     num_blocks, num_tokens = 6, 9
-    kv_cache = torch.zeros(2, num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype, device=DEVICE)
+    kv_cache = torch.zeros(
+        2, num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype, device=DEVICE
+    )
     # k and v are views into one fused buffer, as after a qkv projection split.
     qkv = torch.randn(num_tokens, 3 * num_kv_heads * head_dim, device=DEVICE).to(dtype)
-    k = qkv[:, num_kv_heads * head_dim : 2 * num_kv_heads * head_dim].view(num_tokens, num_kv_heads, head_dim)
+    k = qkv[:, num_kv_heads * head_dim : 2 * num_kv_heads * head_dim].view(
+        num_tokens, num_kv_heads, head_dim
+    )
     v = qkv[:, 2 * num_kv_heads * head_dim :].view(num_tokens, num_kv_heads, head_dim)
     slots = torch.randperm(num_blocks * block_size)[:num_tokens]
     slots[[2, 7]] = -1

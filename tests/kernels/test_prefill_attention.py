@@ -27,13 +27,18 @@ def _run(seq_lens, query_lens, num_heads, num_kv_heads, head_dim, block_size, dt
     for i, (k, v) in enumerate(case.contexts):
         rows = slice(starts[i], starts[i + 1])
         expected = ref_attention(q[rows], k, v, scale)
-        torch.testing.assert_close(out[rows].cpu().float(), expected, **tolerance(dtype), msg=f"seq {i}")
+        torch.testing.assert_close(
+            out[rows].cpu().float(), expected, **tolerance(dtype), msg=f"seq {i}"
+        )
     # Rows of other owners (before start_row) and padding rows are never written.
     assert torch.isnan(out[:start_row]).all() and torch.isnan(out[starts[-1] :]).all()
 
 
 FULL = ([1, 15, 16, 17, 40], [1, 15, 16, 17, 40])  # whole prompts
-PREFIX = ([33, 16, 17, 40, 30, 26], [5, 1, 16, 16, 16, 20])  # prefix-cache hits / chunked continuations
+PREFIX = (
+    [33, 16, 17, 40, 30, 26],
+    [5, 1, 16, 16, 16, 20],
+)  # prefix-cache hits / chunked continuations
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -76,4 +81,14 @@ def test_prefill_rejects_bad_input():
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(16, 8), (32, 8)])
 def test_prefill_bf16_real_size(num_heads, num_kv_heads):
     seq_lens, query_lens = [1000, 300, 2048, 17], [1000, 129, 512, 17]
-    _run(seq_lens, query_lens, num_heads, num_kv_heads, 128, 16, torch.bfloat16, block_m=None, block_n=None)
+    _run(
+        seq_lens,
+        query_lens,
+        num_heads,
+        num_kv_heads,
+        128,
+        16,
+        torch.bfloat16,
+        block_m=None,
+        block_n=None,
+    )

@@ -1,0 +1,114 @@
+"""The triton backend: minivllm's own kernels over the paged KV cache.
+
+Decode rows (the leading `num_decode_tokens`) go to the decode kernel, split-KV when the batch
+is too small to fill the GPU; the remaining rows go to the varlen prefill kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minivllm.attention.base import AttnMetadata
+from minivllm.kernels.decode_attention import MAX_SPLITS, choose_num_splits, decode_attention
+from minivllm.kernels.kv_store import store_kv
+from minivllm.kernels.prefill_attention import prefill_attention
+
+_DEFAULT_NUM_SMS = 132  # H200; used on CPU (interpreter) where no device can be queried
+
+
+class TritonBackend:
+    """Split-KV scratch [max_num_seqs, num_heads, MAX_SPLITS, head_dim] is allocated here,
+    once, so the decode path allocates nothing but its output and is graph-capturable."""
+
+    name = "triton"
+
+    def __init__(
+        self,
+        max_num_seqs: int,
+        max_model_len: int,
+        num_heads: int,
+        head_dim: int,
+        device: torch.device | str,
+        dtype: torch.dtype = torch.bfloat16,
+        max_splits: int = MAX_SPLITS,
+    ) -> None:
+        if max_num_seqs < 1 or max_model_len < 1 or num_heads < 1 or head_dim < 1:
+            raise ValueError("max_num_seqs, max_model_len, num_heads and head_dim must be >= 1")
+        if not 1 <= max_splits <= 256:
+            raise ValueError(f"max_splits must be in [1, 256], got {max_splits}")
+        device = torch.device(device)
+        self.max_num_seqs = max_num_seqs
+        self.max_model_len = max_model_len
+        self.dtype = dtype
+        self.max_splits = max_splits
+        self.num_sms = (
+            torch.cuda.get_device_properties(device).multi_processor_count
+            if device.type == "cuda"
+            else _DEFAULT_NUM_SMS
+        )
+        # Partition outputs (normalized) and their log2-sum-exp, float32.
+        self.mid_o = torch.empty(
+            max_num_seqs, num_heads, max_splits, head_dim, dtype=torch.float32, device=device
+        )
+        self.mid_lse = torch.empty(
+            max_num_seqs, num_heads, max_splits, dtype=torch.float32, device=device
+        )
+
+    def num_splits(self, num_seqs: int, num_kv_heads: int, max_seq_len: int) -> int:
+        """Split-KV partitions for a decode batch. While a CUDA graph is being captured the
+        live lengths are unknown, so it plans for max_model_len (still correct when shorter)."""
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            max_seq_len = self.max_model_len
+        return choose_num_splits(num_seqs, num_kv_heads, max_seq_len, self.num_sms, self.max_splits)
+
+    def forward(
+        self,
+        q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+        k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
+        meta: AttnMetadata,
+        scale: float,
+    ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+        store_kv(k, v, kv_cache, meta.slot_mapping)
+        out = torch.empty_like(q)
+        num_decodes = meta.num_decode_tokens
+        num_seqs = meta.num_seqs
+        if num_decodes > 0:
+            self._decode(q, kv_cache, meta, scale, out)
+        if num_seqs > num_decodes:
+            prefill_attention(
+                q,
+                kv_cache,
+                meta.query_start_loc[num_decodes:],
+                meta.seq_lens[num_decodes:],
+                meta.block_tables[num_decodes:],
+                scale,
+                out,
+                start_row=num_decodes,  # decodes have one row each
+            )
+        return out
+
+    def _decode(
+        self,
+        q: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttnMetadata,
+        scale: float,
+        out: torch.Tensor,
+    ) -> None:
+        num_decodes = meta.num_decode_tokens
+        if num_decodes > self.max_num_seqs:
+            raise ValueError(f"{num_decodes} decode rows exceed max_num_seqs={self.max_num_seqs}")
+        num_splits = self.num_splits(num_decodes, kv_cache.shape[3], meta.max_seq_len)
+        decode_attention(
+            q[:num_decodes],
+            kv_cache,
+            meta.block_tables[:num_decodes],
+            meta.seq_lens[:num_decodes],
+            scale,
+            out[:num_decodes],
+            num_splits,
+            self.mid_o,
+            self.mid_lse,
+        )

@@ -1,0 +1,111 @@
+"""TritonBackend vs TorchSDPABackend on mixed steps: decodes, new prompts, chunked
+continuations, prefix hits and padded rows; same outputs and the same cache afterwards."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minivllm.attention.base import AttnMetadata
+from minivllm.attention.torch_sdpa import TorchSDPABackend
+from minivllm.attention.triton import TritonBackend
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def make_step(seq_lens, query_lens, num_decodes, num_kv_heads, head_dim, block_size, dtype):
+    """Cache filled with each request's earlier tokens; the step's k/v rows and metadata."""
+    gen = torch.Generator().manual_seed(0)
+    counts = [(n + block_size - 1) // block_size for n in seq_lens]
+    num_blocks = sum(counts) + 1
+    perm = (torch.randperm(num_blocks - 1, generator=gen) + 1).tolist()
+    cache = torch.randn(2, num_blocks, block_size, num_kv_heads, head_dim, generator=gen).to(dtype)
+    block_tables = torch.zeros(len(seq_lens), max(counts), dtype=torch.int32)
+    slot_mapping = []
+    for i, (seq_len, count) in enumerate(zip(seq_lens, counts, strict=True)):
+        blocks = [perm.pop() for _ in range(count)]
+        block_tables[i, :count] = torch.tensor(blocks, dtype=torch.int32)
+        new_positions = range(seq_len - query_lens[i], seq_len)
+        slot_mapping += [
+            blocks[p // block_size] * block_size + p % block_size for p in new_positions
+        ]
+    slot_mapping += [-1, -1]  # padded rows
+    starts = [0]
+    for n in query_lens:
+        starts.append(starts[-1] + n)
+    num_tokens = len(slot_mapping)
+    k = torch.randn(num_tokens, num_kv_heads, head_dim, generator=gen).to(dtype)
+    v = torch.randn(num_tokens, num_kv_heads, head_dim, generator=gen).to(dtype)
+    meta = AttnMetadata(
+        query_start_loc=torch.tensor(starts, dtype=torch.int32, device=DEVICE),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE),
+        block_tables=block_tables.to(DEVICE),
+        slot_mapping=torch.tensor(slot_mapping, dtype=torch.int64, device=DEVICE),
+        max_query_len=max(query_lens),
+        max_seq_len=max(seq_lens),
+        num_decode_tokens=num_decodes,
+        query_start_loc_cpu=starts,
+        seq_lens_cpu=list(seq_lens),
+    )
+    return cache.to(DEVICE), k.to(DEVICE), v.to(DEVICE), meta
+
+
+def _compare(seq_lens, query_lens, num_decodes, num_heads, num_kv_heads, head_dim, dtype,
+             block_size=16, max_splits=16):  # fmt: skip
+    cache, k, v, meta = make_step(
+        seq_lens, query_lens, num_decodes, num_kv_heads, head_dim, block_size, dtype
+    )
+    q = torch.randn(k.shape[0], num_heads, head_dim, generator=torch.Generator().manual_seed(5))
+    q = q.to(dtype).to(DEVICE)
+    scale = head_dim**-0.5
+    backend = TritonBackend(8, 512, num_heads, head_dim, DEVICE, dtype, max_splits=max_splits)
+    ref_cache = cache.clone()
+    out = backend.forward(q, k, v, cache, meta, scale)
+    expected = TorchSDPABackend().forward(q, k, v, ref_cache, meta, scale)
+    torch.testing.assert_close(cache, ref_cache, atol=0, rtol=0)
+    num_real = meta.query_start_loc_cpu[-1]  # padded rows have no defined output
+    tol = (
+        {"atol": 1e-4, "rtol": 1e-4}
+        if dtype == torch.float32 and DEVICE == "cpu"
+        else {"atol": 1e-2, "rtol": 1e-2}
+    )
+    torch.testing.assert_close(out[:num_real], expected[:num_real], **tol)
+    return backend, meta
+
+
+# 3 decodes (a block edge each side), a new prompt, a chunked continuation, a prefix hit.
+MIXED = ([33, 17, 16, 20, 40, 35], [1, 1, 1, 20, 8, 3], 3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", [(2, 2, 64), (4, 2, 128), (8, 2, 64)])
+def test_mixed_step_matches_sdpa(dtype, num_heads, num_kv_heads, head_dim):
+    _compare(*MIXED, num_heads, num_kv_heads, head_dim, dtype)
+
+
+@pytest.mark.parametrize("max_splits", [1, 16])
+def test_decode_only_split_on_and_off(max_splits):
+    backend, meta = _compare(
+        [300, 15], [1, 1], 2, 4, 1, 64, torch.float32, block_size=8, max_splits=max_splits
+    )
+    expected_splits = 1 if max_splits == 1 else 2  # 300 tokens -> 2 partitions of >= 256
+    assert backend.num_splits(meta.num_seqs, 1, meta.max_seq_len) == expected_splits
+
+
+def test_prefill_only_step():
+    _compare([5, 18], [5, 2], 0, 4, 2, 64, torch.float16, block_size=4)
+
+
+def test_too_many_decodes_is_a_clear_error():
+    cache, k, v, meta = make_step([3] * 9, [1] * 9, 9, 1, 64, 16, torch.float32)
+    backend = TritonBackend(8, 64, 2, 64, DEVICE, torch.float32)
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        backend.forward(torch.zeros(k.shape[0], 2, 64, device=DEVICE), k, v, cache, meta, 1.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_mixed_step_bf16_real_size():
+    seq_lens = [1000, 1, 17, 4000, 600, 1024, 77]
+    query_lens = [1, 1, 1, 1, 600, 512, 10]
+    _compare(seq_lens, query_lens, 4, 16, 8, 128, torch.bfloat16)
