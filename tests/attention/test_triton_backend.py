@@ -67,7 +67,7 @@ def _compare(seq_lens, query_lens, num_decodes, num_heads, num_kv_heads, head_di
     tol = (
         {"atol": 1e-4, "rtol": 1e-4}
         if dtype == torch.float32 and DEVICE == "cpu"
-        else {"atol": 1e-2, "rtol": 1e-2}
+        else {"atol": 2e-2, "rtol": 2e-2}
     )
     torch.testing.assert_close(out[:num_real], expected[:num_real], **tol)
     return backend, meta

@@ -1,0 +1,221 @@
+"""Kernel benchmarks on one GPU: decode and prefill attention over the paged cache, fused ops.
+
+Prints one JSON line per case: time, achieved TB/s or TFLOP/s, and the ratio to a torch
+reference timed in the same run (speedup = reference time / kernel time). A failing case
+prints an error line and the run goes on. Usage: python benchmarks/bench_kernels.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import traceback
+
+import torch
+import torch.nn.functional as F
+import triton
+
+from minivllm.kernels.activation import silu_and_mul
+from minivllm.kernels.decode_attention import MAX_SPLITS, choose_num_splits, decode_attention
+from minivllm.kernels.prefill_attention import prefill_attention
+from minivllm.kernels.rmsnorm import rms_norm
+
+BLOCK_SIZE = 16
+DTYPE = torch.bfloat16
+
+
+def bench(fn, quick: bool) -> float:
+    """Median milliseconds (L2 flushed between runs by do_bench)."""
+    return triton.testing.do_bench(
+        fn, warmup=10 if quick else 25, rep=30 if quick else 200, return_mode="median"
+    )
+
+
+def paged_cache(seq_lens: list[int], num_kv_heads: int, head_dim: int):
+    """A cache holding every context, its blocks a random permutation (a churned cache)."""
+    counts = [triton.cdiv(n, BLOCK_SIZE) for n in seq_lens]
+    num_blocks = sum(counts)
+    cache = torch.randn(
+        2, num_blocks, BLOCK_SIZE, num_kv_heads, head_dim, device="cuda", dtype=DTYPE
+    )
+    perm = torch.randperm(num_blocks, device="cuda", dtype=torch.int32)
+    block_tables = torch.zeros(len(seq_lens), max(counts), dtype=torch.int32, device="cuda")
+    start = 0
+    for i, count in enumerate(counts):
+        block_tables[i, :count] = perm[start : start + count]
+        start += count
+    seq_lens_t = torch.tensor(seq_lens, dtype=torch.int32, device="cuda")
+    return cache, block_tables, seq_lens_t
+
+
+def gather_contiguous(cache, block_tables, seq_len: int, which: int) -> torch.Tensor:
+    """[num_seqs, num_kv_heads, seq_len, head_dim]: one request's context laid out for SDPA."""
+    blocks = cache[which][block_tables.long()]  # [B, nb, bs, Hkv, D]
+    return blocks.flatten(1, 2)[:, :seq_len].transpose(1, 2).contiguous()
+
+
+def decode_case(batch: int, ctx: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                num_splits: int | None, quick: bool) -> dict:  # fmt: skip
+    cache, block_tables, seq_lens = paged_cache([ctx] * batch, num_kv_heads, head_dim)
+    q = torch.randn(batch, num_heads, head_dim, device="cuda", dtype=DTYPE)
+    out = torch.empty_like(q)
+    mid_o = torch.empty(batch, num_heads, MAX_SPLITS, head_dim, device="cuda", dtype=torch.float32)
+    mid_lse = torch.empty(batch, num_heads, MAX_SPLITS, device="cuda", dtype=torch.float32)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    splits = choose_num_splits(batch, num_kv_heads, ctx, sms) if num_splits is None else num_splits
+    scale = head_dim**-0.5
+    ms = bench(
+        lambda: decode_attention(
+            q, cache, block_tables, seq_lens, scale, out, splits, mid_o, mid_lse
+        ),
+        quick,
+    )
+    k = gather_contiguous(cache, block_tables, ctx, 0)
+    v = gather_contiguous(cache, block_tables, ctx, 1)
+    q4 = q[:, :, None, :]  # [B, H, 1, D]
+    ref = F.scaled_dot_product_attention(q4, k, v, scale=scale, enable_gqa=True)[:, :, 0]
+    err = (out.float() - ref.float()).abs().max().item()
+    ref_ms = bench(
+        lambda: F.scaled_dot_product_attention(q4, k, v, scale=scale, enable_gqa=True), quick
+    )
+    kv_bytes = 2 * batch * ctx * num_kv_heads * head_dim * cache.element_size()
+    return {
+        "kernel": "decode_attention",
+        "batch": batch,
+        "ctx": ctx,
+        "heads": f"{num_heads}/{num_kv_heads}",
+        "head_dim": head_dim,
+        "num_splits": splits,
+        "ms": round(ms, 4),
+        "tb_per_s": round(kv_bytes / ms / 1e9, 3),
+        "ref": "sdpa_contiguous_gqa",
+        "ref_ms": round(ref_ms, 4),
+        "speedup_vs_ref": round(ref_ms / ms, 3),
+        "max_abs_err": err,
+    }
+
+
+def prefill_case(
+    seq_lens: list[int], num_heads: int, num_kv_heads: int, head_dim: int, quick: bool
+) -> dict:
+    cache, block_tables, seq_lens_t = paged_cache(seq_lens, num_kv_heads, head_dim)
+    num_tokens = sum(seq_lens)
+    starts = [0]
+    for n in seq_lens:
+        starts.append(starts[-1] + n)
+    qsl = torch.tensor(starts, dtype=torch.int32, device="cuda")
+    q = torch.randn(num_tokens, num_heads, head_dim, device="cuda", dtype=DTYPE)
+    out = torch.empty_like(q)
+    scale = head_dim**-0.5
+    ms = bench(
+        lambda: prefill_attention(q, cache, qsl, seq_lens_t, block_tables, scale, out), quick
+    )
+    # Reference: SDPA causal per request on contiguous [1, H, n, D] tensors (same lengths).
+    qs, ks, vs = [], [], []
+    for i, n in enumerate(seq_lens):
+        qs.append(q[starts[i] : starts[i + 1]].transpose(0, 1)[None].contiguous())
+        ks.append(gather_contiguous(cache, block_tables[i : i + 1], n, 0))
+        vs.append(gather_contiguous(cache, block_tables[i : i + 1], n, 1))
+
+    def ref_fn():
+        return [
+            F.scaled_dot_product_attention(a, b, c, is_causal=True, scale=scale, enable_gqa=True)
+            for a, b, c in zip(qs, ks, vs, strict=True)
+        ]
+
+    err = max(
+        (out[starts[i] : starts[i + 1]].transpose(0, 1)[None].float() - r.float())
+        .abs()
+        .max()
+        .item()
+        for i, r in enumerate(ref_fn())
+    )
+    ref_ms = bench(ref_fn, quick)
+    flops = sum(2 * 2 * n * (n + 1) / 2 * head_dim * num_heads for n in seq_lens)  # causal qk + pv
+    shape = seq_lens if len(seq_lens) <= 4 else f"{len(seq_lens)}x{seq_lens[0]}"
+    return {
+        "kernel": "prefill_attention",
+        "seq_lens": shape,
+        "heads": f"{num_heads}/{num_kv_heads}",
+        "head_dim": head_dim,
+        "ms": round(ms, 4),
+        "tflop_per_s": round(flops / ms / 1e9, 1),
+        "ref": "sdpa_causal_contiguous",
+        "ref_ms": round(ref_ms, 4),
+        "speedup_vs_ref": round(ref_ms / ms, 3),
+        "max_abs_err": err,
+    }
+
+
+def fused_ops_case(num_tokens: int, hidden: int, inter: int, quick: bool) -> dict:
+    x = torch.randn(num_tokens, hidden, device="cuda", dtype=DTYPE)
+    res = torch.randn_like(x)
+    w = torch.randn(hidden, device="cuda", dtype=DTYPE)
+    gate_up = torch.randn(num_tokens, 2 * inter, device="cuda", dtype=DTYPE)
+
+    def torch_norm():
+        h = (x + res).float()
+        return w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).to(DTYPE)
+
+    norm_ms = bench(lambda: rms_norm(x, w, 1e-6, res), quick)
+    norm_ref = bench(torch_norm, quick)
+    silu_ms = bench(lambda: silu_and_mul(gate_up), quick)
+    silu_ref = bench(lambda: F.silu(gate_up[:, :inter]) * gate_up[:, inter:], quick)
+    return {
+        "kernel": "fused_ops",
+        "num_tokens": num_tokens,
+        "hidden": hidden,
+        "inter": inter,
+        "rms_norm_residual_ms": round(norm_ms, 4),
+        "rms_norm_tb_per_s": round(4 * x.numel() * 2 / norm_ms / 1e9, 3),
+        "rms_norm_speedup_vs_torch": round(norm_ref / norm_ms, 3),
+        "silu_and_mul_ms": round(silu_ms, 4),
+        "silu_and_mul_tb_per_s": round(3 * num_tokens * inter * 2 / silu_ms / 1e9, 3),
+        "silu_and_mul_speedup_vs_torch": round(silu_ref / silu_ms, 3),
+    }
+
+
+def cases(quick: bool):
+    yield "decode_b256_ctx1000", lambda: decode_case(256, 1000, 16, 8, 128, None, quick)
+    yield "decode_b4_ctx8000_split", lambda: decode_case(4, 8000, 16, 8, 128, None, quick)
+    yield "decode_b4_ctx8000_nosplit", lambda: decode_case(4, 8000, 16, 8, 128, 1, quick)
+    yield "prefill_4096", lambda: prefill_case([4096], 16, 8, 128, quick)
+    if quick:
+        return
+    yield "decode_b1_ctx1000", lambda: decode_case(1, 1000, 16, 8, 128, None, quick)
+    yield "decode_b64_ctx2000", lambda: decode_case(64, 2000, 16, 8, 128, None, quick)
+    yield "decode_b256_ctx1000_hd64_32_8", lambda: decode_case(256, 1000, 32, 8, 64, None, quick)
+    yield "prefill_1000", lambda: prefill_case([1000], 16, 8, 128, quick)
+    yield "prefill_8x512", lambda: prefill_case([512] * 8, 16, 8, 128, quick)
+    yield "prefill_4096_32_8", lambda: prefill_case([4096], 32, 8, 128, quick)
+    yield "fused_ops_8192", lambda: fused_ops_case(8192, 1024, 3072, quick)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="the four headline cases, fewer reps")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_kernels.py needs a CUDA GPU")
+    torch.manual_seed(0)
+    meta = {
+        "device": torch.cuda.get_device_name(0),
+        "triton": triton.__version__,
+        "torch": torch.__version__,
+    }
+    for name, run in cases(args.quick):
+        try:
+            result = run()
+            print(json.dumps({"case": name, **result, **meta}), flush=True)
+        except Exception as e:  # noqa: BLE001 - one broken case must not hide the others
+            print(
+                json.dumps(
+                    {"case": name, "error": repr(e), "trace": traceback.format_exc()[-800:]}
+                ),
+                flush=True,
+            )
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""The sampling and output surface through LLM: seeds, n, stop strings and tokens, min_tokens,
+logprobs against HF, chat template, generation_config EOS, metrics."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from minivllm import LLM, SamplingParams
+
+PROMPT = {"prompt_token_ids": [11, 22, 33, 44, 55, 66, 77, 88, 99, 111, 122, 133, 144, 155, 166, 177, 188, 199, 201, 202]}
+GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_qwen3_dir: str) -> LLM:
+    return LLM(tiny_qwen3_dir, dtype="float32", device="cpu", block_size=4)
+
+
+def tokens(outputs) -> list[list[int]]:
+    return [c.token_ids for o in outputs for c in o.outputs]
+
+
+def test_seed_reproduces_alone_or_batched(llm: LLM) -> None:
+    seeded = SamplingParams(temperature=1.0, seed=1234, max_tokens=12, ignore_eos=True)
+    other = SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True)
+    alone = tokens(llm.generate(PROMPT, seeded, use_tqdm=False))[0]
+    batched = llm.generate([{"prompt_token_ids": [5, 6, 7]}, PROMPT, {"prompt_token_ids": [9] * 9}],
+                           [other, seeded, other], use_tqdm=False)
+    assert batched[1].outputs[0].token_ids == alone
+    reseeded = SamplingParams(temperature=1.0, seed=4321, max_tokens=12, ignore_eos=True)
+    assert tokens(llm.generate(PROMPT, reseeded, use_tqdm=False))[0] != alone
+
+
+def test_top_k_one_is_greedy(llm: LLM) -> None:
+    greedy = tokens(llm.generate(PROMPT, GREEDY, use_tqdm=False))[0]
+    top1 = SamplingParams(temperature=0.8, top_k=1, max_tokens=16, ignore_eos=True)
+    assert tokens(llm.generate(PROMPT, top1, use_tqdm=False))[0] == greedy
+
+
+def test_n_samples_share_the_prompt(llm: LLM) -> None:
+    params = SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=8, ignore_eos=True)
+    out = llm.generate(PROMPT, params, use_tqdm=False)
+    assert len(out) == 1 and [c.index for c in out[0].outputs] == [0, 1, 2]
+    assert all(len(c.token_ids) == 8 for c in out[0].outputs)
+    assert len({tuple(c.token_ids) for c in out[0].outputs}) > 1
+    # Samples 1 and 2 reuse sample 0's full prompt blocks (16 of 20 tokens).
+    assert out[0].num_cached_tokens == 16
+
+
+def test_stop_string_spanning_tokens(llm: LLM) -> None:
+    full = llm.generate(PROMPT, GREEDY, use_tqdm=False)[0].outputs[0]
+    tok = llm.tokenizer
+    pieces = [tok.decode(full.token_ids[:i]) for i in range(len(full.token_ids) + 1)]
+    # A stop string made of the last char of token 2's text and the first of token 3's.
+    boundary = len(pieces[3])
+    assert len(pieces[4]) > boundary and boundary > 0
+    stop = full.text[boundary - 1 : boundary + 1]
+    first = full.text.find(stop)
+    out = llm.generate(PROMPT, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, stop=[stop]),
+                       use_tqdm=False)[0].outputs[0]
+    assert out.text == full.text[:first]
+    assert out.finish_reason == "stop" and out.stop_reason == stop
+    kept = llm.generate(PROMPT, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, stop=[stop],
+                                               include_stop_str_in_output=True), use_tqdm=False)[0].outputs[0]
+    assert kept.text == full.text[: first + len(stop)]
+
+
+def test_stop_token_ids_and_min_tokens(llm: LLM) -> None:
+    full = tokens(llm.generate(PROMPT, GREEDY, use_tqdm=False))[0]
+    stop_id = full[3]
+    params = SamplingParams(temperature=0.0, max_tokens=16, stop_token_ids=[stop_id])
+    out = llm.generate(PROMPT, params, use_tqdm=False)[0].outputs[0]
+    cut = full.index(stop_id) + 1
+    assert out.token_ids == full[:cut]
+    assert out.finish_reason == "stop" and out.stop_reason == stop_id
+    held = SamplingParams(temperature=0.0, max_tokens=16, stop_token_ids=[stop_id], min_tokens=cut + 2)
+    out = llm.generate(PROMPT, held, use_tqdm=False)[0].outputs[0]
+    assert len(out.token_ids) >= cut + 2
+    assert stop_id not in out.token_ids[: cut + 2]
+
+
+def test_logprobs_match_hf(llm: LLM, tiny_qwen3_dir: str) -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=3, prompt_logprobs=2)
+    out = llm.generate(PROMPT, params, use_tqdm=False)[0]
+    completion = out.outputs[0]
+    hf = AutoModelForCausalLM.from_pretrained(tiny_qwen3_dir, dtype=torch.float32)
+    ids = PROMPT["prompt_token_ids"] + completion.token_ids
+    with torch.no_grad():
+        ref = torch.log_softmax(hf(torch.tensor([ids])).logits[0].float(), dim=-1)
+    num_prompt = len(PROMPT["prompt_token_ids"])
+    assert len(completion.logprobs) == 6
+    for i, (token_id, entry) in enumerate(zip(completion.token_ids, completion.logprobs)):
+        row = ref[num_prompt - 1 + i]
+        assert entry[token_id].rank == 1
+        assert entry[token_id].logprob == pytest.approx(row[token_id].item(), abs=1e-4)
+        top3 = set(row.topk(3).indices.tolist())
+        assert set(entry) == top3
+        assert entry[token_id].decoded_token == llm.tokenizer.decode([token_id])
+    prompt_lp = out.prompt_logprobs
+    assert len(prompt_lp) == num_prompt and prompt_lp[0] is None
+    for pos in range(1, num_prompt):
+        token_id = ids[pos]
+        entry = prompt_lp[pos]
+        assert entry[token_id].logprob == pytest.approx(ref[pos - 1, token_id].item(), abs=1e-4)
+        assert entry[token_id].rank == int((ref[pos - 1] > ref[pos - 1, token_id]).sum()) + 1
+        assert len(entry) in (2, 3)
+
+
+def test_chat_applies_template(llm: LLM, tiny_qwen3_dir: str) -> None:
+    messages = [{"role": "user", "content": "Hello there, how are you?"}]
+    expected = AutoTokenizer.from_pretrained(tiny_qwen3_dir).apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True
+    )
+    if isinstance(expected, dict) or hasattr(expected, "input_ids"):
+        expected = expected["input_ids"]
+    out = llm.chat(messages, SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)
+    assert out[0].prompt_token_ids == list(expected)
+    two = llm.chat([messages, messages], SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in two] == [out[0].outputs[0].token_ids] * 2
+
+
+def test_generation_config_eos(llm: LLM, tiny_qwen3_dir: str, tmp_path) -> None:
+    full = tokens(llm.generate(PROMPT, GREEDY, use_tqdm=False))[0]
+    eos = full[5]
+    target = tmp_path / "eos-model"
+    shutil.copytree(tiny_qwen3_dir, target)
+    gen_path = target / "generation_config.json"
+    gen = json.loads(gen_path.read_text())
+    gen["eos_token_id"] = [eos]
+    gen_path.write_text(json.dumps(gen))
+    eos_llm = LLM(str(target), dtype="float32", device="cpu", block_size=4)
+    out = eos_llm.generate(PROMPT, SamplingParams(temperature=0.0, max_tokens=16), use_tqdm=False)[0]
+    assert out.outputs[0].token_ids == full[: full.index(eos) + 1]
+    assert out.outputs[0].finish_reason == "stop"
+    ignored = eos_llm.generate(PROMPT, GREEDY, use_tqdm=False)[0]
+    assert ignored.outputs[0].token_ids == full
+
+
+def test_metrics(llm: LLM) -> None:
+    out = llm.generate(PROMPT, GREEDY, use_tqdm=False)[0]
+    m = out.metrics
+    assert m.arrival_time <= m.first_token_time <= m.finished_time
