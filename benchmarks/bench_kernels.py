@@ -55,7 +55,7 @@ def gather_contiguous(cache, block_tables, seq_len: int, which: int) -> torch.Te
 
 
 def decode_case(batch: int, ctx: int, num_heads: int, num_kv_heads: int, head_dim: int,
-                num_splits: int | None, quick: bool) -> dict:  # fmt: skip
+                num_splits: int | None, quick: bool, config=None) -> dict:  # fmt: skip
     cache, block_tables, seq_lens = paged_cache([ctx] * batch, num_kv_heads, head_dim)
     q = torch.randn(batch, num_heads, head_dim, device="cuda", dtype=DTYPE)
     out = torch.empty_like(q)
@@ -96,8 +96,10 @@ def decode_case(batch: int, ctx: int, num_heads: int, num_kv_heads: int, head_di
 
 
 def prefill_case(
-    seq_lens: list[int], num_heads: int, num_kv_heads: int, head_dim: int, quick: bool
+    seq_lens: list[int], num_heads: int, num_kv_heads: int, head_dim: int, quick: bool, config=None
 ) -> dict:
+    """config: (block_m, block_n, num_warps, num_stages) or None for the kernel's table."""
+    block_m, block_n, num_warps, num_stages = config or (None, None, None, None)
     cache, block_tables, seq_lens_t = paged_cache(seq_lens, num_kv_heads, head_dim)
     num_tokens = sum(seq_lens)
     starts = [0]
@@ -108,7 +110,21 @@ def prefill_case(
     out = torch.empty_like(q)
     scale = head_dim**-0.5
     ms = bench(
-        lambda: prefill_attention(q, cache, qsl, seq_lens_t, block_tables, scale, out), quick
+        lambda: prefill_attention(
+            q,
+            cache,
+            qsl,
+            seq_lens_t,
+            block_tables,
+            scale,
+            out,
+            0,
+            block_m,
+            block_n,
+            num_warps,
+            num_stages,
+        ),
+        quick,
     )
     # Reference: SDPA causal per request on contiguous [1, H, n, D] tensors (same lengths).
     qs, ks, vs = [], [], []
@@ -189,6 +205,23 @@ def cases(quick: bool):
     yield "prefill_8x512", lambda: prefill_case([512] * 8, 16, 8, 128, quick)
     yield "prefill_4096_32_8", lambda: prefill_case([4096], 32, 8, 128, quick)
     yield "fused_ops_8192", lambda: fused_ops_case(8192, 1024, 3072, quick)
+    # Config sweeps for the tables in decode_attention.py / prefill_attention.py.
+    for cfg in ((32, 4, 2), (64, 4, 2), (64, 8, 3), (128, 4, 2), (128, 8, 3)):
+        yield (
+            f"sweep_decode_b256_ctx1000_{cfg}",
+            lambda c=cfg: {**decode_case(256, 1000, 16, 8, 128, None, quick, c), "config": c},
+        )
+    for cfg in (
+        (128, 32, 8, 3),
+        (128, 64, 8, 2),
+        (128, 64, 4, 3),
+        (64, 64, 4, 3),
+        (128, 128, 8, 2),
+    ):
+        yield (
+            f"sweep_prefill_4096_{cfg}",
+            lambda c=cfg: {**prefill_case([4096], 16, 8, 128, quick, c), "config": c},
+        )
 
 
 def main() -> None:

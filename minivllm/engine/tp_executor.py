@@ -122,17 +122,15 @@ class TPExecutor:
             raise RuntimeError(f"tensor-parallel step failed: {e}") from e
 
     def shutdown(self) -> None:
-        if self._closed:
-            TPExecutor._reap(self.workers)
-            return
-        self._closed = True
-        try:
-            self._check_workers()
-            dist.broadcast_object_list([None], src=0, group=self.control)
-        except RuntimeError:
-            pass
-        for worker in self.workers:
-            worker.join(timeout=30)
+        if not self._closed:
+            self._closed = True
+            try:
+                self._check_workers()
+                dist.broadcast_object_list([None], src=0, group=self.control)
+            except RuntimeError:
+                pass  # a worker is gone: nothing to tell it
+            for worker in self.workers:
+                worker.join(timeout=30)
         TPExecutor._reap(self.workers)
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -149,7 +149,16 @@ class LLM:
         return [finished[r] for r in request_ids]
 
     def shutdown(self) -> None:
+        """Stops tensor-parallel workers; the LLM cannot generate afterwards."""
         self.engine.shutdown()
+
+    def __del__(self) -> None:
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            try:
+                engine.shutdown()
+            except Exception:  # interpreter teardown: workers are reaped by their finalizer
+                pass
 
 
 def _as_prompt_list(prompts) -> list[PromptType]:

@@ -220,6 +220,7 @@ def decode_attention(
     num_splits: int = 1,
     mid_o: torch.Tensor | None = None,
     mid_lse: torch.Tensor | None = None,
+    config: tuple[int, int, int] | None = None,
 ) -> torch.Tensor:
     """Attention of one query token per request over its paged context; writes and returns out.
 
@@ -228,7 +229,8 @@ def decode_attention(
     max_num_blocks] int32. seq_lens: [num_seqs] int32, context incl. the query token (0 allowed:
     output 0). num_splits > 1 uses mid_o [>= num_seqs, num_heads, >= num_splits, head_dim] and
     mid_lse [>= num_seqs, num_heads, >= num_splits] float32 scratch. No host syncs and no
-    allocation: CUDA-graph capturable for a fixed num_splits.
+    allocation: CUDA-graph capturable for a fixed num_splits. config: (block_n, num_warps,
+    num_stages) overrides the per-head_dim table (benchmark sweeps).
     """
     _check_inputs(q, kv_cache, block_tables, seq_lens, out)
     if not 1 <= num_splits <= 256:
@@ -243,7 +245,9 @@ def decode_attention(
         return out
     num_kv_heads = kv_cache.shape[3]
     group = num_heads // num_kv_heads
-    block_n, num_warps, num_stages = decode_config(head_dim)
+    block_n, num_warps, num_stages = config or decode_config(head_dim)
+    if block_n < 16 or block_n & (block_n - 1):
+        raise ValueError(f"block_n must be a power of two >= 16, got {block_n}")
     mo_strides = mid_o.stride()[:3] if split else (0, 0, 0)
     ml_strides = mid_lse.stride()[:2] if split else (0, 0)
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](

@@ -168,6 +168,8 @@ def prefill_attention(
     start_row: int = 0,
     block_m: int | None = None,
     block_n: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of packed queries over their paged contexts; writes and returns out.
 
@@ -176,8 +178,8 @@ def prefill_attention(
     before it belong to someone else, e.g. decodes). seq_lens: [num_seqs] int32 contexts incl.
     the new tokens; query j of request i sits at position seq_lens[i] - query_len_i + j.
     block_tables: [num_seqs, max_num_blocks] int32. kv_cache: [2, num_blocks, block_size,
-    num_kv_heads, head_dim], block_size any power of two. block_m/block_n override the
-    per-head_dim config (powers of two >= 16; tests use small ones).
+    num_kv_heads, head_dim], block_size any power of two. block_m, block_n (powers of two
+    >= 16; tests use small ones), num_warps and num_stages override the per-head_dim config.
     """
     _check_inputs(q, kv_cache, query_start_loc, seq_lens, block_tables, out)
     num_seqs = seq_lens.shape[0]
@@ -187,9 +189,11 @@ def prefill_attention(
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = kv_cache.shape[3]
     group = num_heads // num_kv_heads
-    cfg_m, cfg_n, num_warps, num_stages = prefill_config(head_dim)
+    cfg_m, cfg_n, cfg_warps, cfg_stages = prefill_config(head_dim)
     block_m = max(block_m or cfg_m, triton.next_power_of_2(group))
     block_n = block_n or cfg_n
+    num_warps = num_warps or cfg_warps
+    num_stages = num_stages or cfg_stages
     for name, val in (("block_m", block_m), ("block_n", block_n)):
         if val < 16 or val & (val - 1):
             raise ValueError(f"{name} must be a power of two >= 16, got {val}")
