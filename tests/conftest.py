@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
-import pytest
+import os
 
-from minivllm.tiny_model import build_tiny_model
+import torch
+
+# Triton kernels run in the interpreter on a CPU-only machine; this must be set before
+# anything imports triton.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+from minivllm.tiny_model import build_tiny_model  # noqa: E402
 
 TINY_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM")
 

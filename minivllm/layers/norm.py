@@ -24,6 +24,12 @@ class RMSNorm(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """x, residual: [..., hidden]. With residual: returns (norm(x + residual), x + residual)."""
+        if x.is_cuda and x.dim() == 2:
+            # One Triton kernel for the add and the norm (kernels/rmsnorm.py).
+            from minivllm.kernels.rmsnorm import rms_norm
+
+            out, new_residual = rms_norm(x, self.weight, self.eps, residual)
+            return out if residual is None else (out, new_residual)
         if residual is None:
             return self._norm(x)
         # The add happens in the model dtype, as in HF's decoder layer.

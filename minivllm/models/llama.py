@@ -71,13 +71,36 @@ class DecoderAttention(nn.Module):
         qkv = self.qkv_proj(hidden)
         # q: [num_tokens, num_heads * head_dim]; k, v: [num_tokens, num_kv_heads * head_dim]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        if qkv.is_cuda:
+            self._fused_norm_rope(positions, q, k)
+        else:
+            q, k = self._norm_rope(positions, q, k)
+        return self.o_proj(self.attn(q, k, v, attn_meta))
+
+    def _fused_norm_rope(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> None:
+        """One Triton kernel, in place on the qkv buffer: Qwen3's per-head norm, then RoPE."""
+        from minivllm.kernels.rope import rotary_embedding
+
+        num_tokens = q.shape[0]
+        rotary_embedding(
+            positions,
+            q.view(num_tokens, self.num_heads, self.head_dim),
+            k.view(num_tokens, self.num_kv_heads, self.head_dim),
+            self.rotary_emb.cos_sin_cache,
+            self.q_norm.weight if self.qk_norm else None,
+            self.k_norm.weight if self.qk_norm else None,
+            self.q_norm.eps if self.qk_norm else 1e-6,
+        )
+
+    def _norm_rope(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if self.qk_norm:
             num_tokens = q.shape[0]
             q = self.q_norm(q.reshape(num_tokens, self.num_heads, self.head_dim))
             k = self.k_norm(k.reshape(num_tokens, self.num_kv_heads, self.head_dim))
             q, k = q.view(num_tokens, self.q_size), k.view(num_tokens, self.kv_size)
-        q, k = self.rotary_emb(positions, q, k)
-        return self.o_proj(self.attn(q, k, v.contiguous(), attn_meta))
+        return self.rotary_emb(positions, q, k)
 
 
 class DecoderMLP(nn.Module):
