@@ -17,7 +17,7 @@ import triton
 
 from minivllm.kernels.activation import silu_and_mul
 from minivllm.kernels.decode_attention import MAX_SPLITS, choose_num_splits, decode_attention
-from minivllm.kernels.prefill_attention import prefill_attention
+from minivllm.kernels.prefill_attention import prefill_attention, prefill_config
 from minivllm.kernels.rmsnorm import rms_norm
 
 BLOCK_SIZE = 16
@@ -99,7 +99,9 @@ def prefill_case(
     seq_lens: list[int], num_heads: int, num_kv_heads: int, head_dim: int, quick: bool, config=None
 ) -> dict:
     """config: (block_m, block_n, num_warps, num_stages) or None for the kernel's table."""
-    block_m, block_n, num_warps, num_stages = config or (None, None, None, None)
+    group = num_heads // num_kv_heads
+    config = config or prefill_config(head_dim, sum(seq_lens), group, num_kv_heads)
+    block_m, block_n, num_warps, num_stages = config
     cache, block_tables, seq_lens_t = paged_cache(seq_lens, num_kv_heads, head_dim)
     num_tokens = sum(seq_lens)
     starts = [0]
@@ -154,6 +156,7 @@ def prefill_case(
         "seq_lens": shape,
         "heads": f"{num_heads}/{num_kv_heads}",
         "head_dim": head_dim,
+        "config": config,
         "ms": round(ms, 4),
         "tflop_per_s": round(flops / ms / 1e9, 1),
         "ref": "sdpa_causal_contiguous",
@@ -211,16 +214,23 @@ def cases(quick: bool):
             f"sweep_decode_b256_ctx1000_{cfg}",
             lambda c=cfg: {**decode_case(256, 1000, 16, 8, 128, None, quick, c), "config": c},
         )
+    # (block_m, block_n, num_warps, num_stages); the first line of each sweep is the default.
     for cfg in (
-        (128, 32, 8, 3),
-        (128, 64, 8, 2),
-        (128, 64, 4, 3),
-        (64, 64, 4, 3),
         (128, 128, 8, 2),
+        (128, 128, 8, 3),
+        (128, 64, 8, 3),
+        (128, 64, 4, 3),
+        (64, 128, 4, 2),
+        (64, 64, 4, 3),
     ):
         yield (
             f"sweep_prefill_4096_{cfg}",
-            lambda c=cfg: {**prefill_case([4096], 16, 8, 128, quick, c), "config": c},
+            lambda c=cfg: prefill_case([4096], 16, 8, 128, quick, c),
+        )
+    for cfg in ((64, 64, 4, 3), (64, 64, 4, 2), (64, 128, 4, 2), (32, 64, 4, 3), (128, 128, 8, 2)):
+        yield (
+            f"sweep_prefill_1000_{cfg}",
+            lambda c=cfg: prefill_case([1000], 16, 8, 128, quick, c),
         )
 
 

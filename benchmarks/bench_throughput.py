@@ -46,6 +46,7 @@ def main() -> None:
     parser.add_argument("--model", default=None, help="a model dir (default: dummy dir from --model-name)")
     parser.add_argument("--num-seqs", type=int, default=256)
     parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--no-async-scheduling", action="store_true")
     parser.add_argument("--tensor-parallel-size", type=int, default=1)
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
     parser.add_argument("--block-size", type=int, default=None)
@@ -60,7 +61,8 @@ def main() -> None:
         args.model_name, os.path.join(tempfile.gettempdir(), f"minivllm-dummy-{args.model_name}")
     )
     options = {"load_format": "dummy", "max_model_len": 4096, "enforce_eager": args.enforce_eager,
-               "tensor_parallel_size": args.tensor_parallel_size}
+               "tensor_parallel_size": args.tensor_parallel_size,
+               "async_scheduling": not args.no_async_scheduling}
     for name in ("max_num_batched_tokens", "block_size", "attention_backend"):
         if getattr(args, name) is not None:
             options[name] = getattr(args, name)
@@ -76,6 +78,7 @@ def main() -> None:
     generated = sum(len(o.outputs[0].token_ids) for o in outputs)
     result = {
         "bench": "throughput", "model": args.model_name, "enforce_eager": args.enforce_eager,
+        "async_scheduling": not args.no_async_scheduling,
         "tp": args.tensor_parallel_size, "num_seqs": args.num_seqs,
         "prompt_tokens": sum(map(len, prompts)), "output_tokens": sum(output_lens), "generated": generated,
         "seconds": round(seconds, 3), "output_tok_s": round(sum(output_lens) / seconds, 1),

@@ -12,7 +12,7 @@ if [ "$part" = tests ]; then
   timeout 330 python3 -m pytest -q -m gpu -s -p no:cacheprovider tests/kernels tests/attention tests/gpu 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "GPU-|passed|failed|Error|error" | tail -40
   timeout 200 python3 benchmarks/bench_kernels.py 2>&1 | tee "$OUT/bench_kernels.jsonl" | tail -60
 else
-  for args in "" "--enforce-eager"; do
+  for args in "" "--no-async-scheduling" "--enforce-eager"; do
     timeout 240 python3 benchmarks/bench_throughput.py $args 2>&1 | tee -a "$OUT/throughput.log" | grep -E "^\{|Error|error|memory profile|KV cache" | tail -8
   done
   timeout 120 python3 benchmarks/bench_latency.py 2>&1 | tee -a "$OUT/latency.log" | grep -E "^\{|Error|error" | tail -5

@@ -107,6 +107,9 @@ class EngineConfig:
     kv_cache_memory: int = 1 << 30
     # Fixes the number of KV blocks (tests use it to force preemption).
     num_gpu_blocks_override: int | None = None
+    # Schedule step N+1 while step N runs (one process, requests without penalties,
+    # logprobs or min_tokens); a request that stops on EOS costs one wasted token.
+    async_scheduling: bool = True
     # Largest decode batch captured in a CUDA graph.
     max_cuda_graph_batch_size: int = 512
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)

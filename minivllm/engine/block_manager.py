@@ -102,8 +102,10 @@ class BlockManager:
         for _ in range(num_new_blocks):
             request.block_ids.append(self._pop_free_block())
         if self.enable_prefix_caching:
-            # The tokens of this step are known now and their KV is written this step.
-            self._cache_full_blocks(request, num_tokens // self.block_size)
+            # Full blocks whose tokens are known get cached; their KV is written this step. A
+            # pending token (async scheduling) is not known yet: its block waits a step.
+            num_known = min(num_tokens, len(request.all_token_ids))
+            self._cache_full_blocks(request, num_known // self.block_size)
         return True
 
     def free(self, request: Request) -> None:

@@ -79,20 +79,17 @@ class CUDAGraphRunner:
         torch.cuda.synchronize()
         logger.info("captured CUDA graphs for decode batch sizes %s", self.sizes)
 
-    def run(self, inputs: StepInputs) -> torch.Tensor:
-        n = inputs.num_tokens
+    def run(self, dev: dict[str, torch.Tensor], num_tokens: int) -> torch.Tensor:
+        """Replays the graph of the next captured size for a decode-only step whose inputs
+        are already on the device (ModelRunner.to_device)."""
+        n = num_tokens
         batch_size = next(s for s in self.sizes if s >= n)
-        width = inputs.block_tables.shape[1]
-        device = self.input_ids.device
-
-        def put(array):
-            return torch.from_numpy(array).to(device, non_blocking=True)
-
-        self.input_ids[:n].copy_(put(inputs.input_ids), non_blocking=True)
-        self.positions[:n].copy_(put(inputs.positions), non_blocking=True)
-        self.slot_mapping[:n].copy_(put(inputs.slot_mapping), non_blocking=True)
-        self.seq_lens[:n].copy_(put(inputs.seq_lens), non_blocking=True)
-        self.block_tables[:n, :width].copy_(put(inputs.block_tables), non_blocking=True)
+        width = dev["block_tables"].shape[1]
+        self.input_ids[:n].copy_(dev["input_ids"])
+        self.positions[:n].copy_(dev["positions"])
+        self.slot_mapping[:n].copy_(dev["slot_mapping"])
+        self.seq_lens[:n].copy_(dev["seq_lens"])
+        self.block_tables[:n, :width].copy_(dev["block_tables"])
         # Padded rows: no KV write, a one-token context in block 0; their logits are dropped.
         self.slot_mapping[n:batch_size].fill_(-1)
         self.seq_lens[n:batch_size].fill_(1)

@@ -46,6 +46,9 @@ class EngineCore:
             max_model_len=self.max_model_len,
             block_manager=block_manager,
         )
+        # Async scheduling needs the sampled ids on the device of the one runner.
+        self.async_scheduling = config.async_scheduling and config.tensor_parallel_size == 1
+        self._in_flight = None  # (SchedulerOutput, StepHandle) of a launched step
 
     def validate_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raises ValueError for a request the engine could never serve."""
@@ -89,12 +92,35 @@ class EngineCore:
         self.scheduler.abort_requests(req_ids)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        return self.scheduler.has_unfinished_requests() or self._in_flight is not None
 
     def step(self) -> list[EngineOutput]:
+        """Schedules, runs and applies one step. With async scheduling the step is launched
+        before the previous one's tokens are applied, so that the CPU work of one step
+        overlaps the GPU work of the other; the outputs returned are the previous step's."""
+        if self._schedule_ahead():
+            sched_out = self.scheduler.schedule()
+            if sched_out.is_empty:
+                self.executor.execute(sched_out)  # only hands over finished request ids
+                return self._finish_in_flight()
+            handle = self.executor.execute_async(sched_out)
+            outputs = self._finish_in_flight()
+            self._in_flight = (sched_out, handle)
+            return outputs
+        outputs = self._finish_in_flight()
         sched_out = self.scheduler.schedule()
         runner_out = self.executor.execute(sched_out)
-        return self.scheduler.update(sched_out, runner_out)
+        return outputs + self.scheduler.update(sched_out, runner_out)
+
+    def _schedule_ahead(self) -> bool:
+        return self.async_scheduling and self.scheduler.can_schedule_ahead
+
+    def _finish_in_flight(self) -> list[EngineOutput]:
+        if self._in_flight is None:
+            return []
+        sched_out, handle = self._in_flight
+        self._in_flight = None
+        return self.scheduler.update(sched_out, handle.result())
 
     def shutdown(self) -> None:
         self.executor.shutdown()

@@ -1,6 +1,7 @@
-"""Pure input preparation: a SchedulerOutput becomes the host arrays of one forward pass.
+"""Input preparation: a SchedulerOutput becomes the host arrays of one forward pass.
 
-No torch and no state: the runner copies these arrays to the device.
+No torch; the only state is the runner's BlockTable, which it updates first. The runner
+copies these arrays to the device.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from minivllm.engine.block_table import BlockTable
 from minivllm.engine.types import SchedulerOutput
 
 
@@ -32,7 +34,7 @@ class StepInputs:
         return self.input_ids.shape[0]
 
 
-def prepare_inputs(sched_out: SchedulerOutput, block_size: int) -> StepInputs:
+def prepare_inputs(sched_out: SchedulerOutput, block_size: int, block_table: BlockTable) -> StepInputs:
     """Flattens the step's chunks (decodes first, as scheduled) into packed arrays."""
     chunks = sched_out.chunks
     num_seqs = len(chunks)
@@ -43,10 +45,9 @@ def prepare_inputs(sched_out: SchedulerOutput, block_size: int) -> StepInputs:
     seq_lens = (starts + query_lens).astype(np.int32)
     num_tokens = int(query_start_loc[-1])
 
-    max_num_blocks = max(len(c.block_ids) for c in chunks)
-    block_tables = np.zeros((num_seqs, max_num_blocks), np.int32)
-    for i, c in enumerate(chunks):
-        block_tables[i, : len(c.block_ids)] = c.block_ids
+    rows = block_table.update(sched_out)
+    max_num_blocks = -(-int(seq_lens.max()) // block_size)
+    block_tables = block_table.table[rows, :max_num_blocks]
 
     # Token t of request r sits at position starts[r] + (t - query_start_loc[r]).
     seq_index = np.repeat(np.arange(num_seqs), query_lens)

@@ -13,6 +13,8 @@ import torch
 from minivllm.attention.base import AttnMetadata
 from minivllm.attention.selector import get_attn_backend
 from minivllm.config import EngineConfig, ModelConfig
+from minivllm.engine.block_table import BlockTable
+from minivllm.engine.device_inputs import to_device
 from minivllm.engine.input_prep import StepInputs, prepare_inputs
 from minivllm.engine.kv_cache import allocate_kv_caches, bytes_per_block, num_blocks_for_budget
 from minivllm.engine.prompt_logprobs import PromptLogprobsTracker
@@ -62,8 +64,11 @@ class ModelRunner:
         self.sampler = Sampler()
         self.sampling_state = SamplingState(device)
         self.prompt_logprobs = PromptLogprobsTracker()
+        self.block_table = BlockTable(-(-max_model_len // self.block_size), config.max_num_seqs)
         self.kv_caches: list[torch.Tensor] = []
         self.graphs = None  # a CUDAGraphRunner once captured
+        # The last step's sampled ids [num_sampled] on the device, and req_id -> index.
+        self._last_sampled: tuple[torch.Tensor, dict[str, int]] | None = None
 
     # ---- KV cache -------------------------------------------------------------------------
 
@@ -94,35 +99,103 @@ class ModelRunner:
     # ---- one step -------------------------------------------------------------------------
 
     def execute(self, sched_out: SchedulerOutput) -> RunnerOutput:
-        for req_id in sched_out.finished_req_ids:
-            self.sampling_state.remove(req_id)
-        for new in sched_out.new_requests:
-            self.sampling_state.add_request(new)
-        if sched_out.is_empty:
+        """Runs one step and waits for its tokens; supports every sampling feature."""
+        if not self._begin(sched_out):
             return RunnerOutput(req_ids=[], sampled_token_ids=[])
-        inputs = prepare_inputs(sched_out, self.block_size)
+        inputs = self.prepare(sched_out)
         jobs = self.prompt_logprobs.plan(sched_out, inputs.query_start_loc, self.sampling_state)
         extra_rows = np.concatenate([job.rows for job in jobs]) if jobs else None
-        logits = self.compute_logits(inputs, extra_rows)
+        logits = self.compute_logits(inputs, sched_out, extra_rows)
         num_sampled = len(inputs.sample_req_ids)
         out = self.sample(logits[:num_sampled], inputs.sample_req_ids)
         if jobs:
             out.prompt_logprobs = self.prompt_logprobs.collect(jobs, logits[num_sampled:])
         return out
 
+    def execute_async(self, sched_out: SchedulerOutput) -> StepHandle:
+        """Launches one step and returns at once; the handle yields its sampled tokens. For
+        requests that need no logprobs, penalties or min_tokens (the scheduler checks)."""
+        if not self._begin(sched_out):
+            return StepHandle(self.sampling_state, [], None)
+        inputs = self.prepare(sched_out)
+        logits = self.compute_logits(inputs, sched_out)
+        req_ids = inputs.sample_req_ids
+        sampling_meta = self.sampling_state.build_metadata(req_ids, self.device)
+        sampled = self.sampler(logits, sampling_meta).sampled_token_ids
+        self._last_sampled = (sampled, {req_id: i for i, req_id in enumerate(req_ids)})
+        return StepHandle(self.sampling_state, req_ids, sampled)
+
+    def _begin(self, sched_out: SchedulerOutput) -> bool:
+        """Applies the step's request changes; returns whether there is anything to run."""
+        for req_id in sched_out.finished_req_ids:
+            self.sampling_state.remove(req_id)
+        for new in sched_out.new_requests:
+            self.sampling_state.add_request(new)
+        if sched_out.is_empty:
+            self.block_table.update(sched_out)
+            return False
+        return True
+
+    def prepare(self, sched_out: SchedulerOutput) -> StepInputs:
+        """Updates the runner's block tables from the step; returns its host inputs."""
+        return prepare_inputs(sched_out, self.block_size, self.block_table)
+
     @torch.inference_mode()
-    def compute_logits(self, inputs: StepInputs, extra_rows: np.ndarray | None = None) -> torch.Tensor:
+    def compute_logits(
+        self,
+        inputs: StepInputs,
+        sched_out: SchedulerOutput | None = None,
+        extra_rows: np.ndarray | None = None,
+    ) -> torch.Tensor:
         """Runs the model over the step's tokens; returns logits [num_sampled (+ extra), vocab]
         for the sampled rows, then for extra_rows (prompt logprobs)."""
+        dev = self.to_device(inputs, sched_out, extra_rows)
         if extra_rows is None and self.graphs is not None and self.graphs.can_run(inputs):
-            return self.graphs.run(inputs)
-        meta, input_ids, positions = self.to_device(inputs)
-        hidden = self.model(input_ids, positions, meta)
+            return self.graphs.run(dev, inputs.num_tokens)
+        meta = AttnMetadata(
+            query_start_loc=dev["query_start_loc"],
+            seq_lens=dev["seq_lens"],
+            block_tables=dev["block_tables"],
+            slot_mapping=dev["slot_mapping"],
+            max_query_len=inputs.max_query_len,
+            max_seq_len=inputs.max_seq_len,
+            num_decode_tokens=inputs.num_decode_tokens,
+            query_start_loc_cpu=inputs.query_start_loc.tolist(),
+            seq_lens_cpu=inputs.seq_lens.tolist(),
+        )
+        hidden = self.model(dev["input_ids"], dev["positions"], meta)
+        return self.model.compute_logits(hidden[dev["logits_indices"]])
+
+    def to_device(
+        self, inputs: StepInputs, sched_out: SchedulerOutput | None, extra_rows: np.ndarray | None
+    ) -> dict[str, torch.Tensor]:
+        """The step's inputs on the device, with placeholder tokens (sampled by the previous,
+        still running step) filled in from that step's sampled ids."""
         rows = inputs.logits_indices
         if extra_rows is not None:
             rows = np.concatenate([rows, extra_rows])
-        logits_indices = torch.from_numpy(rows).to(self.device, non_blocking=True)
-        return self.model.compute_logits(hidden[logits_indices])
+        longs = {
+            "input_ids": inputs.input_ids,
+            "positions": inputs.positions,
+            "slot_mapping": inputs.slot_mapping,
+            "logits_indices": rows,
+        }
+        holes = np.flatnonzero(inputs.input_ids < 0)
+        if holes.size:
+            # Placeholders only stand for decode tokens, whose row is their chunk's index.
+            assert sched_out is not None and holes[-1] < inputs.num_decode_tokens
+            prev_sampled, prev_index = self._last_sampled
+            longs["holes"] = holes
+            longs["sources"] = np.array([prev_index[sched_out.chunks[r].req_id] for r in holes])
+        ints = {
+            "query_start_loc": inputs.query_start_loc,
+            "seq_lens": inputs.seq_lens,
+            "block_tables": inputs.block_tables,
+        }
+        dev = to_device(longs, torch.int64, self.device) | to_device(ints, torch.int32, self.device)
+        if holes.size:
+            dev["input_ids"][dev["holes"]] = prev_sampled[dev["sources"]]
+        return dev
 
     @torch.inference_mode()
     def sample(self, logits: torch.Tensor, req_ids: list[str]) -> RunnerOutput:
@@ -130,7 +203,9 @@ class ModelRunner:
             return RunnerOutput(req_ids=[], sampled_token_ids=[])
         sampling_meta = self.sampling_state.build_metadata(req_ids, self.device)
         sampler_out = self.sampler(logits, sampling_meta)
-        token_ids = sampler_out.sampled_token_ids.tolist()  # the step's one host sync
+        sampled = sampler_out.sampled_token_ids
+        self._last_sampled = (sampled, {req_id: i for i, req_id in enumerate(req_ids)})
+        token_ids = sampled.tolist()  # the step's one host sync
         for req_id, token_id in zip(req_ids, token_ids, strict=True):
             self.sampling_state.append_token(req_id, token_id)
         logprobs = None
@@ -138,19 +213,25 @@ class ModelRunner:
             logprobs = self.sampling_state.to_runner_logprobs(sampler_out, req_ids)
         return RunnerOutput(req_ids=req_ids, sampled_token_ids=token_ids, logprobs=logprobs)
 
-    def to_device(self, inputs: StepInputs) -> tuple[AttnMetadata, torch.Tensor, torch.Tensor]:
-        def put(array: np.ndarray) -> torch.Tensor:
-            return torch.from_numpy(array).to(self.device, non_blocking=True)
 
-        meta = AttnMetadata(
-            query_start_loc=put(inputs.query_start_loc),
-            seq_lens=put(inputs.seq_lens),
-            block_tables=put(inputs.block_tables),
-            slot_mapping=put(inputs.slot_mapping),
-            max_query_len=inputs.max_query_len,
-            max_seq_len=inputs.max_seq_len,
-            num_decode_tokens=inputs.num_decode_tokens,
-            query_start_loc_cpu=inputs.query_start_loc.tolist(),
-            seq_lens_cpu=inputs.seq_lens.tolist(),
-        )
-        return meta, put(inputs.input_ids), put(inputs.positions)
+class StepHandle:
+    """A launched step. result() waits for its sampled ids (copied to pinned host memory
+    behind the step's kernels) and records them in the sampling state."""
+
+    def __init__(self, sampling_state: SamplingState, req_ids: list[str], sampled: torch.Tensor | None) -> None:
+        self.sampling_state = sampling_state
+        self.req_ids = req_ids
+        self.event = None
+        self.host = sampled
+        if sampled is not None and sampled.is_cuda:
+            self.host = torch.empty(sampled.shape, dtype=sampled.dtype, pin_memory=True)
+            self.host.copy_(sampled, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+
+    def result(self) -> RunnerOutput:
+        if self.event is not None:
+            self.event.synchronize()
+        token_ids = [] if self.host is None else self.host.tolist()
+        self.sampling_state.append_tokens(self.req_ids, token_ids)
+        return RunnerOutput(req_ids=self.req_ids, sampled_token_ids=token_ids)

@@ -28,6 +28,9 @@ class LocalExecutor:
     def execute(self, sched_out: SchedulerOutput) -> RunnerOutput:
         return self.runner.execute(sched_out)
 
+    def execute_async(self, sched_out: SchedulerOutput):
+        return self.runner.execute_async(sched_out)
+
     def shutdown(self) -> None:
         pass
 

@@ -7,6 +7,7 @@ import logging
 
 import torch
 
+from minivllm.engine.block_table import BlockTable
 from minivllm.engine.input_prep import prepare_inputs
 from minivllm.engine.kv_cache import allocate_kv_caches
 from minivllm.engine.types import ScheduledChunk, SchedulerOutput
@@ -22,7 +23,8 @@ def dummy_step(num_tokens: int, num_seqs: int, max_model_len: int, block_size: i
     for i in range(num_seqs):
         n = base + (1 if i < extra else 0)
         num_blocks = -(-n // block_size)
-        chunks.append(ScheduledChunk(f"profile-{i}", [0] * n, 0, list(range(next_block, next_block + num_blocks)), True))
+        block_ids = list(range(next_block, next_block + num_blocks))
+        chunks.append(ScheduledChunk(f"profile-{i}", [0] * n, 0, block_ids, 0, True))
         next_block += num_blocks
     return SchedulerOutput(chunks=[c for c in chunks if c.token_ids], num_decode_chunks=0)
 
@@ -33,7 +35,7 @@ def profile_kv_budget(runner, gpu_memory_utilization: float) -> int:
     num_tokens = config.max_num_batched_tokens
     num_seqs = min(config.max_num_seqs, num_tokens)
     sched_out = dummy_step(num_tokens, num_seqs, runner.max_model_len, runner.block_size)
-    num_blocks = sum(len(c.block_ids) for c in sched_out.chunks)
+    num_blocks = sum(len(c.new_block_ids) for c in sched_out.chunks)
 
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
@@ -47,7 +49,9 @@ def profile_kv_budget(runner, gpu_memory_utilization: float) -> int:
     cache_bytes = sum(c.numel() * c.element_size() for c in caches)
     for layer, cache in zip(runner.model.attention_layers(), caches, strict=True):
         layer.kv_cache = cache
-    logits = runner.compute_logits(prepare_inputs(sched_out, runner.block_size))
+    max_blocks = -(-runner.max_model_len // runner.block_size)
+    inputs = prepare_inputs(sched_out, runner.block_size, BlockTable(max_blocks, num_seqs))
+    logits = runner.compute_logits(inputs)
     torch.cuda.synchronize()
     # Top-p sorting and softmax take a few float32 copies of the logits on top.
     sampler_bytes = 4 * logits.shape[0] * logits.shape[1] * 4

@@ -48,8 +48,13 @@ class Request:
         self.output_token_ids: list[int] = []
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.num_computed_tokens = 0
+        # Tokens sampled by a step whose result update() has not applied yet (0 or 1): with
+        # async scheduling the next step is scheduled before the last one's tokens are known.
+        self.num_pending_tokens = 0
         self.status = RequestStatus.WAITING
         self.block_ids: list[int] = []
+        # How many of block_ids the runner has been sent (it keeps its own block table).
+        self.num_sent_blocks = 0
         # Chained hashes of the full blocks of all_token_ids, extended by the BlockManager.
         self.block_hashes: list[int] = []
         # Prompt tokens served from the prefix cache at first admission; -1 before.
@@ -75,7 +80,8 @@ class Request:
 
     @property
     def is_finished(self) -> bool:
-        return self.status.is_finished()
+        # Every finished status comes with a finish_reason; this is the cheap test of it.
+        return self.finish_reason is not None
 
     def append_output_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)

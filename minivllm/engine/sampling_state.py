@@ -29,6 +29,8 @@ class SamplingState:
     def __init__(self, device: torch.device | str) -> None:
         self.device = torch.device(device)
         self.requests: dict[str, _RequestState] = {}
+        # (req_ids, metadata) of the last step, when it can be reused as is.
+        self._reusable: tuple[tuple[str, ...], SamplingMetadata] | None = None
 
     def add_request(self, new: NewRequestData) -> None:
         """Registers a request. A req_id already known keeps its state (outputs, generator)."""
@@ -47,10 +49,29 @@ class SamplingState:
     def append_token(self, req_id: str, token_id: int) -> None:
         self.requests[req_id].output_token_ids.append(token_id)
 
+    def append_tokens(self, req_ids: list[str], token_ids: list[int]) -> None:
+        """Records a step's tokens; requests removed meanwhile (async scheduling) are skipped."""
+        for req_id, token_id in zip(req_ids, token_ids, strict=True):
+            state = self.requests.get(req_id)
+            if state is not None:
+                state.output_token_ids.append(token_id)
+
     def build_metadata(
         self, req_ids: list[str], device: torch.device | str | None = None
     ) -> SamplingMetadata:
         """SamplingMetadata for rows req_ids (one row per sampled request, in order)."""
+        key = tuple(req_ids)
+        if self._reusable is not None and self._reusable[0] == key:
+            return self._reusable[1]
+        meta = self._build_metadata(req_ids, device)
+        # Without penalties or suppressed tokens nothing in it changes while the batch stays.
+        static = meta.no_penalties and meta.suppressed_token_ids is None
+        self._reusable = (key, meta) if static else None
+        return meta
+
+    def _build_metadata(
+        self, req_ids: list[str], device: torch.device | str | None
+    ) -> SamplingMetadata:
         device = self.device if device is None else torch.device(device)
         states = [self.requests[req_id] for req_id in req_ids]
         params = [s.params for s in states]

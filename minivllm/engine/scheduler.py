@@ -14,6 +14,7 @@ from minivllm.engine.block_manager import BlockManager
 from minivllm.engine.request import Request, RequestStatus
 from minivllm.engine.stop_checker import check_stop
 from minivllm.engine.types import (
+    PLACEHOLDER_TOKEN_ID,
     EngineOutput,
     LogprobsDict,
     NewRequestData,
@@ -23,10 +24,22 @@ from minivllm.engine.types import (
 )
 
 
+def needs_host_tokens(request: Request) -> bool:
+    """Penalties, min_tokens and logprobs read sampled tokens on the host each step."""
+    p = request.sampling_params
+    return bool(
+        p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0
+        or p.min_tokens or p.logprobs is not None or p.prompt_logprobs is not None
+    )
+
+
 class Scheduler:
     """Decides which tokens of which requests each step computes, and applies the results.
 
-    Synchronous: update() is always called with the output of the preceding schedule().
+    schedule() advances num_computed_tokens; a chunk that samples leaves one pending token.
+    update() applies a step's sampled tokens. Synchronous use calls update() right after its
+    schedule(); async scheduling calls schedule() for step N before update() of step N - 1,
+    and the pending token enters step N as a placeholder the runner fills on the device.
     A finished request stays reachable through get_request until the next schedule().
     """
 
@@ -52,12 +65,20 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # in admission order: the last one is preempted first
         self._finished_req_ids: list[str] = []
+        # Unfinished requests whose sampling reads earlier sampled tokens on the host.
+        self.num_host_dependent = 0
 
     def add_request(self, request: Request) -> None:
         if request.req_id in self.requests:
             raise ValueError(f"request id {request.req_id!r} is already in use")
         self.requests[request.req_id] = request
         self.waiting.append(request)
+        self.num_host_dependent += needs_host_tokens(request)
+
+    @property
+    def can_schedule_ahead(self) -> bool:
+        """Whether async scheduling is safe: no request samples from host-side token history."""
+        return self.num_host_dependent == 0
 
     def get_request(self, req_id: str) -> Request | None:
         return self.requests.get(req_id)
@@ -84,14 +105,13 @@ class Scheduler:
         for req_id in self._finished_req_ids:
             self.requests.pop(req_id, None)
         finished_req_ids, self._finished_req_ids = self._finished_req_ids, []
-        chunks: list[ScheduledChunk] = []
-        budget, preempted = self._schedule_running(self.max_num_batched_tokens, chunks)
+        decodes: list[ScheduledChunk] = []
+        others: list[ScheduledChunk] = []
+        budget, preempted = self._schedule_running(self.max_num_batched_tokens, decodes, others)
         new_requests: list[NewRequestData] = []
         # After a preemption memory is short: admitting now would only cause more of them.
         if not preempted:
-            self._schedule_waiting(budget, chunks, new_requests, now)
-        decodes = [c for c in chunks if self._is_decode(c)]
-        others = [c for c in chunks if not self._is_decode(c)]
+            self._schedule_waiting(budget, decodes, others, new_requests, now)
         return SchedulerOutput(
             chunks=decodes + others,
             num_decode_chunks=len(decodes),
@@ -99,13 +119,19 @@ class Scheduler:
             finished_req_ids=finished_req_ids,
         )
 
-    def _schedule_running(self, budget: int, chunks: list[ScheduledChunk]) -> tuple[int, bool]:
+    def _schedule_running(
+        self, budget: int, decodes: list[ScheduledChunk], others: list[ScheduledChunk]
+    ) -> tuple[int, bool]:
         """Schedules running requests in order; returns (budget left, whether any preempted)."""
         preempted = False
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            num_new_tokens = min(request.num_tokens - request.num_computed_tokens, budget)
+            num_needed = request.num_tokens + request.num_pending_tokens - request.num_computed_tokens
+            if num_needed == 0 or self._finishes_with_pending(request):
+                i += 1  # nothing to compute until update() applies its pending token
+                continue
+            num_new_tokens = min(num_needed, budget)
             while not self.block_manager.allocate_slots(request, num_new_tokens):
                 # Victims come from the tail, which nothing has been scheduled for this step.
                 victim = self.running.pop()
@@ -113,7 +139,7 @@ class Scheduler:
                 preempted = True
                 if victim is request:
                     return budget, preempted
-            chunks.append(self._make_chunk(request, num_new_tokens))
+            self._add_chunk(request, num_new_tokens, decodes, others)
             budget -= num_new_tokens
             i += 1
         return budget, preempted
@@ -121,12 +147,15 @@ class Scheduler:
     def _schedule_waiting(
         self,
         budget: int,
-        chunks: list[ScheduledChunk],
+        decodes: list[ScheduledChunk],
+        others: list[ScheduledChunk],
         new_requests: list[NewRequestData],
         now: float,
     ) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
+            if request.num_pending_tokens:
+                return  # preempted with a token in flight: admit it once update() has it
             computed_blocks, num_cached_tokens = self.block_manager.get_computed_blocks(request)
             num_new_tokens = min(request.num_tokens - num_cached_tokens, budget)
             request.num_computed_tokens = num_cached_tokens
@@ -144,33 +173,56 @@ class Scheduler:
                         request.req_id, request.prompt_token_ids, request.sampling_params
                     )
                 )
-            chunks.append(self._make_chunk(request, num_new_tokens))
+            self._add_chunk(request, num_new_tokens, decodes, others)
             budget -= num_new_tokens
 
     def _preempt(self, request: Request) -> None:
         self.block_manager.free(request)
+        request.num_sent_blocks = 0
         request.num_computed_tokens = 0
         request.status = RequestStatus.WAITING
         request.num_preemptions += 1
         self.waiting.appendleft(request)
 
-    def _make_chunk(self, request: Request, num_new_tokens: int) -> ScheduledChunk:
+    def _add_chunk(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        decodes: list[ScheduledChunk],
+        others: list[ScheduledChunk],
+    ) -> None:
+        """Appends request's chunk to decodes (one sampled token past the prompt) or others,
+        and advances the request past it."""
         start = request.num_computed_tokens
         end = start + num_new_tokens
-        return ScheduledChunk(
+        token_ids = request.all_token_ids[start:end]
+        if len(token_ids) < num_new_tokens:  # the pending token, not known yet
+            token_ids.append(PLACEHOLDER_TOKEN_ID)
+        num_sent = request.num_sent_blocks
+        chunk = ScheduledChunk(
             req_id=request.req_id,
-            token_ids=request.all_token_ids[start:end],
+            token_ids=token_ids,
             num_computed_tokens=start,
-            block_ids=list(request.block_ids),
-            sample=end == request.num_tokens,
+            new_block_ids=request.block_ids[num_sent:],
+            num_prior_blocks=num_sent,
+            sample=end == request.num_tokens + request.num_pending_tokens,
         )
+        request.num_sent_blocks = len(request.block_ids)
+        request.num_computed_tokens = end
+        if chunk.sample:
+            request.num_pending_tokens += 1
+        is_decode = num_new_tokens == 1 and chunk.sample and start >= request.num_prompt_tokens
+        (decodes if is_decode else others).append(chunk)
 
-    def _is_decode(self, chunk: ScheduledChunk) -> bool:
-        num_prompt_tokens = self.requests[chunk.req_id].num_prompt_tokens
-        return (
-            len(chunk.token_ids) == 1
-            and chunk.sample
-            and chunk.num_computed_tokens >= num_prompt_tokens
+    def _finishes_with_pending(self, request: Request) -> bool:
+        """Whether the pending token surely ends the request (max_tokens or max_model_len),
+        so that scheduling another token for it would be wasted."""
+        if not request.num_pending_tokens:
+            return False
+        max_tokens = request.sampling_params.max_tokens
+        num_tokens = request.num_tokens + request.num_pending_tokens
+        return num_tokens >= self.max_model_len or (
+            max_tokens is not None and request.num_output_tokens + 1 >= max_tokens
         )
 
     def update(
@@ -184,8 +236,7 @@ class Scheduler:
         for chunk in sched_out.chunks:
             request = self.requests.get(chunk.req_id)
             if request is None or request.is_finished:
-                continue  # aborted after schedule()
-            request.num_computed_tokens += len(chunk.token_ids)
+                continue  # aborted, or finished by the step before this one
             prompt_logprobs = runner_out.prompt_logprobs.get(chunk.req_id)
             if not chunk.sample:
                 if prompt_logprobs is not None:
@@ -193,10 +244,14 @@ class Scheduler:
                 continue
             i = sampled_index[chunk.req_id]
             token_id = runner_out.sampled_token_ids[i]
+            request.num_pending_tokens -= 1
             request.append_output_token(token_id)
             if request.first_token_time is None:
                 request.first_token_time = now
+            was_waiting = request.status == RequestStatus.WAITING
             if check_stop(request, self.max_model_len):
+                if was_waiting:
+                    self.waiting.remove(request)  # preempted while this token was in flight
                 self._finish(request, now)
             logprobs = runner_out.logprobs[i] if runner_out.logprobs is not None else None
             new_logprobs = [logprobs] if logprobs is not None else None
@@ -208,6 +263,7 @@ class Scheduler:
     def _finish(self, request: Request, now: float) -> None:
         """Releases a request whose status is already final (it may still be in running)."""
         self.block_manager.free(request)
+        self.num_host_dependent -= needs_host_tokens(request)
         request.finish_time = now
         self._finished_req_ids.append(request.req_id)
 

@@ -18,7 +18,6 @@ import torch
 import torch.distributed as dist
 
 from minivllm.config import EngineConfig, ModelConfig
-from minivllm.engine.input_prep import prepare_inputs
 from minivllm.engine.model_runner import ModelRunner
 from minivllm.engine.types import RunnerOutput, SchedulerOutput
 
@@ -71,7 +70,9 @@ def _worker_main(config, model_config, max_model_len, rank, world_size, port) ->
         if sched_out is None:
             break
         if not sched_out.is_empty:
-            runner.compute_logits(prepare_inputs(sched_out, runner.block_size))
+            runner.compute_logits(runner.prepare(sched_out))
+        else:
+            runner.block_table.update(sched_out)  # forget finished requests
     dist.destroy_process_group()
 
 

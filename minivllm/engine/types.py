@@ -14,6 +14,10 @@ from minivllm.sampling_params import SamplingParams
 
 FinishReason = Literal["stop", "length", "abort"]
 
+# Stands in a chunk for a token that the previous step sampled and the scheduler has not
+# seen yet (async scheduling); the runner fills it in on the device.
+PLACEHOLDER_TOKEN_ID = -1
+
 
 @dataclass
 class NewRequestData:
@@ -29,7 +33,8 @@ class ScheduledChunk:
     """The tokens of one request computed this step.
 
     token_ids are the tokens at positions [num_computed_tokens, num_computed_tokens +
-    len(token_ids)); block_ids is the request's whole block table after allocation.
+    len(token_ids)). The runner keeps each request's block table: new_block_ids go at
+    index num_prior_blocks of it (0 for a request that is new or back from preemption).
     sample is True when the chunk reaches the request's last known token, so that the
     runner samples the next one (a non-final prefill chunk samples nothing).
     """
@@ -37,7 +42,8 @@ class ScheduledChunk:
     req_id: str
     token_ids: list[int]
     num_computed_tokens: int
-    block_ids: list[int]
+    new_block_ids: list[int]
+    num_prior_blocks: int
     sample: bool
 
 

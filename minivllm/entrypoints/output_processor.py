@@ -89,8 +89,9 @@ class OutputProcessor:
         return [(child_id, child.params) for child_id, child in children.items()]
 
     def process(self, engine_outputs: list[EngineOutput]) -> tuple[list[RequestOutput], list[str]]:
-        """Applies one step's outputs. Returns (outputs of the requests that changed, core
-        request ids to abort because a stop string ended them)."""
+        """Applies one step's outputs. Returns (outputs of the requests that changed, or only
+        of those that finished when not streaming; core request ids to abort because a stop
+        string ended them)."""
         now = time.time()
         to_abort: list[str] = []
         changed: dict[str, _Parent] = {}
@@ -108,12 +109,15 @@ class OutputProcessor:
             changed[parent_id] = parent
         results = []
         for parent in changed.values():
-            if parent.finished:
+            finished = parent.finished
+            if finished:
                 parent.metrics.finished_time = now
                 for child_id in parent.children:
                     del self.child_to_parent[child_id]
                 del self.parents[parent.request_id]
-            results.append(self._request_output(parent))
+            # Without streaming nobody looks at unfinished outputs: don't build them.
+            if finished or self.stream:
+                results.append(self._request_output(parent))
         return results, to_abort
 
     def abort(self, request_id: str) -> list[str]:

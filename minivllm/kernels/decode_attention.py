@@ -38,7 +38,13 @@ def choose_num_splits(
     return max(1, min(max_splits, by_occupancy, by_length))
 
 
-@triton.jit
+# num_splits and the block table's row stride change with the batch: no value/alignment
+# specialization for them (or for the metadata pointers, which may be slices), so a new batch
+# shape never triggers a JIT compile.
+@triton.jit(
+    do_not_specialize=["num_splits", "stride_bt"],
+    do_not_specialize_on_alignment=["block_table_ptr", "seq_lens_ptr"],
+)
 def _decode_kernel(
     q_ptr,
     cache_ptr,
@@ -130,7 +136,7 @@ def _decode_kernel(
         tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _reduce_kernel(
     mid_o_ptr,
     mid_lse_ptr,
@@ -264,7 +270,7 @@ def decode_attention(
         _reduce_kernel[(num_seqs, num_heads)](
             mid_o, mid_lse, out, num_splits,
             *mo_strides, *ml_strides, out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, BLOCK_S=triton.next_power_of_2(num_splits),
+            HEAD_DIM=head_dim, BLOCK_S=max(MAX_SPLITS, triton.next_power_of_2(num_splits)),
             BLOCK_D=triton.next_power_of_2(head_dim), num_warps=4,
         )  # fmt: skip
     return out

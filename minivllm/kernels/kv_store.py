@@ -9,7 +9,8 @@ import triton.language as tl
 from minivllm.kernels.checks import check_kv_cache, check_same, check_tensor
 
 
-@triton.jit
+# slot_mapping may be a slice of a persistent buffer: no alignment specialization (no recompiles).
+@triton.jit(do_not_specialize_on_alignment=["slot_ptr"])
 def _store_kv_kernel(
     k_ptr,
     v_ptr,

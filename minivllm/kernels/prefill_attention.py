@@ -14,47 +14,73 @@ import triton.language as tl
 from minivllm.kernels.checks import check_head_dim, check_kv_cache, check_same, check_tensor
 
 LOG2E = 1.4426950408889634
-# head_dim bound -> (BLOCK_M rows = query tokens * group, BLOCK_N, num_warps, num_stages)
-_CONFIGS = ((64, (128, 64, 4, 3)), (128, (128, 64, 8, 3)), (256, (64, 32, 8, 2)))
+# Below this many programs (about one wave of SMs on H100/H200) the few long causal tiles set
+# the time, so the launcher switches to the small config: shorter programs, more of them.
+MIN_PROGRAMS = 132
+# head_dim bound -> (large, small) configs, each (BLOCK_M rows = query tokens * group,
+# BLOCK_N, num_warps, num_stages). hd128 large: best of the H200 sweep (bench_kernels.py).
+_CONFIGS = (
+    (64, ((128, 64, 4, 3), (64, 64, 4, 3))),
+    (128, ((128, 128, 8, 2), (64, 64, 4, 3))),
+    (256, ((64, 32, 8, 2), (32, 32, 4, 2))),
+)
 
 
-def prefill_config(head_dim: int) -> tuple[int, int, int, int]:
-    for bound, cfg in _CONFIGS:
+def prefill_config(
+    head_dim: int, num_rows: int, group: int, num_kv_heads: int
+) -> tuple[int, int, int, int]:
+    """The (block_m, block_n, num_warps, num_stages) the launcher uses for this batch shape."""
+    for bound, (large, small) in _CONFIGS:
         if head_dim <= bound:
-            return cfg
+            num_programs = triton.cdiv(num_rows * group, large[0]) * num_kv_heads
+            return large if num_programs >= MIN_PROGRAMS else small
     raise ValueError(f"head_dim {head_dim} > 256 is not supported")
 
 
 @triton.jit
-def _attend_tile(
-    acc, m_i, l_i, q, q_pos, n0, kv_end, block_table, cache_ptr, kv_head, scale_log2e,
-    v_cache_offset, offs_n, offs_d, d_mask,
-    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    MASKED: tl.constexpr,
-):  # fmt: skip
-    """One online-softmax step over keys [n0, n0 + BLOCK_N). MASKED: apply causal/end masks."""
+def _load_rows(ptrs, valid, offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+               MASKED: tl.constexpr):  # fmt: skip
+    """[BLOCK_N, BLOCK_D] K or V rows; unmasked (plain cp.async) when nothing can be out."""
+    if MASKED:
+        rows = tl.load(ptrs, mask=valid[:, None] & (offs_d < HEAD_DIM)[None, :], other=0.0)
+    elif HEAD_DIM == BLOCK_D:
+        rows = tl.load(ptrs)
+    else:
+        rows = tl.load(ptrs, mask=(offs_d < HEAD_DIM)[None, :], other=0.0)
+    return rows
+
+
+@triton.jit
+def _tile_block_ids(block_table, n0, offs_n, kv_end, BLOCK_SIZE: tl.constexpr):
+    """[BLOCK_N] cache block of each key position n0 + offs_n (0 past kv_end)."""
     pos = n0 + offs_n
-    if MASKED:
-        valid = pos < kv_end
-        block_ids = tl.load(block_table + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
-    else:
-        block_ids = tl.load(block_table + pos // BLOCK_SIZE).to(tl.int64)
-    slots = block_ids * BLOCK_SIZE + pos % BLOCK_SIZE
-    rows = cache_ptr + slots[:, None] * (NUM_KV_HEADS * HEAD_DIM) + kv_head * HEAD_DIM
-    if MASKED:
-        kv_mask = valid[:, None] & d_mask[None, :]
-    else:
-        kv_mask = d_mask[None, :]
-    k = tl.load(rows + offs_d[None, :], mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
-    s = tl.dot(q, tl.trans(k)) * scale_log2e  # [BLOCK_M, BLOCK_N]
+    return tl.load(block_table + pos // BLOCK_SIZE, mask=pos < kv_end, other=0)
+
+
+@triton.jit
+def _attend_tile(
+    acc, m_i, l_i, q, q_pos, n0, kv_end, block_ids, k_base, v_base, scale_log2e,
+    offs_n, offs_d,
+    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, MASKED: tl.constexpr,
+):  # fmt: skip
+    """One online-softmax step over keys [n0, n0 + BLOCK_N), whose cache blocks are block_ids.
+    MASKED: apply causal/end masks."""
+    pos = n0 + offs_n
+    valid = pos < kv_end
+    slots = block_ids.to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE
+    offs = slots[:, None] * (NUM_KV_HEADS * HEAD_DIM) + offs_d[None, :]  # [BLOCK_N, BLOCK_D]
+    k = _load_rows(k_base + offs, valid, offs_d, HEAD_DIM, BLOCK_D, MASKED)
+    s = tl.dot(q, tl.trans(k))  # [BLOCK_M, BLOCK_N], unscaled
     if MASKED:
         visible = (pos[None, :] <= q_pos[:, None]) & valid[None, :]
         s = tl.where(visible, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
+    # scale > 0 commutes with max, so scaling costs one FMA per score (with the subtraction).
+    m_new = tl.maximum(m_i, tl.max(s, 1) * scale_log2e)
+    p = tl.exp2(s * scale_log2e - m_new[:, None])
     alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    v = tl.load(rows + v_cache_offset + offs_d[None, :], mask=kv_mask, other=0.0)
+    v = _load_rows(v_base + offs, valid, offs_d, HEAD_DIM, BLOCK_D, MASKED)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
     return acc, m_new, l_i
 
@@ -76,7 +102,12 @@ def _find_tile(query_start_loc_ptr, num_seqs, start_row, tile_id, BLOCK_Q: tl.co
     return lo, q_start, tile
 
 
-@triton.jit
+# Batch-dependent integers and slices (metadata after the decode rows) must not be
+# specialized on value or alignment, or every new batch shape would trigger a JIT compile.
+@triton.jit(
+    do_not_specialize=["num_seqs", "start_row", "stride_bt"],
+    do_not_specialize_on_alignment=["block_table_ptr", "seq_lens_ptr", "query_start_loc_ptr"],
+)
 def _prefill_kernel(
     q_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, query_start_loc_ptr, out_ptr,
     scale_log2e, num_seqs, start_row,
@@ -85,12 +116,14 @@ def _prefill_kernel(
     BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
-    """Grid (cdiv(num_rows, BLOCK_Q) + num_seqs, num_kv_heads). A program owns BLOCK_Q query
-    tokens of one request times the GROUP heads of one kv head (row r: token r // GROUP,
+    """Grid ((cdiv(num_rows, BLOCK_Q) + num_seqs) * num_kv_heads,). A program owns BLOCK_Q
+    query tokens of one request times the GROUP heads of one kv head (row r: token r // GROUP,
     head r % GROUP); programs past a request's last tile exit at once."""
-    # Later tiles see more keys: start them first for a shorter tail.
-    tile_id = tl.num_programs(0) - 1 - tl.program_id(0)
-    kv_head = tl.program_id(1)
+    # kv heads vary fastest and tiles run last-first, so the longest (latest causal) tiles of
+    # every head start in the first wave: near longest-first scheduling, a short tail.
+    pid = tl.program_id(0)
+    kv_head = pid % NUM_KV_HEADS
+    tile_id = tl.num_programs(0) // NUM_KV_HEADS - 1 - pid // NUM_KV_HEADS
     seq, q_start, tile = _find_tile(query_start_loc_ptr, num_seqs, start_row, tile_id, BLOCK_Q)
     query_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
     t0 = tile * BLOCK_Q
@@ -102,13 +135,12 @@ def _prefill_kernel(
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    d_mask = offs_d < HEAD_DIM
     tok = t0 + offs_m // GROUP
     heads = kv_head * GROUP + offs_m % GROUP
     m_mask = (tok < query_len) & (offs_m < BLOCK_Q * GROUP)
     q_pos = ctx_start + tok
     rows = (q_start + tok).to(tl.int64)
-    io_mask = m_mask[:, None] & d_mask[None, :]
+    io_mask = m_mask[:, None] & (offs_d < HEAD_DIM)[None, :]
     q = tl.load(
         q_ptr + rows[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
         mask=io_mask,
@@ -119,26 +151,35 @@ def _prefill_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     block_table = block_table_ptr + seq.to(tl.int64) * stride_bt
+    k_base = cache_ptr + kv_head * HEAD_DIM
+    v_base = k_base + v_cache_offset
     # Keys < first query position + 1 are visible to every row: no masks there.
     kv_end = ctx_start + tl.minimum(t0 + BLOCK_Q, query_len)
     full_end = (ctx_start + t0 + 1) // BLOCK_N * BLOCK_N
+    # Block ids are loaded one tile ahead, so the K/V addresses of a tile never wait on a
+    # load issued in the same iteration and the K/V loads can be pipelined deeper.
+    block_ids = _tile_block_ids(block_table, 0, offs_n, kv_end, BLOCK_SIZE)
     for n0 in range(0, full_end, BLOCK_N):
+        next_ids = _tile_block_ids(block_table, n0 + BLOCK_N, offs_n, kv_end, BLOCK_SIZE)
         acc, m_i, l_i = _attend_tile(
-            acc, m_i, l_i, q, q_pos, n0, kv_end, block_table, cache_ptr, kv_head, scale_log2e,
-            v_cache_offset, offs_n, offs_d, d_mask, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, False,
+            acc, m_i, l_i, q, q_pos, n0, kv_end, block_ids, k_base, v_base, scale_log2e,
+            offs_n, offs_d, NUM_KV_HEADS, HEAD_DIM, BLOCK_D, BLOCK_SIZE, False,
         )  # fmt: skip
+        block_ids = next_ids
     for n0 in range(full_end, kv_end, BLOCK_N):
+        next_ids = _tile_block_ids(block_table, n0 + BLOCK_N, offs_n, kv_end, BLOCK_SIZE)
         acc, m_i, l_i = _attend_tile(
-            acc, m_i, l_i, q, q_pos, n0, kv_end, block_table, cache_ptr, kv_head, scale_log2e,
-            v_cache_offset, offs_n, offs_d, d_mask, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, True,
+            acc, m_i, l_i, q, q_pos, n0, kv_end, block_ids, k_base, v_base, scale_log2e,
+            offs_n, offs_d, NUM_KV_HEADS, HEAD_DIM, BLOCK_D, BLOCK_SIZE, True,
         )  # fmt: skip
+        block_ids = next_ids
 
     o = acc / l_i[:, None]
     dst = out_ptr + rows[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
     tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=io_mask)
 
 
-def _check_inputs(q, kv_cache, query_start_loc, seq_lens, block_tables, out) -> None:
+def _check_inputs(q, kv_cache, query_start_loc, seq_lens, block_tables, scale, out) -> None:
     check_tensor("q", q, 3)
     check_kv_cache(kv_cache)
     check_tensor("query_start_loc", query_start_loc, 1, (torch.int32,))
@@ -155,6 +196,8 @@ def _check_inputs(q, kv_cache, query_start_loc, seq_lens, block_tables, out) -> 
     check_same("block_tables rows", block_tables.shape[0], "num_seqs", seq_lens.shape[0])
     if q.shape[1] % kv_cache.shape[3]:
         raise ValueError(f"num_heads {q.shape[1]} must be a multiple of {kv_cache.shape[3]}")
+    if not scale > 0:
+        raise ValueError(f"scale must be > 0 (it is folded into the softmax max), got {scale}")
 
 
 def prefill_attention(
@@ -178,10 +221,11 @@ def prefill_attention(
     before it belong to someone else, e.g. decodes). seq_lens: [num_seqs] int32 contexts incl.
     the new tokens; query j of request i sits at position seq_lens[i] - query_len_i + j.
     block_tables: [num_seqs, max_num_blocks] int32. kv_cache: [2, num_blocks, block_size,
-    num_kv_heads, head_dim], block_size any power of two. block_m, block_n (powers of two
-    >= 16; tests use small ones), num_warps and num_stages override the per-head_dim config.
+    num_kv_heads, head_dim], block_size any power of two. scale > 0. block_m, block_n (powers
+    of two >= 16; tests use small ones), num_warps and num_stages override `prefill_config`.
+    No host syncs.
     """
-    _check_inputs(q, kv_cache, query_start_loc, seq_lens, block_tables, out)
+    _check_inputs(q, kv_cache, query_start_loc, seq_lens, block_tables, scale, out)
     num_seqs = seq_lens.shape[0]
     num_rows = q.shape[0] - start_row
     if num_seqs == 0 or num_rows <= 0:
@@ -189,16 +233,14 @@ def prefill_attention(
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = kv_cache.shape[3]
     group = num_heads // num_kv_heads
-    cfg_m, cfg_n, cfg_warps, cfg_stages = prefill_config(head_dim)
+    cfg_m, cfg_n, cfg_warps, cfg_stages = prefill_config(head_dim, num_rows, group, num_kv_heads)
     block_m = max(block_m or cfg_m, triton.next_power_of_2(group))
     block_n = block_n or cfg_n
-    num_warps = num_warps or cfg_warps
-    num_stages = num_stages or cfg_stages
     for name, val in (("block_m", block_m), ("block_n", block_n)):
         if val < 16 or val & (val - 1):
             raise ValueError(f"{name} must be a power of two >= 16, got {val}")
     block_q = block_m // group
-    grid = (triton.cdiv(num_rows, block_q) + num_seqs, num_kv_heads)
+    grid = ((triton.cdiv(num_rows, block_q) + num_seqs) * num_kv_heads,)
     _prefill_kernel[grid](
         q, kv_cache, block_tables, seq_lens, query_start_loc, out,
         scale * LOG2E, num_seqs, start_row,
@@ -206,6 +248,7 @@ def prefill_attention(
         kv_cache[0].numel(),
         NUM_KV_HEADS=num_kv_heads, GROUP=group, HEAD_DIM=head_dim,
         BLOCK_SIZE=kv_cache.shape[2], BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_D=triton.next_power_of_2(head_dim), num_warps=num_warps, num_stages=num_stages,
+        BLOCK_D=triton.next_power_of_2(head_dim),
+        num_warps=num_warps or cfg_warps, num_stages=num_stages or cfg_stages,
     )  # fmt: skip
     return out

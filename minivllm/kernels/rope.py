@@ -37,7 +37,8 @@ def _rope_heads(
     tl.store(p1 + HALF, o2.to(dtype), mask=mask)
 
 
-@triton.jit
+# positions may be a slice of a persistent buffer: no alignment specialization (no recompiles).
+@triton.jit(do_not_specialize_on_alignment=["positions_ptr"])
 def _rope_kernel(
     q_ptr, k_ptr, positions_ptr, cos_sin_ptr, q_w_ptr, k_w_ptr, eps,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_cs,

@@ -36,14 +36,28 @@ def fake_run(sched_out: SchedulerOutput, token_id: int = 7) -> RunnerOutput:
     return RunnerOutput(req_ids=req_ids, sampled_token_ids=[token_id] * len(req_ids))
 
 
+# The runner's view of each request's block table, rebuilt from the chunks' new blocks.
+_TABLES: dict[str, list[int]] = {}
+
+
+def track_block_tables(sched_out: SchedulerOutput) -> None:
+    """Sets chunk.block_ids to the request's whole block table, as the runner sees it."""
+    for c in sched_out.chunks:
+        table = _TABLES.get(c.req_id, [])[: c.num_prior_blocks] + c.new_block_ids
+        _TABLES[c.req_id] = table
+        c.block_ids = table
+
+
 def step(scheduler: Scheduler, token_id: int = 7):
     sched_out = scheduler.schedule()
+    track_block_tables(sched_out)
     outputs = scheduler.update(sched_out, fake_run(sched_out, token_id))
     return sched_out, outputs
 
 
 def summary(sched_out: SchedulerOutput) -> list[tuple]:
     """(req_id, num tokens, num_computed_tokens, block_ids, sample) per chunk."""
+    track_block_tables(sched_out)  # idempotent
     return [
         (c.req_id, len(c.token_ids), c.num_computed_tokens, c.block_ids, c.sample)
         for c in sched_out.chunks
@@ -310,6 +324,7 @@ class KVCheckingRunner:
         self.token_mode = token_mode
 
     def execute(self, sched_out: SchedulerOutput) -> RunnerOutput:
+        track_block_tables(sched_out)
         for chunk in sched_out.chunks:
             for j, token_id in enumerate(chunk.token_ids):
                 self.kv[slot(chunk.block_ids, chunk.num_computed_tokens + j)] = token_id
@@ -334,6 +349,7 @@ def next_token(context: list[int]) -> int:
 
 
 def check_step_invariants(scheduler: Scheduler, sched_out: SchedulerOutput) -> None:
+    track_block_tables(sched_out)
     assert sched_out.num_tokens <= scheduler.max_num_batched_tokens
     assert len(sched_out.chunks) <= scheduler.max_num_seqs
     for i, chunk in enumerate(sched_out.chunks):

@@ -45,8 +45,10 @@ def test_prefix_caching_hits_and_agrees(tiny_qwen3_dir: str, reference) -> None:
         {"num_gpu_blocks_override": 20},  # preemption by recompute
         {"max_num_seqs": 1},
         {"max_num_batched_tokens": 7, "num_gpu_blocks_override": 18, "max_num_seqs": 3},
+        {"async_scheduling": False},
+        {"async_scheduling": False, "max_num_batched_tokens": 7, "num_gpu_blocks_override": 18},
     ],
-    ids=["chunked", "preempt", "one-seat", "all"],
+    ids=["chunked", "preempt", "one-seat", "all", "sync", "sync-all"],
 )
 def test_schedules_agree(tiny_qwen3_dir: str, reference, options) -> None:
     tokens, _ = run(tiny_qwen3_dir, **options)

@@ -7,7 +7,7 @@ import pytest
 import torch
 from paged_case import DEVICE, make_paged_case, ref_attention, tolerance
 
-from minivllm.kernels.prefill_attention import prefill_attention
+from minivllm.kernels.prefill_attention import MIN_PROGRAMS, prefill_attention, prefill_config
 
 
 def _run(seq_lens, query_lens, num_heads, num_kv_heads, head_dim, block_size, dtype,
@@ -63,6 +63,21 @@ def test_prefill_odd_group_and_head_dim():
     _run([18, 5], [18, 2], 6, 2, 80, 16, torch.float32)
 
 
+@pytest.mark.parametrize("head_dim", [64, 80])
+def test_prefill_default_config(head_dim):
+    # No overrides: the small-batch config from the table, masked (80) and unmasked (64) dims.
+    _run([70, 40, 5], [70, 24, 5], 4, 2, head_dim, 16, torch.float16, block_m=None, block_n=None)
+
+
+def test_prefill_config_switches_to_small_tiles_for_small_batches():
+    large = prefill_config(128, 4096, 2, 8)  # 64 tiles of 64 tokens x 8 kv heads
+    small = prefill_config(128, 1000, 2, 8)  # 16 tiles x 8 kv heads: less than one wave
+    assert (4096 * 2 // large[0]) * 8 >= MIN_PROGRAMS > (1000 * 2 // large[0]) * 8
+    assert small[0] < large[0]
+    with pytest.raises(ValueError, match="head_dim"):
+        prefill_config(512, 16, 1, 1)
+
+
 def test_prefill_rejects_bad_input():
     case = make_paged_case([5], 2, 64, 16, torch.float32)
     q = torch.randn(5, 4, 64, device=DEVICE)
@@ -74,6 +89,8 @@ def test_prefill_rejects_bad_input():
         prefill_attention(q, *args, block_n=24)
     with pytest.raises(ValueError, match="out.shape"):
         prefill_attention(q, *args[:-1], torch.empty_like(q[:4]))
+    with pytest.raises(ValueError, match="scale"):
+        prefill_attention(q, *args[:4], 0.0, args[5])
 
 
 @pytest.mark.gpu

@@ -1,0 +1,45 @@
+"""Kernel arguments that change from step to step are excluded from Triton's value/alignment
+specialization, so a new batch shape never triggers a JIT compile mid-run."""
+
+from __future__ import annotations
+
+import pytest
+
+from minivllm.kernels import decode_attention, kv_store, prefill_attention, rope
+
+
+def _option(kernel, name: str) -> list[str]:
+    # JITFunction keeps the lists as attributes, the interpreter's InterpretedFunction in kwargs.
+    value = getattr(kernel, name, None)
+    if value is None:
+        value = getattr(kernel, "kwargs", {}).get(name)
+    return list(value or [])
+
+
+# kernel -> (batch-dependent integers, batch-dependent pointers that may be slices)
+VARYING = {
+    prefill_attention._prefill_kernel: (
+        {"num_seqs", "start_row", "stride_bt"},
+        {"block_table_ptr", "seq_lens_ptr", "query_start_loc_ptr"},
+    ),
+    decode_attention._decode_kernel: (
+        {"num_splits", "stride_bt"},
+        {"block_table_ptr", "seq_lens_ptr"},
+    ),
+    decode_attention._reduce_kernel: ({"num_splits"}, set()),
+    kv_store._store_kv_kernel: (set(), {"slot_ptr"}),
+    rope._rope_kernel: (set(), {"positions_ptr"}),
+}
+
+
+@pytest.mark.parametrize("kernel", list(VARYING), ids=lambda k: k.fn.__name__)
+def test_batch_dependent_args_are_not_specialized(kernel):
+    ints, ptrs = VARYING[kernel]
+    no_value = set(_option(kernel, "do_not_specialize"))
+    no_align = set(_option(kernel, "do_not_specialize_on_alignment"))
+    # Triton silently ignores a misspelled name, so every listed name must be a parameter.
+    assert no_value | no_align <= set(kernel.arg_names)
+    assert ints <= no_value
+    assert ptrs <= no_align | no_value
+    # Model constants stay specialized: the V offset's divisibility lets V loads vectorize.
+    assert "v_cache_offset" not in no_value
