@@ -15,5 +15,8 @@ else
   for args in "" "--no-async-scheduling" "--enforce-eager"; do
     timeout 240 python3 benchmarks/bench_throughput.py $args 2>&1 | tee -a "$OUT/throughput.log" | grep -E "^\{|Error|error|memory profile|KV cache" | tail -8
   done
+  for args in "" "--no-async-scheduling"; do
+    timeout 150 python3 benchmarks/profile_decode.py $args 2>&1 | tee -a "$OUT/profile.log" | grep -E "^\{|Error|error" | tail -4
+  done
   timeout 120 python3 benchmarks/bench_latency.py 2>&1 | tee -a "$OUT/latency.log" | grep -E "^\{|Error|error" | tail -5
 fi

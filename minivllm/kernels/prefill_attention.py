@@ -18,11 +18,13 @@ LOG2E = 1.4426950408889634
 # the time, so the launcher switches to the small config: shorter programs, more of them.
 MIN_PROGRAMS = 132
 # head_dim bound -> (large, small) configs, each (BLOCK_M rows = query tokens * group,
-# BLOCK_N, num_warps, num_stages). hd128 large: best of the H200 sweep (bench_kernels.py).
+# BLOCK_N, num_warps, num_stages). num_stages >= 3 keeps two K/V tiles in flight (loads of a
+# tile wait on nothing issued in its own iteration); 2 leaves the load latency exposed.
+# hd128: (128, 128, 8, 3) needs 224 KB of shared memory, at the limit: see bench_kernels.py.
 _CONFIGS = (
     (64, ((128, 64, 4, 3), (64, 64, 4, 3))),
-    (128, ((128, 128, 8, 2), (64, 64, 4, 3))),
-    (256, ((64, 32, 8, 2), (32, 32, 4, 2))),
+    (128, ((128, 64, 8, 3), (64, 64, 4, 3))),
+    (256, ((64, 32, 8, 2), (64, 32, 8, 2))),
 )
 
 
@@ -77,7 +79,7 @@ def _attend_tile(
         s = tl.where(visible, s, float("-inf"))
     # scale > 0 commutes with max, so scaling costs one FMA per score (with the subtraction).
     m_new = tl.maximum(m_i, tl.max(s, 1) * scale_log2e)
-    p = tl.exp2(s * scale_log2e - m_new[:, None])
+    p = tl.exp2(tl.fma(s, scale_log2e, -m_new[:, None]))
     alpha = tl.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, 1)
     v = _load_rows(v_base + offs, valid, offs_d, HEAD_DIM, BLOCK_D, MASKED)

@@ -1,0 +1,79 @@
+"""Where a decode step's time goes: wall time per step against GPU kernel time per step, and
+the kernels that take it (torch.profiler). 256 sequences at ~1,000 tokens of context, dummy
+Qwen3-0.6B weights. Prints one JSON line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from collections import defaultdict
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import make_dummy_model_dir  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model-name", default="qwen3-0.6b")
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--context", type=int, default=1000)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--no-async-scheduling", action="store_true")
+    args = parser.parse_args()
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from minivllm import LLM, SamplingParams
+
+    model_dir = make_dummy_model_dir(
+        args.model_name, os.path.join(tempfile.gettempdir(), f"minivllm-dummy-{args.model_name}")
+    )
+    llm = LLM(model_dir, load_format="dummy", max_model_len=4096,
+              async_scheduling=not args.no_async_scheduling)
+    engine = llm.engine
+    params = SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=10_000 // 4)
+    for i in range(args.batch):
+        prompt = [(i * 7919 + j) % 10000 for j in range(args.context)]
+        engine.add_request(f"p{i}", prompt, params)
+    while len(engine.scheduler.running) < args.batch or any(
+        r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.running
+    ):
+        engine.step()
+    for _ in range(10):
+        engine.step()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(args.steps):
+            engine.step()
+        torch.cuda.synchronize()
+    wall = (time.perf_counter() - start) / args.steps
+    kernels: dict[str, float] = defaultdict(float)
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            kernels[event.name[:60]] += event.device_time / 1e3 / args.steps
+    gpu_ms = sum(kernels.values())
+    top = sorted(kernels.items(), key=lambda kv: -kv[1])[:15]
+    print(json.dumps({"bench": "profile_decode", "batch": args.batch, "context": args.context,
+                      "async_scheduling": not args.no_async_scheduling,
+                      "wall_ms_per_step_profiled": round(wall * 1e3, 3),
+                      "gpu_kernel_ms_per_step": round(gpu_ms, 3),
+                      "top_kernels_ms_per_step": {k: round(v, 3) for k, v in top}}), flush=True)
+    # Unprofiled wall time per step, for the fixed cost (step time minus kernel time).
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(args.steps):
+        engine.step()
+    torch.cuda.synchronize()
+    wall = (time.perf_counter() - start) / args.steps
+    print(json.dumps({"bench": "decode_step", "wall_ms_per_step": round(wall * 1e3, 3),
+                      "fixed_ms_per_step": round(wall * 1e3 - gpu_ms, 3)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
