@@ -38,11 +38,12 @@ def choose_num_splits(
     return max(1, min(max_splits, by_occupancy, by_length))
 
 
-# num_splits and the block table's row stride change with the batch: no value/alignment
-# specialization for them (or for the metadata pointers, which may be slices), so a new batch
-# shape never triggers a JIT compile.
+# The block table's row stride changes with the batch: no value/alignment specialization for
+# it (or for the metadata pointers, which may be slices), so a new batch shape never triggers
+# a JIT compile. num_splits stays specialized: it takes at most MAX_SPLITS values, and
+# specializing it measured faster for small split batches (b4 ctx8000: 0.052 vs 0.074 ms).
 @triton.jit(
-    do_not_specialize=["num_splits", "stride_bt"],
+    do_not_specialize=["stride_bt"],
     do_not_specialize_on_alignment=["block_table_ptr", "seq_lens_ptr"],
 )
 def _decode_kernel(
@@ -136,7 +137,7 @@ def _decode_kernel(
         tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
-@triton.jit(do_not_specialize=["num_splits"])
+@triton.jit
 def _reduce_kernel(
     mid_o_ptr,
     mid_lse_ptr,
@@ -270,7 +271,7 @@ def decode_attention(
         _reduce_kernel[(num_seqs, num_heads)](
             mid_o, mid_lse, out, num_splits,
             *mo_strides, *ml_strides, out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, BLOCK_S=max(MAX_SPLITS, triton.next_power_of_2(num_splits)),
+            HEAD_DIM=head_dim, BLOCK_S=triton.next_power_of_2(num_splits),
             BLOCK_D=triton.next_power_of_2(head_dim), num_warps=4,
         )  # fmt: skip
     return out

@@ -10,7 +10,11 @@ import random
 import pytest
 import torch
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
+
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> str:
@@ -49,46 +53,67 @@ def test_engine_matches_hf(model_dir: str) -> None:
     for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).cuda()
         with torch.no_grad():
-            top1[name] = [hf(torch.tensor([p], device="cuda")).logits[0, :-1].argmax(-1).tolist()
-                          for p in teacher]
+            top1[name] = [
+                hf(torch.tensor([p], device="cuda")).logits[0, :-1].argmax(-1).tolist()
+                for p in teacher
+            ]
             if name == "bf16":
                 hf_greedy = [
-                    hf.generate(torch.tensor([p], device="cuda"), max_new_tokens=64, do_sample=False,
-                                min_new_tokens=64)[0, len(p):].tolist()
+                    hf.generate(
+                        torch.tensor([p], device="cuda"),
+                        max_new_tokens=64,
+                        do_sample=False,
+                        min_new_tokens=64,
+                    )[0, len(p) :].tolist()
                     for p in greedy_prompts
                 ]
         del hf
         torch.cuda.empty_cache()
 
     llm = LLM(model_dir, dtype="bfloat16", gpu_memory_utilization=0.5, max_model_len=4096)
-    assert llm.engine.executor.runner.attn_backend.name == "triton"
-    outs = llm.generate([{"prompt_token_ids": p} for p in teacher],
-                        SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1), use_tqdm=False)
-    ours = [[next(t for t, lp in entry.items() if lp.rank == 1) for entry in out.prompt_logprobs[1:]]
-            for out in outs]
+    try:
+        assert llm.engine.executor.runner.attn_backend.name == "triton"
+        outs = llm.generate(
+            [{"prompt_token_ids": p} for p in teacher],
+            SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1),
+            use_tqdm=False,
+        )
+        ours = [
+            [
+                next(t for t, lp in entry.items() if lp.rank == 1)
+                for entry in out.prompt_logprobs[1:]
+            ]
+            for out in outs
+        ]
 
-    def agreement(a: list[list[int]], b: list[list[int]]) -> float:
-        pairs = [(x, y) for ra, rb in zip(a, b) for x, y in zip(ra, rb)]
-        return sum(x == y for x, y in pairs) / len(pairs)
+        def agreement(a: list[list[int]], b: list[list[int]]) -> float:
+            pairs = [(x, y) for ra, rb in zip(a, b) for x, y in zip(ra, rb)]
+            return sum(x == y for x, y in pairs) / len(pairs)
 
-    gen = llm.generate([{"prompt_token_ids": p} for p in greedy_prompts],
-                       SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True), use_tqdm=False)
-    prefix = []
-    for out, ref in zip(gen, hf_greedy):
-        ours = out.outputs[0].token_ids
-        n = next((i for i, (a, b) in enumerate(zip(ours, ref)) if a != b), len(ref))
-        prefix.append(n / len(ref))
-    figures = {"top1_ours_vs_hf_bf16": round(agreement(ours, top1["bf16"]), 4),
-               "top1_ours_vs_hf_fp32": round(agreement(ours, top1["fp32"]), 4),
-               "top1_hf_bf16_vs_hf_fp32": round(agreement(top1["bf16"], top1["fp32"]), 4),
-               "positions": sum(map(len, ours)),
-               "greedy_common_prefix_fraction": [round(x, 3) for x in prefix],
-               "mean_greedy_prefix": round(sum(prefix) / len(prefix), 3)}
-    print("GPU-PARITY", json.dumps(figures))
-    llm.shutdown()
-    del llm, outs, gen
-    gc.collect()
-    torch.cuda.empty_cache()
+        gen = llm.generate(
+            [{"prompt_token_ids": p} for p in greedy_prompts],
+            SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True),
+            use_tqdm=False,
+        )
+        prefix = []
+        for out, ref in zip(gen, hf_greedy):
+            tokens = out.outputs[0].token_ids
+            n = next((i for i, (a, b) in enumerate(zip(tokens, ref)) if a != b), len(ref))
+            prefix.append(n / len(ref))
+        figures = {
+            "top1_ours_vs_hf_bf16": round(agreement(ours, top1["bf16"]), 4),
+            "top1_ours_vs_hf_fp32": round(agreement(ours, top1["fp32"]), 4),
+            "top1_hf_bf16_vs_hf_fp32": round(agreement(top1["bf16"], top1["fp32"]), 4),
+            "positions": sum(map(len, ours)),
+            "greedy_common_prefix_fraction": [round(x, 3) for x in prefix],
+            "mean_greedy_prefix": round(sum(prefix) / len(prefix), 3),
+        }
+        print("GPU-PARITY", json.dumps(figures))
+    finally:
+        llm.shutdown()
+        del llm
+        gc.collect()
+        torch.cuda.empty_cache()
     assert figures["top1_ours_vs_hf_bf16"] >= 0.99
     assert sum(prefix) / len(prefix) >= 0.5
 
@@ -100,14 +125,22 @@ def test_cuda_graphs_equal_eager(model_dir: str) -> None:
     batch = [{"prompt_token_ids": p} for p in prompts(12, 100, seed=2)]
     results = {}
     for eager in (True, False):
-        llm = LLM(model_dir, dtype="bfloat16", gpu_memory_utilization=0.4, max_model_len=4096,
-                  enforce_eager=eager)
-        assert (llm.engine.executor.runner.graphs is None) == eager
-        results[eager] = [o.outputs[0].token_ids for o in llm.generate(batch, params, use_tqdm=False)]
-        llm.shutdown()
-        del llm
-        gc.collect()
-        torch.cuda.empty_cache()
+        llm = LLM(
+            model_dir,
+            dtype="bfloat16",
+            gpu_memory_utilization=0.3,
+            max_model_len=4096,
+            enforce_eager=eager,
+        )
+        try:
+            assert (llm.engine.executor.runner.graphs is None) == eager
+            outs = llm.generate(batch, params, use_tqdm=False)
+            results[eager] = [o.outputs[0].token_ids for o in outs]
+        finally:
+            llm.shutdown()
+            del llm
+            gc.collect()
+            torch.cuda.empty_cache()
     same = sum(a == b for a, b in zip(results[True], results[False]))
     print("GPU-GRAPHS", json.dumps({"sequences_equal": same, "of": len(batch)}))
     assert results[True] == results[False]

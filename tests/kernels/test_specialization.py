@@ -22,11 +22,8 @@ VARYING = {
         {"num_seqs", "start_row", "stride_bt"},
         {"block_table_ptr", "seq_lens_ptr", "query_start_loc_ptr"},
     ),
-    decode_attention._decode_kernel: (
-        {"num_splits", "stride_bt"},
-        {"block_table_ptr", "seq_lens_ptr"},
-    ),
-    decode_attention._reduce_kernel: ({"num_splits"}, set()),
+    # num_splits (at most MAX_SPLITS values) stays specialized on purpose.
+    decode_attention._decode_kernel: ({"stride_bt"}, {"block_table_ptr", "seq_lens_ptr"}),
     kv_store._store_kv_kernel: (set(), {"slot_ptr"}),
     rope._rope_kernel: (set(), {"positions_ptr"}),
 }
