@@ -5,41 +5,16 @@ from __future__ import annotations
 
 import gc
 import json
-import random
 
 import pytest
 import torch
+
+from tests.gpu.conftest import prompts  # noqa: F401  (shared with the TP test)
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
 ]
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> str:
-    """Random HF weights with Qwen3-0.6B's shape and a full-vocabulary tokenizer."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from benchmarks.common import make_dummy_model_dir
-
-    out = make_dummy_model_dir("qwen3-0.6b", str(tmp_path_factory.mktemp("qwen3-0.6b-random")))
-    cfg = AutoConfig.from_pretrained(out)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
-    # Default init makes next-token logits nearly flat (std ~0.6 over 151,936 tokens): the
-    # top two differ by less than bf16 rounding, so any two bf16 implementations disagree
-    # on ties. Larger embeddings (tied: also the LM head) sharpen them so agreement measures
-    # correctness rather than tie-breaking.
-    with torch.no_grad():
-        model.model.embed_tokens.weight.mul_(8.0)
-    model.save_pretrained(out)
-    return out
-
-
-def prompts(num: int, length: int, seed: int = 0) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randint(2, 150000) for _ in range(length - 13 * i)] for i in range(num)]
 
 
 def test_engine_matches_hf(model_dir: str) -> None:
@@ -114,7 +89,9 @@ def test_engine_matches_hf(model_dir: str) -> None:
         del llm
         gc.collect()
         torch.cuda.empty_cache()
-    assert figures["top1_ours_vs_hf_bf16"] >= 0.99
+    # Measured floor: HF bf16 itself agrees with HF fp32 on only ~97 % of positions of this
+    # random model (near-tied logits), so ours is held to that floor against the fp32 truth.
+    assert figures["top1_ours_vs_hf_fp32"] >= figures["top1_hf_bf16_vs_hf_fp32"] - 0.01
     assert sum(prefix) / len(prefix) >= 0.5
 
 

@@ -1,0 +1,111 @@
+"""Fused sampling for plain batches (greedy or temperature-only rows): one Gumbel-max pass.
+
+token = argmax_i(logits_i / T + g_i), g_i = -log(-log(u_i)), u_i = philox(seed, offset + i);
+greedy rows (T = 0) take argmax_i(logits_i). Two stages: vocab chunks in parallel, then a reduce.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from minivllm.kernels.checks import check_same, check_tensor
+
+DEFAULT_BLOCK = 8192
+# u in [U_MIN, U_MAX] keeps both logs finite; the clamp moves only 2**-31-wide tails.
+U_MIN = 1e-12
+U_MAX = 1.0 - 2.0**-24
+
+
+@triton.jit
+def _chunk_max_kernel(
+    logits_ptr, temperature_ptr, seeds_ptr, offsets_ptr, chunk_scores_ptr, chunk_ids_ptr,
+    stride_logits, vocab_size, num_chunks,
+    BLOCK: tl.constexpr, U_MIN: tl.constexpr, U_MAX: tl.constexpr,
+):  # fmt: skip
+    """Grid (num_rows, num_chunks): the best (score, token id) of one BLOCK-wide vocab chunk."""
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    ids = chunk * BLOCK + tl.arange(0, BLOCK)
+    mask = ids < vocab_size
+    x = tl.load(logits_ptr + row * stride_logits + ids, mask=mask, other=-float("inf"))
+    score = x.to(tl.float32)
+    temperature = tl.load(temperature_ptr + row)
+    if temperature > 0.0:
+        seed = tl.load(seeds_ptr + row)
+        # int64 counters: philox takes them as (low, high) 32-bit words, so offsets never wrap.
+        u = tl.rand(seed, tl.load(offsets_ptr + row) + ids)
+        u = tl.minimum(tl.maximum(u, U_MIN), U_MAX)
+        score = score / temperature - tl.log(-tl.log(u))
+    # Ties go to the lowest id, as torch.argmax; padding is -inf, so a real id always wins.
+    best, best_pos = tl.max(score, 0, return_indices=True, return_indices_tie_break_left=True)
+    tl.store(chunk_scores_ptr + row * num_chunks + chunk, best)
+    tl.store(chunk_ids_ptr + row * num_chunks + chunk, chunk * BLOCK + best_pos)
+
+
+@triton.jit
+def _reduce_kernel(
+    chunk_scores_ptr, chunk_ids_ptr, out_ptr, num_chunks, CHUNKS: tl.constexpr
+):  # fmt: skip
+    """Grid (num_rows,): the best of a row's num_chunks candidates (CHUNKS >= num_chunks)."""
+    row = tl.program_id(0).to(tl.int64)
+    chunks = tl.arange(0, CHUNKS)
+    scores = tl.load(
+        chunk_scores_ptr + row * num_chunks + chunks, mask=chunks < num_chunks, other=-float("inf")
+    )
+    # Chunks hold increasing ids, so the leftmost best chunk holds the lowest best id.
+    _, best_chunk = tl.max(scores, 0, return_indices=True, return_indices_tie_break_left=True)
+    token_id = tl.load(chunk_ids_ptr + row * num_chunks + best_chunk)
+    tl.store(out_ptr + row, token_id.to(tl.int64))
+
+
+def sample_plain(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    seeds: torch.Tensor,
+    offsets: torch.Tensor,
+    out: torch.Tensor | None = None,
+    block: int = DEFAULT_BLOCK,
+) -> torch.Tensor:
+    """Samples one token id per row of logits; returns out [num_rows] int64.
+
+    logits: [num_rows, vocab_size] fp32/fp16/bf16 (last dim contiguous); temperature: [num_rows]
+    fp32 (0 = greedy: argmax, lowest id on ties); seeds, offsets: [num_rows] int64. A random
+    row draws u_i = philox(seeds[row], offsets[row] + i) for i < vocab_size, so its token depends
+    only on (logits row, temperature, seed, offset): never on the row index or the batch. The
+    caller keeps the ranges [offset, offset + vocab_size) of rows sharing a seed disjoint.
+    Grids: (num_rows, cdiv(vocab_size, block)) over vocab chunks, then (num_rows,); no host sync.
+    """
+    check_tensor("logits", logits, 2)
+    check_tensor("temperature", temperature, 1, (torch.float32,))
+    check_tensor("seeds", seeds, 1, (torch.int64,))
+    check_tensor("offsets", offsets, 1, (torch.int64,))
+    num_rows, vocab_size = logits.shape
+    for name, t in (("temperature", temperature), ("seeds", seeds), ("offsets", offsets)):
+        check_same(f"{name}.shape[0]", t.shape[0], "num_rows", num_rows)
+        check_same(f"{name}.device", t.device, "logits.device", logits.device)
+    if out is None:
+        out = torch.empty(num_rows, dtype=torch.int64, device=logits.device)
+    check_tensor("out", out, 1, (torch.int64,))
+    check_same("out.shape[0]", out.shape[0], "num_rows", num_rows)
+    if block < 16 or block & (block - 1):
+        raise ValueError(f"block must be a power of two >= 16, got {block}")
+    if num_rows == 0 or vocab_size == 0:
+        if vocab_size == 0 and num_rows:
+            raise ValueError("logits has an empty vocab dim; there is nothing to sample")
+        return out
+    block = min(block, max(triton.next_power_of_2(vocab_size), 16))
+    num_chunks = triton.cdiv(vocab_size, block)
+    chunk_scores = torch.empty(num_rows, num_chunks, dtype=torch.float32, device=logits.device)
+    chunk_ids = torch.empty(num_rows, num_chunks, dtype=torch.int32, device=logits.device)
+    _chunk_max_kernel[(num_rows, num_chunks)](
+        logits, temperature, seeds, offsets, chunk_scores, chunk_ids,
+        logits.stride(0), vocab_size, num_chunks,
+        BLOCK=block, U_MIN=U_MIN, U_MAX=U_MAX, num_warps=min(max(block // 512, 1), 8),
+    )  # fmt: skip
+    _reduce_kernel[(num_rows,)](
+        chunk_scores, chunk_ids, out, num_chunks,
+        CHUNKS=max(triton.next_power_of_2(num_chunks), 2), num_warps=1,
+    )  # fmt: skip
+    return out
