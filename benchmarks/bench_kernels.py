@@ -1,4 +1,4 @@
-"""Kernel benchmarks on one GPU: decode and prefill attention over the paged cache, fused ops.
+"""Kernel benchmarks on one GPU: paged decode and prefill attention, fused ops, sampling.
 
 Prints one JSON line per case: time, achieved TB/s or TFLOP/s, and the ratio to a torch
 reference timed in the same run (speedup = reference time / kernel time). A failing case
@@ -8,6 +8,7 @@ prints an error line and the run goes on. Usage: python benchmarks/bench_kernels
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import traceback
 
@@ -15,10 +16,14 @@ import torch
 import torch.nn.functional as F
 import triton
 
+from minivllm.engine.sampling_state import SamplingState
+from minivllm.engine.types import NewRequestData
 from minivllm.kernels.activation import silu_and_mul
 from minivllm.kernels.decode_attention import MAX_SPLITS, choose_num_splits, decode_attention
 from minivllm.kernels.prefill_attention import prefill_attention, prefill_config
 from minivllm.kernels.rmsnorm import rms_norm
+from minivllm.layers.sampler import Sampler
+from minivllm.sampling_params import SamplingParams
 
 BLOCK_SIZE = 16
 DTYPE = torch.bfloat16
@@ -194,11 +199,49 @@ def fused_ops_case(num_tokens: int, hidden: int, inter: int, quick: bool) -> dic
     }
 
 
+def sample_plain_case(batch: int, vocab_size: int, quick: bool) -> dict:
+    """The fused plain sampler vs the torch path (same metadata marked non-plain), through
+    Sampler as the runner calls it: temperature 0.8 rows, and all-greedy rows."""
+    logits = torch.randn(batch, vocab_size, device="cuda", dtype=DTYPE) * 3
+    sampler = Sampler()
+    result = {"kernel": "sample_plain", "batch": batch, "vocab_size": vocab_size}
+    for name, temperature in (("random", 0.8), ("greedy", 0.0)):
+        state = SamplingState("cuda")
+        req_ids = [f"r{i}" for i in range(batch)]
+        for req_id in req_ids:
+            params = SamplingParams(temperature=temperature)
+            state.add_request(NewRequestData(req_id, [0], params))
+        meta = state.build_metadata(req_ids)
+        assert meta.is_plain
+        torch_meta = dataclasses.replace(meta, is_plain=False)
+        ms = bench(lambda m=meta: sampler(logits, m), quick)
+        ref_ms = bench(lambda m=torch_meta: sampler(logits, m), quick)
+        tokens = sampler(logits, meta).sampled_token_ids
+        if temperature == 0.0:
+            result["greedy_equal"] = bool(torch.equal(tokens, logits.argmax(-1)))
+        else:
+            # Fraction of rows that sampled their argmax: the same on both paths in expectation.
+            ref_tokens = sampler(logits, torch_meta).sampled_token_ids
+            argmax = logits.argmax(-1)
+            result["argmax_rate"] = round((tokens == argmax).float().mean().item(), 3)
+            result["ref_argmax_rate"] = round((ref_tokens == argmax).float().mean().item(), 3)
+        result |= {
+            f"{name}_ms": round(ms, 4),
+            f"{name}_ref_ms": round(ref_ms, 4),
+            f"{name}_speedup_vs_ref": round(ref_ms / ms, 3),
+        }
+    result["tb_per_s"] = round(
+        logits.numel() * logits.element_size() / result["random_ms"] / 1e9, 3
+    )
+    return result
+
+
 def cases(quick: bool):
     yield "decode_b256_ctx1000", lambda: decode_case(256, 1000, 16, 8, 128, None, quick)
     yield "decode_b4_ctx8000_split", lambda: decode_case(4, 8000, 16, 8, 128, None, quick)
     yield "decode_b4_ctx8000_nosplit", lambda: decode_case(4, 8000, 16, 8, 128, 1, quick)
     yield "prefill_4096", lambda: prefill_case([4096], 16, 8, 128, quick)
+    yield "sample_plain_b256_v151936", lambda: sample_plain_case(256, 151936, quick)
     if quick:
         return
     yield "decode_b1_ctx1000", lambda: decode_case(1, 1000, 16, 8, 128, None, quick)
@@ -238,7 +281,7 @@ def cases(quick: bool):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="the four headline cases, fewer reps")
+    parser.add_argument("--quick", action="store_true", help="the five headline cases, fewer reps")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_kernels.py needs a CUDA GPU")

@@ -1,18 +1,22 @@
 """The runner's per-request sampling state: params, output ids, seeded generators.
 
-It turns a step's rows into SamplingMetadata for the Sampler and the sampler's logprob
-tensors back into plain LogprobsDicts (one host transfer per step).
+It turns a step's rows into SamplingMetadata for the Sampler (with the fused sampler's per-step
+seeds and offsets) and the sampler's logprob tensors back into plain LogprobsDicts.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from minivllm.engine.types import Logprob, LogprobsDict, NewRequestData
 from minivllm.layers.sampler import SamplerOutput, SamplingMetadata, gather_logprobs
 from minivllm.sampling_params import SamplingParams
+
+# A draw of a row uses philox counters [k << DRAW_SHIFT, (k << DRAW_SHIFT) + vocab_size): a
+# stride of 2**32 > any vocab size keeps draws disjoint without knowing the vocab size.
+DRAW_SHIFT = 32
 
 
 @dataclass
@@ -21,14 +25,25 @@ class _RequestState:
     params: SamplingParams
     output_token_ids: list[int]
     generator: torch.Generator | None
+    # Rows built for it so far (= tokens sampled). Counted at build time: with async
+    # scheduling, output_token_ids can lag a step behind.
+    num_sampled: int = 0
 
 
 class SamplingState:
-    """What the runner remembers per request to sample it; keyed by req_id."""
+    """What the runner remembers per request to sample it; keyed by req_id.
 
-    def __init__(self, device: torch.device | str) -> None:
+    Randomness of the fused sampler (plain batches on CUDA): a row's draw depends only on its
+    (seed, offset). A seeded request uses (params.seed, num_sampled << 32), so it repeats its
+    tokens alone or in any plain batch. Unseeded rows share one fresh 63-bit seed per step, drawn
+    on the CPU from a generator seeded with `seed`, and use offset row << 32 (distinct per row).
+    Non-plain batches use the torch path: per-request torch generators for seeded rows.
+    """
+
+    def __init__(self, device: torch.device | str, seed: int = 0) -> None:
         self.device = torch.device(device)
         self.requests: dict[str, _RequestState] = {}
+        self._step_generator = torch.Generator().manual_seed(seed)
         # (req_ids, metadata) of the last step, when it can be reused as is.
         self._reusable: tuple[tuple[str, ...], SamplingMetadata] | None = None
 
@@ -59,21 +74,46 @@ class SamplingState:
     def build_metadata(
         self, req_ids: list[str], device: torch.device | str | None = None
     ) -> SamplingMetadata:
-        """SamplingMetadata for rows req_ids (one row per sampled request, in order)."""
+        """SamplingMetadata for rows req_ids (one row per sampled request, in order).
+
+        Each call is one sampled token per row: it advances the rows' num_sampled.
+        """
         key = tuple(req_ids)
+        states = [self.requests[req_id] for req_id in req_ids]
         if self._reusable is not None and self._reusable[0] == key:
-            return self._reusable[1]
-        meta = self._build_metadata(req_ids, device)
-        # Without penalties or suppressed tokens nothing in it changes while the batch stays.
-        static = meta.no_penalties and meta.suppressed_token_ids is None
-        self._reusable = (key, meta) if static else None
+            meta = self._reusable[1]
+        else:
+            meta = self._build_metadata(states, device)
+            # Without penalties or suppressed tokens nothing in it changes while the batch
+            # stays, except the fused sampler's seeds and offsets (replaced below).
+            static = meta.no_penalties and meta.suppressed_token_ids is None
+            self._reusable = (key, meta) if static else None
+        if meta.is_plain and not meta.all_greedy:
+            meta = replace(meta, **self._draw_tensors(states, meta.temperature.device))
+        for s in states:
+            s.num_sampled += 1
         return meta
 
+    def _draw_tensors(
+        self, states: list[_RequestState], device: torch.device
+    ) -> dict[str, torch.Tensor]:
+        """This step's seeds and offsets [N] int64 for the fused sampler (one transfer)."""
+        step_seed = int(torch.randint(2**63 - 1, (), generator=self._step_generator))
+        seeds, offsets = [], []
+        for row, s in enumerate(states):
+            if s.params.seed is None:
+                seeds.append(step_seed)
+                offsets.append(row << DRAW_SHIFT)
+            else:
+                seeds.append(_as_int64(s.params.seed))
+                offsets.append(s.num_sampled << DRAW_SHIFT)
+        both = _to_device([seeds, offsets], torch.int64, device)  # [2, N]
+        return {"seeds": both[0], "offsets": both[1]}
+
     def _build_metadata(
-        self, req_ids: list[str], device: torch.device | str | None
+        self, states: list[_RequestState], device: torch.device | str | None
     ) -> SamplingMetadata:
         device = self.device if device is None else torch.device(device)
-        states = [self.requests[req_id] for req_id in req_ids]
         params = [s.params for s in states]
         random_params = [p for p in params if not p.is_greedy]
         has_repetition = any(p.repetition_penalty != 1.0 for p in params)
@@ -85,11 +125,29 @@ class SamplingState:
         prompt_ids = (
             _padded([s.prompt_token_ids for s in states], device) if has_repetition else None
         )
+        suppressed_ids = _suppressed_token_ids(states, device)
+        no_filters = {
+            "no_top_k": all(p.top_k == 0 for p in random_params),
+            "no_top_p": all(p.top_p == 1.0 for p in random_params),
+            "no_min_p": all(p.min_p == 0.0 for p in random_params),
+        }
+        is_plain = (
+            no_penalties
+            and suppressed_ids is None
+            and not num_logprobs
+            and all(no_filters.values())
+        )
+        # Greedy rows never draw, so an all-greedy batch keeps zeros; for the others
+        # build_metadata puts in each step's seeds and offsets.
+        draws = None
+        if is_plain and not random_params:
+            draws = torch.zeros(2, len(states), dtype=torch.int64, device=device)
         return SamplingMetadata(
             **_param_tensors(params, device),
+            **no_filters,
             output_token_ids=output_ids,
             prompt_token_ids=prompt_ids,
-            suppressed_token_ids=_suppressed_token_ids(states, device),
+            suppressed_token_ids=suppressed_ids,
             generators={
                 row: s.generator
                 for row, s in enumerate(states)
@@ -98,11 +156,11 @@ class SamplingState:
             all_greedy=not random_params,
             all_random=len(random_params) == len(params),
             no_penalties=no_penalties,
-            no_top_k=all(p.top_k == 0 for p in random_params),
-            no_top_p=all(p.top_p == 1.0 for p in random_params),
-            no_min_p=all(p.min_p == 0.0 for p in random_params),
             max_top_k=max((p.top_k for p in random_params), default=0),
             max_num_logprobs=max(num_logprobs) if num_logprobs else None,
+            is_plain=is_plain,
+            seeds=None if draws is None else draws[0],
+            offsets=None if draws is None else draws[1],
         )
 
     def to_runner_logprobs(
@@ -197,6 +255,11 @@ def _suppressed_token_ids(states: list[_RequestState], device: torch.device) -> 
                 banned += s.params.eos_token_ids
         rows.append(banned)
     return _padded(rows, device) if any(rows) else None
+
+
+def _as_int64(seed: int) -> int:
+    """Any Python int seed -> the int64 with the same low 64 bits (philox reads 64 bits)."""
+    return (seed + 2**63) % 2**64 - 2**63
 
 
 def _padded(rows: list[list[int]], device: torch.device) -> torch.Tensor:

@@ -11,7 +11,9 @@ from __future__ import annotations
 import datetime
 import logging
 import multiprocessing as mp
+import os
 import socket
+import sys
 import weakref
 
 import torch
@@ -33,20 +35,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank_device(config: EngineConfig, rank: int) -> torch.device:
-    device = config.resolved_device()
-    return torch.device("cuda", rank) if device.type == "cuda" else device
+def torchrun_rank() -> tuple[int, int, int] | None:
+    """(rank, local_rank, world_size) when this process was started by torchrun, else None."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ and "MASTER_ADDR" not in os.environ:
+        return None
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return None
+    env = os.environ
+    return int(env["RANK"]), int(env.get("LOCAL_RANK", env["RANK"])), int(env["WORLD_SIZE"])
 
 
 def _init_rank(config: EngineConfig, model_config: ModelConfig, max_model_len: int, rank: int,
-               world_size: int, port: int):
+               world_size: int, init_method: str, local_rank: int):
     """Joins the process groups and builds this rank's runner with its KV cache."""
-    device = _rank_device(config, rank)
+    device = config.resolved_device()
     if device.type == "cuda":
+        device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(
-        backend, init_method=f"tcp://127.0.0.1:{port}", world_size=world_size, rank=rank,
+        backend, init_method=init_method, world_size=world_size, rank=rank,
         timeout=_COLLECTIVE_TIMEOUT,
     )
     # The control plane (SchedulerOutputs) always travels on the CPU.
@@ -62,7 +70,14 @@ def _init_rank(config: EngineConfig, model_config: ModelConfig, max_model_len: i
 
 
 def _worker_main(config, model_config, max_model_len, rank, world_size, port) -> None:
-    runner, control, _ = _init_rank(config, model_config, max_model_len, rank, world_size, port)
+    runner, control, _ = _init_rank(
+        config, model_config, max_model_len, rank, world_size, f"tcp://127.0.0.1:{port}", rank
+    )
+    _serve_steps(runner, control)
+
+
+def _serve_steps(runner: ModelRunner, control) -> None:
+    """A worker rank's loop: run every step rank 0 broadcasts until it sends None."""
     while True:
         box = [None]
         dist.broadcast_object_list(box, src=0, group=control)
@@ -79,6 +94,10 @@ def _worker_main(config, model_config, max_model_len, rank, world_size, port) ->
 class TPExecutor:
     def __init__(self, config: EngineConfig, model_config: ModelConfig, max_model_len: int) -> None:
         world_size = config.tensor_parallel_size
+        launched = torchrun_rank()
+        if launched is not None:
+            self._join_torchrun(config, model_config, max_model_len, *launched)
+            return
         if config.resolved_device().type == "cuda" and torch.cuda.device_count() < world_size:
             raise ValueError(
                 f"tensor_parallel_size={world_size} but only {torch.cuda.device_count()} GPUs are visible"
@@ -99,8 +118,25 @@ class TPExecutor:
         self._closed = False
         self._finalizer = weakref.finalize(self, TPExecutor._reap, list(self.workers))
         self.runner, self.control, self.num_blocks = _init_rank(
-            config, model_config, max_model_len, 0, world_size, port
+            config, model_config, max_model_len, 0, world_size, f"tcp://127.0.0.1:{port}", 0
         )
+
+    def _join_torchrun(self, config, model_config, max_model_len, rank, local_rank, world_size):
+        """Under torchrun every rank constructs the LLM: rank 0 returns and drives it; the
+        other ranks serve steps inside this call and exit their process at shutdown."""
+        if world_size != config.tensor_parallel_size:
+            raise ValueError(
+                f"torchrun started {world_size} processes but tensor_parallel_size is "
+                f"{config.tensor_parallel_size}; they must be equal"
+            )
+        self.workers = []  # torchrun owns the processes
+        self._closed = False
+        self.runner, self.control, self.num_blocks = _init_rank(
+            config, model_config, max_model_len, rank, world_size, "env://", local_rank
+        )
+        if rank != 0:
+            _serve_steps(self.runner, self.control)
+            sys.exit(0)
 
     def _check_workers(self) -> None:
         for rank, worker in enumerate(self.workers, start=1):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from minivllm.engine.sampling_state import SamplingState, prompt_logprobs_for
+from minivllm.engine.sampling_state import DRAW_SHIFT, SamplingState, prompt_logprobs_for
 from minivllm.engine.types import Logprob, NewRequestData
 from minivllm.layers.sampler import Sampler
 from minivllm.sampling_params import SamplingParams
@@ -52,6 +52,77 @@ def test_metadata_plain_batch_builds_nothing_extra():
     assert meta.suppressed_token_ids is None and meta.max_num_logprobs is None
     torch.testing.assert_close(meta.temperature, torch.tensor([0.5, 0.0]))
     assert meta.top_k.tolist() == [0, 5]
+    # Only the fused sampler's per-row draw keys: the unseeded row uses the step seed.
+    assert meta.is_plain and meta.seeds.dtype == meta.offsets.dtype == torch.int64
+    assert 0 <= meta.seeds[0].item() < 2**63 and meta.offsets[0].item() == 0
+
+
+def test_draw_keys_per_step():
+    state = new_state(
+        ("u", [1], SamplingParams(temperature=1.0)),
+        ("s", [2], SamplingParams(temperature=0.7, seed=2**64 - 1)),
+        ("g", [3], SamplingParams(temperature=0.0)),
+    )
+    req_ids = ["u", "s", "g"]
+    metas = [state.build_metadata(req_ids) for _ in range(3)]
+    # Parameters are reused while the batch stays; only the draw keys are new each step.
+    assert all(m.temperature is metas[0].temperature for m in metas)
+    step_seeds = [m.seeds[0].item() for m in metas]
+    assert len(set(step_seeds)) == 3
+    for step, meta in enumerate(metas):
+        assert meta.seeds[1].item() == -1  # the seed's low 64 bits, as int64
+        assert meta.offsets[:2].tolist() == [0, step << DRAW_SHIFT]
+    # The step seeds come from the state's own generator: reproducible, not global.
+    torch.manual_seed(99)
+    again = new_state(("u", [1], SamplingParams(temperature=1.0)))
+    assert [again.build_metadata(["u"]).seeds[0].item() for _ in range(3)] == step_seeds
+    other = SamplingState("cpu", seed=1)
+    other.add_request(NewRequestData("u", [1], SamplingParams(temperature=1.0)))
+    assert other.build_metadata(["u"]).seeds[0].item() != step_seeds[0]
+
+
+def test_num_sampled_counts_builds_not_appends():
+    state = new_state(("s", [1], SamplingParams(temperature=1.0, seed=4)))
+    state.build_metadata(["s"])
+    # Async scheduling: step 2 is built before step 1's token is appended.
+    meta = state.build_metadata(["s"])
+    assert state.requests["s"].output_token_ids == []
+    assert meta.offsets.tolist() == [1 << DRAW_SHIFT]
+    state.append_tokens(["s", "s"], [5, 6])
+    # A non-plain step counts too, so later plain steps keep their place in the stream.
+    state.add_request(NewRequestData("t", [1], SamplingParams(top_p=0.5)))
+    assert not state.build_metadata(["s", "t"]).is_plain
+    assert state.build_metadata(["s"]).offsets.tolist() == [3 << DRAW_SHIFT]
+
+
+def test_all_greedy_plain_metadata_is_reused_whole():
+    state = new_state(("a", [1], SamplingParams(temperature=0.0, seed=3)))
+    meta = state.build_metadata(["a"])
+    assert meta.is_plain and meta.all_greedy and meta.seeds.tolist() == [0]
+    assert state.build_metadata(["a"]) is meta
+
+
+def test_seeded_request_repeats_in_any_plain_batch():
+    """Through the fused kernel (Triton interpreter on CPU): same seed, same tokens."""
+    from minivllm.kernels.sampling import sample_plain
+
+    def tokens(batch_with_others: bool) -> list[int]:
+        target = ("t", [1], SamplingParams(temperature=1.0, seed=21))
+        others = [("a", [2], SamplingParams(temperature=0.5)), ("b", [3], SamplingParams())]
+        requests = [others[0], target, others[1]] if batch_with_others else [target]
+        state = new_state(*requests)
+        req_ids = [r[0] for r in requests]
+        logits = torch.zeros(len(req_ids), 300)  # uniform: every token is as likely
+        result = []
+        for _ in range(4):
+            meta = state.build_metadata(req_ids)
+            sampled = sample_plain(logits, meta.temperature, meta.seeds, meta.offsets, block=128)
+            result.append(sampled[req_ids.index("t")].item())
+        return result
+
+    alone = tokens(batch_with_others=False)
+    assert tokens(batch_with_others=True) == alone
+    assert len(set(alone)) == 4  # a new draw each step
 
 
 def test_metadata_penalty_and_filter_tensors():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -217,3 +218,40 @@ def test_min_tokens_suppression_is_sampled_not_only_greedy():
     sampled = Sampler()(logits, make_meta([params] * 500)).sampled_token_ids
     assert (sampled != 2).all()
     assert set(sampled.tolist()) == {0, 1}
+
+
+@pytest.mark.parametrize(
+    ("params", "is_plain"),
+    [
+        (SamplingParams(temperature=0.0), True),
+        (SamplingParams(temperature=0.8, seed=3), True),
+        (SamplingParams(temperature=0.0, top_k=5, top_p=0.5, min_p=0.2), True),  # greedy
+        (SamplingParams(temperature=0.8, top_k=5), False),
+        (SamplingParams(temperature=0.8, top_p=0.9), False),
+        (SamplingParams(temperature=0.8, min_p=0.1), False),
+        (SamplingParams(temperature=0.0, presence_penalty=0.5), False),
+        (SamplingParams(temperature=0.0, repetition_penalty=1.1), False),
+        (SamplingParams(temperature=0.0, eos_token_ids=[2], min_tokens=1), False),
+        (SamplingParams(temperature=0.0, logprobs=0), False),
+    ],
+)
+def test_plain_flag(params, is_plain):
+    """Plain batches (the fused kernel on CUDA) have every row greedy or temperature-only."""
+    meta = make_meta([SamplingParams(temperature=1.0), params])
+    assert meta.is_plain == is_plain
+    assert (meta.seeds is not None) == (meta.offsets is not None) == is_plain
+
+
+def test_plain_batch_on_cpu_takes_the_torch_path():
+    """Without CUDA the kernel is not used: a plain batch samples exactly as a non-plain one."""
+    logits = torch.randn(64, 40)
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.9)] * 32
+    meta = make_meta(params)
+    assert meta.is_plain
+    torch.manual_seed(6)
+    plain = Sampler()(logits, meta).sampled_token_ids
+    torch.manual_seed(6)
+    reference = Sampler()(logits, dataclasses.replace(meta, is_plain=False)).sampled_token_ids
+    assert torch.equal(plain, reference)
+    assert torch.equal(plain[::2], logits[::2].argmax(-1))
+    assert not torch.equal(plain[1::2], logits[1::2].argmax(-1))

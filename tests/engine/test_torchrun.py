@@ -1,0 +1,41 @@
+"""The same engine under torchrun: every rank builds the LLM, rank 0 drives it, and the
+tokens equal a single-process run (gloo on the CPU; across nodes only the launch differs)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+from minivllm import LLM, SamplingParams
+
+PROMPTS = [[5, 17, 42, 99, 3], list(range(40, 71))]
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    from minivllm import LLM, SamplingParams
+    llm = LLM(sys.argv[1], dtype="float32", device="cpu", block_size=4, tensor_parallel_size=2)
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in json.loads(sys.argv[2])], params,
+                        use_tqdm=False)
+    print("TOKENS", json.dumps([o.outputs[0].token_ids for o in outs]), flush=True)
+    llm.shutdown()
+    """
+)
+
+
+def test_torchrun_tp2_matches_single_process(tiny_qwen3_dir: str, tmp_path) -> None:
+    script = tmp_path / "run.py"
+    script.write_text(SCRIPT)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           str(script), tiny_qwen3_dir, json.dumps(PROMPTS)]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [line for line in result.stdout.splitlines() if line.startswith("TOKENS")]
+    assert len(lines) == 1  # only rank 0 returns from LLM() and prints
+    llm = LLM(tiny_qwen3_dir, dtype="float32", device="cpu", block_size=4)
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
+    assert json.loads(lines[0][len("TOKENS "):]) == [o.outputs[0].token_ids for o in outs]
