@@ -62,7 +62,7 @@ class ModelRunner:
             seed=config.seed,
         )
         self.sampler = Sampler()
-        self.sampling_state = SamplingState(device)
+        self.sampling_state = SamplingState(device, seed=config.seed)
         self.prompt_logprobs = PromptLogprobsTracker()
         self.block_table = BlockTable(-(-max_model_len // self.block_size), config.max_num_seqs)
         self.kv_caches: list[torch.Tensor] = []
