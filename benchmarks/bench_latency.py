@@ -26,8 +26,13 @@ def main() -> None:
     model_dir = make_dummy_model_dir(
         args.model_name, os.path.join(tempfile.gettempdir(), f"minivllm-dummy-{args.model_name}")
     )
-    llm = LLM(model_dir, load_format="dummy", max_model_len=4096, enable_prefix_caching=False,
-              enforce_eager=args.enforce_eager)
+    llm = LLM(
+        model_dir,
+        load_format="dummy",
+        max_model_len=4096,
+        enable_prefix_caching=False,
+        enforce_eager=args.enforce_eager,
+    )
     random.seed(1)
 
     def generate(max_tokens: int) -> None:
@@ -46,8 +51,18 @@ def main() -> None:
         generate(257)
         full.append(time.perf_counter() - start)
     t1, tf = sorted(ttft)[1], sorted(full)[1]
-    print(json.dumps({"bench": "latency", "model": args.model_name, "enforce_eager": args.enforce_eager,
-                      "ttft_ms": round(t1 * 1e3, 2), "tpot_ms": round((tf - t1) / 256 * 1e3, 3)}), flush=True)
+    print(
+        json.dumps(
+            {
+                "bench": "latency",
+                "model": args.model_name,
+                "enforce_eager": args.enforce_eager,
+                "ttft_ms": round(t1 * 1e3, 2),
+                "tpot_ms": round((tf - t1) / 256 * 1e3, 3),
+            }
+        ),
+        flush=True,
+    )
     llm.shutdown()
 
 

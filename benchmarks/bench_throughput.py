@@ -36,14 +36,18 @@ class StepTimer:
     def _step(self):
         start = time.perf_counter()
         out = self.step()
-        self.times["decode" if self.last_decode_only else "mixed"].append(time.perf_counter() - start)
+        self.times["decode" if self.last_decode_only else "mixed"].append(
+            time.perf_counter() - start
+        )
         return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model-name", default="qwen3-0.6b")
-    parser.add_argument("--model", default=None, help="a model dir (default: dummy dir from --model-name)")
+    parser.add_argument(
+        "--model", default=None, help="a model dir (default: dummy dir from --model-name)"
+    )
     parser.add_argument("--num-seqs", type=int, default=256)
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--no-async-scheduling", action="store_true")
@@ -60,9 +64,13 @@ def main() -> None:
     model_dir = args.model or make_dummy_model_dir(
         args.model_name, os.path.join(tempfile.gettempdir(), f"minivllm-dummy-{args.model_name}")
     )
-    options = {"load_format": "dummy", "max_model_len": 4096, "enforce_eager": args.enforce_eager,
-               "tensor_parallel_size": args.tensor_parallel_size,
-               "async_scheduling": not args.no_async_scheduling}
+    options = {
+        "load_format": "dummy",
+        "max_model_len": 4096,
+        "enforce_eager": args.enforce_eager,
+        "tensor_parallel_size": args.tensor_parallel_size,
+        "async_scheduling": not args.no_async_scheduling,
+    }
     for name in ("max_num_batched_tokens", "block_size", "attention_backend"):
         if getattr(args, name) is not None:
             options[name] = getattr(args, name)
@@ -77,23 +85,38 @@ def main() -> None:
     seconds = time.perf_counter() - start
     generated = sum(len(o.outputs[0].token_ids) for o in outputs)
     result = {
-        "bench": "throughput", "model": args.model_name, "enforce_eager": args.enforce_eager,
+        "bench": "throughput",
+        "model": args.model_name,
+        "enforce_eager": args.enforce_eager,
         "async_scheduling": not args.no_async_scheduling,
-        "tp": args.tensor_parallel_size, "num_seqs": args.num_seqs,
-        "prompt_tokens": sum(map(len, prompts)), "output_tokens": sum(output_lens), "generated": generated,
-        "seconds": round(seconds, 3), "output_tok_s": round(sum(output_lens) / seconds, 1),
+        "tp": args.tensor_parallel_size,
+        "num_seqs": args.num_seqs,
+        "prompt_tokens": sum(map(len, prompts)),
+        "output_tokens": sum(output_lens),
+        "generated": generated,
+        "seconds": round(seconds, 3),
+        "output_tok_s": round(sum(output_lens) / seconds, 1),
         "steps": len(timer.times["decode"]) + len(timer.times["mixed"]),
-        "decode_steps": len(timer.times["decode"]), "decode_s": round(sum(timer.times["decode"]), 3),
-        "mixed_steps": len(timer.times["mixed"]), "mixed_s": round(sum(timer.times["mixed"]), 3),
-        "mean_decode_step_ms": round(1e3 * sum(timer.times["decode"]) / max(1, len(timer.times["decode"])), 3),
+        "decode_steps": len(timer.times["decode"]),
+        "decode_s": round(sum(timer.times["decode"]), 3),
+        "mixed_steps": len(timer.times["mixed"]),
+        "mixed_s": round(sum(timer.times["mixed"]), 3),
+        "mean_decode_step_ms": round(
+            1e3 * sum(timer.times["decode"]) / max(1, len(timer.times["decode"])), 3
+        ),
     }
     if torch.cuda.is_available():
         with open(os.path.join(model_dir, "config.json")) as f:
             cfg = json.load(f)
         bandwidth = measure_bandwidth()
         bound_s = roofline_seconds(cfg, [len(p) for p in prompts], output_lens, bandwidth, 790e12)
-        result.update({"copy_tb_s": round(bandwidth / 1e12, 2), "bound_tok_s": round(sum(output_lens) / bound_s, 1),
-                       "fraction_of_bound": round(bound_s / seconds, 3)})
+        result.update(
+            {
+                "copy_tb_s": round(bandwidth / 1e12, 2),
+                "bound_tok_s": round(sum(output_lens) / bound_s, 1),
+                "fraction_of_bound": round(bound_s / seconds, 3),
+            }
+        )
     print(json.dumps(result), flush=True)
     llm.shutdown()
 

@@ -25,7 +25,9 @@ def make_dummy_model_dir(name: str, out_dir: str) -> str:
         tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0"))
         tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
         eos = f"t{cfg['eos_token_id']}"
-        PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos, pad_token=eos).save_pretrained(out_dir)
+        PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos, pad_token=eos).save_pretrained(
+            out_dir
+        )
     return out_dir
 
 
@@ -34,7 +36,10 @@ def headline_workload(num_seqs: int = 256, seed: int = 0) -> tuple[list[list[int
     import random
 
     random.seed(seed)
-    prompts = [[random.randint(0, 10000) for _ in range(random.randint(100, 1024))] for _ in range(num_seqs)]
+    prompts = [
+        [random.randint(0, 10000) for _ in range(random.randint(100, 1024))]
+        for _ in range(num_seqs)
+    ]
     output_lens = [random.randint(100, 1024) for _ in range(num_seqs)]
     return prompts, output_lens
 
@@ -42,20 +47,28 @@ def headline_workload(num_seqs: int = 256, seed: int = 0) -> tuple[list[list[int
 def model_bytes(cfg: dict, dtype_bytes: int = 2) -> tuple[int, int]:
     """(weight bytes read per decode step, KV bytes per token of context)."""
     h, inter, layers = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
-    hd, nq, nkv, vocab = cfg["head_dim"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["vocab_size"]
+    hd, nq, nkv, vocab = (
+        cfg["head_dim"],
+        cfg["num_attention_heads"],
+        cfg["num_key_value_heads"],
+        cfg["vocab_size"],
+    )
     per_layer = h * (nq + 2 * nkv) * hd + nq * hd * h + 3 * h * inter
     weights = (layers * per_layer + vocab * h) * dtype_bytes
     kv_per_token = layers * 2 * nkv * hd * dtype_bytes
     return weights, kv_per_token
 
 
-def roofline_seconds(cfg: dict, prompt_lens: list[int], output_lens: list[int], bandwidth: float,
-                     flops: float) -> float:
+def roofline_seconds(
+    cfg: dict, prompt_lens: list[int], output_lens: list[int], bandwidth: float, flops: float
+) -> float:
     """Lower bound on the run: every decode step reads the weights once and every sequence's KV;
     prefill is bounded by its matmul flops. All sequences start together."""
     weights, kv_per_token = model_bytes(cfg)
     num_steps = max(output_lens)
-    kv_bytes = sum(o * p + o * (o + 1) // 2 for p, o in zip(prompt_lens, output_lens)) * kv_per_token
+    kv_bytes = (
+        sum(o * p + o * (o + 1) // 2 for p, o in zip(prompt_lens, output_lens)) * kv_per_token
+    )
     decode_s = (num_steps * weights + kv_bytes) / bandwidth
     params = weights / 2
     prefill_s = 2 * params * sum(prompt_lens) / flops

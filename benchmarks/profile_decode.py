@@ -33,8 +33,12 @@ def main() -> None:
     model_dir = make_dummy_model_dir(
         args.model_name, os.path.join(tempfile.gettempdir(), f"minivllm-dummy-{args.model_name}")
     )
-    llm = LLM(model_dir, load_format="dummy", max_model_len=4096,
-              async_scheduling=not args.no_async_scheduling)
+    llm = LLM(
+        model_dir,
+        load_format="dummy",
+        max_model_len=4096,
+        async_scheduling=not args.no_async_scheduling,
+    )
     engine = llm.engine
     params = SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=10_000 // 4)
     for i in range(args.batch):
@@ -59,11 +63,20 @@ def main() -> None:
             kernels[event.name[:60]] += event.device_time / 1e3 / args.steps
     gpu_ms = sum(kernels.values())
     top = sorted(kernels.items(), key=lambda kv: -kv[1])[:15]
-    print(json.dumps({"bench": "profile_decode", "batch": args.batch, "context": args.context,
-                      "async_scheduling": not args.no_async_scheduling,
-                      "wall_ms_per_step_profiled": round(wall * 1e3, 3),
-                      "gpu_kernel_ms_per_step": round(gpu_ms, 3),
-                      "top_kernels_ms_per_step": {k: round(v, 3) for k, v in top}}), flush=True)
+    print(
+        json.dumps(
+            {
+                "bench": "profile_decode",
+                "batch": args.batch,
+                "context": args.context,
+                "async_scheduling": not args.no_async_scheduling,
+                "wall_ms_per_step_profiled": round(wall * 1e3, 3),
+                "gpu_kernel_ms_per_step": round(gpu_ms, 3),
+                "top_kernels_ms_per_step": {k: round(v, 3) for k, v in top},
+            }
+        ),
+        flush=True,
+    )
     # Unprofiled wall time per step, for the fixed cost (step time minus kernel time).
     torch.cuda.synchronize()
     start = time.perf_counter()
@@ -71,8 +84,16 @@ def main() -> None:
         engine.step()
     torch.cuda.synchronize()
     wall = (time.perf_counter() - start) / args.steps
-    print(json.dumps({"bench": "decode_step", "wall_ms_per_step": round(wall * 1e3, 3),
-                      "fixed_ms_per_step": round(wall * 1e3 - gpu_ms, 3)}), flush=True)
+    print(
+        json.dumps(
+            {
+                "bench": "decode_step",
+                "wall_ms_per_step": round(wall * 1e3, 3),
+                "fixed_ms_per_step": round(wall * 1e3 - gpu_ms, 3),
+            }
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -120,7 +120,10 @@ class EngineConfig:
                 raise ValueError(message)
 
         check(self.dtype in ("auto", *DTYPES), f"dtype must be auto or one of {list(DTYPES)}")
-        check(self.device in ("auto", "cuda", "cpu"), f"device must be auto|cuda|cpu, got {self.device!r}")
+        check(
+            self.device in ("auto", "cuda", "cpu"),
+            f"device must be auto|cuda|cpu, got {self.device!r}",
+        )
         check(self.tensor_parallel_size >= 1, "tensor_parallel_size must be >= 1")
         check(self.max_model_len is None or self.max_model_len >= 1, "max_model_len must be >= 1")
         check(self.max_num_seqs >= 1, f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
@@ -136,7 +139,10 @@ class EngineConfig:
             0.0 < self.gpu_memory_utilization <= 1.0,
             f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}",
         )
-        check(self.load_format in ("auto", "dummy"), f"load_format must be auto|dummy, got {self.load_format!r}")
+        check(
+            self.load_format in ("auto", "dummy"),
+            f"load_format must be auto|dummy, got {self.load_format!r}",
+        )
         check(
             self.attention_backend in ("auto", "triton", "torch_sdpa"),
             f"attention_backend must be auto|triton|torch_sdpa, got {self.attention_backend!r}",
@@ -154,9 +160,7 @@ class EngineConfig:
         known = {f.name for f in fields(cls)} - {"model", "extra"}
         unknown = sorted(set(options) - known)
         if unknown:
-            raise TypeError(
-                f"unknown engine option(s) {unknown}; known options: {sorted(known)}"
-            )
+            raise TypeError(f"unknown engine option(s) {unknown}; known options: {sorted(known)}")
         return cls(model=model, **options)
 
     def resolved_device(self) -> torch.device:

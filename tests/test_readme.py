@@ -28,10 +28,19 @@ def test_readme_generate_command_runs(tmp_path) -> None:
     final_step = generate_cmd.split("&&")[-1].strip()
     assert final_step.startswith("minivllm generate")
     bin_dir = os.path.dirname(sys.executable)
-    env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""), "HOME": str(tmp_path)}
+    env = {
+        **os.environ,
+        "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
+        "HOME": str(tmp_path),
+    }
     result = subprocess.run(
-        final_step + " --max-tokens 5 --no-progress", shell=True, cwd=ROOT, env=env,
-        capture_output=True, text=True, timeout=300,
+        final_step + " --max-tokens 5 --no-progress",
+        shell=True,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "RANDOM weights" in result.stderr

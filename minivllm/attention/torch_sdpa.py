@@ -12,7 +12,9 @@ import torch.nn.functional as F
 from minivllm.attention.base import AttnMetadata
 
 
-def store_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+def store_kv(
+    k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
     """Writes k/v rows [num_tokens, num_kv_heads, head_dim] at their slots; -1 slots are skipped."""
     num_blocks, block_size = kv_cache.shape[1], kv_cache.shape[2]
     flat = kv_cache.view(2, num_blocks * block_size, *kv_cache.shape[3:])

@@ -62,7 +62,9 @@ class CUDAGraphRunner:
 
     def _forward(self, batch_size: int) -> torch.Tensor:
         model = self.runner.model
-        hidden = model(self.input_ids[:batch_size], self.positions[:batch_size], self._meta(batch_size))
+        hidden = model(
+            self.input_ids[:batch_size], self.positions[:batch_size], self._meta(batch_size)
+        )
         return model.compute_logits(hidden)
 
     @torch.inference_mode()

@@ -8,7 +8,9 @@ import numpy as np
 import torch
 
 
-def to_device(arrays: dict[str, np.ndarray], dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
+def to_device(
+    arrays: dict[str, np.ndarray], dtype: torch.dtype, device: torch.device
+) -> dict[str, torch.Tensor]:
     """Packs every array into one buffer of `dtype`, copies it once; returns device views."""
     np_dtype = np.int64 if dtype == torch.int64 else np.int32
     flat = [a.reshape(-1).astype(np_dtype, copy=False) for a in arrays.values()]

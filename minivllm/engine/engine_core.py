@@ -10,10 +10,10 @@ import time
 
 from minivllm.config import EngineConfig, ModelConfig
 from minivllm.engine.block_manager import BlockManager
+from minivllm.engine.parallel import build_executor
 from minivllm.engine.request import Request
 from minivllm.engine.scheduler import Scheduler
 from minivllm.engine.types import EngineOutput
-from minivllm.engine.parallel import build_executor
 from minivllm.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)

@@ -34,7 +34,9 @@ class StepInputs:
         return self.input_ids.shape[0]
 
 
-def prepare_inputs(sched_out: SchedulerOutput, block_size: int, block_table: BlockTable) -> StepInputs:
+def prepare_inputs(
+    sched_out: SchedulerOutput, block_size: int, block_table: BlockTable
+) -> StepInputs:
     """Flattens the step's chunks (decodes first, as scheduled) into packed arrays."""
     chunks = sched_out.chunks
     num_seqs = len(chunks)

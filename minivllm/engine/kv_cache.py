@@ -13,7 +13,9 @@ def num_local_kv_heads(model_config: ModelConfig, tp_size: int) -> int:
     return max(1, model_config.num_key_value_heads // tp_size)
 
 
-def bytes_per_block(model_config: ModelConfig, block_size: int, dtype: torch.dtype, tp_size: int) -> int:
+def bytes_per_block(
+    model_config: ModelConfig, block_size: int, dtype: torch.dtype, tp_size: int
+) -> int:
     """Bytes of K and V for one block across all layers, on one rank."""
     per_token = 2 * num_local_kv_heads(model_config, tp_size) * model_config.head_dim
     element_size = torch.empty(0, dtype=dtype).element_size()

@@ -218,7 +218,9 @@ class StepHandle:
     """A launched step. result() waits for its sampled ids (copied to pinned host memory
     behind the step's kernels) and records them in the sampling state."""
 
-    def __init__(self, sampling_state: SamplingState, req_ids: list[str], sampled: torch.Tensor | None) -> None:
+    def __init__(
+        self, sampling_state: SamplingState, req_ids: list[str], sampled: torch.Tensor | None
+    ) -> None:
         self.sampling_state = sampling_state
         self.req_ids = req_ids
         self.event = None

@@ -15,8 +15,10 @@ from minivllm.engine.types import ScheduledChunk, SchedulerOutput
 logger = logging.getLogger(__name__)
 
 
-def dummy_step(num_tokens: int, num_seqs: int, max_model_len: int, block_size: int) -> SchedulerOutput:
-    """num_tokens prompt tokens split over num_seqs sequences, each on its own blocks, all sampled."""
+def dummy_step(
+    num_tokens: int, num_seqs: int, max_model_len: int, block_size: int
+) -> SchedulerOutput:
+    """num_tokens prompt tokens over num_seqs sequences, each on its own blocks, all sampled."""
     num_seqs = max(num_seqs, -(-num_tokens // max_model_len))
     base, extra = divmod(num_tokens, num_seqs)
     chunks, next_block = [], 0
@@ -44,7 +46,12 @@ def profile_kv_budget(runner, gpu_memory_utilization: float) -> int:
     torch.cuda.reset_peak_memory_stats()
     # A throwaway cache just large enough for the dummy batch.
     caches = allocate_kv_caches(
-        runner.model_config, num_blocks, runner.block_size, runner.dtype, runner.device, runner.tp_size
+        runner.model_config,
+        num_blocks,
+        runner.block_size,
+        runner.dtype,
+        runner.device,
+        runner.tp_size,
     )
     cache_bytes = sum(c.numel() * c.element_size() for c in caches)
     for layer, cache in zip(runner.model.attention_layers(), caches, strict=True):
@@ -55,7 +62,9 @@ def profile_kv_budget(runner, gpu_memory_utilization: float) -> int:
     torch.cuda.synchronize()
     # Top-p sorting and softmax take a few float32 copies of the logits on top.
     sampler_bytes = 4 * logits.shape[0] * logits.shape[1] * 4
-    peak_activation = torch.cuda.max_memory_allocated() - allocated_before - cache_bytes + sampler_bytes
+    peak_activation = (
+        torch.cuda.max_memory_allocated() - allocated_before - cache_bytes + sampler_bytes
+    )
     for layer in runner.model.attention_layers():
         layer.kv_cache = torch.empty(0)
     del caches, logits
@@ -65,7 +74,11 @@ def profile_kv_budget(runner, gpu_memory_utilization: float) -> int:
     used_elsewhere = total - free_before
     budget = int(total * gpu_memory_utilization) - used_elsewhere - peak_activation
     logger.info(
-        "memory profile: total %.1f GiB, in use %.2f GiB, activation peak %.2f GiB -> KV cache %.2f GiB",
-        total / 2**30, used_elsewhere / 2**30, peak_activation / 2**30, budget / 2**30,
+        "memory profile: total %.1f GiB, in use %.2f GiB, activation peak %.2f GiB"
+        " -> KV cache %.2f GiB",
+        total / 2**30,
+        used_elsewhere / 2**30,
+        peak_activation / 2**30,
+        budget / 2**30,
     )
     return max(budget, 0)

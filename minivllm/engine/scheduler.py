@@ -28,8 +28,12 @@ def needs_host_tokens(request: Request) -> bool:
     """Penalties, min_tokens and logprobs read sampled tokens on the host each step."""
     p = request.sampling_params
     return bool(
-        p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0
-        or p.min_tokens or p.logprobs is not None or p.prompt_logprobs is not None
+        p.presence_penalty
+        or p.frequency_penalty
+        or p.repetition_penalty != 1.0
+        or p.min_tokens
+        or p.logprobs is not None
+        or p.prompt_logprobs is not None
     )
 
 
@@ -127,7 +131,9 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            num_needed = request.num_tokens + request.num_pending_tokens - request.num_computed_tokens
+            num_needed = (
+                request.num_tokens + request.num_pending_tokens - request.num_computed_tokens
+            )
             if num_needed == 0 or self._finishes_with_pending(request):
                 i += 1  # nothing to compute until update() applies its pending token
                 continue

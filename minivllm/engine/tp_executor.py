@@ -45,8 +45,15 @@ def torchrun_rank() -> tuple[int, int, int] | None:
     return int(env["RANK"]), int(env.get("LOCAL_RANK", env["RANK"])), int(env["WORLD_SIZE"])
 
 
-def _init_rank(config: EngineConfig, model_config: ModelConfig, max_model_len: int, rank: int,
-               world_size: int, init_method: str, local_rank: int):
+def _init_rank(
+    config: EngineConfig,
+    model_config: ModelConfig,
+    max_model_len: int,
+    rank: int,
+    world_size: int,
+    init_method: str,
+    local_rank: int,
+):
     """Joins the process groups and builds this rank's runner with its KV cache."""
     device = config.resolved_device()
     if device.type == "cuda":
@@ -54,7 +61,10 @@ def _init_rank(config: EngineConfig, model_config: ModelConfig, max_model_len: i
         torch.cuda.set_device(device)
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(
-        backend, init_method=init_method, world_size=world_size, rank=rank,
+        backend,
+        init_method=init_method,
+        world_size=world_size,
+        rank=rank,
         timeout=_COLLECTIVE_TIMEOUT,
     )
     # The control plane (SchedulerOutputs) always travels on the CPU.

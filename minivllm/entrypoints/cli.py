@@ -28,7 +28,11 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         elif typing.get_origin(hint) is typing.Literal:
             parser.add_argument(flag, choices=typing.get_args(hint), default=None)
         else:
-            kind = float if f.name == "gpu_memory_utilization" else (str if f.name == "tokenizer" else int)
+            kind = (
+                float
+                if f.name == "gpu_memory_utilization"
+                else (str if f.name == "tokenizer" else int)
+            )
             parser.add_argument(flag, type=kind, default=None)
 
 
@@ -59,9 +63,16 @@ def run_generate(args: argparse.Namespace) -> int:
     outputs = llm.generate(prompts, params, use_tqdm=not args.no_progress)
     elapsed = time.perf_counter() - start
     for out in outputs:
-        print(json.dumps({"prompt": out.prompt, "text": out.outputs[0].text,
-                          "num_tokens": len(out.outputs[0].token_ids),
-                          "finish_reason": out.outputs[0].finish_reason}))
+        print(
+            json.dumps(
+                {
+                    "prompt": out.prompt,
+                    "text": out.outputs[0].text,
+                    "num_tokens": len(out.outputs[0].token_ids),
+                    "finish_reason": out.outputs[0].finish_reason,
+                }
+            )
+        )
     num_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
     print(f"[minivllm] {num_tokens} tokens in {elapsed:.2f} s", file=sys.stderr)
     llm.shutdown()
@@ -86,7 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="minivllm")
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate text offline")
-    gen.add_argument("--model", default=None, help="HF checkpoint directory (default: built-in tiny model)")
+    gen.add_argument(
+        "--model", default=None, help="HF checkpoint directory (default: built-in tiny model)"
+    )
     gen.add_argument("--prompt", action="append", help="a prompt (repeatable)")
     gen.add_argument("--max-tokens", type=int, default=32)
     gen.add_argument("--temperature", type=float, default=0.0)

@@ -6,7 +6,7 @@ import itertools
 import time
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, Union
+from typing import Any
 
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer
@@ -18,7 +18,7 @@ from minivllm.entrypoints.output_processor import OutputProcessor
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
 
-PromptType = Union[str, list[int], dict[str, Any]]
+PromptType = str | list[int] | dict[str, Any]
 
 
 class LLM:
@@ -95,7 +95,9 @@ class LLM:
                 )
         for params in params_list:
             if not isinstance(params, SamplingParams):
-                raise TypeError(f"sampling_params must be SamplingParams, got {type(params).__name__}")
+                raise TypeError(
+                    f"sampling_params must be SamplingParams, got {type(params).__name__}"
+                )
         eos = list(self.generation_defaults.eos_token_ids)
         return [replace(p, eos_token_ids=eos) for p in params_list]
 
@@ -107,7 +109,9 @@ class LLM:
                 return prompt.get("prompt"), list(prompt["prompt_token_ids"])
             if "prompt" in prompt:
                 return prompt["prompt"], self.tokenizer.encode(prompt["prompt"])
-            raise ValueError(f"a prompt dict needs 'prompt' or 'prompt_token_ids', got {sorted(prompt)}")
+            raise ValueError(
+                f"a prompt dict needs 'prompt' or 'prompt_token_ids', got {sorted(prompt)}"
+            )
         if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
             return None, list(prompt)
         raise TypeError(f"unsupported prompt type: {type(prompt).__name__}")

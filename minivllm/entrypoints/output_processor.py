@@ -132,10 +132,13 @@ class OutputProcessor:
     def _apply(self, parent: _Parent, child: _Child, out: EngineOutput, now: float) -> None:
         if parent.metrics.first_token_time is None and out.new_token_ids:
             parent.metrics.first_token_time = now
-        parent.metrics.num_cached_tokens = max(parent.metrics.num_cached_tokens, out.num_cached_tokens)
+        parent.metrics.num_cached_tokens = max(
+            parent.metrics.num_cached_tokens, out.num_cached_tokens
+        )
         if out.prompt_logprobs is not None:
             parent.prompt_logprobs = (parent.prompt_logprobs or []) + [
-                None if d is None else decode_logprobs(self.tokenizer, d) for d in out.prompt_logprobs
+                None if d is None else decode_logprobs(self.tokenizer, d)
+                for d in out.prompt_logprobs
             ]
         child.token_ids.extend(out.new_token_ids)
         if child.logprobs is not None and out.new_logprobs:

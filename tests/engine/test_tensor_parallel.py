@@ -16,7 +16,9 @@ PARAMS = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 
 
 def greedy(model_dir: str, tp: int, **options) -> list[list[int]]:
-    llm = LLM(model_dir, dtype="float32", device="cpu", block_size=4, tensor_parallel_size=tp, **options)
+    llm = LLM(
+        model_dir, dtype="float32", device="cpu", block_size=4, tensor_parallel_size=tp, **options
+    )
     try:
         outs = llm.generate(PROMPTS, PARAMS, use_tqdm=False)
         return [o.outputs[0].token_ids for o in outs]

@@ -29,8 +29,17 @@ SCRIPT = textwrap.dedent(
 def test_torchrun_tp2_matches_single_process(tiny_qwen3_dir: str, tmp_path) -> None:
     script = tmp_path / "run.py"
     script.write_text(SCRIPT)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(script), tiny_qwen3_dir, json.dumps(PROMPTS)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(script),
+        tiny_qwen3_dir,
+        json.dumps(PROMPTS),
+    ]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = [line for line in result.stdout.splitlines() if line.startswith("TOKENS")]
@@ -38,4 +47,4 @@ def test_torchrun_tp2_matches_single_process(tiny_qwen3_dir: str, tmp_path) -> N
     llm = LLM(tiny_qwen3_dir, dtype="float32", device="cpu", block_size=4)
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
-    assert json.loads(lines[0][len("TOKENS "):]) == [o.outputs[0].token_ids for o in outs]
+    assert json.loads(lines[0][len("TOKENS ") :]) == [o.outputs[0].token_ids for o in outs]

@@ -15,8 +15,14 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def llm(tiny_qwen3_dir: str) -> LLM:
-    return LLM(tiny_qwen3_dir, dtype="float32", device="cpu", block_size=4, max_model_len=64,
-               num_gpu_blocks_override=12)
+    return LLM(
+        tiny_qwen3_dir,
+        dtype="float32",
+        device="cpu",
+        block_size=4,
+        max_model_len=64,
+        num_gpu_blocks_override=12,
+    )
 
 
 def still_serves(llm: LLM) -> None:
@@ -42,7 +48,11 @@ def test_empty_prompt(llm: LLM) -> None:
 def test_token_outside_vocab(llm: LLM) -> None:
     vocab = llm.engine.model_config.vocab_size
     with pytest.raises(ValueError, match=str(vocab + 5)):
-        llm.generate([{"prompt_token_ids": [1, 2]}, {"prompt_token_ids": [1, vocab + 5]}], GREEDY, use_tqdm=False)
+        llm.generate(
+            [{"prompt_token_ids": [1, 2]}, {"prompt_token_ids": [1, vocab + 5]}],
+            GREEDY,
+            use_tqdm=False,
+        )
     with pytest.raises(ValueError, match="-1"):
         llm.generate({"prompt_token_ids": [-1]}, GREEDY, use_tqdm=False)
     still_serves(llm)
@@ -50,8 +60,12 @@ def test_token_outside_vocab(llm: LLM) -> None:
 
 @pytest.mark.parametrize(
     "kwargs, words",
-    [({"temperature": -0.5}, "temperature"), ({"max_tokens": 0}, "max_tokens"),
-     ({"top_p": 0.0}, "top_p"), ({"top_p": 1.5}, "top_p")],
+    [
+        ({"temperature": -0.5}, "temperature"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+    ],
 )
 def test_invalid_sampling_params(kwargs, words) -> None:
     with pytest.raises(ValueError, match=words):

@@ -15,10 +15,13 @@ MAX_TOKENS = 12
 def hf_greedy(model_dir: str, prompt: list[int], max_tokens: int) -> list[int]:
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     out = model.generate(
-        torch.tensor([prompt]), max_new_tokens=max_tokens, do_sample=False,
-        min_new_tokens=max_tokens, pad_token_id=0,
+        torch.tensor([prompt]),
+        max_new_tokens=max_tokens,
+        do_sample=False,
+        min_new_tokens=max_tokens,
+        pad_token_id=0,
     )
-    return out[0, len(prompt):].tolist()
+    return out[0, len(prompt) :].tolist()
 
 
 @pytest.mark.parametrize("arch_fixture", ["tiny_qwen3_dir", "tiny_qwen2_dir", "tiny_llama_dir"])

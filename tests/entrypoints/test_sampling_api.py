@@ -12,7 +12,30 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from minivllm import LLM, SamplingParams
 
-PROMPT = {"prompt_token_ids": [11, 22, 33, 44, 55, 66, 77, 88, 99, 111, 122, 133, 144, 155, 166, 177, 188, 199, 201, 202]}
+PROMPT = {
+    "prompt_token_ids": [
+        11,
+        22,
+        33,
+        44,
+        55,
+        66,
+        77,
+        88,
+        99,
+        111,
+        122,
+        133,
+        144,
+        155,
+        166,
+        177,
+        188,
+        199,
+        201,
+        202,
+    ]
+}
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
 
 
@@ -29,8 +52,11 @@ def test_seed_reproduces_alone_or_batched(llm: LLM) -> None:
     seeded = SamplingParams(temperature=1.0, seed=1234, max_tokens=12, ignore_eos=True)
     other = SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True)
     alone = tokens(llm.generate(PROMPT, seeded, use_tqdm=False))[0]
-    batched = llm.generate([{"prompt_token_ids": [5, 6, 7]}, PROMPT, {"prompt_token_ids": [9] * 9}],
-                           [other, seeded, other], use_tqdm=False)
+    batched = llm.generate(
+        [{"prompt_token_ids": [5, 6, 7]}, PROMPT, {"prompt_token_ids": [9] * 9}],
+        [other, seeded, other],
+        use_tqdm=False,
+    )
     assert batched[1].outputs[0].token_ids == alone
     reseeded = SamplingParams(temperature=1.0, seed=4321, max_tokens=12, ignore_eos=True)
     assert tokens(llm.generate(PROMPT, reseeded, use_tqdm=False))[0] != alone
@@ -61,12 +87,24 @@ def test_stop_string_spanning_tokens(llm: LLM) -> None:
     assert len(pieces[4]) > boundary and boundary > 0
     stop = full.text[boundary - 1 : boundary + 1]
     first = full.text.find(stop)
-    out = llm.generate(PROMPT, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, stop=[stop]),
-                       use_tqdm=False)[0].outputs[0]
+    out = llm.generate(
+        PROMPT,
+        SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, stop=[stop]),
+        use_tqdm=False,
+    )[0].outputs[0]
     assert out.text == full.text[:first]
     assert out.finish_reason == "stop" and out.stop_reason == stop
-    kept = llm.generate(PROMPT, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, stop=[stop],
-                                               include_stop_str_in_output=True), use_tqdm=False)[0].outputs[0]
+    kept = llm.generate(
+        PROMPT,
+        SamplingParams(
+            temperature=0.0,
+            max_tokens=16,
+            ignore_eos=True,
+            stop=[stop],
+            include_stop_str_in_output=True,
+        ),
+        use_tqdm=False,
+    )[0].outputs[0]
     assert kept.text == full.text[: first + len(stop)]
 
 
@@ -78,14 +116,18 @@ def test_stop_token_ids_and_min_tokens(llm: LLM) -> None:
     cut = full.index(stop_id) + 1
     assert out.token_ids == full[:cut]
     assert out.finish_reason == "stop" and out.stop_reason == stop_id
-    held = SamplingParams(temperature=0.0, max_tokens=16, stop_token_ids=[stop_id], min_tokens=cut + 2)
+    held = SamplingParams(
+        temperature=0.0, max_tokens=16, stop_token_ids=[stop_id], min_tokens=cut + 2
+    )
     out = llm.generate(PROMPT, held, use_tqdm=False)[0].outputs[0]
     assert len(out.token_ids) >= cut + 2
     assert stop_id not in out.token_ids[: cut + 2]
 
 
 def test_logprobs_match_hf(llm: LLM, tiny_qwen3_dir: str) -> None:
-    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=3, prompt_logprobs=2)
+    params = SamplingParams(
+        temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=3, prompt_logprobs=2
+    )
     out = llm.generate(PROMPT, params, use_tqdm=False)[0]
     completion = out.outputs[0]
     hf = AutoModelForCausalLM.from_pretrained(tiny_qwen3_dir, dtype=torch.float32)
@@ -120,7 +162,9 @@ def test_chat_applies_template(llm: LLM, tiny_qwen3_dir: str) -> None:
         expected = expected["input_ids"]
     out = llm.chat(messages, SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)
     assert out[0].prompt_token_ids == list(expected)
-    two = llm.chat([messages, messages], SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)
+    two = llm.chat(
+        [messages, messages], SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False
+    )
     assert [o.outputs[0].token_ids for o in two] == [out[0].outputs[0].token_ids] * 2
 
 
@@ -134,7 +178,9 @@ def test_generation_config_eos(llm: LLM, tiny_qwen3_dir: str, tmp_path) -> None:
     gen["eos_token_id"] = [eos]
     gen_path.write_text(json.dumps(gen))
     eos_llm = LLM(str(target), dtype="float32", device="cpu", block_size=4)
-    out = eos_llm.generate(PROMPT, SamplingParams(temperature=0.0, max_tokens=16), use_tqdm=False)[0]
+    out = eos_llm.generate(PROMPT, SamplingParams(temperature=0.0, max_tokens=16), use_tqdm=False)[
+        0
+    ]
     assert out.outputs[0].token_ids == full[: full.index(eos) + 1]
     assert out.outputs[0].finish_reason == "stop"
     ignored = eos_llm.generate(PROMPT, GREEDY, use_tqdm=False)[0]
