@@ -1,5 +1,5 @@
-"""KV cache sizing and allocation: one allocation, one [2, num_blocks, block_size, kv_heads, head_dim]
-view per layer."""
+"""KV cache sizing and allocation: one allocation, one view per layer of shape
+[2, num_blocks, block_size, kv_heads, head_dim]."""
 
 from __future__ import annotations
 

@@ -110,7 +110,8 @@ class TPExecutor:
             return
         if config.resolved_device().type == "cuda" and torch.cuda.device_count() < world_size:
             raise ValueError(
-                f"tensor_parallel_size={world_size} but only {torch.cuda.device_count()} GPUs are visible"
+                f"tensor_parallel_size={world_size} but only {torch.cuda.device_count()} GPUs "
+                "are visible"
             )
         port = free_port()
         ctx = mp.get_context("spawn")
