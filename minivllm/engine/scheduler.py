@@ -288,4 +288,5 @@ class Scheduler:
             new_logprobs=new_logprobs,
             prompt_logprobs=prompt_logprobs,
             num_cached_tokens=max(request.num_cached_tokens, 0),
+            first_scheduled_time=request.first_scheduled_time,
         )

@@ -101,9 +101,26 @@ def _serve_steps(runner: ModelRunner, control) -> None:
     dist.destroy_process_group()
 
 
+def check_shardable(model_config: ModelConfig, tp_size: int) -> None:
+    """Raises ValueError, naming the numbers, for a model that tp_size ranks cannot split."""
+    for what, n in (
+        ("number of attention heads", model_config.num_attention_heads),
+        ("intermediate_size", model_config.intermediate_size),
+    ):
+        if n % tp_size:
+            raise ValueError(f"{what} ({n}) is not divisible by tensor_parallel_size ({tp_size})")
+    kv = model_config.num_key_value_heads
+    if kv % tp_size and tp_size % kv:
+        raise ValueError(
+            f"number of KV heads ({kv}) and tensor_parallel_size ({tp_size}) must divide one "
+            "another (fewer KV heads than ranks are replicated)"
+        )
+
+
 class TPExecutor:
     def __init__(self, config: EngineConfig, model_config: ModelConfig, max_model_len: int) -> None:
         world_size = config.tensor_parallel_size
+        check_shardable(model_config, world_size)
         launched = torchrun_rank()
         if launched is not None:
             self._join_torchrun(config, model_config, max_model_len, *launched)
@@ -128,9 +145,14 @@ class TPExecutor:
             worker.start()
         self._closed = False
         self._finalizer = weakref.finalize(self, TPExecutor._reap, list(self.workers))
-        self.runner, self.control, self.num_blocks = _init_rank(
-            config, model_config, max_model_len, 0, world_size, f"tcp://127.0.0.1:{port}", 0
-        )
+        try:
+            self.runner, self.control, self.num_blocks = _init_rank(
+                config, model_config, max_model_len, 0, world_size, f"tcp://127.0.0.1:{port}", 0
+            )
+        except BaseException:
+            self._closed = True
+            self.shutdown()  # no orphan workers, no process group left behind
+            raise
 
     def _join_torchrun(self, config, model_config, max_model_len, rank, local_rank, world_size):
         """Under torchrun every rank constructs the LLM: rank 0 returns and drives it; the

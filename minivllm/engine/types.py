@@ -102,3 +102,4 @@ class EngineOutput:
     new_logprobs: list[LogprobsDict] | None = None
     prompt_logprobs: list[LogprobsDict | None] | None = None
     num_cached_tokens: int = 0
+    first_scheduled_time: float | None = None

@@ -130,6 +130,8 @@ class OutputProcessor:
         return list(parent.children)
 
     def _apply(self, parent: _Parent, child: _Child, out: EngineOutput, now: float) -> None:
+        if parent.metrics.first_scheduled_time is None:
+            parent.metrics.first_scheduled_time = out.first_scheduled_time
         if parent.metrics.first_token_time is None and out.new_token_ids:
             parent.metrics.first_token_time = now
         parent.metrics.num_cached_tokens = max(

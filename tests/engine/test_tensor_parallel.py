@@ -51,3 +51,9 @@ def test_shutdown_leaves_no_workers(tiny_qwen3_dir: str) -> None:
     workers = list(llm.engine.executor.workers)
     llm.shutdown()
     assert not any(w.is_alive() for w in workers)
+
+
+def test_heads_not_divisible_by_tp_is_a_clear_error(tiny_qwen3_dir: str) -> None:
+    # The tiny Qwen3 has 4 query heads: 3 ranks cannot split them.
+    with pytest.raises(ValueError, match=r"\b4\b.*\b3\b|\b3\b.*\b4\b"):
+        LLM(tiny_qwen3_dir, dtype="float32", device="cpu", tensor_parallel_size=3)

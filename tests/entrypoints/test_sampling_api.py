@@ -190,4 +190,4 @@ def test_generation_config_eos(llm: LLM, tiny_qwen3_dir: str, tmp_path) -> None:
 def test_metrics(llm: LLM) -> None:
     out = llm.generate(PROMPT, GREEDY, use_tqdm=False)[0]
     m = out.metrics
-    assert m.arrival_time <= m.first_token_time <= m.finished_time
+    assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time <= m.finished_time
