@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 import torch
@@ -112,7 +112,6 @@ class EngineConfig:
     async_scheduling: bool = True
     # Largest decode batch captured in a CUDA graph.
     max_cuda_graph_batch_size: int = 512
-    extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         def check(ok: bool, message: str) -> None:
@@ -157,7 +156,7 @@ class EngineConfig:
     @classmethod
     def from_options(cls, model: str, **options: Any) -> EngineConfig:
         """Builds the config from LLM(...) keyword options; an unknown name is a TypeError."""
-        known = {f.name for f in fields(cls)} - {"model", "extra"}
+        known = {f.name for f in fields(cls)} - {"model"}
         unknown = sorted(set(options) - known)
         if unknown:
             raise TypeError(f"unknown engine option(s) {unknown}; known options: {sorted(known)}")

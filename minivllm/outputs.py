@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from minivllm.engine.types import LogprobsDict
 
@@ -40,4 +40,3 @@ class RequestOutput:
     prompt_logprobs: list[LogprobsDict | None] | None = None
     metrics: RequestMetrics | None = None
     num_cached_tokens: int = 0
-    extra: dict = field(default_factory=dict, repr=False)

@@ -12,7 +12,7 @@ import typing
 
 from minivllm.config import EngineConfig
 
-_SKIP = {"model", "extra"}
+_SKIP = {"model"}
 
 
 def add_engine_options(parser: argparse.ArgumentParser) -> None:
