@@ -88,7 +88,9 @@ class SamplingState:
             # stays, except the fused sampler's seeds and offsets (replaced below).
             static = meta.no_penalties and meta.suppressed_token_ids is None
             self._reusable = (key, meta) if static else None
-        if meta.is_plain and not meta.all_greedy:
+        # On CUDA every batch draws with the fused kernel's keyed noise (plain or not), so a
+        # seeded request's tokens do not depend on its neighbours' sampling options.
+        if (meta.is_plain or meta.temperature.is_cuda) and not meta.all_greedy:
             meta = replace(meta, **self._draw_tensors(states, meta.temperature.device))
         for s in states:
             s.num_sampled += 1

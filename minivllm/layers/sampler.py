@@ -85,6 +85,10 @@ class Sampler(nn.Module):
         greedy_ids = None if meta.all_random else logits.argmax(dim=-1)
         if meta.all_greedy:
             sampled = greedy_ids
+        elif logits.is_cuda and meta.seeds is not None:
+            # Filter on a copy, then draw from the unscaled logits with the fused kernel's
+            # keyed noise: the same draw a plain batch makes for a row without filters.
+            sampled = draw_filtered(logits, self._filter(logits.clone(), meta), meta)
         else:
             sampled = self._sample(logits, meta)
             if greedy_ids is not None:
@@ -97,6 +101,12 @@ class Sampler(nn.Module):
         return out
 
     def _sample(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+        probs = self._filter(logits, meta).softmax(dim=-1)
+        return exponential_race(probs, meta.generators)
+
+    @staticmethod
+    def _filter(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+        """Temperature, then top-k / top-p / min-p (dropped tokens -inf), in place."""
         # Greedy rows get temperature 1 here only to avoid dividing by 0; their result is unused.
         temperature = torch.where(meta.temperature == 0.0, 1.0, meta.temperature)
         logits.div_(temperature.unsqueeze(1))
@@ -106,8 +116,18 @@ class Sampler(nn.Module):
             logits = apply_top_k(logits, meta.top_k, meta.max_top_k)
         if not meta.no_min_p:
             logits = apply_min_p(logits, meta.min_p)
-        probs = logits.softmax(dim=-1)
-        return exponential_race(probs, meta.generators)
+        return logits
+
+
+def draw_filtered(
+    logits: torch.Tensor, filtered: torch.Tensor, meta: SamplingMetadata
+) -> torch.Tensor:
+    """Gumbel-max draw (kernels/sampling.py) from logits [N, V] (penalized, unscaled) with the
+    tokens that filtered [N, V] dropped (-inf) masked out; greedy rows take the argmax."""
+    from minivllm.kernels.sampling import sample_plain
+
+    kept = logits.masked_fill(filtered == -torch.inf, -torch.inf)
+    return sample_plain(kept, meta.temperature, meta.seeds, meta.offsets)
 
 
 def token_counts(token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
