@@ -1,6 +1,7 @@
 """ModelRunner: owns the model, the KV cache and the sampler on one device (one TP rank).
 
-`execute(SchedulerOutput) -> RunnerOutput` is its whole interface to the engine core.
+Its interface to the engine core: `execute(SchedulerOutput) -> RunnerOutput` (waits for the
+tokens) and `execute_async(SchedulerOutput) -> StepHandle` (returns once the step is launched).
 """
 
 from __future__ import annotations
@@ -112,6 +113,7 @@ class ModelRunner:
             out.prompt_logprobs = self.prompt_logprobs.collect(jobs, logits[num_sampled:])
         return out
 
+    @torch.inference_mode()
     def execute_async(self, sched_out: SchedulerOutput) -> StepHandle:
         """Launches one step and returns at once; the handle yields its sampled tokens. For
         requests that need no logprobs, penalties or min_tokens (the scheduler checks)."""
