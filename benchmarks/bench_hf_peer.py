@@ -9,11 +9,10 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import headline_workload, make_dummy_model_dir  # noqa: E402
+from common import dummy_model_dir, headline_workload  # noqa: E402
 
 
 def main() -> None:
@@ -25,9 +24,7 @@ def main() -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
-    model_dir = make_dummy_model_dir(
-        "qwen3-0.6b", os.path.join(tempfile.gettempdir(), "minivllm-dummy-qwen3-0.6b")
-    )
+    model_dir = dummy_model_dir("qwen3-0.6b")
     config = AutoConfig.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_config(
         config, dtype=torch.bfloat16, attn_implementation=args.attn

@@ -8,11 +8,10 @@ import json
 import os
 import random
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import make_dummy_model_dir  # noqa: E402
+from common import dummy_model_dir  # noqa: E402
 
 
 def main() -> None:
@@ -23,9 +22,7 @@ def main() -> None:
 
     from minivllm import LLM, SamplingParams
 
-    model_dir = make_dummy_model_dir(
-        args.model_name, os.path.join(tempfile.gettempdir(), f"minivllm-dummy-{args.model_name}")
-    )
+    model_dir = dummy_model_dir(args.model_name)
     llm = LLM(
         model_dir,
         load_format="dummy",

@@ -9,11 +9,10 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import headline_workload, make_dummy_model_dir, measure_bandwidth, roofline_seconds  # noqa: E402
+from common import dummy_model_dir, headline_workload, measure_bandwidth, roofline_seconds  # noqa: E402
 
 
 class StepTimer:
@@ -61,9 +60,7 @@ def main() -> None:
 
     from minivllm import LLM, SamplingParams
 
-    model_dir = args.model or make_dummy_model_dir(
-        args.model_name, os.path.join(tempfile.gettempdir(), f"minivllm-dummy-{args.model_name}")
-    )
+    model_dir = args.model or dummy_model_dir(args.model_name)
     options = {
         "load_format": "dummy",
         "max_model_len": 4096,

@@ -31,6 +31,13 @@ def make_dummy_model_dir(name: str, out_dir: str) -> str:
     return out_dir
 
 
+def dummy_model_dir(name: str) -> str:
+    """make_dummy_model_dir into a fixed temporary folder (reused across runs)."""
+    import tempfile
+
+    return make_dummy_model_dir(name, os.path.join(tempfile.gettempdir(), f"minivllm-dummy-{name}"))
+
+
 def headline_workload(num_seqs: int = 256, seed: int = 0) -> tuple[list[list[int]], list[int]]:
     """PERF.md's workload: prompts of 100-1024 random ids in [0, 10000], outputs of 100-1024."""
     import random

@@ -8,12 +8,11 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 from collections import defaultdict
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import make_dummy_model_dir  # noqa: E402
+from common import dummy_model_dir  # noqa: E402
 
 
 def main() -> None:
@@ -30,9 +29,7 @@ def main() -> None:
 
     from minivllm import LLM, SamplingParams
 
-    model_dir = make_dummy_model_dir(
-        args.model_name, os.path.join(tempfile.gettempdir(), f"minivllm-dummy-{args.model_name}")
-    )
+    model_dir = dummy_model_dir(args.model_name)
     llm = LLM(
         model_dir,
         load_format="dummy",
