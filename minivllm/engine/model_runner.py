@@ -70,6 +70,13 @@ class ModelRunner:
         self.graphs = None  # a CUDAGraphRunner once captured
         # The last step's sampled ids [num_sampled] on the device, and req_id -> index.
         self._last_sampled: tuple[torch.Tensor, dict[str, int]] | None = None
+        self._host_ids: list[torch.Tensor] | None = None
+        if device.type == "cuda":
+            self._host_ids = [
+                torch.empty(config.max_num_seqs, dtype=torch.int64, pin_memory=True)
+                for _ in range(3)
+            ]
+        self._num_async_steps = 0
 
     # ---- KV cache -------------------------------------------------------------------------
 
@@ -118,14 +125,21 @@ class ModelRunner:
         """Launches one step and returns at once; the handle yields its sampled tokens. For
         requests that need no logprobs, penalties or min_tokens (the scheduler checks)."""
         if not self._begin(sched_out):
-            return StepHandle(self.sampling_state, [], None)
+            return StepHandle(self.sampling_state, [], None, None)
         inputs = self.prepare(sched_out)
         logits = self.compute_logits(inputs, sched_out)
         req_ids = inputs.sample_req_ids
         sampling_meta = self.sampling_state.build_metadata(req_ids, self.device)
         sampled = self.sampler(logits, sampling_meta).sampled_token_ids
         self._last_sampled = (sampled, {req_id: i for i, req_id in enumerate(req_ids)})
-        return StepHandle(self.sampling_state, req_ids, sampled)
+        # Steps in flight at once are at most two (launched, and being applied): a ring of
+        # three persistent pinned buffers is never overwritten before it is read, and no
+        # step allocates pinned memory (cudaHostAlloc synchronizes the device).
+        host = None
+        if self._host_ids is not None:
+            host = self._host_ids[self._num_async_steps % len(self._host_ids)][: len(req_ids)]
+            self._num_async_steps += 1
+        return StepHandle(self.sampling_state, req_ids, sampled, host)
 
     def _begin(self, sched_out: SchedulerOutput) -> bool:
         """Applies the step's request changes; returns whether there is anything to run."""
@@ -217,18 +231,23 @@ class ModelRunner:
 
 
 class StepHandle:
-    """A launched step. result() waits for its sampled ids (copied to pinned host memory
+    """A launched step. result() waits for its sampled ids (copied into a pinned host buffer
     behind the step's kernels) and records them in the sampling state."""
 
     def __init__(
-        self, sampling_state: SamplingState, req_ids: list[str], sampled: torch.Tensor | None
+        self,
+        sampling_state: SamplingState,
+        req_ids: list[str],
+        sampled: torch.Tensor | None,
+        host: torch.Tensor | None,
     ) -> None:
         self.sampling_state = sampling_state
         self.req_ids = req_ids
         self.event = None
         self.host = sampled
         if sampled is not None and sampled.is_cuda:
-            self.host = torch.empty(sampled.shape, dtype=sampled.dtype, pin_memory=True)
+            # host: [num_sampled] int64 slice of a pinned buffer that the runner owns.
+            self.host = host
             self.host.copy_(sampled, non_blocking=True)
             self.event = torch.cuda.Event()
             self.event.record()
