@@ -38,8 +38,10 @@ class TorchSDPABackend:
     ) -> torch.Tensor:
         store_kv(k, v, kv_cache, meta.slot_mapping)
         block_size = kv_cache.shape[2]
-        starts = meta.query_start_loc_cpu or meta.query_start_loc.tolist()
-        seq_lens = meta.seq_lens_cpu or meta.seq_lens.tolist()
+        starts = meta.query_start_loc_cpu
+        if starts is None:
+            starts = meta.query_start_loc.tolist()
+        seq_lens = meta.seq_lens_cpu if meta.seq_lens_cpu is not None else meta.seq_lens.tolist()
         out = torch.empty_like(q)
         group = q.shape[1] // kv_cache.shape[3]
         for i, seq_len in enumerate(seq_lens):

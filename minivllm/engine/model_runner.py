@@ -219,11 +219,10 @@ class ModelRunner:
             return RunnerOutput(req_ids=[], sampled_token_ids=[])
         sampling_meta = self.sampling_state.build_metadata(req_ids, self.device)
         sampler_out = self.sampler(logits, sampling_meta)
-        sampled = sampler_out.sampled_token_ids
-        self._last_sampled = (sampled, {req_id: i for i, req_id in enumerate(req_ids)})
-        token_ids = sampled.tolist()  # the step's one host sync
-        for req_id, token_id in zip(req_ids, token_ids, strict=True):
-            self.sampling_state.append_token(req_id, token_id)
+        # A synchronous step applies its tokens before the next schedule, so it leaves no
+        # placeholders to fill: unlike execute_async it need not remember the sampled ids.
+        token_ids = sampler_out.sampled_token_ids.tolist()  # the step's one host sync
+        self.sampling_state.append_tokens(req_ids, token_ids)
         logprobs = None
         if sampling_meta.max_num_logprobs is not None:
             logprobs = self.sampling_state.to_runner_logprobs(sampler_out, req_ids)
