@@ -1,0 +1,46 @@
+"""The serving benchmark's requests run offline through LLM.generate: N random prompts of 1,000
+token ids and 200 output tokens (ignore_eos), dummy weights. Prints one JSON line, so that the
+server's output tok/s at high concurrency can be set against the engine's offline rate.
+
+Usage: python benchmarks/offline_like_serve.py MODEL_DIR [NUM_PROMPTS] [INPUT_LEN] [OUTPUT_LEN]
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+
+from minivllm import LLM, SamplingParams
+
+model_dir = sys.argv[1]
+num_prompts = int(sys.argv[2]) if len(sys.argv) > 2 else 512
+input_len = int(sys.argv[3]) if len(sys.argv) > 3 else 1000
+output_len = int(sys.argv[4]) if len(sys.argv) > 4 else 200
+
+llm = LLM(model_dir, load_format="dummy", max_model_len=4096)
+params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=output_len)
+rng = random.Random(0)
+prompts = [
+    {"prompt_token_ids": [rng.randint(0, 10000) for _ in range(input_len)]}
+    for _ in range(num_prompts)
+]
+llm.generate(prompts[:4], SamplingParams(max_tokens=8), use_tqdm=False)  # warm-up
+start = time.perf_counter()
+outputs = llm.generate(prompts, params, use_tqdm=False)
+seconds = time.perf_counter() - start
+num_output = sum(len(o.outputs[0].token_ids) for o in outputs)
+print(
+    json.dumps(
+        {
+            "benchmark": "offline_like_serve",
+            "num_prompts": num_prompts,
+            "input_len": input_len,
+            "output_len": output_len,
+            "seconds": round(seconds, 3),
+            "output_tok_s": round(num_output / seconds, 1),
+        }
+    )
+)
+llm.shutdown()

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Serving side by side on the device machine: `vllm serve` then `minivllm serve` on the same GPU,
+# both driven by vLLM's own load generator (`vllm bench serve`), Qwen3-0.6B dummy weights,
+# random 1,000-token prompts and 200 output tokens (--ignore-eos). Then the same requests offline
+# through minivllm's LLM.generate. Needs vLLM installed in /tmp/vsite (benchmarks/peer_run.sh,
+# ../shared/peer/README.md) and the peer scripts in .whl/peer. Results under $OUT.
+# Usage: bash benchmarks/peer_serve.sh [GPU_INDEX]
+set -u
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_USE_FLASHINFER_SAMPLER=0
+export CUDA_VISIBLE_DEVICES=${1:-0}
+OUT=${OUT:-/tmp/out}
+MODEL=/tmp/q06
+[ -d $MODEL ] || python3 .whl/peer/make_dummy_model.py qwen3-0.6b $MODEL > /dev/null
+VSITE=/tmp/vsite
+
+wait_healthy() {  # port, seconds
+  for _ in $(seq 1 "$2"); do
+    curl -sf "http://127.0.0.1:$1/health" > /dev/null && return 0
+    sleep 1
+  done
+  echo "server on port $1 not healthy after $2 s" >&2
+  return 1
+}
+
+bench() {  # name port
+  local common="--backend openai --base-url http://127.0.0.1:$2 --model $MODEL --dataset-name random
+    --random-input-len 1000 --random-output-len 200 --ignore-eos --seed 0
+    --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99"
+  PYTHONPATH=$VSITE timeout 200 python3 -m vllm.entrypoints.cli.main bench serve $common \
+    --num-prompts 300 --request-rate 10 > "$OUT/serve_${1}_rate10.log" 2>&1
+  PYTHONPATH=$VSITE timeout 200 python3 -m vllm.entrypoints.cli.main bench serve $common \
+    --num-prompts 512 --request-rate inf --max-concurrency 128 > "$OUT/serve_${1}_c128.log" 2>&1
+  for f in rate10 c128; do
+    echo "== $1 $f"
+    grep -E "Successful|Failed|throughput|TTFT|TPOT|ITL|E2EL" "$OUT/serve_${1}_$f.log" | grep -v "^--" | head -20
+  done
+}
+
+stop() {  # pid
+  kill -TERM -- "-$1" 2>/dev/null
+  for _ in $(seq 1 30); do kill -0 "$1" 2>/dev/null || return 0; sleep 1; done
+  echo "server $1 did not exit within 30 s of SIGTERM" >&2
+  kill -KILL -- "-$1" 2>/dev/null
+}
+
+PYTHONPATH=$VSITE setsid python3 -m vllm.entrypoints.cli.main serve $MODEL --load-format dummy \
+  --max-model-len 4096 --port 8011 > "$OUT/vllm_serve.log" 2>&1 &
+vpid=$!
+wait_healthy 8011 240 && bench vllm 8011
+stop $vpid
+
+PYTHONPATH=$VSITE:$PWD setsid python3 -m minivllm serve $MODEL --load-format dummy \
+  --max-model-len 4096 --port 8012 > "$OUT/minivllm_serve.log" 2>&1 &
+mpid=$!
+wait_healthy 8012 240 && bench minivllm 8012
+curl -s http://127.0.0.1:8012/metrics | grep -E "^minivllm:(num_preemptions|prefix_cache|generation_tokens|request_success)" | head -12
+stop $mpid
+wait $mpid; echo "minivllm serve exit code: $?"
+
+PYTHONPATH=$PWD timeout 200 python3 benchmarks/offline_like_serve.py $MODEL 512 2>&1 | tail -2
