@@ -19,7 +19,8 @@ class IncrementalDetokenizer:
     """Turns one sequence's output token ids into text, a delta at a time, and finds stop strings.
 
     add_tokens returns text that is final: an incomplete multi-byte character is held until
-    its last byte arrives, and (unless include_stop_str_in_output) the last
+    its last byte arrives (or the output ends: then it is kept as U+FFFD, as the tokenizer
+    decodes it), and (unless include_stop_str_in_output) the last
     len(longest stop) - 1 characters are held until they cannot start a stop string.
     """
 
@@ -74,7 +75,7 @@ class IncrementalDetokenizer:
         if stopped_by_token and not self.include_stop_str_in_output:
             token_ids = token_ids[:-1]
         old_len = len(self._output_text)
-        self._output_text += self._decode_new(token_ids)
+        self._output_text += self._decode_new(token_ids, final=finished or stopped_by_token)
         self._find_stop(old_len)
         end = len(self._output_text)
         if not (finished or stopped_by_token or self.stopped):
@@ -84,13 +85,16 @@ class IncrementalDetokenizer:
         self._num_emitted_chars = end
         return delta
 
-    def _decode_new(self, token_ids: list[int]) -> str:
-        """Appends token_ids to the window; returns their text once it is complete."""
+    def _decode_new(self, token_ids: list[int], final: bool) -> str:
+        """Appends token_ids to the window; returns their text once it is complete, or now
+        when final (the output ends here, so no later token can complete a character)."""
         self._token_ids.extend(token_ids)
         prefix_text = self._decode(self._token_ids[self._prefix_offset : self._read_offset])
         new_text = self._decode(self._token_ids[self._prefix_offset :])
         # A trailing U+FFFD is a character whose remaining bytes are in tokens yet to come.
-        if len(new_text) <= len(prefix_text) or new_text.endswith(_REPLACEMENT_CHAR):
+        if len(new_text) <= len(prefix_text) or (
+            new_text.endswith(_REPLACEMENT_CHAR) and not final
+        ):
             return ""
         self._prefix_offset = self._read_offset
         self._read_offset = len(self._token_ids)

@@ -144,3 +144,22 @@ def test_decode_logprobs(tokenizer):
     result = decode_logprobs(tokenizer, entries)
     assert result is entries
     assert [e.decoded_token for e in entries.values()] == [" cat", " hello"]
+
+
+@pytest.mark.parametrize("text", MULTI_BYTE_TEXTS)
+def test_output_ending_mid_character_keeps_its_text(tokenizer, text):
+    """At finish the text is what the tokenizer decodes from the output ids, even when they
+    end in the middle of a character (the old code dropped the whole text then)."""
+    token_ids = tokenizer.encode(text)
+    cuts = [i for i in range(1, len(token_ids)) if tokenizer.decode(token_ids[:i])[-1] == "\ufffd"]
+    assert cuts  # the case exists for this text
+    for cut in cuts:
+        output_ids = token_ids[:cut]
+        expected = tokenizer.decode(output_ids)
+        whole = IncrementalDetokenizer(tokenizer, tokenizer.encode("the cat"))
+        assert whole.add_tokens(output_ids, finished=True) == expected == whole.text
+        streamed = IncrementalDetokenizer(tokenizer, tokenizer.encode("the cat"))
+        deltas = stream(streamed, output_ids)
+        # Before the end an incomplete character is withheld, at the end it is flushed.
+        assert all("\ufffd" not in d for d in deltas[:-1])
+        assert "".join(deltas) == streamed.text == expected
