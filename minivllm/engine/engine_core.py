@@ -13,6 +13,7 @@ from minivllm.engine.block_manager import BlockManager
 from minivllm.engine.parallel import build_executor
 from minivllm.engine.request import Request
 from minivllm.engine.scheduler import Scheduler
+from minivllm.engine.stats import EngineStats
 from minivllm.engine.types import EngineOutput
 from minivllm.sampling_params import SamplingParams
 
@@ -93,6 +94,20 @@ class EngineCore:
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests() or self._in_flight is not None
+
+    def stats(self) -> EngineStats:
+        """A snapshot of load and counters; cheap enough to call every step."""
+        scheduler = self.scheduler
+        block_manager = scheduler.block_manager
+        return EngineStats(
+            num_running=len(scheduler.running),
+            num_waiting=len(scheduler.waiting),
+            kv_cache_usage=block_manager.usage,
+            num_free_blocks=block_manager.num_free_blocks,
+            num_preemptions=scheduler.num_preemptions,
+            prefix_cache_queries=scheduler.prefix_cache_queries,
+            prefix_cache_hits=scheduler.prefix_cache_hits,
+        )
 
     def step(self) -> list[EngineOutput]:
         """Schedules, runs and applies one step. With async scheduling the step is launched

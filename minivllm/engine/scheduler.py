@@ -71,6 +71,11 @@ class Scheduler:
         self._finished_req_ids: list[str] = []
         # Unfinished requests whose sampling reads earlier sampled tokens on the host.
         self.num_host_dependent = 0
+        # Monotonic counters for metrics: preemptions, prompt tokens looked up in the
+        # prefix cache at admission and how many of them hit.
+        self.num_preemptions = 0
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
 
     def add_request(self, request: Request) -> None:
         if request.req_id in self.requests:
@@ -169,6 +174,8 @@ class Scheduler:
                 request.num_computed_tokens = 0
                 return
             self.waiting.popleft()
+            self.prefix_cache_queries += request.num_tokens
+            self.prefix_cache_hits += num_cached_tokens
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             if request.first_scheduled_time is None:
@@ -188,6 +195,7 @@ class Scheduler:
         request.num_computed_tokens = 0
         request.status = RequestStatus.WAITING
         request.num_preemptions += 1
+        self.num_preemptions += 1
         self.waiting.appendleft(request)
 
     def _add_chunk(
