@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import itertools
+import signal
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
 from tqdm.auto import tqdm
-from transformers import AutoTokenizer
 
 from minivllm.config import EngineConfig
 from minivllm.engine.engine_core import EngineCore
 from minivllm.entrypoints.generation_config import read_generation_defaults
 from minivllm.entrypoints.output_processor import OutputProcessor
+from minivllm.gguf_loader import load_tokenizer
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
 
@@ -26,11 +29,12 @@ class LLM:
 
     def __init__(self, model: str, **options: Any) -> None:
         self.config = EngineConfig.from_options(model, **options)
-        self.tokenizer = AutoTokenizer.from_pretrained(self.config.tokenizer or model)
+        self.tokenizer = load_tokenizer(self.config.tokenizer or model)
         self.generation_defaults = read_generation_defaults(model, self.tokenizer)
         self.engine = EngineCore(self.config)
         self.output_processor = OutputProcessor(self.tokenizer)
         self._request_counter = itertools.count()
+        self._lock = threading.Lock()
 
     def get_default_sampling_params(self) -> SamplingParams:
         return SamplingParams(**self.generation_defaults.sampling)
@@ -41,18 +45,33 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
-        """Generates for every prompt; returns outputs in input order."""
+        """Generates for every prompt; returns outputs in input order.
+
+        Thread-safe: concurrent calls run one after the other (the engine runs one batch).
+        A call that raises, KeyboardInterrupt included, aborts its requests before it returns.
+        """
         prompt_list = _as_prompt_list(prompts)
         params_list = self._params_per_prompt(sampling_params, len(prompt_list))
-        # Tokenize and validate everything before submitting anything, so that one bad
-        # prompt leaves the engine untouched.
-        requests = [self._tokenize(p) for p in prompt_list]
-        for (_, token_ids), params in zip(requests, params_list):
-            self.engine.validate_request(token_ids, params)
-        request_ids = []
-        for (text, token_ids), params in zip(requests, params_list):
-            request_ids.append(self._add_request(text, token_ids, params))
-        return self._run_engine(request_ids, use_tqdm)
+        with self._lock:
+            # Leftovers of a call whose clean-up was itself cut short.
+            self._abort_all()
+            # Tokenize and validate everything before submitting anything, so that one bad
+            # prompt leaves the engine untouched.
+            requests = [self._tokenize(p) for p in prompt_list]
+            for (_, token_ids), params in zip(requests, params_list):
+                self.engine.validate_request(token_ids, params)
+            completed = False
+            try:
+                request_ids = [
+                    self._add_request(text, token_ids, params)
+                    for (text, token_ids), params in zip(requests, params_list)
+                ]
+                outputs = self._run_engine(request_ids, use_tqdm)
+                completed = True
+            finally:
+                if not completed:
+                    self._abort_all()
+        return outputs
 
     def chat(
         self,
@@ -142,15 +161,17 @@ class LLM:
                         bar.update(1)
                 elapsed = time.perf_counter() - start
                 bar.set_postfix_str(f"output {num_output_tokens / max(elapsed, 1e-9):.1f} tok/s")
-        except BaseException:
-            # Leave the engine clean for the next call: drop what this call started.
-            for request_id in request_ids:
-                if request_id not in finished:
-                    self.engine.abort_requests(self.output_processor.abort(request_id))
-            raise
         finally:
             bar.close()
         return [finished[r] for r in request_ids]
+
+    def _abort_all(self) -> None:
+        """Aborts every request submitted and not yet returned, in one engine call; a Ctrl-C
+        during it is held until it is done, so that no request is left queued."""
+        with _interrupts_deferred():
+            core_ids = self.output_processor.abort_all()
+            if core_ids:
+                self.engine.abort_requests(core_ids)
 
     def shutdown(self) -> None:
         """Stops tensor-parallel workers; the LLM cannot generate afterwards."""
@@ -174,3 +195,21 @@ def _as_prompt_list(prompts) -> list[PromptType]:
     if not prompt_list:
         raise ValueError("no prompts given")
     return prompt_list
+
+
+@contextmanager
+def _interrupts_deferred() -> Iterator[None]:
+    """Holds SIGINT (KeyboardInterrupt) until the block ends, then delivers it. Only the main
+    thread receives KeyboardInterrupt, and only it may install handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    try:
+        yield
+    finally:
+        # None: a handler not installed from Python; the default one is the best guess back.
+        signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
+        if received and callable(previous):
+            previous(signal.SIGINT, None)

@@ -129,6 +129,13 @@ class OutputProcessor:
             self.child_to_parent.pop(child_id, None)
         return list(parent.children)
 
+    def abort_all(self) -> list[str]:
+        """Forgets every request; returns the core ids of all their samples."""
+        core_ids = list(self.child_to_parent)
+        self.parents.clear()
+        self.child_to_parent.clear()
+        return core_ids
+
     def _apply(self, parent: _Parent, child: _Child, out: EngineOutput, now: float) -> None:
         if parent.metrics.first_scheduled_time is None:
             parent.metrics.first_scheduled_time = out.first_scheduled_time
@@ -164,7 +171,8 @@ class OutputProcessor:
         outputs = [
             CompletionOutput(
                 index=c.index,
-                text=c.detokenizer.text,
+                # Streaming shows only final text (none a stop string may still cut).
+                text=c.detokenizer.emitted_text if self.stream else c.detokenizer.text,
                 token_ids=list(c.token_ids),
                 cumulative_logprob=None,
                 logprobs=c.logprobs,

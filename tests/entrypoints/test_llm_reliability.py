@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
+import time
+
 import pytest
 
 from minivllm import LLM, SamplingParams
@@ -31,3 +36,123 @@ def test_text_equals_decoded_output_ids(llm: LLM) -> None:
         assert completion.text == expected
         num_cut += expected.endswith("\ufffd")
     assert num_cut > 0  # the case under test happened
+
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+
+
+def greedy_prompts(start: int, count: int) -> list[dict]:
+    return [{"prompt_token_ids": [start + i, 7, 3 + i % 5]} for i in range(count)]
+
+
+def token_ids(outputs) -> list[list[int]]:
+    return [out.outputs[0].token_ids for out in outputs]
+
+
+def assert_idle(llm: LLM) -> None:
+    assert not llm.engine.scheduler.has_unfinished_requests()
+    assert not llm.output_processor.parents
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_concurrent_generate_calls(tiny_qwen3_dir: str, async_scheduling: bool) -> None:
+    """Two threads calling generate at once each get their own, correct outputs (they used
+    to fail with KeyError / TypeError or get other requests' tokens)."""
+    llm = LLM(
+        tiny_qwen3_dir,
+        dtype="float32",
+        device="cpu",
+        num_gpu_blocks_override=64,
+        async_scheduling=async_scheduling,
+    )
+    batches = [greedy_prompts(10, 12), greedy_prompts(40, 12)]
+    expected = [token_ids(llm.generate(b, GREEDY, use_tqdm=False)) for b in batches]
+    results: dict[int, list[list[int]]] = {}
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(2)
+
+    def worker(i: int) -> None:
+        try:
+            barrier.wait()
+            for _ in range(3):
+                results[i] = token_ids(llm.generate(batches[i], GREEDY, use_tqdm=False))
+                assert results[i] == expected[i]
+        except BaseException as e:  # reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    assert [results[0], results[1]] == expected
+    assert_idle(llm)
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_interrupted_generate_aborts_its_requests(
+    tiny_qwen3_dir: str, async_scheduling: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C mid-run, and a second one during the clean-up, leave nothing queued (a
+    second Ctrl-C used to leave thousands of requests for the next call to run first)."""
+    llm = LLM(
+        tiny_qwen3_dir,
+        dtype="float32",
+        device="cpu",
+        num_gpu_blocks_override=64,
+        max_num_seqs=4,
+        async_scheduling=async_scheduling,
+    )
+    expected = token_ids(llm.generate(greedy_prompts(10, 3), GREEDY, use_tqdm=False))
+    engine = llm.engine
+    real_step, real_abort = engine.step, engine.abort_requests
+    num_steps = 0
+
+    def step():
+        nonlocal num_steps
+        num_steps += 1
+        if num_steps == 4:
+            raise KeyboardInterrupt
+        return real_step()
+
+    def abort_requests(req_ids):
+        # The second Ctrl-C lands while the clean-up runs.
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.01)  # the signal is handled here, between bytecodes
+        real_abort(req_ids)
+
+    monkeypatch.setattr(engine, "step", step)
+    monkeypatch.setattr(engine, "abort_requests", abort_requests)
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate(greedy_prompts(100, 40), GREEDY, use_tqdm=False)
+    monkeypatch.setattr(engine, "step", real_step)
+    monkeypatch.setattr(engine, "abort_requests", real_abort)
+    assert_idle(llm)
+    start = time.perf_counter()
+    assert token_ids(llm.generate(greedy_prompts(10, 3), GREEDY, use_tqdm=False)) == expected
+    assert num_steps == 4
+    assert time.perf_counter() - start < 5.0
+    assert_idle(llm)
+    bm = engine.scheduler.block_manager
+    assert bm.num_free_blocks == bm.num_blocks
+
+
+def test_engine_error_mid_run_aborts_and_recovers(
+    llm: LLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    expected = token_ids(llm.generate(greedy_prompts(10, 3), GREEDY, use_tqdm=False))
+    real_step = llm.engine.step
+    calls = iter(range(1000))
+
+    def step():
+        if next(calls) == 2:
+            raise RuntimeError("injected")
+        return real_step()
+
+    monkeypatch.setattr(llm.engine, "step", step)
+    with pytest.raises(RuntimeError, match="injected"):
+        llm.generate(greedy_prompts(100, 20), GREEDY, use_tqdm=False)
+    monkeypatch.setattr(llm.engine, "step", real_step)
+    assert_idle(llm)
+    assert token_ids(llm.generate(greedy_prompts(10, 3), GREEDY, use_tqdm=False)) == expected
