@@ -79,12 +79,13 @@ class BlockManager:
 
     def allocate_slots(
         self, request: Request, num_new_tokens: int, computed_blocks: list[int] | None = None
-    ) -> bool:
-        """Grows request.block_ids to hold num_computed_tokens + num_new_tokens tokens.
+    ) -> list[int] | None:
+        """The blocks to append to request.block_ids so that it holds num_computed_tokens +
+        num_new_tokens tokens, or None, changing nothing, when too few blocks are free.
 
-        computed_blocks (from get_computed_blocks, for a request without blocks) become the
-        head of its block table; request.num_computed_tokens must already count their tokens.
-        Returns False, changing nothing, when too few blocks are free.
+        computed_blocks (from get_computed_blocks, for a request without blocks) come first in
+        the result; request.num_computed_tokens must already count their tokens. The caller
+        records the result in request.block_ids.
         """
         computed_blocks = computed_blocks or []
         num_tokens = request.num_computed_tokens + num_new_tokens
@@ -93,28 +94,28 @@ class BlockManager:
         # A hit on a free cached block takes it out of the free queue too.
         num_revived = sum(1 for b in computed_blocks if self.ref_counts[b] == 0)
         if num_new_blocks + num_revived > self.num_free_blocks:
-            return False
+            return None
         for block_id in computed_blocks:
             if self.ref_counts[block_id] == 0:
                 del self._free_queue[block_id]
             self.ref_counts[block_id] += 1
-            request.block_ids.append(block_id)
-        for _ in range(num_new_blocks):
-            request.block_ids.append(self._pop_free_block())
+        new_block_ids = computed_blocks + [self._pop_free_block() for _ in range(num_new_blocks)]
         if self.enable_prefix_caching:
             # Full blocks whose tokens are known get cached; their KV is written this step. A
             # pending token (async scheduling) is not known yet: its block waits a step.
-            num_known = min(num_tokens, len(request.all_token_ids))
-            self._cache_full_blocks(request, num_known // self.block_size)
-        return True
+            num_full_blocks = min(num_tokens, len(request.all_token_ids)) // self.block_size
+            if num_full_blocks > self._num_hashed_blocks.get(request.req_id, 0):
+                block_ids = request.block_ids + new_block_ids
+                self._cache_full_blocks(request, block_ids, num_full_blocks)
+        return new_block_ids
 
     def free(self, request: Request) -> None:
-        """Drops request's references, tail first so that its tail blocks are evicted first."""
+        """Drops request's references to request.block_ids, tail first so that its tail blocks
+        are evicted first. The caller clears request.block_ids."""
         for block_id in reversed(request.block_ids):
             self.ref_counts[block_id] -= 1
             if self.ref_counts[block_id] == 0:
                 self._free_queue[block_id] = None
-        request.block_ids.clear()
         self._num_hashed_blocks.pop(request.req_id, None)
 
     def _pop_free_block(self) -> int:
@@ -129,13 +130,13 @@ class BlockManager:
         self.ref_counts[block_id] = 1
         return block_id
 
-    def _cache_full_blocks(self, request: Request, num_full_blocks: int) -> None:
+    def _cache_full_blocks(
+        self, request: Request, block_ids: list[int], num_full_blocks: int
+    ) -> None:
         start = self._num_hashed_blocks.get(request.req_id, 0)
-        if num_full_blocks <= start:
-            return
         self._extend_block_hashes(request, num_full_blocks)
         for i in range(start, num_full_blocks):
-            block_id = request.block_ids[i]
+            block_id = block_ids[i]
             block_hash = request.block_hashes[i]
             # Skip blocks that are cached already (prefix hits) and duplicates of cached
             # content (those stay uncached and are simply freed later).

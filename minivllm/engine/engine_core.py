@@ -1,6 +1,6 @@
 """EngineCore: tokens in, tokens out. step() is schedule, execute, update.
 
-Both frontends (LLM.generate and the async server engine) drive this one class.
+Both frontends (LLM.generate and the server's AsyncLLM) drive this one class.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import logging
 import time
 
 from minivllm.config import EngineConfig, ModelConfig
+from minivllm.engine.async_scheduler import AsyncScheduler
 from minivllm.engine.block_manager import BlockManager
 from minivllm.engine.parallel import build_executor
 from minivllm.engine.request import Request
@@ -41,15 +42,20 @@ class EngineCore:
         block_manager = BlockManager(
             self.num_blocks, config.block_size, config.enable_prefix_caching
         )
-        self.scheduler = Scheduler(
+        # Async scheduling needs the sampled ids on the device of the one runner.
+        self.async_scheduling = config.async_scheduling and config.tensor_parallel_size == 1
+        # Async scheduling is a Scheduler that keeps the launched step in flight, fed by an
+        # execute that returns once the step is launched; step() reads the same either way.
+        scheduler_class = AsyncScheduler if self.async_scheduling else Scheduler
+        self.scheduler = scheduler_class(
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_model_len=self.max_model_len,
             block_manager=block_manager,
         )
-        # Async scheduling needs the sampled ids on the device of the one runner.
-        self.async_scheduling = config.async_scheduling and config.tensor_parallel_size == 1
-        self._in_flight = None  # (SchedulerOutput, StepHandle) of a launched step
+        self._execute = (
+            self.executor.execute_async if self.async_scheduling else self.executor.execute
+        )
 
     def validate_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raises ValueError for a request the engine could never serve."""
@@ -93,7 +99,7 @@ class EngineCore:
         self.scheduler.abort_requests(req_ids)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests() or self._in_flight is not None
+        return self.scheduler.has_unfinished_requests()
 
     def stats(self) -> EngineStats:
         """A snapshot of load and counters; cheap enough to call every step."""
@@ -110,32 +116,12 @@ class EngineCore:
         )
 
     def step(self) -> list[EngineOutput]:
-        """Schedules, runs and applies one step. With async scheduling the step is launched
-        before the previous one's tokens are applied, so that the CPU work of one step
-        overlaps the GPU work of the other; the outputs returned are the previous step's."""
-        if self._schedule_ahead():
-            sched_out = self.scheduler.schedule()
-            if sched_out.is_empty:
-                self.executor.execute(sched_out)  # only hands over finished request ids
-                return self._finish_in_flight()
-            handle = self.executor.execute_async(sched_out)
-            outputs = self._finish_in_flight()
-            self._in_flight = (sched_out, handle)
-            return outputs
-        outputs = self._finish_in_flight()
+        """Schedules, runs and applies one step. With async scheduling, execute returns once
+        the step is launched and update() applies the step before it (AsyncScheduler), so
+        that the host work of one step overlaps the device work of the other."""
         sched_out = self.scheduler.schedule()
-        runner_out = self.executor.execute(sched_out)
-        return outputs + self.scheduler.update(sched_out, runner_out)
-
-    def _schedule_ahead(self) -> bool:
-        return self.async_scheduling and self.scheduler.can_schedule_ahead
-
-    def _finish_in_flight(self) -> list[EngineOutput]:
-        if self._in_flight is None:
-            return []
-        sched_out, handle = self._in_flight
-        self._in_flight = None
-        return self.scheduler.update(sched_out, handle.result())
+        runner_out = self._execute(sched_out)
+        return self.scheduler.update(sched_out, runner_out)
 
     def shutdown(self) -> None:
         self.executor.shutdown()

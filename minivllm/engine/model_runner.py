@@ -18,10 +18,10 @@ from minivllm.engine.block_table import BlockTable
 from minivllm.engine.device_inputs import to_device
 from minivllm.engine.input_prep import StepInputs, prepare_inputs
 from minivllm.engine.kv_cache import allocate_kv_caches, bytes_per_block, num_blocks_for_budget
-from minivllm.engine.prompt_logprobs import PromptLogprobsTracker
+from minivllm.engine.prompt_logprobs import PromptLogprobsJob, PromptLogprobsTracker
 from minivllm.engine.sampling_state import SamplingState
 from minivllm.engine.types import RunnerOutput, SchedulerOutput
-from minivllm.layers.sampler import Sampler
+from minivllm.layers.sampler import Sampler, SamplerOutput
 from minivllm.model_loader import build_model
 
 logger = logging.getLogger(__name__)
@@ -68,15 +68,15 @@ class ModelRunner:
         self.block_table = BlockTable(-(-max_model_len // self.block_size), config.max_num_seqs)
         self.kv_caches: list[torch.Tensor] = []
         self.graphs = None  # a CUDAGraphRunner once captured
-        # The last step's sampled ids [num_sampled] on the device, and req_id -> index.
-        self._last_sampled: tuple[torch.Tensor, dict[str, int]] | None = None
+        # The last step's sampled ids [num_sampled] on the device, and their req_ids.
+        self._last_sampled: tuple[torch.Tensor, list[str]] | None = None
         self._host_ids: list[torch.Tensor] | None = None
         if device.type == "cuda":
             self._host_ids = [
                 torch.empty(config.max_num_seqs, dtype=torch.int64, pin_memory=True)
                 for _ in range(3)
             ]
-        self._num_async_steps = 0
+        self._num_steps = 0
 
     # ---- KV cache -------------------------------------------------------------------------
 
@@ -107,57 +107,57 @@ class ModelRunner:
     # ---- one step -------------------------------------------------------------------------
 
     def execute(self, sched_out: SchedulerOutput) -> RunnerOutput:
-        """Runs one step and waits for its tokens; supports every sampling feature."""
-        if not self._begin(sched_out):
-            return RunnerOutput(req_ids=[], sampled_token_ids=[])
-        inputs = self.prepare(sched_out)
-        jobs = self.prompt_logprobs.plan(sched_out, inputs.query_start_loc, self.sampling_state)
-        extra_rows = np.concatenate([job.rows for job in jobs]) if jobs else None
-        logits = self.compute_logits(inputs, sched_out, extra_rows)
-        num_sampled = len(inputs.sample_req_ids)
-        out = self.sample(logits[:num_sampled], inputs.sample_req_ids)
-        if jobs:
-            out.prompt_logprobs = self.prompt_logprobs.collect(jobs, logits[num_sampled:])
-        return out
+        """Runs one step and waits for its tokens."""
+        return self.execute_async(sched_out).result()
 
     @torch.inference_mode()
     def execute_async(self, sched_out: SchedulerOutput) -> StepHandle:
-        """Launches one step and returns at once; the handle yields its sampled tokens. For
-        requests that need no logprobs, penalties or min_tokens (the scheduler checks)."""
-        if not self._begin(sched_out):
-            return StepHandle(self.sampling_state, [], None, None)
-        inputs = self.prepare(sched_out)
-        logits = self.compute_logits(inputs, sched_out)
+        """Launches one step and returns at once; the handle's result() waits for its tokens
+        (and its logprobs, whose host copies it makes)."""
+        self._update_requests(sched_out)
+        if sched_out.is_empty:
+            self.block_table.update(sched_out)  # forget finished requests
+            return StepHandle(self.sampling_state, [])
+        inputs = prepare_inputs(sched_out, self.block_size, self.block_table)
+        jobs = self.prompt_logprobs.plan(sched_out, inputs.query_start_loc, self.sampling_state)
+        extra_rows = np.concatenate([job.rows for job in jobs]) if jobs else None
+        logits = self.run_model(inputs, sched_out, extra_rows)
         req_ids = inputs.sample_req_ids
+        num_sampled = len(req_ids)
         sampling_meta = self.sampling_state.build_metadata(req_ids, self.device)
-        sampled = self.sampler(logits, sampling_meta).sampled_token_ids
-        self._last_sampled = (sampled, {req_id: i for i, req_id in enumerate(req_ids)})
-        # Steps in flight at once are at most two (launched, and being applied): a ring of
-        # three persistent pinned buffers is never overwritten before it is read, and no
-        # step allocates pinned memory (cudaHostAlloc synchronizes the device).
-        host = None
-        if self._host_ids is not None:
-            host = self._host_ids[self._num_async_steps % len(self._host_ids)][: len(req_ids)]
-            self._num_async_steps += 1
-        return StepHandle(self.sampling_state, req_ids, sampled, host)
+        sampler_out = self.sampler(logits[:num_sampled], sampling_meta)
+        # The next step's placeholders (async scheduling) are filled from these.
+        self._last_sampled = (sampler_out.sampled_token_ids, req_ids)
+        handle = StepHandle(self.sampling_state, req_ids, sampler_out, self._next_host_buffer())
+        if jobs:
+            handle.prompt_logprobs_jobs = (jobs, logits[num_sampled:])
+        return handle
 
-    def _begin(self, sched_out: SchedulerOutput) -> bool:
-        """Applies the step's request changes; returns whether there is anything to run."""
+    def _update_requests(self, sched_out: SchedulerOutput) -> None:
+        """Forgets finished requests and registers new ones in the sampling state."""
         for req_id in sched_out.finished_req_ids:
             self.sampling_state.remove(req_id)
         for new in sched_out.new_requests:
             self.sampling_state.add_request(new)
-        if sched_out.is_empty:
-            self.block_table.update(sched_out)
-            return False
-        return True
+
+    def _next_host_buffer(self) -> torch.Tensor | None:
+        """The next pinned buffer of the ring the sampled ids are copied into (CUDA only).
+
+        Steps in flight at once are at most two (launched, and being applied): a ring of three
+        is never overwritten before it is read, and no step allocates pinned memory
+        (cudaHostAlloc synchronizes the device).
+        """
+        if self._host_ids is None:
+            return None
+        self._num_steps += 1
+        return self._host_ids[self._num_steps % len(self._host_ids)]
 
     def prepare(self, sched_out: SchedulerOutput) -> StepInputs:
-        """Updates the runner's block tables from the step; returns its host inputs."""
+        # Transitional: the TP workers of the last commit call prepare + compute_logits.
         return prepare_inputs(sched_out, self.block_size, self.block_table)
 
     @torch.inference_mode()
-    def compute_logits(
+    def run_model(
         self,
         inputs: StepInputs,
         sched_out: SchedulerOutput | None = None,
@@ -196,64 +196,65 @@ class ModelRunner:
             "slot_mapping": inputs.slot_mapping,
             "logits_indices": rows,
         }
-        holes = np.flatnonzero(inputs.input_ids < 0)
-        if holes.size:
+        placeholder_rows = np.flatnonzero(inputs.input_ids < 0)
+        if placeholder_rows.size:
             # Placeholders only stand for decode tokens, whose row is their chunk's index.
-            assert sched_out is not None and holes[-1] < inputs.num_decode_tokens
-            prev_sampled, prev_index = self._last_sampled
-            longs["holes"] = holes
-            longs["sources"] = np.array([prev_index[sched_out.chunks[r].req_id] for r in holes])
+            assert sched_out is not None and placeholder_rows[-1] < inputs.num_decode_tokens
+            prev_sampled, prev_req_ids = self._last_sampled
+            prev_row = {req_id: i for i, req_id in enumerate(prev_req_ids)}
+            longs["placeholder_rows"] = placeholder_rows
+            # Row of each placeholder's token in the previous step's sampled ids.
+            longs["prev_rows"] = np.array(
+                [prev_row[sched_out.chunks[r].req_id] for r in placeholder_rows]
+            )
         ints = {
             "query_start_loc": inputs.query_start_loc,
             "seq_lens": inputs.seq_lens,
             "block_tables": inputs.block_tables,
         }
         dev = to_device(longs, torch.int64, self.device) | to_device(ints, torch.int32, self.device)
-        if holes.size:
-            dev["input_ids"][dev["holes"]] = prev_sampled[dev["sources"]]
+        if placeholder_rows.size:
+            dev["input_ids"][dev["placeholder_rows"]] = prev_sampled[dev["prev_rows"]]
         return dev
 
-    @torch.inference_mode()
-    def sample(self, logits: torch.Tensor, req_ids: list[str]) -> RunnerOutput:
-        if not req_ids:
-            return RunnerOutput(req_ids=[], sampled_token_ids=[])
-        sampling_meta = self.sampling_state.build_metadata(req_ids, self.device)
-        sampler_out = self.sampler(logits, sampling_meta)
-        # A synchronous step applies its tokens before the next schedule, so it leaves no
-        # placeholders to fill: unlike execute_async it need not remember the sampled ids.
-        token_ids = sampler_out.sampled_token_ids.tolist()  # the step's one host sync
-        self.sampling_state.append_tokens(req_ids, token_ids)
-        logprobs = None
-        if sampling_meta.max_num_logprobs is not None:
-            logprobs = self.sampling_state.to_runner_logprobs(sampler_out, req_ids)
-        return RunnerOutput(req_ids=req_ids, sampled_token_ids=token_ids, logprobs=logprobs)
+    compute_logits = run_model  # transitional, see prepare
 
 
 class StepHandle:
     """A launched step. result() waits for its sampled ids (copied into a pinned host buffer
-    behind the step's kernels) and records them in the sampling state."""
+    behind the step's kernels), records them in the sampling state and makes the host copies
+    of the step's logprobs."""
 
     def __init__(
         self,
         sampling_state: SamplingState,
         req_ids: list[str],
-        sampled: torch.Tensor | None,
-        host: torch.Tensor | None,
+        sampler_out: SamplerOutput | None = None,
+        host_buffer: torch.Tensor | None = None,
     ) -> None:
         self.sampling_state = sampling_state
         self.req_ids = req_ids
+        self.sampler_out = sampler_out
+        # (jobs, their logits [rows, vocab]) when the step scores prompt tokens.
+        self.prompt_logprobs_jobs: tuple[list[PromptLogprobsJob], torch.Tensor] | None = None
         self.event = None
-        self.host = sampled
-        if sampled is not None and sampled.is_cuda:
+        self.host = None if sampler_out is None else sampler_out.sampled_token_ids
+        if host_buffer is not None and req_ids:
             # host: [num_sampled] int64 slice of a pinned buffer that the runner owns.
-            self.host = host
-            self.host.copy_(sampled, non_blocking=True)
+            self.host = host_buffer[: len(req_ids)]
+            self.host.copy_(sampler_out.sampled_token_ids, non_blocking=True)
             self.event = torch.cuda.Event()
             self.event.record()
 
+    @torch.inference_mode()
     def result(self) -> RunnerOutput:
         if self.event is not None:
             self.event.synchronize()
         token_ids = [] if self.host is None else self.host.tolist()
         self.sampling_state.append_tokens(self.req_ids, token_ids)
-        return RunnerOutput(req_ids=self.req_ids, sampled_token_ids=token_ids)
+        out = RunnerOutput(req_ids=self.req_ids, sampled_token_ids=token_ids)
+        if self.sampler_out is not None and self.sampler_out.logprobs is not None:
+            out.logprobs = self.sampling_state.to_runner_logprobs(self.sampler_out, self.req_ids)
+        if self.prompt_logprobs_jobs is not None:
+            out.prompt_logprobs = PromptLogprobsTracker.collect(*self.prompt_logprobs_jobs)
+        return out

@@ -58,7 +58,7 @@ def profile_kv_budget(runner, gpu_memory_utilization: float) -> int:
         layer.kv_cache = cache
     max_blocks = -(-runner.max_model_len // runner.block_size)
     inputs = prepare_inputs(sched_out, runner.block_size, BlockTable(max_blocks, num_seqs))
-    logits = runner.compute_logits(inputs)
+    logits = runner.run_model(inputs)
     torch.cuda.synchronize()
     # Top-p sorting and softmax take a few float32 copies of the logits on top.
     sampler_bytes = 4 * logits.shape[0] * logits.shape[1] * 4

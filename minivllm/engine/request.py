@@ -44,19 +44,15 @@ class Request:
         # async scheduling the next step is scheduled before the last one's tokens are known.
         self.num_pending_tokens = 0
         self.status = RequestStatus.WAITING
+        # Written by the scheduler only (what BlockManager.allocate_slots returns).
         self.block_ids: list[int] = []
-        # How many of block_ids the runner has been sent (it keeps its own block table).
-        self.num_sent_blocks = 0
         # Chained hashes of the full blocks of all_token_ids, extended by the BlockManager.
         self.block_hashes: list[int] = []
         # Prompt tokens served from the prefix cache at first admission; -1 before.
         self.num_cached_tokens = -1
         self.num_preemptions = 0
         self.finish_reason: FinishReason | None = None
-        self.stop_reason: int | None = None  # the stop token id, when one ended the request
         self.first_scheduled_time: float | None = None
-        self.first_token_time: float | None = None
-        self.finish_time: float | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -107,7 +107,7 @@ class Scheduler:
                 self.waiting.remove(request)
             request.status = RequestStatus.FINISHED_ABORTED
             request.finish_reason = "abort"
-            self._finish(request, time.time())
+            self._finish(request)
 
     def schedule(self, now: float | None = None) -> SchedulerOutput:
         now = time.time() if now is None else now
@@ -143,14 +143,15 @@ class Scheduler:
                 i += 1  # nothing to compute until update() applies its pending token
                 continue
             num_new_tokens = min(num_needed, budget)
-            while not self.block_manager.allocate_slots(request, num_new_tokens):
+            allocate = self.block_manager.allocate_slots
+            while (new_block_ids := allocate(request, num_new_tokens)) is None:
                 # Victims come from the tail, which nothing has been scheduled for this step.
                 victim = self.running.pop()
                 self._preempt(victim)
                 preempted = True
                 if victim is request:
                     return budget, preempted
-            self._add_chunk(request, num_new_tokens, decodes, others)
+            self._add_chunk(request, num_new_tokens, new_block_ids, decodes, others)
             budget -= num_new_tokens
             i += 1
         return budget, preempted
@@ -170,7 +171,10 @@ class Scheduler:
             computed_blocks, num_cached_tokens = self.block_manager.get_computed_blocks(request)
             num_new_tokens = min(request.num_tokens - num_cached_tokens, budget)
             request.num_computed_tokens = num_cached_tokens
-            if not self.block_manager.allocate_slots(request, num_new_tokens, computed_blocks):
+            new_block_ids = self.block_manager.allocate_slots(
+                request, num_new_tokens, computed_blocks
+            )
+            if new_block_ids is None:
                 request.num_computed_tokens = 0
                 return
             self.waiting.popleft()
@@ -186,12 +190,12 @@ class Scheduler:
                         request.req_id, request.prompt_token_ids, request.sampling_params
                     )
                 )
-            self._add_chunk(request, num_new_tokens, decodes, others)
+            self._add_chunk(request, num_new_tokens, new_block_ids, decodes, others)
             budget -= num_new_tokens
 
     def _preempt(self, request: Request) -> None:
         self.block_manager.free(request)
-        request.num_sent_blocks = 0
+        request.block_ids = []
         request.num_computed_tokens = 0
         request.status = RequestStatus.WAITING
         request.num_preemptions += 1
@@ -202,26 +206,27 @@ class Scheduler:
         self,
         request: Request,
         num_new_tokens: int,
+        new_block_ids: list[int],
         decodes: list[ScheduledChunk],
         others: list[ScheduledChunk],
     ) -> None:
         """Appends request's chunk to decodes (one sampled token past the prompt) or others,
-        and advances the request past it."""
+        and advances the request past it. new_block_ids: the blocks allocated for it this
+        step, which the chunk carries to the runner's copy of the block table."""
         start = request.num_computed_tokens
         end = start + num_new_tokens
         token_ids = request.all_token_ids[start:end]
         if len(token_ids) < num_new_tokens:  # the pending token, not known yet
             token_ids.append(PLACEHOLDER_TOKEN_ID)
-        num_sent = request.num_sent_blocks
         chunk = ScheduledChunk(
             req_id=request.req_id,
             token_ids=token_ids,
             num_computed_tokens=start,
-            new_block_ids=request.block_ids[num_sent:],
-            num_prior_blocks=num_sent,
+            new_block_ids=new_block_ids,
+            num_prior_blocks=len(request.block_ids),
             sample=end == request.num_tokens + request.num_pending_tokens,
         )
-        request.num_sent_blocks = len(request.block_ids)
+        request.block_ids += new_block_ids
         request.num_computed_tokens = end
         if chunk.sample:
             request.num_pending_tokens += 1
@@ -239,12 +244,9 @@ class Scheduler:
             max_tokens is not None and request.num_output_tokens + 1 >= max_tokens
         )
 
-    def update(
-        self, sched_out: SchedulerOutput, runner_out: RunnerOutput, now: float | None = None
-    ) -> list[EngineOutput]:
+    def update(self, sched_out: SchedulerOutput, runner_out: RunnerOutput) -> list[EngineOutput]:
         """Applies one step's results: progress, sampled tokens, stops. One output per
         request that got a token or prompt logprobs this step."""
-        now = time.time() if now is None else now
         sampled_index = {req_id: i for i, req_id in enumerate(runner_out.req_ids)}
         outputs: list[EngineOutput] = []
         for chunk in sched_out.chunks:
@@ -260,13 +262,11 @@ class Scheduler:
             token_id = runner_out.sampled_token_ids[i]
             request.num_pending_tokens -= 1
             request.append_output_token(token_id)
-            if request.first_token_time is None:
-                request.first_token_time = now
             was_waiting = request.status == RequestStatus.WAITING
             if check_stop(request, self.max_model_len):
                 if was_waiting:
                     self.waiting.remove(request)  # preempted while this token was in flight
-                self._finish(request, now)
+                self._finish(request)
             logprobs = runner_out.logprobs[i] if runner_out.logprobs is not None else None
             new_logprobs = [logprobs] if logprobs is not None else None
             outputs.append(self._make_output(request, [token_id], new_logprobs, prompt_logprobs))
@@ -274,11 +274,11 @@ class Scheduler:
             self.running = [r for r in self.running if not r.is_finished]
         return outputs
 
-    def _finish(self, request: Request, now: float) -> None:
+    def _finish(self, request: Request) -> None:
         """Releases a request whose status is already final (it may still be in running)."""
         self.block_manager.free(request)
+        request.block_ids = []
         self.num_host_dependent -= needs_host_tokens(request)
-        request.finish_time = now
         self._finished_req_ids.append(request.req_id)
 
     @staticmethod

@@ -16,7 +16,6 @@ def check_stop(request: Request, max_model_len: int) -> bool:
     if request.num_output_tokens >= params.min_tokens:
         if token_id in params.stop_token_ids:
             _finish(request, RequestStatus.FINISHED_STOPPED, "stop")
-            request.stop_reason = token_id
             return True
         if not params.ignore_eos and token_id in params.eos_token_ids:
             _finish(request, RequestStatus.FINISHED_STOPPED, "stop")

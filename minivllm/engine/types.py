@@ -1,14 +1,15 @@
 """The plain-data boundary objects of the engine core.
 
 SchedulerOutput goes from the scheduler to the model runner (and, under tensor parallelism,
-to every rank); RunnerOutput comes back; EngineOutput goes from the core to a frontend.
+to every rank); RunnerOutput comes back (or a PendingRunnerOutput of a launched step, under
+async scheduling); EngineOutput goes from the core to a frontend.
 Only ints, floats, strings, lists and SamplingParams cross these boundaries: no tensors.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 from minivllm.sampling_params import SamplingParams
 
@@ -89,6 +90,12 @@ class RunnerOutput:
     logprobs: list[LogprobsDict | None] | None = None
     # req_id -> one entry per prompt position computed this step (first prompt token: None).
     prompt_logprobs: dict[str, list[LogprobsDict | None]] = field(default_factory=dict)
+
+
+class PendingRunnerOutput(Protocol):
+    """A launched step (an executor's execute_async): result() waits for its RunnerOutput."""
+
+    def result(self) -> RunnerOutput: ...
 
 
 @dataclass

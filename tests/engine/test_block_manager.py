@@ -16,29 +16,41 @@ def make_request(req_id: str, prompt_token_ids: list[int]) -> Request:
     return Request(req_id, prompt_token_ids, SamplingParams(), arrival_time=0.0)
 
 
+def allocate(
+    manager: BlockManager,
+    request: Request,
+    num_new_tokens: int,
+    computed_blocks: list[int] | None = None,
+) -> list[int] | None:
+    """allocate_slots, recording the new blocks in request.block_ids as the scheduler does."""
+    new_block_ids = manager.allocate_slots(request, num_new_tokens, computed_blocks)
+    if new_block_ids is not None:
+        request.block_ids += new_block_ids
+    return new_block_ids
+
+
 def admit(manager: BlockManager, request: Request) -> tuple[list[int], int]:
     """What the scheduler does on admission: prefix lookup, then allocate the whole prompt."""
     computed_blocks, num_cached_tokens = manager.get_computed_blocks(request)
     request.num_computed_tokens = num_cached_tokens
     num_new_tokens = request.num_tokens - num_cached_tokens
-    assert manager.allocate_slots(request, num_new_tokens, computed_blocks)
+    new_block_ids = allocate(manager, request, num_new_tokens, computed_blocks)
+    assert new_block_ids is not None and new_block_ids[: len(computed_blocks)] == computed_blocks
     return computed_blocks, num_cached_tokens
 
 
 def take_one_block(manager: BlockManager, req_id: str) -> int:
-    request = make_request(req_id, [1000 + len(req_id)])
-    assert manager.allocate_slots(request, 1)
-    return request.block_ids[0]
+    [block_id] = allocate(manager, make_request(req_id, [1000 + len(req_id)]), 1)
+    return block_id
 
 
 def test_fresh_manager_allocates_in_order():
     manager = BlockManager(num_blocks=10, block_size=BLOCK_SIZE, enable_prefix_caching=False)
     a = make_request("a", list(range(10)))
-    assert manager.allocate_slots(a, 10)
-    assert a.block_ids == [0, 1, 2]
+    assert manager.allocate_slots(a, 10) == [0, 1, 2]
+    assert a.block_ids == []  # the caller records them
     b = make_request("b", list(range(5)))
-    assert manager.allocate_slots(b, 5)
-    assert b.block_ids == [3, 4]
+    assert manager.allocate_slots(b, 5) == [3, 4]
     assert manager.num_free_blocks == 5
     assert manager.usage == pytest.approx(0.5)
     assert manager.ref_counts[:6] == [1, 1, 1, 1, 1, 0]
@@ -47,33 +59,31 @@ def test_fresh_manager_allocates_in_order():
 def test_allocation_grows_one_block_at_a_boundary():
     manager = BlockManager(num_blocks=4, block_size=BLOCK_SIZE, enable_prefix_caching=False)
     a = make_request("a", [1, 2, 3, 4])
-    assert manager.allocate_slots(a, 4)
+    assert allocate(manager, a, 4) == [0]
     a.num_computed_tokens = 4
     a.append_output_token(5)
-    assert manager.allocate_slots(a, 1)  # position 4 starts block 2 of the table
-    assert a.block_ids == [0, 1]
+    assert allocate(manager, a, 1) == [1]  # position 4 starts block 2 of the table
     a.num_computed_tokens = 5
     a.append_output_token(6)
-    assert manager.allocate_slots(a, 1)  # position 5 fits in block 1
+    assert allocate(manager, a, 1) == []  # position 5 fits in block 1
     assert a.block_ids == [0, 1]
 
 
 def test_failed_allocation_changes_nothing():
     manager = BlockManager(num_blocks=3, block_size=BLOCK_SIZE, enable_prefix_caching=True)
     a = make_request("a", list(range(9)))
-    assert manager.allocate_slots(a, 9)
-    assert a.block_ids == [0, 1, 2]
+    assert allocate(manager, a, 9) == [0, 1, 2]
     b = make_request("b", [7])
-    assert not manager.allocate_slots(b, 1)
-    assert b.block_ids == [] and manager.num_free_blocks == 0
+    assert manager.allocate_slots(b, 1) is None
+    assert manager.num_free_blocks == 0
     manager.free(a)
     # c shares a's first block (free, cached): it needs that one revived plus 3 new blocks.
     c = make_request("c", list(range(4)) + [50] * 12)
     computed_blocks, num_cached = manager.get_computed_blocks(c)
     assert (computed_blocks, num_cached) == ([0], 4)
     c.num_computed_tokens = num_cached
-    assert not manager.allocate_slots(c, 12, computed_blocks)
-    assert c.block_ids == [] and manager.num_free_blocks == 3
+    assert manager.allocate_slots(c, 12, computed_blocks) is None
+    assert manager.num_free_blocks == 3
     assert manager.ref_counts == [0, 0, 0]
 
 
@@ -86,7 +96,6 @@ def test_free_releases_references_and_keeps_shared_blocks():
     assert b.block_ids == [0, 1, 3]
     assert manager.ref_counts == [2, 2, 1, 1, 0, 0]
     manager.free(a)
-    assert a.block_ids == []
     assert manager.ref_counts == [1, 1, 0, 1, 0, 0]
     assert manager.num_free_blocks == 3
     manager.free(b)

@@ -15,6 +15,23 @@ from minivllm.sampling_params import SamplingParams
 BLOCK_SIZE = 4
 
 
+class TrackingScheduler(Scheduler):
+    """A Scheduler that also keeps the runner's view of each request's block table, rebuilt
+    from the chunks' new blocks, and sets chunk.block_ids to the whole table it sees."""
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.runner_tables: dict[str, list[int]] = {}
+
+    def schedule(self, now: float | None = None) -> SchedulerOutput:
+        sched_out = super().schedule(now)
+        for c in sched_out.chunks:
+            table = self.runner_tables.get(c.req_id, [])[: c.num_prior_blocks] + c.new_block_ids
+            self.runner_tables[c.req_id] = table
+            c.block_ids = table
+        return sched_out
+
+
 def make_scheduler(
     num_blocks: int = 16,
     max_num_seqs: int = 8,
@@ -23,7 +40,7 @@ def make_scheduler(
     enable_prefix_caching: bool = False,
 ) -> Scheduler:
     manager = BlockManager(num_blocks, BLOCK_SIZE, enable_prefix_caching)
-    return Scheduler(max_num_seqs, max_num_batched_tokens, max_model_len, manager)
+    return TrackingScheduler(max_num_seqs, max_num_batched_tokens, max_model_len, manager)
 
 
 def make_request(req_id: str, prompt_token_ids: list[int], **params) -> Request:
@@ -36,28 +53,14 @@ def fake_run(sched_out: SchedulerOutput, token_id: int = 7) -> RunnerOutput:
     return RunnerOutput(req_ids=req_ids, sampled_token_ids=[token_id] * len(req_ids))
 
 
-# The runner's view of each request's block table, rebuilt from the chunks' new blocks.
-_TABLES: dict[str, list[int]] = {}
-
-
-def track_block_tables(sched_out: SchedulerOutput) -> None:
-    """Sets chunk.block_ids to the request's whole block table, as the runner sees it."""
-    for c in sched_out.chunks:
-        table = _TABLES.get(c.req_id, [])[: c.num_prior_blocks] + c.new_block_ids
-        _TABLES[c.req_id] = table
-        c.block_ids = table
-
-
 def step(scheduler: Scheduler, token_id: int = 7):
     sched_out = scheduler.schedule()
-    track_block_tables(sched_out)
     outputs = scheduler.update(sched_out, fake_run(sched_out, token_id))
     return sched_out, outputs
 
 
 def summary(sched_out: SchedulerOutput) -> list[tuple]:
     """(req_id, num tokens, num_computed_tokens, block_ids, sample) per chunk."""
-    track_block_tables(sched_out)  # idempotent
     return [
         (c.req_id, len(c.token_ids), c.num_computed_tokens, c.block_ids, c.sample)
         for c in sched_out.chunks
@@ -252,7 +255,8 @@ def test_stop_conditions(params, max_model_len, token_ids, num_outputs, finish_r
     assert [o.new_token_ids[0] for o in outputs] == token_ids[:num_outputs]
     assert [o.finished for o in outputs] == [False] * (num_outputs - 1) + [True]
     assert outputs[-1].finish_reason == finish_reason == request.finish_reason
-    assert request.stop_reason == stop_reason
+    last = request.output_token_ids[-1]
+    assert (last if last in request.sampling_params.stop_token_ids else None) == stop_reason
     expected_status = {
         "stop": RequestStatus.FINISHED_STOPPED,
         "length": RequestStatus.FINISHED_LENGTH,
@@ -324,7 +328,6 @@ class KVCheckingRunner:
         self.token_mode = token_mode
 
     def execute(self, sched_out: SchedulerOutput) -> RunnerOutput:
-        track_block_tables(sched_out)
         for chunk in sched_out.chunks:
             for j, token_id in enumerate(chunk.token_ids):
                 self.kv[slot(chunk.block_ids, chunk.num_computed_tokens + j)] = token_id
@@ -349,7 +352,6 @@ def next_token(context: list[int]) -> int:
 
 
 def check_step_invariants(scheduler: Scheduler, sched_out: SchedulerOutput) -> None:
-    track_block_tables(sched_out)
     assert sched_out.num_tokens <= scheduler.max_num_batched_tokens
     assert len(sched_out.chunks) <= scheduler.max_num_seqs
     for i, chunk in enumerate(sched_out.chunks):
