@@ -1,4 +1,4 @@
-"""EngineStats: a cheap snapshot of the core's load, for /metrics and logging."""
+"""What the engine core reports about itself: CoreInfo once at start, EngineStats per step."""
 
 from __future__ import annotations
 
@@ -16,3 +16,14 @@ class EngineStats:
     num_preemptions: int = 0
     prefix_cache_queries: int = 0  # prompt tokens looked up at admission
     prefix_cache_hits: int = 0  # of those, tokens found in the cache
+
+
+@dataclass(frozen=True)
+class CoreInfo:
+    """What a frontend needs to validate requests without the engine at hand."""
+
+    max_model_len: int
+    vocab_size: int
+    num_blocks: int
+    block_size: int
+    pid: int

@@ -1,4 +1,4 @@
-"""The `minivllm` command: `generate` (offline generation) and `bench` (benchmarks)."""
+"""The `minivllm` command: `generate` (offline generation), `chat` and `bench` (benchmarks)."""
 
 from __future__ import annotations
 
@@ -46,14 +46,10 @@ def run_generate(args: argparse.Namespace) -> int:
 
     model = args.model
     if model is None:
-        from minivllm.tiny_model import default_tiny_model_dir
+        from minivllm.demo_model import default_model
 
-        model = default_tiny_model_dir()
-        print(
-            f"[minivllm] no --model given: using the built-in tiny model with RANDOM weights at "
-            f"{model} (its text is gibberish; pass --model DIR for a real checkpoint)",
-            file=sys.stderr,
-        )
+        model, notice = default_model()
+        print(notice, file=sys.stderr)
     llm = LLM(model, **engine_options(args))
     params = SamplingParams(
         temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed_sampling
@@ -98,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate text offline")
     gen.add_argument(
-        "--model", default=None, help="HF checkpoint directory (default: built-in tiny model)"
+        "--model", default=None, help="HF directory or .gguf file (default: the demo model)"
     )
     gen.add_argument("--prompt", action="append", help="a prompt (repeatable)")
     gen.add_argument("--max-tokens", type=int, default=32)
@@ -106,6 +102,12 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--seed-sampling", type=int, default=None, help="sampling seed")
     gen.add_argument("--no-progress", action="store_true")
     add_engine_options(gen)
+    from minivllm.entrypoints.openai.cli_args import add_serve_parser
+
+    add_serve_parser(sub, add_engine_options)
+    from minivllm.entrypoints.chat_cli import add_chat_parser
+
+    add_chat_parser(sub)
     bench = sub.add_parser("bench", help="run a benchmark (prints one JSON line)")
     bench.add_argument("kind", choices=["throughput", "latency"])
     bench.add_argument("rest", nargs=argparse.REMAINDER)
@@ -113,6 +115,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "generate":
             return run_generate(args)
+        if args.command == "chat":
+            from minivllm.entrypoints.chat_cli import run_chat
+
+            return run_chat(args)
+        if args.command == "serve":
+            from minivllm.entrypoints.openai.api_server import run_serve
+
+            return run_serve(args)
         return run_bench(args)
     except (ValueError, TypeError) as e:
         print(f"minivllm: error: {e}", file=sys.stderr)

@@ -52,6 +52,11 @@ class IncrementalDetokenizer:
         return self._output_text
 
     @property
+    def emitted_text(self) -> str:
+        """The text add_tokens has returned so far: final, safe to stream."""
+        return self._output_text[: self._num_emitted_chars]
+
+    @property
     def stop_reason(self) -> str | None:
         """The stop string that ended the output, if any."""
         return self._stop_reason

@@ -1,0 +1,255 @@
+"""AsyncLLM: the server's engine. Tokenizer and output processing here, EngineCore in its own
+process (engine/core_client.py), outputs routed to one mailbox per request."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+from transformers import AutoTokenizer
+
+from minivllm.config import EngineConfig
+from minivllm.engine.core_client import EngineCoreClient
+from minivllm.engine.stats import CoreInfo, EngineStats
+from minivllm.engine.types import EngineOutput
+from minivllm.entrypoints.generation_config import GenerationDefaults, read_generation_defaults
+from minivllm.entrypoints.output_processor import OutputProcessor
+from minivllm.outputs import RequestOutput
+from minivllm.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class EngineObserver(Protocol):
+    """Sees every step (for metrics): its engine outputs, the request outputs built from
+    them, the core's stats; and every abort."""
+
+    def on_step(
+        self, engine_outputs: list[EngineOutput], outputs: list[RequestOutput], stats: EngineStats
+    ) -> None: ...
+
+    def on_abort(self, request_id: str) -> None: ...
+
+
+class EngineDeadError(RuntimeError):
+    """The engine core died or its step raised; no request can be served any more."""
+
+
+@dataclass
+class _Mailbox:
+    """The latest output of one request. Outputs are cumulative, so a consumer that falls
+    behind simply reads the newest one: no queue grows while a client is slow."""
+
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+    latest: RequestOutput | None = None
+    error: Exception | None = None
+
+
+class AsyncLLM:
+    """vLLM's AsyncLLM: `async for out in engine.generate(...)`, `engine.abort(request_id)`.
+
+    Every method runs on one asyncio loop (attach_loop); the core client's reader thread only
+    hands messages over to that loop, one per engine step.
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        generation_config: str = "auto",
+        observer: EngineObserver | None = None,
+    ) -> None:
+        self.config = config
+        self.tokenizer = AutoTokenizer.from_pretrained(config.tokenizer or config.model)
+        self.generation_defaults = _generation_defaults(config.model, generation_config, self)
+        self.output_processor = OutputProcessor(self.tokenizer, stream=True)
+        self.observer = observer
+        self.stats = EngineStats()
+        self.dead_reason: str | None = None
+        self._mailboxes: dict[str, _Mailbox] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._client = EngineCoreClient(config, self._on_message_threadsafe)
+        self.info: CoreInfo = self._client.info
+        self.max_model_len = self.info.max_model_len
+
+    def attach_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Binds the engine to the loop that will call it (the server's)."""
+        self._loop = loop
+
+    @property
+    def is_dead(self) -> bool:
+        return self.dead_reason is not None
+
+    @property
+    def num_open_requests(self) -> int:
+        return len(self._mailboxes)
+
+    def default_sampling(self) -> dict[str, Any]:
+        """Sampling defaults from generation_config.json (vLLM applies them the same way)."""
+        return dict(self.generation_defaults.sampling)
+
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """The core's own checks (EngineCore.validate_request), made here so that a bad
+        request is a 400 before anything is sent to the core."""
+        info = self.info
+        if not prompt_token_ids:
+            raise ValueError("the prompt is empty: give at least one token")
+        for token_id in prompt_token_ids:
+            if not isinstance(token_id, int) or not 0 <= token_id < info.vocab_size:
+                raise ValueError(
+                    f"prompt token id {token_id!r} is outside the vocabulary [0, {info.vocab_size})"
+                )
+        if len(prompt_token_ids) >= info.max_model_len:
+            raise ValueError(
+                f"This model's maximum context length is {info.max_model_len} tokens, and the "
+                f"prompt has {len(prompt_token_ids)} tokens: it must be shorter, to leave room "
+                "for at least one generated token"
+            )
+        max_tokens = params.max_tokens or info.max_model_len
+        worst_case = min(len(prompt_token_ids) + max_tokens, info.max_model_len)
+        blocks_needed = -(-worst_case // info.block_size)
+        if blocks_needed > info.num_blocks:
+            raise ValueError(
+                f"the request needs up to {worst_case} tokens ({blocks_needed} KV blocks) but "
+                f"the KV cache holds only {info.num_blocks} blocks of {info.block_size}"
+            )
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | None,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+    ) -> AsyncIterator[RequestOutput]:
+        """Validates and submits a request now (ValueError if it is bad, EngineDeadError if
+        the engine is gone); returns the iterator of its outputs. Not iterating it to the
+        end leaks nothing only if you call abort(request_id)."""
+        if self.dead_reason is not None:
+            raise EngineDeadError(self.dead_reason)
+        params = replace(params, eos_token_ids=list(self.generation_defaults.eos_token_ids))
+        self.validate(prompt_token_ids, params)
+        arrival = time.time()
+        children = self.output_processor.add_request(
+            request_id, prompt, prompt_token_ids, params, arrival
+        )
+        mailbox = _Mailbox()
+        self._mailboxes[request_id] = mailbox
+        self._client.add_requests([(cid, prompt_token_ids, p, arrival) for cid, p in children])
+        return self._outputs(request_id, mailbox)
+
+    async def generate(
+        self,
+        request_id: str,
+        prompt: str | None,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+    ) -> AsyncIterator[RequestOutput]:
+        """Yields cumulative RequestOutputs until the last one (finished=True)."""
+        async for output in self.add_request(request_id, prompt, prompt_token_ids, params):
+            yield output
+
+    def abort(self, request_id: str) -> None:
+        """Stops a request; its KV blocks are freed by the core's next drain."""
+        self._mailboxes.pop(request_id, None)
+        self._client.abort_requests(self.output_processor.abort(request_id))
+        if self.observer is not None:
+            self.observer.on_abort(request_id)
+
+    def shutdown(self) -> None:
+        """Fails what is still open and stops the core process."""
+        self._fail_all("the server is shutting down")
+        self._client.shutdown()
+
+    # ---- internals ------------------------------------------------------------------------
+
+    async def _outputs(self, request_id: str, mailbox: _Mailbox) -> AsyncIterator[RequestOutput]:
+        finished = False
+        try:
+            while True:
+                await mailbox.event.wait()
+                mailbox.event.clear()
+                if mailbox.error is not None:
+                    raise mailbox.error
+                output = mailbox.latest
+                assert output is not None
+                finished = output.finished
+                yield output
+                if finished:
+                    return
+        finally:
+            # Cancelled (client gone), closed early or failed: the core must forget it.
+            if not finished:
+                self.abort(request_id)
+
+    def _on_message_threadsafe(self, msg: tuple) -> None:
+        loop = self._loop
+        if loop is None:  # no loop yet (startup): only a death can arrive
+            if msg[0] == "dead":
+                self.dead_reason = msg[1]
+            return
+        try:
+            loop.call_soon_threadsafe(self._on_message, msg)
+        except RuntimeError:  # the loop is closed: the server is gone
+            pass
+
+    def _on_message(self, msg: tuple) -> None:
+        kind = msg[0]
+        if kind == "outputs":
+            self._on_outputs(msg[1], msg[2])
+        elif kind == "rejected":
+            self._on_rejected(msg[1], msg[2])
+        elif kind == "dead":
+            logger.error("engine core is dead: %s", msg[1])
+            self._fail_all(msg[1])
+
+    def _on_outputs(self, engine_outputs: list[EngineOutput], stats: EngineStats) -> None:
+        self.stats = stats
+        outputs, to_abort = self.output_processor.process(engine_outputs)
+        self._client.abort_requests(to_abort)
+        for output in outputs:
+            mailbox = self._mailboxes.get(output.request_id)
+            if mailbox is None:
+                continue
+            mailbox.latest = output
+            mailbox.event.set()
+            if output.finished:
+                del self._mailboxes[output.request_id]
+        if self.observer is not None:
+            self.observer.on_step(engine_outputs, outputs, stats)
+
+    def _on_rejected(self, child_id: str, message: str) -> None:
+        request_id = self.output_processor.child_to_parent.get(child_id)
+        if request_id is None:
+            return
+        mailbox = self._mailboxes.get(request_id)
+        self.abort(request_id)
+        if mailbox is not None:
+            mailbox.error = ValueError(message)
+            mailbox.event.set()
+
+    def _fail_all(self, reason: str) -> None:
+        if self.dead_reason is None:
+            self.dead_reason = reason
+        for request_id, mailbox in list(self._mailboxes.items()):
+            self.output_processor.abort(request_id)
+            mailbox.error = EngineDeadError(reason)
+            mailbox.event.set()
+        self._mailboxes.clear()
+
+
+def _generation_defaults(
+    model: str, generation_config: str, engine: AsyncLLM
+) -> GenerationDefaults:
+    """vLLM's --generation-config: "auto" (the model's), "vllm" (no sampling defaults) or a
+    directory holding a generation_config.json. EOS ids always include the model's."""
+    model_defaults = read_generation_defaults(model, engine.tokenizer)
+    if generation_config == "auto":
+        return model_defaults
+    if generation_config == "vllm":
+        return GenerationDefaults(model_defaults.eos_token_ids, {})
+    other = read_generation_defaults(generation_config, engine.tokenizer)
+    eos = tuple(dict.fromkeys(model_defaults.eos_token_ids + other.eos_token_ids))
+    return GenerationDefaults(eos, other.sampling)

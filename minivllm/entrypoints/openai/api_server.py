@@ -1,0 +1,64 @@
+"""`minivllm serve`: builds the engine and the app, runs uvicorn, shuts down cleanly."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+
+import uvicorn
+
+from minivllm.config import EngineConfig
+from minivllm.entrypoints.async_llm import AsyncLLM
+from minivllm.entrypoints.openai.metrics import ServerMetrics
+from minivllm.entrypoints.openai.server import build_app
+from minivllm.entrypoints.openai.serving_common import ServerState
+
+logger = logging.getLogger("minivllm.serve")
+API_KEY_ENV = "MINIVLLM_API_KEY"
+
+
+def load_chat_template(value: str | None) -> str | None:
+    """--chat-template: a file (read once, at startup) or the template text itself."""
+    if value is None:
+        return None
+    if os.path.isfile(value):
+        with open(value) as f:
+            return f.read()
+    if "{" in value:
+        return value
+    raise ValueError(f"--chat-template {value!r} is neither a file nor a Jinja template")
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from minivllm.entrypoints.cli import engine_options
+
+    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    config = EngineConfig.from_options(args.model, **engine_options(args))
+    chat_template = load_chat_template(args.chat_template)
+    names = args.served_model_name or [args.model]
+    metrics = ServerMetrics(names[0])
+    engine = AsyncLLM(config, args.generation_config, observer=metrics)
+    try:
+        state = ServerState(engine, names, chat_template, not args.disable_log_requests)
+        app = build_app(state, metrics, api_key)
+        server = uvicorn.Server(
+            uvicorn.Config(
+                app,
+                host=args.host,
+                port=args.port,
+                access_log=not args.disable_uvicorn_access_log,
+                timeout_graceful_shutdown=args.timeout_graceful_shutdown,
+                timeout_keep_alive=30,
+            )
+        )
+        # uvicorn handles SIGINT/SIGTERM while it runs, then re-raises the signal to the
+        # handler it found: a no-op one lets the process return 0 after a clean shutdown.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: None)
+        logger.info("serving %s on http://%s:%d", names[0], args.host, args.port)
+        server.run()
+    finally:
+        engine.shutdown()
+    return 0

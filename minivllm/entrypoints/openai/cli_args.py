@@ -1,0 +1,45 @@
+"""The `minivllm serve` flags (argparse only, so that `minivllm --help` stays light)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+
+def add_serve_parser(
+    subparsers, add_engine_options: Callable[[argparse.ArgumentParser], None]
+) -> argparse.ArgumentParser:
+    serve = subparsers.add_parser("serve", help="run the OpenAI-compatible HTTP server")
+    serve.add_argument("model", help="HF checkpoint directory")
+    serve.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback)")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument(
+        "--served-model-name",
+        nargs="+",
+        default=None,
+        help="name(s) clients use in `model` (default: the model path); the first is reported",
+    )
+    serve.add_argument(
+        "--api-key",
+        default=None,
+        help="require `Authorization: Bearer KEY` on /v1 (or set MINIVLLM_API_KEY)",
+    )
+    serve.add_argument(
+        "--chat-template", default=None, help="a Jinja chat template: a file path or the text"
+    )
+    serve.add_argument(
+        "--generation-config",
+        default="auto",
+        help="sampling defaults: auto (the model's generation_config.json), vllm (none), "
+        "or a directory holding a generation_config.json",
+    )
+    serve.add_argument("--disable-log-requests", action="store_true")
+    serve.add_argument("--disable-uvicorn-access-log", action="store_true")
+    serve.add_argument(
+        "--timeout-graceful-shutdown",
+        type=float,
+        default=10.0,
+        help="seconds open requests get to finish after SIGINT/SIGTERM before they are failed",
+    )
+    add_engine_options(serve)
+    return serve

@@ -1,0 +1,40 @@
+"""Errors in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
+
+from __future__ import annotations
+
+import json
+from http import HTTPStatus
+
+from fastapi.responses import JSONResponse
+
+_TYPES = {
+    400: "BadRequestError",
+    401: "AuthenticationError",
+    404: "NotFoundError",
+    500: "InternalServerError",
+    503: "ServiceUnavailableError",
+}
+
+
+class APIError(Exception):
+    """Raised anywhere in request handling; becomes an OpenAI-shaped error response."""
+
+    def __init__(self, message: str, status: int = 400, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.param = param
+
+
+def error_body(message: str, status: int = 400, param: str | None = None) -> dict:
+    err_type = _TYPES.get(status) or HTTPStatus(status).phrase.replace(" ", "") + "Error"
+    return {"error": {"message": message, "type": err_type, "param": param, "code": status}}
+
+
+def error_response(error: APIError) -> JSONResponse:
+    return JSONResponse(error_body(error.message, error.status, error.param), error.status)
+
+
+def sse_error(error: APIError) -> str:
+    """An error after the 200 of a stream: one data chunk (the stream then ends with [DONE])."""
+    return f"data: {json.dumps(error_body(error.message, error.status, error.param))}\n\n"

@@ -1,0 +1,127 @@
+"""From an HTTP request to validated inputs: the JSON body, the model, SamplingParams."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, TypeVar
+
+from fastapi import Request
+from pydantic import BaseModel, ValidationError
+
+from minivllm.entrypoints.openai.errors import APIError
+from minivllm.entrypoints.openai.protocol import (
+    MAX_BODY_BYTES,
+    MAX_LOGPROBS,
+    MAX_N,
+    MAX_STOP_STRING_CHARS,
+    MAX_STOP_STRINGS,
+)
+from minivllm.sampling_params import SamplingParams
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+# Request fields that override generation_config.json's defaults when given.
+_SAMPLING_FIELDS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+)
+_MAX_SEED = 2**63 - 1 - MAX_N  # n samples use seed + index
+
+
+async def read_body(request: Request, model_cls: type[ModelT]) -> ModelT:
+    """Reads at most MAX_BODY_BYTES, parses JSON, validates; every failure is a 400."""
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_BODY_BYTES:
+            raise APIError(f"the request body is larger than {MAX_BODY_BYTES} bytes")
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError) as e:  # bad JSON, bad UTF-8, absurd nesting
+        raise APIError(f"the request body is not valid JSON: {str(e)[:200]}") from None
+    if not isinstance(data, dict):
+        raise APIError("the request body must be a JSON object")
+    try:
+        return model_cls.model_validate(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        param = ".".join(str(p) for p in first["loc"]) or None
+        raise APIError(f"invalid request: {_describe(e)}", param=param) from None
+
+
+def _describe(e: ValidationError) -> str:
+    parts = []
+    for err in e.errors()[:3]:
+        loc = ".".join(str(p) for p in err["loc"])
+        parts.append(f"{loc}: {err['msg']}")
+    return "; ".join(parts)
+
+
+def check_model(requested: str | None, served_names: list[str]) -> None:
+    if requested is not None and requested not in served_names:
+        raise APIError(f"The model `{requested}` does not exist.", status=404, param="model")
+
+
+def sampling_params(
+    req: Any,
+    defaults: dict[str, Any],
+    num_prompt_tokens: int,
+    max_model_len: int,
+    max_tokens: int | None,
+    logprobs: int | None,
+    prompt_logprobs: int | None = None,
+) -> SamplingParams:
+    """SamplingParams of one prompt. max_tokens defaults to (and is capped at) what fits in
+    max_model_len, as in vLLM."""
+    _check_limits(req, logprobs)
+    values = dict(defaults)
+    for name in _SAMPLING_FIELDS:
+        if getattr(req, name) is not None:
+            values[name] = getattr(req, name)
+    room = max(max_model_len - num_prompt_tokens, 1)
+    try:
+        return SamplingParams(
+            n=req.n,
+            stop=req.stop,
+            seed=req.seed,
+            stop_token_ids=req.stop_token_ids,
+            ignore_eos=req.ignore_eos,
+            max_tokens=room if max_tokens is None else min(max_tokens, room),
+            min_tokens=req.min_tokens,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
+            skip_special_tokens=req.skip_special_tokens,
+            include_stop_str_in_output=req.include_stop_str_in_output,
+            **values,
+        )
+    except (ValueError, TypeError) as e:
+        raise APIError(str(e)) from None
+
+
+def _check_limits(req: Any, logprobs: int | None) -> None:
+    if not 1 <= req.n <= MAX_N:
+        raise APIError(f"n must be between 1 and {MAX_N}, got {req.n}", param="n")
+    if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
+        raise APIError(
+            f"logprobs must be between 0 and {MAX_LOGPROBS}, got {logprobs}", param="logprobs"
+        )
+    stops = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
+    if len(stops) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_STRING_CHARS for s in stops):
+        raise APIError(
+            f"at most {MAX_STOP_STRINGS} stop strings of at most {MAX_STOP_STRING_CHARS} "
+            "characters each",
+            param="stop",
+        )
+    if req.seed is not None and not 0 <= req.seed <= _MAX_SEED:
+        raise APIError(f"seed must be between 0 and {_MAX_SEED}, got {req.seed}", param="seed")
+    if req.logit_bias:
+        raise APIError(
+            "logit_bias is not supported by minivllm's sampler yet; leave it out",
+            param="logit_bias",
+        )
+    if req.stop_token_ids and len(req.stop_token_ids) > MAX_STOP_STRINGS:
+        raise APIError(f"at most {MAX_STOP_STRINGS} stop_token_ids", param="stop_token_ids")

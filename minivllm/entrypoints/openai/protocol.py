@@ -1,0 +1,98 @@
+"""Request bodies of the OpenAI-compatible API (pydantic), with vLLM's extra sampling fields.
+
+Unknown fields are accepted and ignored, as vLLM does. Responses are built as plain dicts
+in the serving modules (their shapes are documented there and in docs/serving.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+
+# Limits that turn hostile requests into clear 400s (vLLM's max_logprobs default is 20).
+MAX_BODY_BYTES = 8 << 20
+MAX_N = 128
+MAX_LOGPROBS = 20
+MAX_STOP_STRINGS = 64
+MAX_STOP_STRING_CHARS = 1024
+
+
+class _Request(BaseModel):
+    # NaN and infinities are never valid sampling values (vLLM rejects them too).
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+
+class StreamOptions(_Request):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class _SamplingFields(_Request):
+    """Fields shared by completions and chat (OpenAI's, then vLLM's extras)."""
+
+    model: str | None = None
+    max_tokens: StrictInt | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    n: StrictInt = 1
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: StrictInt | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    # vLLM's extras
+    top_k: StrictInt | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    stop_token_ids: list[StrictInt] | None = None
+    ignore_eos: StrictBool = False
+    min_tokens: StrictInt = 0
+    skip_special_tokens: StrictBool = True
+    include_stop_str_in_output: StrictBool = False
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]]
+    logprobs: StrictInt | None = None
+    echo: StrictBool = False
+    suffix: str | None = None
+
+
+class ChatMessage(_Request):
+    role: str
+    # A string, or OpenAI's list of parts (only {"type": "text", "text": ...} is supported).
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: StrictInt | None = None
+    logprobs: StrictBool = False
+    top_logprobs: StrictInt | None = None
+    add_generation_prompt: StrictBool = True
+    continue_final_message: StrictBool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    # Accepted only to refuse it with a clear message: templates come from the server's flags.
+    chat_template: str | None = None
+
+
+class TokenizeRequest(_Request):
+    """Either a completion-style prompt or chat-style messages (vLLM's /tokenize)."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: StrictBool = True
+    add_generation_prompt: StrictBool = True
+    return_token_strs: StrictBool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class DetokenizeRequest(_Request):
+    model: str | None = None
+    tokens: list[StrictInt]

@@ -1,0 +1,191 @@
+"""The FastAPI app: routes, API-key check, OpenAI-shaped errors, client-disconnect aborts."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import time
+from collections.abc import Awaitable
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from minivllm.entrypoints.openai.errors import APIError, error_body, error_response
+from minivllm.entrypoints.openai.metrics import ServerMetrics
+from minivllm.entrypoints.openai.params import check_model, read_body
+from minivllm.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
+from minivllm.entrypoints.openai.serving_chat import create_chat_completion, render_chat
+from minivllm.entrypoints.openai.serving_common import ServerState
+from minivllm.entrypoints.openai.serving_completion import create_completion
+
+logger = logging.getLogger("minivllm.serve")
+VERSION = "0.1.0"
+
+
+def build_app(state: ServerState, metrics: ServerMetrics, api_key: str | None = None) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        state.engine.attach_loop(asyncio.get_running_loop())
+        yield
+        # After uvicorn's graceful phase: fail whatever is still open, stop the core.
+        state.engine.shutdown()
+
+    app = FastAPI(title="minivllm", version=VERSION, lifespan=lifespan)
+    _add_error_handlers(app)
+    if api_key is not None:
+        _add_api_key_check(app, api_key)
+    _add_info_routes(app, state, metrics)
+    _add_generation_routes(app, state)
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def api_error(_: Request, e: APIError) -> JSONResponse:
+        return error_response(e)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, e: RequestValidationError) -> JSONResponse:
+        return JSONResponse(error_body(f"invalid request: {e.errors()[:3]}", 400), 400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, e: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse(error_body(str(e.detail), e.status_code), e.status_code)
+
+    @app.exception_handler(Exception)
+    async def internal_error(_: Request, e: Exception) -> JSONResponse:
+        logger.exception("unhandled error")
+        return JSONResponse(error_body(f"internal error: {type(e).__name__}", 500), 500)
+
+
+def _add_api_key_check(app: FastAPI, api_key: str) -> None:
+    expected = f"Bearer {api_key}".encode()
+
+    @app.middleware("http")
+    async def check_api_key(request: Request, call_next):
+        # As vLLM: only the /v1 API is protected; /health and /metrics stay open.
+        if request.url.path.startswith("/v1") and request.method != "OPTIONS":
+            given = request.headers.get("authorization", "").encode()
+            if not hmac.compare_digest(given, expected):
+                body = error_body("Unauthorized: missing or wrong API key", 401)
+                return JSONResponse(body, 401)
+        return await call_next(request)
+
+
+def _add_info_routes(app: FastAPI, state: ServerState, metrics: ServerMetrics) -> None:
+    created = int(time.time())
+
+    @app.get("/health")
+    async def health() -> Response:
+        if state.engine.is_dead:
+            return JSONResponse(error_body(f"engine dead: {state.engine.dead_reason}", 503), 503)
+        return Response(status_code=200)
+
+    @app.get("/version")
+    async def version() -> dict:
+        return {"version": VERSION}
+
+    @app.get("/metrics")
+    async def metrics_text() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        cards = [
+            {
+                "id": name,
+                "object": "model",
+                "created": created,
+                "owned_by": "minivllm",
+                "root": state.engine.config.model,
+                "parent": None,
+                "max_model_len": state.engine.max_model_len,
+                "permission": [],
+            }
+            for name in state.served_model_names
+        ]
+        return {"object": "list", "data": cards}
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> dict:
+        req = await read_body(request, TokenizeRequest)
+        check_model(req.model, state.served_model_names)
+        tokenizer = state.engine.tokenizer
+        if req.messages is not None:
+            tokens = render_chat(
+                tokenizer,
+                state.chat_template,
+                req.messages,
+                req.add_generation_prompt,
+                False,
+                req.chat_template_kwargs,
+            )
+        elif req.prompt is not None:
+            tokens = tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+        else:
+            raise APIError("give prompt or messages", param="prompt")
+        strs = tokenizer.convert_ids_to_tokens(tokens) if req.return_token_strs else None
+        return {
+            "count": len(tokens),
+            "max_model_len": state.engine.max_model_len,
+            "tokens": tokens,
+            "token_strs": strs,
+        }
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> dict:
+        req = await read_body(request, DetokenizeRequest)
+        check_model(req.model, state.served_model_names)
+        vocab_size = state.engine.info.vocab_size
+        if any(not 0 <= t < vocab_size for t in req.tokens):
+            raise APIError(f"token ids must be in [0, {vocab_size})", param="tokens")
+        return {"prompt": state.engine.tokenizer.decode(req.tokens)}
+
+
+def _add_generation_routes(app: FastAPI, state: ServerState) -> None:
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        req = await read_body(request, CompletionRequest)
+        return await _until_disconnect(request, create_completion(state, req))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        req = await read_body(request, ChatCompletionRequest)
+        return await _until_disconnect(request, create_chat_completion(state, req))
+
+
+async def _until_disconnect(request: Request, handler: Awaitable[Response]) -> Response:
+    """Runs handler until it returns or the client disconnects; then it is cancelled, which
+    aborts its engine requests. (A streaming response watches for disconnects itself.)"""
+    task = asyncio.ensure_future(handler)
+    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()  # the generators' finally blocks abort the engine requests
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return Response(status_code=499)  # nobody reads it: the client is gone
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return

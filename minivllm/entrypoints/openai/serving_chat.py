@@ -1,0 +1,203 @@
+"""POST /v1/chat/completions: messages through the chat template, n samples, streamed or not."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from minivllm.entrypoints.openai.errors import APIError, sse_error
+from minivllm.entrypoints.openai.logprobs import chat_logprobs
+from minivllm.entrypoints.openai.params import check_model, sampling_params
+from minivllm.entrypoints.openai.protocol import MAX_LOGPROBS, ChatCompletionRequest, ChatMessage
+from minivllm.entrypoints.openai.serving_common import (
+    SSE_DONE,
+    ServerState,
+    as_api_error,
+    merge,
+    sse,
+    submit,
+    usage,
+)
+from minivllm.outputs import CompletionOutput, RequestOutput
+
+# apply_chat_template arguments a request may not set through chat_template_kwargs.
+_RESERVED_KWARGS = {
+    "conversation",
+    "chat_template",
+    "tokenize",
+    "return_dict",
+    "return_tensors",
+    "padding",
+    "truncation",
+    "max_length",
+    "tokenizer_kwargs",
+    "add_generation_prompt",
+    "continue_final_message",
+    "tools",
+    "documents",
+}
+
+
+def _content_text(message: ChatMessage) -> str:
+    content = message.content
+    if content is None or isinstance(content, str):
+        return content or ""
+    texts = []
+    for part in content:
+        if part.get("type") != "text" or not isinstance(part.get("text"), str):
+            raise APIError("only text content parts are supported", param="messages")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def render_chat(
+    tokenizer,
+    chat_template: str | None,
+    messages: list[ChatMessage],
+    add_generation_prompt: bool,
+    continue_final_message: bool,
+    template_kwargs: dict[str, Any] | None,
+) -> list[int]:
+    """Prompt token ids of a conversation (rendered to text, then tokenized without adding
+    special tokens, as vLLM does)."""
+    kwargs = dict(template_kwargs or {})
+    bad = sorted(set(kwargs) & _RESERVED_KWARGS)
+    if bad:
+        raise APIError(f"chat_template_kwargs may not set {bad}", param="chat_template_kwargs")
+    if chat_template is None and tokenizer.chat_template is None:
+        raise APIError("this model has no chat template; start the server with --chat-template")
+    conversation = [{"role": m.role, "content": _content_text(m)} for m in messages]
+    try:
+        text = tokenizer.apply_chat_template(
+            conversation,
+            chat_template=chat_template,
+            add_generation_prompt=add_generation_prompt and not continue_final_message,
+            continue_final_message=continue_final_message,
+            tokenize=False,
+            **kwargs,
+        )
+    except Exception as e:  # noqa: BLE001 - template errors are the request's fault
+        raise APIError(f"the chat template failed on these messages: {e}") from None
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+async def create_chat_completion(state: ServerState, req: ChatCompletionRequest):
+    check_model(req.model, state.served_model_names)
+    if req.chat_template is not None:
+        raise APIError(
+            "chat_template in a request is not accepted; the server's --chat-template is used",
+            param="chat_template",
+        )
+    top = req.top_logprobs if req.logprobs else None
+    if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_LOGPROBS:
+        raise APIError(f"top_logprobs must be between 0 and {MAX_LOGPROBS}", param="top_logprobs")
+    engine = state.engine
+    token_ids = render_chat(
+        engine.tokenizer,
+        state.chat_template,
+        req.messages,
+        req.add_generation_prompt,
+        req.continue_final_message,
+        req.chat_template_kwargs,
+    )
+    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else None
+    max_tokens = req.max_tokens if max_tokens is None else max_tokens
+    params = sampling_params(
+        req,
+        engine.default_sampling(),
+        len(token_ids),
+        engine.max_model_len,
+        max_tokens,
+        (top or 0) if req.logprobs else None,
+    )
+    request_id = f"chatcmpl-{uuid.uuid4().hex}"
+    iterators = submit(state, request_id, [(None, token_ids, params)])
+    response = _ChatResponse(state, req, request_id, top or 0)
+    if req.stream:
+        return StreamingResponse(response.stream(iterators), media_type="text/event-stream")
+    final = None
+    try:
+        async for _, output in merge(iterators):
+            final = output
+    except Exception as e:  # noqa: BLE001 - mapped to an OpenAI error
+        raise as_api_error(e) from None
+    return JSONResponse(response.full(final))
+
+
+class _ChatResponse:
+    def __init__(
+        self, state: ServerState, req: ChatCompletionRequest, request_id: str, top: int
+    ) -> None:
+        self.req = req
+        self.top = top
+        self.head = {
+            "id": request_id,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": state.model_name,
+            "system_fingerprint": None,
+        }
+
+    def _logprobs(self, choice: CompletionOutput, start: int) -> dict | None:
+        if not self.req.logprobs:
+            return None
+        return chat_logprobs(choice.token_ids[start:], (choice.logprobs or [])[start:], self.top)
+
+    def full(self, output: RequestOutput) -> dict:
+        choices = [
+            {
+                "index": c.index,
+                "message": {"role": "assistant", "content": c.text, "tool_calls": []},
+                "logprobs": self._logprobs(c, 0),
+                "finish_reason": c.finish_reason,
+                "stop_reason": c.stop_reason,
+            }
+            for c in output.outputs
+        ]
+        return {**self.head, "choices": choices, "usage": usage([output])}
+
+    async def stream(self, iterators: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[str]:
+        head = {**self.head, "object": "chat.completion.chunk"}
+        sent_chars: dict[int, int] = {}
+        sent_tokens: dict[int, int] = {}
+        final = None
+        try:
+            for index in range(self.req.n):  # the role comes first, as in OpenAI and vLLM
+                role = {"role": "assistant", "content": ""}
+                choice = {"index": index, "delta": role, "logprobs": None, "finish_reason": None}
+                yield sse({**head, "choices": [choice]})
+            async for _, output in merge(iterators):
+                final = output
+                for choice in output.outputs:
+                    chunk = self._chunk(choice, sent_chars, sent_tokens)
+                    if chunk is not None:
+                        yield sse({**head, "choices": [chunk]})
+            opts = self.req.stream_options
+            if opts is not None and opts.include_usage:
+                yield sse({**head, "choices": [], "usage": usage([final])})
+        except Exception as e:  # noqa: BLE001 - after the 200 an error is a data chunk
+            yield sse_error(as_api_error(e))
+        yield SSE_DONE
+
+    def _chunk(self, choice: CompletionOutput, sent_chars, sent_tokens) -> dict | None:
+        key = choice.index
+        if sent_chars.get(key, 0) < 0:
+            return None  # already finished
+        start_chars, start_tokens = sent_chars.get(key, 0), sent_tokens.get(key, 0)
+        text = choice.text[start_chars:]
+        finished = choice.finish_reason is not None
+        if not text and not finished and len(choice.token_ids) == start_tokens:
+            return None
+        sent_chars[key] = -1 if finished else len(choice.text)
+        sent_tokens[key] = len(choice.token_ids)
+        return {
+            "index": key,
+            "delta": {"content": text} if text or not finished else {},
+            "logprobs": self._logprobs(choice, start_tokens),
+            "finish_reason": choice.finish_reason,
+            "stop_reason": choice.stop_reason,
+        }

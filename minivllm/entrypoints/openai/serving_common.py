@@ -1,0 +1,131 @@
+"""What both generation endpoints share: server state, fan-in of several prompts, usage, SSE."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from minivllm.entrypoints.async_llm import AsyncLLM, EngineDeadError
+from minivllm.entrypoints.openai.errors import APIError
+from minivllm.outputs import RequestOutput
+from minivllm.sampling_params import SamplingParams
+
+logger = logging.getLogger("minivllm.serve")
+_DONE = object()
+
+
+@dataclass
+class ServerState:
+    engine: AsyncLLM
+    served_model_names: list[str]
+    chat_template: str | None = None
+    log_requests: bool = True
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_names[0]
+
+
+def submit(
+    state: ServerState, request_id: str, prompts: list[tuple[str | None, list[int], SamplingParams]]
+) -> list[AsyncIterator[RequestOutput]]:
+    """Validates every prompt, then submits them all (so a bad one submits nothing)."""
+    engine = state.engine
+    try:
+        for _, token_ids, params in prompts:
+            engine.validate(token_ids, params)
+    except ValueError as e:
+        raise APIError(str(e)) from None
+    iterators = []
+    try:
+        for i, (text, token_ids, params) in enumerate(prompts):
+            sub_id = request_id if len(prompts) == 1 else f"{request_id}-{i}"
+            iterators.append(engine.add_request(sub_id, text, token_ids, params))
+            if state.log_requests:
+                logger.info(
+                    "request %s: %d prompt tokens, %s", sub_id, len(token_ids), _brief(params)
+                )
+    except EngineDeadError as e:
+        raise APIError(f"the engine is dead: {e}", status=503) from None
+    except BaseException:
+        for i in range(len(iterators)):
+            engine.abort(request_id if len(prompts) == 1 else f"{request_id}-{i}")
+        raise
+    return iterators
+
+
+def _brief(params: SamplingParams) -> str:
+    return (
+        f"n={params.n} max_tokens={params.max_tokens} temperature={params.temperature} "
+        f"top_p={params.top_p} top_k={params.top_k}"
+    )
+
+
+async def merge(
+    iterators: list[AsyncIterator[RequestOutput]],
+) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """(prompt index, output) from several requests as they come; cancelling it (or an
+    error) cancels them all, which aborts their engine requests."""
+    if len(iterators) == 1:
+        async for output in iterators[0]:
+            yield 0, output
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(index: int, iterator: AsyncIterator[RequestOutput]) -> None:
+        try:
+            async for output in iterator:
+                queue.put_nowait((index, output))
+        except Exception as e:  # noqa: BLE001 - re-raised by the consumer
+            queue.put_nowait((index, e))
+        finally:
+            queue.put_nowait((index, _DONE))
+
+    tasks = [asyncio.create_task(pump(i, it)) for i, it in enumerate(iterators)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            index, item = await queue.get()
+            if item is _DONE:
+                remaining -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+def as_api_error(e: Exception) -> APIError:
+    """The error a client sees for a failure while its request runs."""
+    if isinstance(e, APIError):
+        return e
+    if isinstance(e, EngineDeadError):
+        return APIError(f"the engine is dead: {e}", status=503)
+    if isinstance(e, ValueError):
+        return APIError(str(e))
+    logger.exception("request failed")
+    return APIError(f"internal error: {type(e).__name__}", status=500)
+
+
+def usage(outputs: list[RequestOutput | None]) -> dict:
+    prompt_tokens = sum(len(o.prompt_token_ids) for o in outputs if o is not None)
+    completion_tokens = sum(len(c.token_ids) for o in outputs if o is not None for c in o.outputs)
+    cached = sum(o.num_cached_tokens for o in outputs if o is not None)
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
+
+
+def sse(payload: dict) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+SSE_DONE = "data: [DONE]\n\n"

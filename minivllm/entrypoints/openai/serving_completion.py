@@ -1,0 +1,162 @@
+"""POST /v1/completions: one or several prompts, n samples each, streamed or not."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from minivllm.entrypoints.openai.errors import APIError, sse_error
+from minivllm.entrypoints.openai.logprobs import completion_logprobs
+from minivllm.entrypoints.openai.params import check_model, sampling_params
+from minivllm.entrypoints.openai.protocol import CompletionRequest
+from minivllm.entrypoints.openai.serving_common import (
+    SSE_DONE,
+    ServerState,
+    as_api_error,
+    merge,
+    sse,
+    submit,
+    usage,
+)
+from minivllm.outputs import CompletionOutput, RequestOutput
+
+
+def _prompts(req: CompletionRequest, tokenizer) -> list[tuple[str | None, list[int]]]:
+    """(text, token ids) per prompt: a string, a list of strings, ids, or a list of id lists."""
+    prompt = req.prompt
+    if isinstance(prompt, str):
+        return [(prompt, tokenizer.encode(prompt))]
+    if not prompt:
+        raise APIError("prompt is empty", param="prompt")
+    if isinstance(prompt[0], int):
+        return [(None, list(prompt))]
+    if isinstance(prompt[0], str):
+        return [(p, tokenizer.encode(p)) for p in prompt]
+    return [(None, list(p)) for p in prompt]
+
+
+async def create_completion(state: ServerState, req: CompletionRequest):
+    check_model(req.model, state.served_model_names)
+    if req.suffix:
+        raise APIError("suffix is not supported", param="suffix")
+    engine = state.engine
+    prompts = _prompts(req, engine.tokenizer)
+    echo_logprobs = req.logprobs if req.echo else None
+    specs = []
+    for text, token_ids in prompts:
+        params = sampling_params(
+            req,
+            engine.default_sampling(),
+            len(token_ids),
+            engine.max_model_len,
+            req.max_tokens,
+            req.logprobs,
+            prompt_logprobs=echo_logprobs,
+        )
+        specs.append((text, token_ids, params))
+    request_id = f"cmpl-{uuid.uuid4().hex}"
+    iterators = submit(state, request_id, specs)
+    response = _Response(state, req, request_id, [t for t, _ in prompts])
+    if req.stream:
+        return StreamingResponse(response.stream(iterators), media_type="text/event-stream")
+    finals: list[RequestOutput | None] = [None] * len(iterators)
+    try:
+        async for index, output in merge(iterators):
+            finals[index] = output
+    except Exception as e:  # noqa: BLE001 - mapped to an OpenAI error
+        raise as_api_error(e) from None
+    return JSONResponse(response.full(finals))
+
+
+class _Response:
+    """Builds the response body (or its stream chunks) of one completion request."""
+
+    def __init__(
+        self, state: ServerState, req: CompletionRequest, request_id: str, texts: list
+    ) -> None:
+        self.req = req
+        self.tokenizer = state.engine.tokenizer
+        self.texts = texts
+        self.head = {
+            "id": request_id,
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": state.model_name,
+            "system_fingerprint": None,
+        }
+
+    def _prompt_text(self, index: int, output: RequestOutput) -> str:
+        text = self.texts[index]
+        return self.tokenizer.decode(output.prompt_token_ids) if text is None else text
+
+    def _logprobs(self, output: RequestOutput, choice: CompletionOutput, start: int, echo: bool):
+        if self.req.logprobs is None:
+            return None
+        token_ids = choice.token_ids[start:]
+        entries = (choice.logprobs or [])[start:]
+        if echo:
+            token_ids = output.prompt_token_ids + token_ids
+            entries = list(output.prompt_logprobs or [None] * len(output.prompt_token_ids))
+            entries += (choice.logprobs or [])[start:]
+        return completion_logprobs(token_ids, entries, self.req.logprobs, self.tokenizer)
+
+    def full(self, finals: list[RequestOutput | None]) -> dict:
+        choices = []
+        for index, output in enumerate(finals):
+            assert output is not None
+            prefix = self._prompt_text(index, output) if self.req.echo else ""
+            for choice in output.outputs:
+                choices.append(
+                    {
+                        "index": index * self.req.n + choice.index,
+                        "text": prefix + choice.text,
+                        "logprobs": self._logprobs(output, choice, 0, self.req.echo),
+                        "finish_reason": choice.finish_reason,
+                        "stop_reason": choice.stop_reason,
+                    }
+                )
+        return {**self.head, "choices": choices, "usage": usage(finals)}
+
+    async def stream(self, iterators: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[str]:
+        sent_chars: dict[int, int] = {}
+        sent_tokens: dict[int, int] = {}
+        finals: list[RequestOutput | None] = [None] * len(iterators)
+        try:
+            async for index, output in merge(iterators):
+                finals[index] = output
+                for choice in output.outputs:
+                    key = index * self.req.n + choice.index
+                    chunk = self._chunk(key, index, output, choice, sent_chars, sent_tokens)
+                    if chunk is not None:
+                        yield sse({**self.head, "choices": [chunk]})
+            opts = self.req.stream_options
+            if opts is not None and opts.include_usage:
+                yield sse({**self.head, "choices": [], "usage": usage(finals)})
+        except Exception as e:  # noqa: BLE001 - after the 200 an error is a data chunk
+            yield sse_error(as_api_error(e))
+        yield SSE_DONE
+
+    def _chunk(self, key, index, output, choice, sent_chars, sent_tokens) -> dict | None:
+        first = key not in sent_chars
+        if not first and sent_chars[key] < 0:
+            return None  # this choice already finished
+        start_chars, start_tokens = sent_chars.get(key, 0), sent_tokens.get(key, 0)
+        text = choice.text[start_chars:]
+        echo = first and self.req.echo
+        if echo:
+            text = self._prompt_text(index, output) + text
+        finished = choice.finish_reason is not None
+        if not text and not finished and len(choice.token_ids) == start_tokens:
+            return None
+        sent_chars[key] = -1 if finished else len(choice.text)
+        sent_tokens[key] = len(choice.token_ids)
+        return {
+            "index": key,
+            "text": text,
+            "logprobs": self._logprobs(output, choice, start_tokens, echo),
+            "finish_reason": choice.finish_reason,
+            "stop_reason": choice.stop_reason,
+        }

@@ -1,0 +1,195 @@
+"""The OpenAI surface of `minivllm serve`, driven by the official client and raw HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+
+import openai
+import pytest
+from conftest import API_KEY, MODEL_NAME
+
+from minivllm import LLM, SamplingParams
+
+PROMPT_IDS = [11, 22, 33, 44, 55, 66, 77, 88, 99, 111, 122, 133]
+GREEDY = dict(temperature=0.0, max_tokens=16, extra_body={"ignore_eos": True})
+
+
+@pytest.fixture(scope="module")
+def offline(tiny_qwen3_dir: str) -> LLM:
+    """The offline API on the same model and settings: the server's oracle."""
+    return LLM(tiny_qwen3_dir, dtype="float32", device="cpu", block_size=4)
+
+
+def test_models_version_health(server, client) -> None:
+    models = client.models.list().data
+    assert [m.id for m in models] == [MODEL_NAME, "other-name"]
+    assert models[0].model_extra["max_model_len"] == 512
+    assert server.request("GET", "/health")[0] == 200
+    assert server.request("GET", "/version")[1]["version"]
+
+
+def test_completion_matches_offline(client, offline) -> None:
+    out = client.completions.create(model=MODEL_NAME, prompt=PROMPT_IDS, logprobs=3, **GREEDY)
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=3)
+    ref = offline.generate({"prompt_token_ids": PROMPT_IDS}, params, use_tqdm=False)[0].outputs[0]
+    choice = out.choices[0]
+    assert choice.text == ref.text and choice.finish_reason == "length"
+    ref_logprobs = [d[t].logprob for d, t in zip(ref.logprobs, ref.token_ids)]
+    assert choice.logprobs.token_logprobs == pytest.approx(ref_logprobs, abs=1e-4)
+    assert len(choice.logprobs.top_logprobs[0]) >= 3
+    assert out.usage.prompt_tokens == len(PROMPT_IDS) and out.usage.completion_tokens == 16
+
+
+def test_chat_logprobs_match_offline(client, offline) -> None:
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    out = client.chat.completions.create(
+        model=MODEL_NAME, messages=messages, logprobs=True, top_logprobs=2, **GREEDY
+    )
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=2)
+    ref = offline.chat(messages, params, use_tqdm=False)[0].outputs[0]
+    choice = out.choices[0]
+    assert choice.message.role == "assistant" and choice.message.content == ref.text
+    got = [c.logprob for c in choice.logprobs.content]
+    assert got == pytest.approx(
+        [d[t].logprob for d, t in zip(ref.logprobs, ref.token_ids)], abs=1e-4
+    )
+    assert all(len(c.top_logprobs) == 2 for c in choice.logprobs.content)
+
+
+def _stream_text(stream) -> tuple[str, list, object]:
+    texts, finish, usage = [], [], None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for c in chunk.choices:
+            text = c.text if hasattr(c, "text") else (c.delta.content or "")
+            texts.append(text)
+            finish.append(c.finish_reason)
+    return "".join(texts), finish, usage
+
+
+@pytest.mark.parametrize("stop", [None, "e"])
+def test_streaming_equals_non_streaming(client, stop) -> None:
+    kwargs = dict(model=MODEL_NAME, prompt="The quick brown fox", stop=stop, **GREEDY)
+    full = client.completions.create(**kwargs)
+    stream = client.completions.create(
+        stream=True, stream_options={"include_usage": True}, **kwargs
+    )
+    text, finish, usage = _stream_text(stream)
+    assert text == full.choices[0].text
+    assert finish[-1] == full.choices[0].finish_reason and all(f is None for f in finish[:-1])
+    assert usage.completion_tokens == full.usage.completion_tokens
+
+
+def test_chat_streaming_first_chunk_has_role(client) -> None:
+    messages = [{"role": "user", "content": "Hello, world!"}]
+    full = client.chat.completions.create(model=MODEL_NAME, messages=messages, **GREEDY)
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL_NAME,
+            messages=messages,
+            stream=True,
+            stream_options={"include_usage": True},
+            **GREEDY,
+        )
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == full.choices[0].message.content
+    assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens == full.usage.total_tokens
+
+
+def test_stop_string_cuts_text(client) -> None:
+    base = client.completions.create(model=MODEL_NAME, prompt="Hello", **GREEDY).choices[0].text
+    stop = base[4:6]
+    cut = client.completions.create(model=MODEL_NAME, prompt="Hello", stop=[stop], **GREEDY)
+    choice = cut.choices[0]
+    assert choice.text == base[: base.find(stop)]
+    assert choice.finish_reason == "stop" and choice.model_extra["stop_reason"] == stop
+
+
+def test_n2_and_multiple_prompts(client) -> None:
+    out = client.completions.create(
+        model=MODEL_NAME,
+        prompt=["Hello", "One, two"],
+        n=2,
+        temperature=1.0,
+        seed=7,
+        max_tokens=8,
+        extra_body={"ignore_eos": True},
+    )
+    assert sorted(c.index for c in out.choices) == [0, 1, 2, 3]
+    assert out.usage.completion_tokens == 4 * 8
+    assert out.choices[0].text != out.choices[1].text  # each sample has its own seed stream
+    chat = client.chat.completions.create(
+        model=MODEL_NAME,
+        messages=[{"role": "user", "content": "Hi"}],
+        n=2,
+        temperature=1.0,
+        seed=3,
+        max_completion_tokens=8,
+        extra_body={"ignore_eos": True},
+    )
+    assert [c.index for c in chat.choices] == [0, 1]
+    assert chat.usage.completion_tokens == 16
+
+
+def test_cached_tokens_on_repeated_prompt(client) -> None:
+    prompt = list(range(100, 141))  # 41 tokens: 10 full blocks of 4 can be hit
+    first = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=2)
+    second = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=2)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    assert second.usage.prompt_tokens_details.cached_tokens == 40
+
+
+def test_echo_and_default_max_tokens(client, server) -> None:
+    out = client.completions.create(
+        model=MODEL_NAME, prompt="Hello", echo=True, max_tokens=3, temperature=0.0
+    )
+    assert out.choices[0].text.startswith("Hello")
+    # Without max_tokens, the default is what fits in max_model_len (512 - prompt).
+    long_prompt = [i % 400 + 1 for i in range(505)]
+    out = client.completions.create(
+        model=MODEL_NAME, prompt=long_prompt, temperature=0.0, extra_body={"ignore_eos": True}
+    )
+    assert out.usage.completion_tokens == 512 - 505 and out.choices[0].finish_reason == "length"
+
+
+def test_tokenize_detokenize(server, auth) -> None:
+    status, body = server.request("POST", "/tokenize", {"prompt": "Hello, world!"}, auth)
+    assert status == 200 and body["count"] == len(body["tokens"]) and body["max_model_len"] == 512
+    status, back = server.request("POST", "/detokenize", {"tokens": body["tokens"]}, auth)
+    assert status == 200 and back["prompt"] == "Hello, world!"
+    status, chat = server.request(
+        "POST", "/tokenize", {"messages": [{"role": "user", "content": "Hi"}]}, auth
+    )
+    assert status == 200 and chat["count"] > 3
+
+
+async def _one_stream(async_client, i: int) -> str:
+    stream = await async_client.completions.create(
+        model=MODEL_NAME, prompt=[i + 1, i + 2, i + 3], stream=True, **GREEDY
+    )
+    return "".join([c.choices[0].text async for c in stream if c.choices])
+
+
+def test_64_concurrent_streams(async_client, offline) -> None:
+    async def run() -> list[str]:
+        return await asyncio.gather(*(_one_stream(async_client, i) for i in range(64)))
+
+    texts = asyncio.run(run())
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    prompts = [{"prompt_token_ids": [i + 1, i + 2, i + 3]} for i in range(64)]
+    refs = [o.outputs[0].text for o in offline.generate(prompts, params, use_tqdm=False)]
+    assert texts == refs
+
+
+def test_api_key(server) -> None:
+    assert server.request("GET", "/v1/models")[0] == 401
+    status, body = server.request("GET", "/v1/models", headers={"Authorization": "Bearer nope"})
+    assert status == 401 and body["error"]["code"] == 401
+    bad = openai.OpenAI(base_url=server.base_url + "/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
+    assert server.request("GET", "/health")[0] == 200  # open, as in vLLM
+    assert API_KEY not in server.logs()
