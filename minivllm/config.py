@@ -41,7 +41,12 @@ class ModelConfig:
     @classmethod
     def from_hf(cls, model_dir: str) -> ModelConfig:
         """Reads config.json as written by transformers 4 (rope_theta, rope_scaling,
-        torch_dtype) or 5 (rope_parameters, dtype)."""
+        torch_dtype) or 5 (rope_parameters, dtype), or a GGUF file's metadata."""
+        from minivllm.gguf_loader import find_gguf_file, gguf_model_config  # imports config
+
+        gguf_file = find_gguf_file(model_dir)
+        if gguf_file is not None:
+            return gguf_model_config(gguf_file)
         path = os.path.join(model_dir, "config.json")
         if not os.path.isfile(path):
             raise ValueError(f"no config.json in model directory {model_dir!r}")
@@ -151,7 +156,11 @@ class EngineConfig:
             self.num_gpu_blocks_override is None or self.num_gpu_blocks_override >= 1,
             "num_gpu_blocks_override must be >= 1",
         )
-        check(os.path.isdir(self.model), f"model directory does not exist: {self.model!r}")
+        is_gguf = os.path.isfile(self.model) and self.model.endswith(".gguf")
+        check(
+            os.path.isdir(self.model) or is_gguf,
+            f"model directory or .gguf file does not exist: {self.model!r}",
+        )
 
     @classmethod
     def from_options(cls, model: str, **options: Any) -> EngineConfig:

@@ -74,6 +74,16 @@ def iterate_checkpoint(model_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
             ) from e
 
 
+def _checkpoint_tensors(model_dir: str, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
+    """A .gguf file (or a directory holding one) is dequantized; else safetensors."""
+    from minivllm.gguf_loader import find_gguf_file, iterate_gguf_tensors
+
+    gguf_file = find_gguf_file(model_dir)
+    if gguf_file is not None:
+        return iterate_gguf_tensors(gguf_file, config)
+    return iterate_checkpoint(model_dir)
+
+
 def _skip(name: str, tie_word_embeddings: bool) -> bool:
     # Old checkpoints store RoPE inverse frequencies; we compute our own.
     return name.endswith("rotary_emb.inv_freq") or (
@@ -111,7 +121,7 @@ def load_model(model: nn.Module, model_dir: str) -> None:
     params = dict(model.named_parameters())
     expected = _expected_loads(model, mapping)
     loaded, unexpected = set(), []
-    for ckpt_name, tensor in iterate_checkpoint(model_dir):
+    for ckpt_name, tensor in _checkpoint_tensors(model_dir, model.config):
         if _skip(ckpt_name, tied):
             continue
         param_name, shard_id = _packed_target(ckpt_name, mapping)

@@ -1,0 +1,221 @@
+"""GGUF checkpoints (llama.cpp's one-file format): model config, tokenizer and weights.
+
+The `gguf` package reads the file and dequantizes each tensor to float32; tensors are renamed
+to HF names (Llama's q/k rows un-permuted) and then loaded like a safetensors checkpoint.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from minivllm.config import ModelConfig
+
+# GGUF general.architecture -> our (HF) architecture name.
+ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+_GLOBAL_NAMES = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+def find_gguf_file(model: str) -> str | None:
+    """`model` itself if it is a .gguf file; the one .gguf of a directory without config.json;
+    else None (an HF directory). Several .gguf files in one directory are a ValueError."""
+    if os.path.isfile(model):
+        return model if model.endswith(".gguf") else None
+    if not os.path.isdir(model) or os.path.isfile(os.path.join(model, "config.json")):
+        return None
+    found = sorted(glob.glob(os.path.join(model, "*.gguf")))
+    if len(found) > 1:
+        names = [os.path.basename(p) for p in found]
+        raise ValueError(f"{model!r} holds several .gguf files {names}; pass the one to load")
+    return found[0] if found else None
+
+
+def _import_gguf(path: str):
+    try:
+        import gguf
+    except ImportError as e:
+        raise ValueError(
+            f"loading {path!r} needs the `gguf` package: pip install gguf (or '.[gguf]')"
+        ) from e
+    return gguf
+
+
+def open_gguf(path: str):
+    """A gguf.GGUFReader over `path` (memory-mapped; tensors are read when touched)."""
+    gguf = _import_gguf(path)
+    try:
+        return gguf.GGUFReader(path)
+    except (ValueError, OSError, IndexError) as e:
+        raise ValueError(f"cannot read GGUF file {path!r} (corrupt or truncated?): {e}") from e
+
+
+def _field(reader, key: str, default: Any = None) -> Any:
+    field = reader.get_field(key)
+    return default if field is None else field.contents()
+
+
+def gguf_hf_config(reader) -> dict[str, Any]:
+    """The checkpoint's hyperparameters as an HF config.json dict; an unsupported architecture
+    or RoPE scaling is a ValueError."""
+    arch = _field(reader, "general.architecture")
+    if arch not in ARCHITECTURES:
+        raise ValueError(
+            f"unsupported GGUF architecture {arch!r}; supported: {sorted(ARCHITECTURES)}"
+        )
+    names = {t.name for t in reader.tensors}
+    rope_type = _field(reader, f"{arch}.rope.scaling.type", "none")
+    if rope_type != "none" or "rope_freqs.weight" in names:
+        raise ValueError(
+            f"GGUF RoPE scaling ({rope_type!r}, or a rope_freqs tensor as in Llama 3.1+) is "
+            "not supported yet; load the HF checkpoint directory instead"
+        )
+    heads = int(_field(reader, f"{arch}.attention.head_count"))
+    hidden = int(_field(reader, f"{arch}.embedding_length"))
+    vocab = _field(reader, f"{arch}.vocab_size") or len(
+        reader.get_field("tokenizer.ggml.tokens").data
+    )
+    eos = _field(reader, "tokenizer.ggml.eos_token_id")
+    return {
+        "architectures": [ARCHITECTURES[arch]],
+        "model_type": arch,
+        "vocab_size": int(vocab),
+        "hidden_size": hidden,
+        "intermediate_size": int(_field(reader, f"{arch}.feed_forward_length")),
+        "num_hidden_layers": int(_field(reader, f"{arch}.block_count")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(_field(reader, f"{arch}.attention.head_count_kv", heads)),
+        "head_dim": int(_field(reader, f"{arch}.attention.key_length", hidden // heads)),
+        "rms_norm_eps": float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
+        "rope_theta": float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
+        "max_position_embeddings": int(_field(reader, f"{arch}.context_length")),
+        "tie_word_embeddings": "output.weight" not in names,
+        "attention_bias": "blk.0.attn_q.bias" in names,
+        "torch_dtype": _checkpoint_dtype(reader),
+        "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id"),
+        "eos_token_id": None if eos is None else int(eos),
+    }
+
+
+def _checkpoint_dtype(reader) -> str:
+    """The dtype the file was made from, as far as it tells: a quantized file says bfloat16."""
+    kinds = {t.tensor_type.name for t in reader.tensors if len(t.shape) > 1}
+    return {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}.get(
+        kinds.pop() if len(kinds) == 1 else "", "bfloat16"
+    )
+
+
+def check_tensor_types(reader) -> None:
+    """Raises ValueError naming any tensor type the installed `gguf` cannot dequantize."""
+    import gguf
+
+    unsupported = sorted(
+        {t.tensor_type for t in reader.tensors if not _can_dequantize(t.tensor_type)},
+        key=lambda t: t.name,
+    )
+    if unsupported:
+        supported = [t.name for t in gguf.GGMLQuantizationType if _can_dequantize(t)]
+        raise ValueError(
+            f"GGUF tensor type(s) {[t.name for t in unsupported]} cannot be dequantized by "
+            f"gguf {_gguf_version()}; it dequantizes {supported}"
+        )
+
+
+def _can_dequantize(qtype) -> bool:
+    import gguf
+
+    _, type_size = gguf.GGML_QUANT_SIZES[qtype]
+    try:  # one zero block through the library's own dispatch
+        gguf.quants.dequantize(np.zeros((1, type_size), dtype=np.uint8), qtype)
+    except NotImplementedError:
+        return False
+    return True
+
+
+def _gguf_version() -> str:
+    from importlib.metadata import version
+
+    return version("gguf")
+
+
+def gguf_model_config(path: str) -> ModelConfig:
+    """ModelConfig of a .gguf file; checks architecture, RoPE and tensor types up front."""
+    reader = open_gguf(path)
+    config = gguf_hf_config(reader)
+    check_tensor_types(reader)
+    return ModelConfig.from_dict(config)
+
+
+def hf_tensor_name(name: str) -> str:
+    """GGUF tensor name -> HF name ('blk.3.attn_q.weight' -> 'model.layers.3.self_attn.q_proj.
+    weight'); an unknown name is returned unchanged (the loader then lists it)."""
+    parts = name.split(".")
+    if parts[0] == "blk" and len(parts) == 4 and parts[2] in _LAYER_NAMES:
+        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{parts[3]}"
+    if len(parts) == 2 and parts[0] in _GLOBAL_NAMES:
+        return f"{_GLOBAL_NAMES[parts[0]]}.{parts[1]}"
+    return name
+
+
+def _unpermute_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    """Undoes llama.cpp's q/k row order: it stores each head's rotary pairs interleaved
+    (rows [h, d/2, 2]) where HF keeps halves (rows [h, 2, d/2])."""
+    rows = weight.shape[0]
+    split = weight.reshape(num_heads, rows // num_heads // 2, 2, *weight.shape[1:])
+    return split.swapaxes(1, 2).reshape(weight.shape)
+
+
+def iterate_gguf_tensors(path: str, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yields (HF name, float32 tensor) for every tensor of the file, dequantized."""
+    import gguf
+
+    reader = open_gguf(path)
+    check_tensor_types(reader)
+    permute_qk = config.architecture == "LlamaForCausalLM"
+    for tensor in reader.tensors:
+        weight = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+        name = hf_tensor_name(tensor.name)
+        if permute_qk and ".self_attn.q_proj." in name:
+            weight = _unpermute_rows(weight, config.num_attention_heads)
+        elif permute_qk and ".self_attn.k_proj." in name:
+            weight = _unpermute_rows(weight, config.num_key_value_heads)
+        # Copied: the reader's arrays are read-only views of the memory-mapped file.
+        yield name, torch.from_numpy(np.array(weight, dtype=np.float32))
+
+
+def load_tokenizer(model: str):
+    """The HF tokenizer of a model path: from the GGUF metadata (vocab, merges, special
+    tokens, chat template) for a .gguf, else from the directory's tokenizer files."""
+    from transformers import AutoTokenizer
+
+    gguf_file = find_gguf_file(model)
+    if gguf_file is None:
+        return AutoTokenizer.from_pretrained(model)
+    _import_gguf(gguf_file)  # transformers' own message would not say which package
+    directory, name = os.path.split(os.path.abspath(gguf_file))
+    return AutoTokenizer.from_pretrained(directory, gguf_file=name)
