@@ -117,6 +117,9 @@ class EngineConfig:
     async_scheduling: bool = True
     # Largest decode batch captured in a CUDA graph.
     max_cuda_graph_batch_size: int = 512
+    # Batch-invariant numerics: a request's tokens and logprobs do not depend on its
+    # neighbours, chunking, prefix hits or graph padding (docs/determinism.md).
+    deterministic: bool = False
 
     def __post_init__(self) -> None:
         def check(ok: bool, message: str) -> None:

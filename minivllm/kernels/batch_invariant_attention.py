@@ -1,0 +1,305 @@
+"""Batch-invariant paged attention (deterministic mode): a query row gets the same bits whether
+it is a decode or part of a prefill chunk, and whatever else is in the batch.
+
+One fixed tile config per head_dim. Keys are cut into segments of SEG_N tokens aligned to
+absolute positions; each segment is an online softmax over BLOCK_N tiles from a fresh state,
+and segments are folded left to right with one formula (`_fold`). One program can walk all
+segments (varlen launch), or one program per segment writes its partial state and a fold
+kernel merges them in the same order (split launch, for small decode batches): the choice is
+a speed decision only, it never changes a bit. Tiles past a row's position are fully masked
+and add exact zeros (p = 0, alpha = 1), so the extra tiles a prefill row sees change nothing.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from minivllm.kernels.prefill_attention import _check_inputs, _find_tile, _load_rows
+
+LOG2E = 1.4426950408889634
+SEG_N = 512  # keys per segment: the unit of split-KV parallelism
+# head_dim bound -> (BLOCK_M rows = query tokens * group, BLOCK_N, num_warps, num_stages):
+# the prefill kernel's small configs, used for every batch shape (a row's reduction order
+# and register layout must not depend on the batch).
+_CONFIGS = ((64, (64, 64, 4, 3)), (128, (64, 64, 4, 3)), (256, (64, 32, 8, 2)))
+
+
+def batch_invariant_config(head_dim: int) -> tuple[int, int, int, int]:
+    for bound, cfg in _CONFIGS:
+        if head_dim <= bound:
+            return cfg
+    raise ValueError(f"head_dim {head_dim} > 256 is not supported")
+
+
+@triton.jit
+def _tile_step(
+    acc, m_i, l_i, q, q_pos, n0, kv_end, block_table, k_base, v_base, scale_log2e,
+    offs_n, offs_d,
+    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, MASKED: tl.constexpr,
+):  # fmt: skip
+    """One online-softmax step over keys [n0, n0 + BLOCK_N). A row that has seen no visible
+    key yet keeps m_i = -inf, l_i = 0, acc = 0 (the m_use guard), so a fresh segment that is
+    fully masked for it yields an exact zero state instead of NaN."""
+    pos = n0 + offs_n
+    valid = pos < kv_end
+    block_ids = tl.load(block_table + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
+    slots = block_ids * BLOCK_SIZE + pos % BLOCK_SIZE
+    offs = slots[:, None] * (NUM_KV_HEADS * HEAD_DIM) + offs_d[None, :]  # [BLOCK_N, BLOCK_D]
+    k = _load_rows(k_base + offs, valid, offs_d, HEAD_DIM, BLOCK_D, MASKED)
+    s = tl.dot(q, tl.trans(k))  # [BLOCK_M, BLOCK_N], unscaled
+    if MASKED:
+        visible = (pos[None, :] <= q_pos[:, None]) & valid[None, :]
+        s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1) * scale_log2e)
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(tl.fma(s, scale_log2e, -m_use[:, None]))
+    alpha = tl.exp2(m_i - m_use)
+    l_i = tl.fma(l_i, alpha, tl.sum(p, 1))
+    v = _load_rows(v_base + offs, valid, offs_d, HEAD_DIM, BLOCK_D, MASKED)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _segment(
+    q, q_pos, seg_start, full_end, kv_end, block_table, k_base, v_base, scale_log2e,
+    offs_n, offs_d,
+    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, SEG_N: tl.constexpr,
+):  # fmt: skip
+    """(acc, m_i, l_i) of keys [seg_start, seg_start + SEG_N) from a fresh state. Keys below
+    full_end are visible to every row of the tile (no masks); tiles start at multiples of
+    BLOCK_N in every path."""
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    seg_end = tl.minimum(seg_start + SEG_N, kv_end)
+    mid = tl.minimum(tl.maximum(full_end, seg_start), seg_end)
+    for n0 in range(seg_start, mid, BLOCK_N):
+        acc, m_i, l_i = _tile_step(
+            acc, m_i, l_i, q, q_pos, n0, kv_end, block_table, k_base, v_base, scale_log2e,
+            offs_n, offs_d, NUM_KV_HEADS, HEAD_DIM, BLOCK_D, BLOCK_SIZE, False,
+        )  # fmt: skip
+    for n0 in range(mid, seg_end, BLOCK_N):
+        acc, m_i, l_i = _tile_step(
+            acc, m_i, l_i, q, q_pos, n0, kv_end, block_table, k_base, v_base, scale_log2e,
+            offs_n, offs_d, NUM_KV_HEADS, HEAD_DIM, BLOCK_D, BLOCK_SIZE, True,
+        )  # fmt: skip
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _fold(acc, m_i, l_i, seg_acc, seg_m, seg_l):
+    """Merges a segment's state into the running one (rows: [R], acc: [R, D]). The same
+    function runs in both launches; explicit FMAs leave the compiler no contraction choice."""
+    m_new = tl.maximum(m_i, seg_m)
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    a = tl.exp2(m_i - m_use)
+    b = tl.exp2(seg_m - m_use)
+    l_i = tl.fma(l_i, a, seg_l * b)
+    acc = tl.fma(acc, a[:, None], seg_acc * b[:, None])
+    return acc, m_new, l_i
+
+
+# Batch-dependent integers and metadata slices: no value/alignment specialization (no JIT
+# compile per batch shape), as in the prefill kernel.
+@triton.jit(
+    do_not_specialize=["num_seqs", "start_row", "stride_bt"],
+    do_not_specialize_on_alignment=["block_table_ptr", "seq_lens_ptr", "query_start_loc_ptr"],
+)
+def _bi_attention_kernel(
+    q_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, query_start_loc_ptr, out_ptr,
+    part_acc_ptr, part_m_ptr, part_l_ptr,
+    scale_log2e, num_seqs, start_row,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
+    stride_pa_t, stride_pa_h, stride_pa_s, stride_pm_t, stride_pm_h, v_cache_offset,
+    NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, SEG_N: tl.constexpr, SPLIT: tl.constexpr,
+):  # fmt: skip
+    """Grid ((cdiv(num_rows, BLOCK_Q) + num_seqs) * num_kv_heads, num_segments if SPLIT else
+    1). Tiles as in the prefill kernel (row r: token r // GROUP, head r % GROUP). SPLIT:
+    program (tile, s) writes segment s's unnormalized state to part_*; else it folds every
+    segment and writes the output."""
+    pid = tl.program_id(0)
+    kv_head = pid % NUM_KV_HEADS
+    tile_id = tl.num_programs(0) // NUM_KV_HEADS - 1 - pid // NUM_KV_HEADS
+    seq, q_start, tile = _find_tile(query_start_loc_ptr, num_seqs, start_row, tile_id, BLOCK_Q)
+    query_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    t0 = tile * BLOCK_Q
+    if t0 >= query_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    ctx_start = seq_len - query_len
+    kv_end = ctx_start + tl.minimum(t0 + BLOCK_Q, query_len)
+    seg_id = tl.program_id(1)
+    if SPLIT and seg_id * SEG_N >= kv_end:
+        return
+
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    tok = t0 + offs_m // GROUP
+    heads = kv_head * GROUP + offs_m % GROUP
+    m_mask = (tok < query_len) & (offs_m < BLOCK_Q * GROUP)
+    q_pos = ctx_start + tok
+    rows = (q_start + tok).to(tl.int64)
+    io_mask = m_mask[:, None] & (offs_d < HEAD_DIM)[None, :]
+    q = tl.load(
+        q_ptr + rows[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+        mask=io_mask,
+        other=0.0,
+    )  # [BLOCK_M, BLOCK_D]
+    block_table = block_table_ptr + seq.to(tl.int64) * stride_bt
+    k_base = cache_ptr + kv_head * HEAD_DIM
+    v_base = k_base + v_cache_offset
+    full_end = (ctx_start + t0 + 1) // BLOCK_N * BLOCK_N
+    if SPLIT:
+        acc, m_i, l_i = _segment(
+            q, q_pos, seg_id * SEG_N, full_end, kv_end, block_table, k_base, v_base,
+            scale_log2e, offs_n, offs_d, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_M,
+            BLOCK_N, BLOCK_D, SEG_N,
+        )  # fmt: skip
+        part = rows * stride_pa_t + heads * stride_pa_h + seg_id * stride_pa_s
+        tl.store(part_acc_ptr + part[:, None] + offs_d[None, :], acc, mask=io_mask)
+        ml = rows * stride_pm_t + heads * stride_pm_h + seg_id
+        tl.store(part_m_ptr + ml, m_i, mask=m_mask)
+        tl.store(part_l_ptr + ml, l_i, mask=m_mask)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        for seg_start in range(0, kv_end, SEG_N):
+            seg_acc, seg_m, seg_l = _segment(
+                q, q_pos, seg_start, full_end, kv_end, block_table, k_base, v_base,
+                scale_log2e, offs_n, offs_d, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_M,
+                BLOCK_N, BLOCK_D, SEG_N,
+            )  # fmt: skip
+            acc, m_i, l_i = _fold(acc, m_i, l_i, seg_acc, seg_m, seg_l)
+        o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        dst = out_ptr + rows[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
+        tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=io_mask)
+
+
+@triton.jit
+def _fold_kernel(
+    part_acc_ptr, part_m_ptr, part_l_ptr, seq_lens_ptr, out_ptr,
+    stride_pa_t, stride_pa_h, stride_pa_s, stride_pm_t, stride_pm_h, stride_ot, stride_oh,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr,
+    BLOCK_D: tl.constexpr, SEG_N: tl.constexpr,
+):  # fmt: skip
+    """Grid (num_seqs, num_kv_heads): folds the cdiv(seq_len, SEG_N) segment states of the
+    GROUP heads of one decode row, left to right, exactly as the varlen launch does."""
+    row = tl.program_id(0).to(tl.int64)
+    heads = tl.program_id(1) * GROUP + tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    g_mask = tl.arange(0, BLOCK_G) < GROUP
+    io_mask = g_mask[:, None] & (offs_d < HEAD_DIM)[None, :]
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    num_segs = tl.cdiv(tl.load(seq_lens_ptr + row), SEG_N)
+    for seg in range(0, num_segs):
+        part = row * stride_pa_t + heads * stride_pa_h + seg * stride_pa_s
+        seg_acc = tl.load(part_acc_ptr + part[:, None] + offs_d[None, :], mask=io_mask, other=0.0)
+        ml = row * stride_pm_t + heads * stride_pm_h + seg
+        seg_m = tl.load(part_m_ptr + ml, mask=g_mask, other=float("-inf"))
+        seg_l = tl.load(part_l_ptr + ml, mask=g_mask, other=0.0)
+        acc, m_i, l_i = _fold(acc, m_i, l_i, seg_acc, seg_m, seg_l)
+    o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    dst = out_ptr + row * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
+    tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=io_mask)
+
+
+def _check_split(part_acc, part_m, part_l, q, num_segments) -> None:
+    num_rows, num_heads, head_dim = q.shape
+    for name, t, dims in (("part_acc", part_acc, 4), ("part_m", part_m, 3), ("part_l", part_l, 3)):
+        if t is None or t.dim() != dims or t.dtype != torch.float32 or t.stride(-1) != 1:
+            raise ValueError(f"split launch needs {name}: {dims}-D float32, unit last stride")
+    if (
+        part_acc.shape[0] < num_rows
+        or tuple(part_acc.shape[1::2]) != (num_heads, head_dim)
+        or part_acc.shape[2] < num_segments
+    ):
+        raise ValueError(
+            f"part_acc must be [>= {num_rows}, {num_heads}, >= {num_segments}, {head_dim}], "
+            f"got {tuple(part_acc.shape)}"
+        )
+    for name, t in (("part_m", part_m), ("part_l", part_l)):
+        if tuple(t.shape) != tuple(part_acc.shape[:3]):
+            raise ValueError(f"{name} must be {tuple(part_acc.shape[:3])}, got {tuple(t.shape)}")
+
+
+def batch_invariant_attention(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+    out: torch.Tensor,
+    start_row: int = 0,
+    num_segments: int = 0,
+    part_acc: torch.Tensor | None = None,
+    part_m: torch.Tensor | None = None,
+    part_l: torch.Tensor | None = None,
+    seg_n: int = SEG_N,
+    config: tuple[int, int, int, int] | None = None,
+) -> torch.Tensor:
+    """Causal attention of packed queries over their paged contexts; writes and returns out.
+
+    Shapes and conventions as `prefill_attention` (decode rows are requests of one query
+    token). num_segments > 0 is the split launch, for decode rows only (one query token per
+    request, start_row 0): grid axis of num_segments >= cdiv(max seq_len, seg_n) segment
+    programs writing part_acc [>= num_rows, num_heads, >= num_segments, head_dim] and
+    part_m, part_l [>= num_rows, num_heads, >= num_segments] float32, then a fold kernel.
+    Both launches give identical bits for a row. seg_n (a multiple of block_n) and config
+    (block_m, block_n, num_warps, num_stages) must stay fixed for an engine's lifetime; tests
+    use small ones. No host syncs; graph-capturable for a fixed num_segments.
+    """
+    _check_inputs(q, kv_cache, query_start_loc, seq_lens, block_tables, scale, out)
+    num_seqs = seq_lens.shape[0]
+    num_rows = q.shape[0] - start_row
+    if num_seqs == 0 or num_rows <= 0:
+        return out
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads = kv_cache.shape[3]
+    group = num_heads // num_kv_heads
+    block_m, block_n, num_warps, num_stages = config or batch_invariant_config(head_dim)
+    block_m = max(block_m, triton.next_power_of_2(group))
+    for name, val in (("block_m", block_m), ("block_n", block_n)):
+        if val < 16 or val & (val - 1):
+            raise ValueError(f"{name} must be a power of two >= 16, got {val}")
+    if seg_n < block_n or seg_n % block_n:
+        raise ValueError(f"seg_n ({seg_n}) must be a positive multiple of block_n ({block_n})")
+    split = num_segments > 0
+    if split:
+        if start_row != 0 or num_rows != num_seqs:
+            raise ValueError("the split launch takes decode rows only (one row per request)")
+        _check_split(part_acc, part_m, part_l, q, num_segments)
+        pa, pm = part_acc.stride()[:3], part_m.stride()[:2]
+    else:
+        part_acc = part_m = part_l = out  # unused by the kernel
+        pa, pm = (0, 0, 0), (0, 0)
+    block_q = block_m // group
+    grid = ((triton.cdiv(num_rows, block_q) + num_seqs) * num_kv_heads, max(num_segments, 1))
+    _bi_attention_kernel[grid](
+        q, kv_cache, block_tables, seq_lens, query_start_loc, out, part_acc, part_m, part_l,
+        scale * LOG2E, num_seqs, start_row,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
+        *pa, *pm, kv_cache[0].numel(),
+        NUM_KV_HEADS=num_kv_heads, GROUP=group, HEAD_DIM=head_dim,
+        BLOCK_SIZE=kv_cache.shape[2], BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n,
+        BLOCK_D=triton.next_power_of_2(head_dim), SEG_N=seg_n, SPLIT=split,
+        num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+    if split:
+        _fold_kernel[(num_seqs, num_kv_heads)](
+            part_acc, part_m, part_l, seq_lens, out, *pa, *pm, out.stride(0), out.stride(1),
+            GROUP=group, HEAD_DIM=head_dim, BLOCK_G=triton.next_power_of_2(group),
+            BLOCK_D=triton.next_power_of_2(head_dim), SEG_N=seg_n, num_warps=4,
+        )  # fmt: skip
+    return out

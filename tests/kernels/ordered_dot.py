@@ -1,0 +1,27 @@
+"""The interpreter's tl.dot is numpy's BLAS matmul, whose rounding for a row can depend on where
+the row sits in the tile (edge kernels); a GPU MMA computes every output element by the same
+chain of k-steps. Batch-invariance tests swap in that per-element chain."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def _ordered_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+    from triton.runtime.interpreter import TensorHandle
+
+    dtype = d.data.dtype
+    a_data, b_data = a.data.astype(dtype), b.data.astype(dtype)
+    # [M, K, N] products reduced over k: the same order for every (i, j), wherever i sits.
+    products = a_data[..., :, :, None] * b_data[..., None, :, :]
+    return TensorHandle(d.data + products.sum(axis=-2), d.dtype.scalar)
+
+
+@pytest.fixture
+def ordered_dot(monkeypatch: pytest.MonkeyPatch) -> None:
+    if torch.cuda.is_available():
+        return  # real MMAs
+    from triton.runtime.interpreter import InterpreterBuilder
+
+    monkeypatch.setattr(InterpreterBuilder, "create_dot", _ordered_dot)
