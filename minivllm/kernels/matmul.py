@@ -1,0 +1,110 @@
+"""Batch-invariant GEMM for deterministic mode: y = x @ w.T (+ b), each output element reduced
+over K in one fixed order (BLOCK_K steps, no split-K), with one tile config whatever M is.
+
+cuBLAS picks kernels (and split-K) by shape, so a row's bits can change with the number of
+rows computed beside it; here a row's result depends only on that row, w and b.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from minivllm.kernels.checks import check_same, check_tensor
+
+# dtype -> (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages), fixed for every M. BLOCK_M 64 on
+# 4 warps is one Hopper warpgroup MMA: small decode batches still give many programs.
+_CONFIGS = {
+    torch.bfloat16: (64, 128, 64, 4, 4),
+    torch.float16: (64, 128, 64, 4, 4),
+    torch.float32: (64, 64, 32, 4, 3),
+}
+GROUP_M = 8  # row tiles that share a column band (L2 reuse of w)
+
+
+def matmul_config(dtype: torch.dtype) -> tuple[int, int, int, int, int]:
+    if dtype not in _CONFIGS:
+        raise ValueError(f"matmul supports {list(_CONFIGS)}, got {dtype}")
+    return _CONFIGS[dtype]
+
+
+@triton.jit(do_not_specialize=["M"])
+def _matmul_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
+    HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr,
+):  # fmt: skip
+    """Grid (cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N),), grouped along M for L2 reuse. Program
+    computes one [BLOCK_M, BLOCK_N] tile: acc += x[:, k:k+BLOCK_K] @ w[:, k:k+BLOCK_K].T for
+    k = 0, BLOCK_K, ... in order, in float32."""
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    band = GROUP * num_n
+    first_m = pid // band * GROUP
+    size_m = tl.minimum(num_m - first_m, GROUP)
+    pid_m = first_m + (pid % band) % size_m
+    pid_n = (pid % band) // size_m
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_mask = offs_m < M
+    n_mask = offs_n < N
+    x_ptrs = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm + offs_k[None, :]
+    w_ptrs = w_ptr + offs_n.to(tl.int64)[None, :] * stride_wn + offs_k[:, None]  # [BK, BN]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        if EVEN_K:
+            x = tl.load(x_ptrs, mask=m_mask[:, None], other=0.0)
+            w = tl.load(w_ptrs, mask=n_mask[None, :], other=0.0)
+        else:
+            k_mask = offs_k < K - k0
+            x = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+            w = tl.load(w_ptrs, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+        if IEEE:
+            acc = tl.dot(x, w, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(x, w, acc)
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    dst = y_ptr + offs_m.to(tl.int64)[:, None] * stride_ym + offs_n[None, :]
+    tl.store(dst, acc.to(y_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+
+
+def matmul(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    config: tuple[int, int, int, int, int] | None = None,
+) -> torch.Tensor:
+    """F.linear(x, weight, bias), batch-invariant. x: [..., K], weight: [N, K] (last dims
+    contiguous), bias: [N] or None; returns [..., N] in x.dtype. float32 uses IEEE products
+    (no TF32), as torch does by default. config: (block_m, block_n, block_k, num_warps,
+    num_stages) overrides the per-dtype table (tests); it must stay fixed across calls."""
+    check_tensor("weight", weight, 2)
+    check_same("x.dtype", x.dtype, "weight.dtype", weight.dtype)
+    check_same("x last dim", x.shape[-1], "weight in_features", weight.shape[1])
+    if bias is not None:
+        check_tensor("bias", bias, 1)
+        check_same("bias length", bias.shape[0], "weight out_features", weight.shape[0])
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    (M, K), N = x2.shape, weight.shape[0]
+    y = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    if M == 0 or N == 0:
+        return y.reshape(*lead, N)
+    block_m, block_n, block_k, num_warps, num_stages = config or matmul_config(x.dtype)
+    grid = (triton.cdiv(M, block_m) * triton.cdiv(N, block_n),)
+    _matmul_kernel[grid](
+        x2, weight, y if bias is None else bias, y, M, N, K,
+        x2.stride(0), weight.stride(0), y.stride(0),
+        HAS_BIAS=bias is not None, EVEN_K=K % block_k == 0, IEEE=x.dtype == torch.float32,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP=GROUP_M,
+        num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+    return y.reshape(*lead, N)
