@@ -54,6 +54,7 @@ def main() -> None:
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
     parser.add_argument("--block-size", type=int, default=None)
     parser.add_argument("--attention-backend", default=None)
+    parser.add_argument("--deterministic", action="store_true", help="batch-invariant numerics")
     args = parser.parse_args()
 
     import torch
@@ -67,6 +68,7 @@ def main() -> None:
         "enforce_eager": args.enforce_eager,
         "tensor_parallel_size": args.tensor_parallel_size,
         "async_scheduling": not args.no_async_scheduling,
+        "deterministic": args.deterministic,
     }
     for name in ("max_num_batched_tokens", "block_size", "attention_backend"):
         if getattr(args, name) is not None:
@@ -86,6 +88,7 @@ def main() -> None:
         "model": args.model_name,
         "enforce_eager": args.enforce_eager,
         "async_scheduling": not args.no_async_scheduling,
+        "deterministic": args.deterministic,
         "tp": args.tensor_parallel_size,
         "num_seqs": args.num_seqs,
         "prompt_tokens": sum(map(len, prompts)),
