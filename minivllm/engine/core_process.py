@@ -109,8 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--fd", type=int, required=True, help="inherited socket fd")
     args = parser.parse_args(argv)
-    # Ctrl-C reaches the whole process group; the server decides when the core stops.
+    # Ctrl-C (and a SIGTERM to the process group) reaches the core too; the server decides
+    # when it stops: it closes the socket, and EOF ends this process.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     conn = Connection(args.fd)
     try:

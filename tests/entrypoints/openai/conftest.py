@@ -128,7 +128,7 @@ class Server:
         return code
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def server(tiny_qwen3_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """The shared server (with --api-key)."""
     log = str(tmp_path_factory.mktemp("serve") / "server.log")
@@ -142,14 +142,14 @@ def auth() -> dict[str, str]:
     return {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def client(server: Server):
     import openai
 
     return openai.OpenAI(base_url=server.base_url + "/v1", api_key=API_KEY, max_retries=0)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def async_client(server: Server):
     import openai
 

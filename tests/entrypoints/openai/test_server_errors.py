@@ -1,0 +1,127 @@
+"""Bad input gets an OpenAI-shaped 4xx (never a 5xx); disconnects free KV blocks; /metrics moves."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+
+import pytest
+from conftest import MODEL_NAME
+
+COMPLETION = {"model": MODEL_NAME, "prompt": "Hello", "max_tokens": 4}
+CHAT = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+
+
+def _check_error(status: int, body, expected: int) -> None:
+    assert status == expected, body
+    error = body["error"]
+    assert error["code"] == expected and error["message"] and error["type"]
+    assert set(error) == {"message", "type", "param", "code"}
+
+
+@pytest.mark.parametrize(
+    "path, body, param",
+    [
+        ("/v1/completions", {**COMPLETION, "temperature": -1}, None),
+        ("/v1/completions", {**COMPLETION, "n": "two"}, "n"),
+        ("/v1/completions", {**COMPLETION, "max_tokens": 0}, None),
+        ("/v1/completions", {**COMPLETION, "n": 10**6}, "n"),
+        ("/v1/completions", {**COMPLETION, "logprobs": 10**9}, "logprobs"),
+        ("/v1/completions", {**COMPLETION, "logit_bias": {"5": 1.0}}, "logit_bias"),
+        ("/v1/completions", {**COMPLETION, "seed": 2**70}, "seed"),
+        ("/v1/completions", {**COMPLETION, "stop": ["x"] * 1000}, "stop"),
+        ("/v1/completions", {**COMPLETION, "prompt": [7] * 600}, None),
+        ("/v1/completions", {**COMPLETION, "prompt": [10**9]}, None),
+        ("/v1/completions", {**COMPLETION, "prompt": []}, "prompt"),
+        ("/v1/completions", {"model": MODEL_NAME}, "prompt"),
+        ("/v1/chat/completions", {**CHAT, "messages": []}, "messages"),
+        ("/v1/chat/completions", {**CHAT, "top_logprobs": 50, "logprobs": True}, "top_logprobs"),
+        ("/v1/chat/completions", {**CHAT, "chat_template": "{{ 1 }}"}, "chat_template"),
+        ("/v1/chat/completions", {**CHAT, "messages": [{"content": "no role"}]}, None),
+    ],
+)
+def test_invalid_params_are_400(server, auth, path, body, param) -> None:
+    status, response = server.request("POST", path, body, auth)
+    _check_error(status, response, 400)
+    if param is not None:
+        assert response["error"]["param"] is not None and param in response["error"]["param"]
+
+
+@pytest.mark.parametrize("raw", [b"{bad json", b"[1, 2]", b"\xff\xfe", b"[" * 100000, b""])
+def test_malformed_bodies_are_400(server, auth, raw) -> None:
+    _check_error(*server.request("POST", "/v1/completions", raw, auth), 400)
+
+
+def test_oversized_body_is_400(server, auth) -> None:
+    body = json.dumps({**COMPLETION, "prompt": "x" * (9 << 20)})
+    _check_error(*server.request("POST", "/v1/completions", body, auth), 400)
+
+
+def test_unknown_model_is_404_and_unknown_fields_are_ignored(server, auth) -> None:
+    _check_error(
+        *server.request("POST", "/v1/completions", {**COMPLETION, "model": "x"}, auth), 404
+    )
+    status, body = server.request(
+        "POST", "/v1/completions", {**COMPLETION, "frobnicate": [1, {"a": 2}]}, auth
+    )
+    assert status == 200 and body["choices"][0]["finish_reason"] in ("stop", "length")
+    # The second served name works too; a missing model means the first.
+    for model in ("other-name", None):
+        status, _ = server.request("POST", "/v1/completions", {**COMPLETION, "model": model}, auth)
+        assert status == 200
+
+
+def _wait_for(server, predicate, timeout: float = 10.0) -> dict:
+    deadline = time.time() + timeout
+    while True:
+        values = server.metrics()
+        if predicate(values) or time.time() > deadline:
+            return values
+        time.sleep(0.05)
+
+
+def _open_request(server, auth, body: dict) -> http.client.HTTPConnection:
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    conn.request("POST", "/v1/completions", json.dumps(body), auth)
+    return conn
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_disconnect_aborts_and_frees_blocks(server, auth, stream) -> None:
+    body = {**COMPLETION, "max_tokens": 400, "ignore_eos": True, "stream": stream}
+    running = "minivllm:num_requests_running"
+    usage = "minivllm:kv_cache_usage_perc"
+    assert _wait_for(server, lambda m: m[running] == 0)[running] == 0
+    conn = _open_request(server, auth, body)
+    if stream:
+        response = conn.getresponse()
+        assert response.status == 200
+        assert response.readline().startswith(b"data: ")  # generation has started
+    values = _wait_for(server, lambda m: m[running] == 1 and m[usage] > 0)
+    assert values[running] == 1 and values[usage] > 0
+    conn.sock.close()  # the client goes away mid-request
+    conn.close()
+    values = _wait_for(server, lambda m: m[running] == 0 and m[usage] == 0)
+    assert values[running] == 0 and values[usage] == 0.0  # every KV block is free again
+
+
+def test_metrics_move(server, client) -> None:
+    before = server.metrics()
+    client.completions.create(model=MODEL_NAME, prompt="Hello there", max_tokens=5, temperature=0)
+    after = server.metrics()
+    for name in (
+        "minivllm:generation_tokens_total",
+        "minivllm:prompt_tokens_total",
+        "minivllm:prefix_cache_queries_total",
+        "minivllm:time_to_first_token_seconds_count",
+        "minivllm:e2e_request_latency_seconds_count",
+        "minivllm:request_queue_time_seconds_count",
+        "minivllm:inter_token_latency_seconds_count",
+    ):
+        assert after[name] > before.get(name, 0), name
+    assert (
+        after["minivllm:generation_tokens_total"] - before["minivllm:generation_tokens_total"] >= 5
+    )
+    ok = [k for k in after if k.startswith("minivllm:request_success_total[")]
+    assert sum(after[k] for k in ok) > sum(before.get(k, 0) for k in ok)
