@@ -28,12 +28,20 @@ def test_matmul_rows_independent_of_m() -> None:
         w = (torch.randn(n, k, device="cuda", generator=gen) / k**0.5).to(torch.bfloat16)
         full = matmul(x, w)
         torch.testing.assert_close(full.float(), F.linear(x, w).float(), atol=3e-2, rtol=3e-2)
-        cublas_variant = 0
         for m in (1, 7, 37, 64, 256, 1000):
             assert torch.equal(matmul(x[:m], w), full[:m]), f"K={k} N={n} M={m}"
             assert torch.equal(matmul(x[m - 1 : m], w)[0], full[m - 1])
-            cublas_variant += not torch.equal(F.linear(x[:m], w), F.linear(x, w)[:m])
-        print(f"\nGPU-determinism cuBLAS K={k} N={n}: {cublas_variant} of 6 M differ from M=4096")
+        # For the record: does cuBLAS change a row's bits with M, by default and with split-K
+        # forbidden (torch >= 2.10: (allow_reduced_precision, allow_splitk))?
+        setting = torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction
+        for label, value in (("default", setting), ("no split-K", (False, False))):
+            torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = value
+            ref = F.linear(x, w)
+            differ = sum(
+                not torch.equal(F.linear(x[:m], w), ref[:m]) for m in (1, 7, 37, 64, 256, 1000)
+            )
+            print(f"\nGPU-determinism cuBLAS {label} K={k} N={n}: {differ} of 6 M differ")
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = setting
 
 
 def test_attention_prefill_chunks_decode_split_same_bits() -> None:
