@@ -50,32 +50,32 @@ class ModelConfig:
         path = os.path.join(model_dir, "config.json")
         if not os.path.isfile(path):
             raise ValueError(f"no config.json in model directory {model_dir!r}")
-        with open(path) as f:
-            hf = json.load(f)
+        try:
+            with open(path) as f:
+                hf = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path} is not valid JSON: {e}") from None
+        if not isinstance(hf, dict):
+            raise ValueError(f"{path} must hold a JSON object, not a {type(hf).__name__}")
         return cls.from_dict(hf)
 
     @classmethod
     def from_dict(cls, hf: dict[str, Any]) -> ModelConfig:
-        archs = hf.get("architectures") or []
-        if not archs:
-            raise ValueError("config.json has no 'architectures' entry")
+        """Raises ValueError for an unsupported architecture or a missing or bad size."""
+        arch = _architecture(hf)
+        sizes = {key: _positive_int(hf, key, arch) for key in _REQUIRED_SIZES}
+        heads = sizes["num_attention_heads"]
         rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
         rope_theta = float(hf.get("rope_theta", rope.get("rope_theta", 10000.0)))
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         rope_scaling = None if rope_type in (None, "default") else {**rope, "rope_type": rope_type}
-        heads = hf["num_attention_heads"]
         eos = hf.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
-        arch = archs[0]
         return cls(
             architecture=arch,
-            vocab_size=hf["vocab_size"],
-            hidden_size=hf["hidden_size"],
-            intermediate_size=hf["intermediate_size"],
-            num_hidden_layers=hf["num_hidden_layers"],
-            num_attention_heads=heads,
+            **sizes,
             num_key_value_heads=hf.get("num_key_value_heads") or heads,
-            head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+            head_dim=hf.get("head_dim") or sizes["hidden_size"] // heads,
             rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
             rope_theta=rope_theta,
             max_position_embeddings=hf.get("max_position_embeddings", 4096),
@@ -87,6 +87,42 @@ class ModelConfig:
             bos_token_id=hf.get("bos_token_id"),
             eos_token_ids=eos_ids,
         )
+
+
+_REQUIRED_SIZES = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+)
+
+
+def _architecture(hf: dict[str, Any]) -> str:
+    """The supported architecture named first in config.json; checked before any size, so
+    that another family's config (GPT-2 has no num_attention_heads) says what it is."""
+    from minivllm.models.registry import MODEL_REGISTRY  # the models import this module
+
+    archs = hf.get("architectures") or []
+    if not isinstance(archs, list) or not archs:
+        raise ValueError(
+            f"config.json has no 'architectures' list; supported: {sorted(MODEL_REGISTRY)}"
+        )
+    if archs[0] not in MODEL_REGISTRY:
+        raise ValueError(
+            f"unsupported model architecture {archs[0]!r}; "
+            f"supported architectures: {sorted(MODEL_REGISTRY)}"
+        )
+    return archs[0]
+
+
+def _positive_int(hf: dict[str, Any], key: str, arch: str) -> int:
+    if key not in hf:
+        raise ValueError(f"config.json has no {key!r}, which {arch} needs")
+    value = hf[key]
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"config.json: {key} must be a positive integer, got {value!r}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -120,6 +156,8 @@ class EngineConfig:
     # Batch-invariant numerics: a request's tokens and logprobs do not depend on its
     # neighbours, chunking, prefix hits or graph padding (docs/determinism.md).
     deterministic: bool = False
+    # Most logprobs / prompt_logprobs a request may ask for (vLLM's option); -1: the vocabulary.
+    max_logprobs: int = 20
 
     def __post_init__(self) -> None:
         def check(ok: bool, message: str) -> None:
@@ -163,6 +201,14 @@ class EngineConfig:
         check(
             os.path.isdir(self.model) or is_gguf,
             f"model directory or .gguf file does not exist: {self.model!r}",
+        )
+        check(
+            self.tokenizer is None or os.path.exists(self.tokenizer),
+            f"tokenizer directory does not exist: {self.tokenizer!r} (give a local directory)",
+        )
+        check(
+            self.max_logprobs >= -1,
+            f"max_logprobs must be -1 (the vocabulary size) or >= 0, got {self.max_logprobs}",
         )
 
     @classmethod

@@ -213,8 +213,11 @@ def load_tokenizer(model: str):
     tokens, chat template) for a .gguf, else from the directory's tokenizer files."""
     from transformers import AutoTokenizer
 
+    from minivllm.entrypoints.processing import check_tokenizer_files
+
     gguf_file = find_gguf_file(model)
     if gguf_file is None:
+        check_tokenizer_files(model)
         return AutoTokenizer.from_pretrained(model)
     _import_gguf(gguf_file)  # transformers' own message would not say which package
     directory, name = os.path.split(os.path.abspath(gguf_file))

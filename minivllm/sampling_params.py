@@ -2,7 +2,22 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
+# vLLM's default VLLM_MAX_N_SEQUENCES: each sample is a request of its own.
+MAX_N = 16384
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_FLOAT_FIELDS = (
+    "temperature",
+    "top_p",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+)
+_INT_FIELDS = ("n", "top_k", "seed", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs")
+_OPTIONAL_INT_FIELDS = ("seed", "max_tokens", "logprobs", "prompt_logprobs")
 
 
 @dataclass
@@ -42,64 +57,90 @@ class SamplingParams:
         self.stop_token_ids = list(self.stop_token_ids or [])
         if self.top_k == -1:
             self.top_k = 0
-        self._validate()
+        if self.seed == -1:  # vLLM: -1 means unseeded
+            self.seed = None
+        self._validate_types()
+        self._validate_ranges()
 
-    def _validate(self) -> None:
+    def _validate_types(self) -> None:
+        """Every number a finite float or an int64 (the sampler's tensors hold them)."""
+        for name in _FLOAT_FIELDS:
+            value = getattr(self, name)
+            if not _is_real(value):
+                raise TypeError(f"{name} must be a number, got {value!r}")
+            if not math.isfinite(value):
+                raise ValueError(f"{name} must be finite, got {value}")
+        for name in _INT_FIELDS:
+            value = getattr(self, name)
+            if value is None and name in _OPTIONAL_INT_FIELDS:
+                continue
+            if not _is_int(value):
+                raise TypeError(f"{name} must be an integer, got {value!r}")
+            if not _INT64_MIN <= value <= _INT64_MAX:
+                raise ValueError(f"{name} must fit in 64 bits (|{name}| < 2**63), got {value}")
+        for name, values, kind in (
+            ("stop", self.stop, str),
+            ("stop_token_ids", self.stop_token_ids, int),
+        ):
+            if not all(isinstance(v, kind) and not isinstance(v, bool) for v in values):
+                raise TypeError(f"{name} must be a list of {kind.__name__}, got {values!r}")
+
+    def _validate_ranges(self) -> None:
         def check(ok: bool, message: str) -> None:
             if not ok:
                 raise ValueError(message)
 
-        check(isinstance(self.n, int) and self.n >= 1, f"n must be an integer >= 1, got {self.n}")
+        check(1 <= self.n <= MAX_N, f"n must be in [1, {MAX_N}], got {self.n}")
         check(self.temperature >= 0.0, f"temperature must be >= 0, got {self.temperature}")
         check(0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}")
-        check(
-            isinstance(self.top_k, int) and self.top_k >= 0,
-            f"top_k must be -1 (off), 0 (off) or a positive integer, got {self.top_k}",
-        )
+        check(self.top_k >= 0, f"top_k must be -1 (off), 0 (off) or positive, got {self.top_k}")
         check(0.0 <= self.min_p <= 1.0, f"min_p must be in [0, 1], got {self.min_p}")
-        check(
-            -2.0 <= self.presence_penalty <= 2.0,
-            f"presence_penalty must be in [-2, 2], got {self.presence_penalty}",
-        )
-        check(
-            -2.0 <= self.frequency_penalty <= 2.0,
-            f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}",
-        )
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            check(-2.0 <= value <= 2.0, f"{name} must be in [-2, 2], got {value}")
         check(
             self.repetition_penalty > 0.0,
             f"repetition_penalty must be > 0, got {self.repetition_penalty}",
         )
         check(
-            self.max_tokens is None or (isinstance(self.max_tokens, int) and self.max_tokens >= 1),
+            self.max_tokens is None or self.max_tokens >= 1,
             f"max_tokens must be at least 1, got {self.max_tokens}",
         )
-        check(
-            isinstance(self.min_tokens, int) and self.min_tokens >= 0,
-            f"min_tokens must be >= 0, got {self.min_tokens}",
-        )
+        check(self.min_tokens >= 0, f"min_tokens must be >= 0, got {self.min_tokens}")
         check(
             self.max_tokens is None or self.min_tokens <= self.max_tokens,
             f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})",
         )
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
-            check(
-                value is None or (isinstance(value, int) and value >= 0),
-                f"{name} must be None or an integer >= 0, got {value}",
-            )
+            check(value is None or value >= 0, f"{name} must be None or >= 0, got {value}")
+        check(all(self.stop), f"stop must not contain an empty string, got {self.stop}")
         check(
-            all(isinstance(s, str) and s for s in self.stop),
-            f"stop must be a list of non-empty strings, got {self.stop}",
-        )
-        check(
-            all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
-            f"stop_token_ids must be non-negative integers, got {self.stop_token_ids}",
-        )
-        check(
-            self.seed is None or isinstance(self.seed, int),
-            f"seed must be an integer or None, got {self.seed!r}",
+            all(0 <= t <= _INT64_MAX for t in self.stop_token_ids),
+            f"stop_token_ids must be in [0, 2**63), got {self.stop_token_ids}",
         )
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_logprobs_limit(params: SamplingParams, max_logprobs: int, vocab_size: int) -> None:
+    """vLLM's cap on logprobs and prompt_logprobs: ValueError above the engine option
+    max_logprobs (-1: the vocabulary size)."""
+    limit = vocab_size if max_logprobs == -1 else max_logprobs
+    for name in ("logprobs", "prompt_logprobs"):
+        value = getattr(params, name)
+        if value is not None and value > limit:
+            raise ValueError(
+                f"{name}={value} is more than this engine allows (max_logprobs={limit}); "
+                "start the engine with a larger max_logprobs to ask for more"
+            )

@@ -16,7 +16,7 @@ from minivllm.engine.request import Request
 from minivllm.engine.scheduler import Scheduler
 from minivllm.engine.stats import EngineStats
 from minivllm.engine.types import EngineOutput
-from minivllm.sampling_params import SamplingParams
+from minivllm.sampling_params import SamplingParams, check_logprobs_limit
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +68,7 @@ class EngineCore:
                 raise ValueError(
                     f"prompt token id {token_id!r} is outside the vocabulary [0, {vocab_size})"
                 )
+        check_logprobs_limit(params, self.config.max_logprobs, vocab_size)
         if num_prompt >= self.max_model_len:
             raise ValueError(
                 f"the prompt has {num_prompt} tokens but max_model_len is {self.max_model_len}: "

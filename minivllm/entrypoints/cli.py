@@ -124,9 +124,13 @@ def main(argv: list[str] | None = None) -> int:
 
             return run_serve(args)
         return run_bench(args)
-    except (ValueError, TypeError) as e:
+    except (ValueError, TypeError, OSError) as e:
+        # Bad options, model directories and files: one line the user can act on.
         print(f"minivllm: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("minivllm: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

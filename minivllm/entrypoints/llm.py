@@ -13,7 +13,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from minivllm.config import EngineConfig
+from minivllm.config import EngineConfig, ModelConfig
 from minivllm.engine.engine_core import EngineCore
 from minivllm.entrypoints.generation_config import read_generation_defaults
 from minivllm.entrypoints.output_processor import OutputProcessor
@@ -29,6 +29,9 @@ class LLM:
 
     def __init__(self, model: str, **options: Any) -> None:
         self.config = EngineConfig.from_options(model, **options)
+        # The model's config before the tokenizer: a directory that holds no model (or an
+        # unsupported one) says so, instead of failing on tokenizer files.
+        ModelConfig.from_hf(model)
         self.tokenizer = load_tokenizer(self.config.tokenizer or model)
         self.generation_defaults = read_generation_defaults(model, self.tokenizer)
         self.engine = EngineCore(self.config)

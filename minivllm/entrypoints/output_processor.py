@@ -66,9 +66,11 @@ class OutputProcessor:
         children: dict[str, _Child] = {}
         for index in range(params.n):
             child_id = request_id if params.n == 1 else f"{index}_{request_id}"
-            # Each sample gets its own seed stream, so that n > 1 with a seed differs per sample.
-            seed = None if params.seed is None else params.seed + index
-            child_params = replace(params, n=1, seed=seed)
+            child_params = replace(params, n=1)
+            if params.seed is not None:
+                # Each sample its own seed stream (so that n > 1 with a seed differs per
+                # sample), wrapped into int64. Set after replace(): -1 must stay a seed.
+                child_params.seed = (params.seed + index + 2**63) % 2**64 - 2**63
             children[child_id] = _Child(
                 index=index,
                 params=child_params,

@@ -5,6 +5,7 @@ Pure Python over a HF tokenizer; never touches tensors.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from minivllm.engine.types import LogprobsDict
@@ -13,6 +14,20 @@ from minivllm.engine.types import LogprobsDict
 # (leading spaces of SentencePiece tokenizers, a character split across the boundary).
 _NUM_CONTEXT_TOKENS = 5
 _REPLACEMENT_CHAR = "\ufffd"
+# Any one of these makes a directory loadable by AutoTokenizer (fast, SentencePiece, BPE...).
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model", "vocab.txt")
+
+
+def check_tokenizer_files(path: str) -> None:
+    """ValueError unless the directory path holds tokenizer files: without them transformers
+    may build an empty tokenizer that turns every text into nothing."""
+    if not os.path.isdir(path):
+        raise ValueError(f"tokenizer directory does not exist: {path!r}")
+    if not any(os.path.isfile(os.path.join(path, name)) for name in _TOKENIZER_FILES):
+        raise ValueError(
+            f"no tokenizer files in {path!r} (looked for {', '.join(_TOKENIZER_FILES)}); "
+            "pass tokenizer=DIR (--tokenizer) for a directory that has them"
+        )
 
 
 class IncrementalDetokenizer:

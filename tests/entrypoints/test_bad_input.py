@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 
 import pytest
@@ -65,11 +66,48 @@ def test_token_outside_vocab(llm: LLM) -> None:
         ({"max_tokens": 0}, "max_tokens"),
         ({"top_p": 0.0}, "top_p"),
         ({"top_p": 1.5}, "top_p"),
+        # Values that used to be accepted and then failed the whole step (or gave nonsense).
+        ({"seed": 2**70}, "seed"),
+        ({"seed": -(2**63) - 1}, "seed"),
+        ({"top_k": 2**70}, "top_k"),
+        ({"max_tokens": 2**70}, "max_tokens"),
+        ({"stop_token_ids": [2**70]}, "stop_token_ids"),
+        ({"temperature": float("inf")}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"repetition_penalty": float("inf")}, "repetition_penalty"),
+        ({"presence_penalty": float("nan")}, "presence_penalty"),
+        ({"n": 10**9}, "n must be"),
     ],
 )
 def test_invalid_sampling_params(kwargs, words) -> None:
     with pytest.raises(ValueError, match=words):
         SamplingParams(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"temperature": "0.5"}, "temperature"),
+        ({"n": 2.0}, "n"),
+        ({"top_k": True}, "top_k"),
+        ({"seed": 1.5}, "seed"),
+        ({"stop": ["ok", 3]}, "stop"),
+        ({"stop_token_ids": ["3"]}, "stop_token_ids"),
+    ],
+)
+def test_wrong_types_in_sampling_params(kwargs, words) -> None:
+    with pytest.raises(TypeError, match=words):
+        SamplingParams(**kwargs)
+
+
+def test_extreme_seeds_run(llm: LLM) -> None:
+    """The whole int64 range works, n > 1 included (samples use seed + index); -1 is unseeded."""
+    assert SamplingParams(seed=-1).seed is None
+    for seed in (2**63 - 1, -(2**63)):
+        params = SamplingParams(n=2, seed=seed, temperature=1.0, max_tokens=3)
+        out = llm.generate({"prompt_token_ids": [1, 2, 3]}, params, use_tqdm=False)
+        assert [len(c.token_ids) for c in out[0].outputs] == [3, 3]
+    still_serves(llm)
 
 
 def test_never_fits_in_kv_cache(llm: LLM) -> None:
@@ -129,3 +167,74 @@ def test_truncated_checkpoint(tiny_qwen3_dir: str, tmp_path) -> None:
         f.truncate(size // 2)
     with pytest.raises(ValueError, match="model.safetensors"):
         LLM(str(target), device="cpu")
+
+
+def model_dir_cases(tiny_qwen3_dir: str, root) -> dict[str, tuple[str, dict, str]]:
+    """name -> (model dir, LLM options, words the error must contain)."""
+
+    def variant(name: str, edit) -> str:
+        target = root / name
+        shutil.copytree(tiny_qwen3_dir, target)
+        edit(target)
+        return str(target)
+
+    def set_config(target, config) -> None:
+        (target / "config.json").write_text(json.dumps(config))
+
+    config = json.loads(open(os.path.join(tiny_qwen3_dir, "config.json")).read())
+    gpt2 = {"architectures": ["GPT2LMHeadModel"], "n_embd": 64, "n_head": 4, "vocab_size": 500}
+    no_hidden = {k: v for k, v in config.items() if k != "hidden_size"}
+    empty = root / "empty"
+    empty.mkdir()
+
+    def drop_tokenizer(target) -> None:
+        for name in os.listdir(target):
+            if name.startswith(("tokenizer", "vocab", "merges", "special_tokens")):
+                os.remove(target / name)
+
+    return {
+        "gpt2": (variant("gpt2", lambda t: set_config(t, gpt2)), {}, r"GPT2LMHeadModel.*Qwen3"),
+        "no_hidden_size": (variant("nohs", lambda t: set_config(t, no_hidden)), {}, "hidden_size"),
+        "json_list": (variant("list", lambda t: set_config(t, [config])), {}, "JSON object"),
+        "empty_dir": (str(empty), {}, "no config.json"),
+        "no_tokenizer": (variant("notok", drop_tokenizer), {}, "no tokenizer files"),
+        "missing_tokenizer": (tiny_qwen3_dir, {"tokenizer": "/nonexistent"}, "/nonexistent"),
+    }
+
+
+CASES = ["gpt2", "no_hidden_size", "json_list", "empty_dir", "no_tokenizer", "missing_tokenizer"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_model_directory(case: str, tiny_qwen3_dir: str, tmp_path, capsys) -> None:
+    """Each gives one clear ValueError (they were KeyError, TypeError, a sentencepiece or HF
+    repo-id error, or a silently built empty tokenizer), and the CLI prints it on one line."""
+    from minivllm.entrypoints.cli import main
+
+    model, options, words = model_dir_cases(tiny_qwen3_dir, tmp_path)[case]
+    with pytest.raises(ValueError, match=words):
+        LLM(model, device="cpu", **options)
+    argv = ["generate", "--model", model, "--no-progress", "--device", "cpu"]
+    if "tokenizer" in options:
+        argv += ["--tokenizer", options["tokenizer"]]
+    assert main(argv) == 2
+    err_lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err_lines) == 1 and err_lines[0].startswith("minivllm: error:")
+    assert re.search(words, err_lines[0])
+
+
+def test_logprobs_above_max_logprobs(llm: LLM, tiny_qwen3_dir: str) -> None:
+    """vLLM's cap (max_logprobs, default 20); logprobs=10**9 used to return the vocabulary."""
+    for name in ("logprobs", "prompt_logprobs"):
+        with pytest.raises(ValueError, match=f"{name}=21.*max_logprobs=20"):
+            llm.generate([1, 2, 3], SamplingParams(**{name: 21}), use_tqdm=False)
+        llm.generate([1, 2, 3], SamplingParams(max_tokens=2, **{name: 20}), use_tqdm=False)
+    still_serves(llm)
+    whole = LLM(tiny_qwen3_dir, device="cpu", max_logprobs=-1, num_gpu_blocks_override=8)
+    vocab = whole.engine.model_config.vocab_size
+    out = whole.generate([1, 2], SamplingParams(max_tokens=1, logprobs=vocab), use_tqdm=False)
+    assert len(out[0].outputs[0].logprobs[0]) == vocab
+    with pytest.raises(ValueError, match="max_logprobs"):
+        whole.generate([1, 2], SamplingParams(logprobs=vocab + 1), use_tqdm=False)
+    with pytest.raises(ValueError, match="max_logprobs"):
+        LLM(tiny_qwen3_dir, device="cpu", max_logprobs=-2)
