@@ -104,6 +104,45 @@ def _fold(acc, m_i, l_i, seg_acc, seg_m, seg_l):
     return acc, m_new, l_i
 
 
+@triton.jit
+def _walk(
+    q, q_pos, full_end, kv_end, block_table, k_base, v_base, scale_log2e, offs_n, offs_d,
+    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, SEG_N: tl.constexpr,
+):  # fmt: skip
+    """All segments of keys [0, kv_end) in one pipelined pass: the same tile steps as
+    `_segment` makes, the segment state folded into the total and reset at each segment end,
+    so every row sees exactly `_segment` then `_fold` per segment. The closing fold of an
+    empty state (loop ended on a boundary) changes nothing: a = 1, b = 0 exactly."""
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    seg_acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    seg_m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    seg_l = tl.zeros([BLOCK_M], tl.float32)
+    for n0 in range(0, full_end, BLOCK_N):
+        seg_acc, seg_m, seg_l = _tile_step(
+            seg_acc, seg_m, seg_l, q, q_pos, n0, kv_end, block_table, k_base, v_base,
+            scale_log2e, offs_n, offs_d, NUM_KV_HEADS, HEAD_DIM, BLOCK_D, BLOCK_SIZE, False,
+        )  # fmt: skip
+        if (n0 + BLOCK_N) % SEG_N == 0:
+            acc, m_i, l_i = _fold(acc, m_i, l_i, seg_acc, seg_m, seg_l)
+            seg_acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+            seg_m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+            seg_l = tl.zeros([BLOCK_M], tl.float32)
+    for n0 in range(full_end, kv_end, BLOCK_N):
+        seg_acc, seg_m, seg_l = _tile_step(
+            seg_acc, seg_m, seg_l, q, q_pos, n0, kv_end, block_table, k_base, v_base,
+            scale_log2e, offs_n, offs_d, NUM_KV_HEADS, HEAD_DIM, BLOCK_D, BLOCK_SIZE, True,
+        )  # fmt: skip
+        if (n0 + BLOCK_N) % SEG_N == 0:
+            acc, m_i, l_i = _fold(acc, m_i, l_i, seg_acc, seg_m, seg_l)
+            seg_acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+            seg_m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+            seg_l = tl.zeros([BLOCK_M], tl.float32)
+    return _fold(acc, m_i, l_i, seg_acc, seg_m, seg_l)
+
+
 # Batch-dependent integers and metadata slices: no value/alignment specialization (no JIT
 # compile per batch shape), as in the prefill kernel.
 @triton.jit(
@@ -169,16 +208,10 @@ def _bi_attention_kernel(
         tl.store(part_m_ptr + ml, m_i, mask=m_mask)
         tl.store(part_l_ptr + ml, l_i, mask=m_mask)
     else:
-        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_M], tl.float32)
-        for seg_start in range(0, kv_end, SEG_N):
-            seg_acc, seg_m, seg_l = _segment(
-                q, q_pos, seg_start, full_end, kv_end, block_table, k_base, v_base,
-                scale_log2e, offs_n, offs_d, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_M,
-                BLOCK_N, BLOCK_D, SEG_N,
-            )  # fmt: skip
-            acc, m_i, l_i = _fold(acc, m_i, l_i, seg_acc, seg_m, seg_l)
+        acc, m_i, l_i = _walk(
+            q, q_pos, full_end, kv_end, block_table, k_base, v_base, scale_log2e, offs_n,
+            offs_d, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_M, BLOCK_N, BLOCK_D, SEG_N,
+        )  # fmt: skip
         o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         dst = out_ptr + rows[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
         tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=io_mask)
