@@ -1,0 +1,83 @@
+"""The triton backend's deterministic path: every row through the batch-invariant kernel
+(docs/determinism.md), decode rows of small batches split by segment for parallelism."""
+
+from __future__ import annotations
+
+import torch
+
+from minivllm.attention.base import AttnMetadata
+from minivllm.kernels.batch_invariant_attention import SEG_N, batch_invariant_attention
+
+
+class BatchInvariantAttention:
+    """Owns the split launch's scratch: per-segment states of up to `max_split_rows` decode
+    rows (a batch is split only when it has fewer programs than SMs), allocated once so that
+    the decode path is graph-capturable."""
+
+    def __init__(
+        self,
+        max_num_seqs: int,
+        max_model_len: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        num_sms: int,
+        device: torch.device,
+    ) -> None:
+        self.num_sms = num_sms
+        self.max_split_rows = min(max_num_seqs, -(-num_sms // num_kv_heads))
+        self.max_segments = -(-max_model_len // SEG_N)
+        shape = (self.max_split_rows, num_heads, self.max_segments)
+        self.part_acc = torch.empty(*shape, head_dim, dtype=torch.float32, device=device)
+        self.part_m = torch.empty(shape, dtype=torch.float32, device=device)
+        self.part_l = torch.empty(shape, dtype=torch.float32, device=device)
+
+    def num_segments(self, num_decodes: int, num_kv_heads: int, max_seq_len: int) -> int:
+        """Segments of the split launch for these decode rows, or 0 for one pass per row.
+        A speed choice only: both launches give the same bits."""
+        segments = -(-max_seq_len // SEG_N)
+        if (
+            num_decodes > self.max_split_rows
+            or num_decodes * num_kv_heads >= self.num_sms
+            or segments < 2
+        ):
+            return 0
+        return min(segments, self.max_segments)
+
+    def forward(
+        self,
+        q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+        kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
+        meta: AttnMetadata,
+        scale: float,
+        out: torch.Tensor,  # [num_tokens, num_heads, head_dim], written
+    ) -> None:
+        num_decodes = meta.num_decode_tokens
+        segments = self.num_segments(num_decodes, kv_cache.shape[3], meta.max_seq_len)
+        start = 0
+        if num_decodes > 0 and segments > 0:
+            batch_invariant_attention(
+                q[:num_decodes],
+                kv_cache,
+                meta.query_start_loc[: num_decodes + 1],
+                meta.seq_lens[:num_decodes],
+                meta.block_tables[:num_decodes],
+                scale,
+                out[:num_decodes],
+                num_segments=segments,
+                part_acc=self.part_acc,
+                part_m=self.part_m,
+                part_l=self.part_l,
+            )
+            start = num_decodes
+        if meta.num_seqs > start:
+            batch_invariant_attention(
+                q,
+                kv_cache,
+                meta.query_start_loc[start:],
+                meta.seq_lens[start:],
+                meta.block_tables[start:],
+                scale,
+                out,
+                start_row=start,
+            )
