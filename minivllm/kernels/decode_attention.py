@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from minivllm.kernels.checks import check_head_dim, check_kv_cache, check_same, check_tensor
+from minivllm.kernels.tiling import fit_attention_tiles
 
 LOG2E = 1.4426950408889634
 MAX_SPLITS = 16
@@ -18,10 +19,15 @@ MAX_SPLITS = 16
 _CONFIGS = ((64, (64, 4, 3)), (128, (64, 4, 3)), (256, (32, 8, 2)))
 
 
-def decode_config(head_dim: int) -> tuple[int, int, int]:
-    for bound, cfg in _CONFIGS:
+def decode_config(head_dim: int, elem_size: int = 2) -> tuple[int, int, int]:
+    """(block_n, num_warps, num_stages); elem_size 4 (float32) gets tiles that still fit."""
+    for bound, (block_n, num_warps, num_stages) in _CONFIGS:
         if head_dim <= bound:
-            return cfg
+            block_d = triton.next_power_of_2(head_dim)
+            _, block_n, num_stages = fit_attention_tiles(
+                elem_size, block_d, 16, block_n, num_stages
+            )
+            return block_n, num_warps, num_stages
     raise ValueError(f"head_dim {head_dim} > 256 is not supported")
 
 
@@ -252,7 +258,7 @@ def decode_attention(
         return out
     num_kv_heads = kv_cache.shape[3]
     group = num_heads // num_kv_heads
-    block_n, num_warps, num_stages = config or decode_config(head_dim)
+    block_n, num_warps, num_stages = config or decode_config(head_dim, kv_cache.element_size())
     if block_n < 16 or block_n & (block_n - 1):
         raise ValueError(f"block_n must be a power of two >= 16, got {block_n}")
     mo_strides = mid_o.stride()[:3] if split else (0, 0, 0)

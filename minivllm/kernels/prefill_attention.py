@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from minivllm.kernels.checks import check_head_dim, check_kv_cache, check_same, check_tensor
+from minivllm.kernels.tiling import fit_attention_tiles
 
 LOG2E = 1.4426950408889634
 # Below this many programs (about one wave of SMs on H100/H200) the few long causal tiles set
@@ -29,13 +30,20 @@ _CONFIGS = (
 
 
 def prefill_config(
-    head_dim: int, num_rows: int, group: int, num_kv_heads: int
+    head_dim: int, num_rows: int, group: int, num_kv_heads: int, elem_size: int = 2
 ) -> tuple[int, int, int, int]:
-    """The (block_m, block_n, num_warps, num_stages) the launcher uses for this batch shape."""
+    """The (block_m, block_n, num_warps, num_stages) the launcher uses for this batch shape;
+    elem_size: bytes per q / KV element (the table is for 2; 4 gets tiles that still fit)."""
     for bound, (large, small) in _CONFIGS:
         if head_dim <= bound:
             num_programs = triton.cdiv(num_rows * group, large[0]) * num_kv_heads
-            return large if num_programs >= MIN_PROGRAMS else small
+            block_m, block_n, num_warps, num_stages = (
+                large if num_programs >= MIN_PROGRAMS else small
+            )
+            block_m, block_n, num_stages = fit_attention_tiles(
+                elem_size, triton.next_power_of_2(head_dim), block_m, block_n, num_stages
+            )
+            return block_m, block_n, num_warps, num_stages
     raise ValueError(f"head_dim {head_dim} > 256 is not supported")
 
 
@@ -235,7 +243,10 @@ def prefill_attention(
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = kv_cache.shape[3]
     group = num_heads // num_kv_heads
-    cfg_m, cfg_n, cfg_warps, cfg_stages = prefill_config(head_dim, num_rows, group, num_kv_heads)
+    elem_size = max(q.element_size(), kv_cache.element_size())
+    cfg_m, cfg_n, cfg_warps, cfg_stages = prefill_config(
+        head_dim, num_rows, group, num_kv_heads, elem_size
+    )
     block_m = max(block_m or cfg_m, triton.next_power_of_2(group))
     block_n = block_n or cfg_n
     for name, val in (("block_m", block_m), ("block_n", block_n)):
