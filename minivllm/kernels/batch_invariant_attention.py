@@ -20,16 +20,21 @@ from minivllm.kernels.prefill_attention import _check_inputs, _find_tile, _load_
 
 LOG2E = 1.4426950408889634
 SEG_N = 512  # keys per segment: the unit of split-KV parallelism
-# head_dim bound -> (BLOCK_M rows = query tokens * group, BLOCK_N, num_warps, num_stages):
-# the prefill kernel's small configs, used for every batch shape (a row's reduction order
-# and register layout must not depend on the batch).
-_CONFIGS = ((64, (64, 64, 4, 3)), (128, (64, 64, 4, 3)), (256, (64, 32, 8, 2)))
+# head_dim bound -> (2-byte, 4-byte dtype) configs, each (BLOCK_M rows = query tokens * group,
+# BLOCK_N, num_warps, num_stages): the prefill kernel's small configs (float32: tiles that fit
+# in shared memory), used for every batch shape: a row's reduction order and register layout
+# must not depend on the batch.
+_CONFIGS = (
+    (64, ((64, 64, 4, 3), (64, 64, 4, 2))),
+    (128, ((64, 64, 4, 3), (64, 32, 4, 2))),
+    (256, ((64, 32, 8, 2), (32, 16, 4, 2))),
+)
 
 
-def batch_invariant_config(head_dim: int) -> tuple[int, int, int, int]:
-    for bound, cfg in _CONFIGS:
+def batch_invariant_config(head_dim: int, elem_size: int = 2) -> tuple[int, int, int, int]:
+    for bound, (half, full) in _CONFIGS:
         if head_dim <= bound:
-            return cfg
+            return half if elem_size <= 2 else full
     raise ValueError(f"head_dim {head_dim} > 256 is not supported")
 
 
@@ -301,7 +306,8 @@ def batch_invariant_attention(
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = kv_cache.shape[3]
     group = num_heads // num_kv_heads
-    block_m, block_n, num_warps, num_stages = config or batch_invariant_config(head_dim)
+    elem_size = max(q.element_size(), kv_cache.element_size())
+    block_m, block_n, num_warps, num_stages = config or batch_invariant_config(head_dim, elem_size)
     block_m = max(block_m, triton.next_power_of_2(group))
     for name, val in (("block_m", block_m), ("block_n", block_n)):
         if val < 16 or val & (val - 1):
