@@ -42,8 +42,8 @@ class EngineCore:
         block_manager = BlockManager(
             self.num_blocks, config.block_size, config.enable_prefix_caching
         )
-        # Async scheduling needs the sampled ids on the device of the one runner.
-        self.async_scheduling = config.async_scheduling and config.tensor_parallel_size == 1
+        # Under TP every rank samples the same ids and fills placeholders from its own copy.
+        self.async_scheduling = config.async_scheduling
         # Async scheduling is a Scheduler that keeps the launched step in flight, fed by an
         # execute that returns once the step is launched; step() reads the same either way.
         scheduler_class = AsyncScheduler if self.async_scheduling else Scheduler

@@ -1,104 +1,41 @@
-"""Tensor parallelism: rank 0 (this process) schedules and samples; ranks 1..N-1 are worker
-processes the executor spawns. Each step's SchedulerOutput goes to every rank over a gloo
-process group; every rank runs the model on its shard (NCCL on CUDA, gloo on the CPU).
+"""Tensor parallelism: rank 0 (this process) schedules; ranks 1..N-1 are worker processes.
 
-Under `torchrun` the same code spans nodes: the process group comes from the environment
-(see docs/parallelism.md).
+Every step, rank 0 writes the SchedulerOutput (compactly encoded) into a shared-memory ring,
+then every rank, rank 0 included, runs the same runner call on it: the same model shard
+collectives, the same sampling on the same all-gathered logits. Rank 0's RunnerOutput is the
+one the scheduler sees; the workers' identical ones are dropped.
 """
 
 from __future__ import annotations
 
-import datetime
-import logging
-import multiprocessing as mp
-import os
+import signal
 import socket
-import sys
+import threading
+import time
 import weakref
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
 
 from minivllm.config import EngineConfig, ModelConfig
-from minivllm.engine.model_runner import ModelRunner
+from minivllm.engine.model_runner import StepHandle
+from minivllm.engine.shm_broadcast import ShmRing
+from minivllm.engine.step_codec import Op, encode
 from minivllm.engine.types import RunnerOutput, SchedulerOutput
+from minivllm.engine.worker import WorkerSpec, init_rank
+from minivllm.engine.worker_group import WorkerGroup
 
-logger = logging.getLogger(__name__)
-
-# A step that takes longer than this on any rank means a rank is gone.
-_COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=120)
+# Workers import torch and minivllm before they report "up"; a slow disk can take a while.
+_STARTUP_TIMEOUT_S = 300.0
+# A step that raised on rank 0 raises on every rank; the workers report it within this time.
+_STEP_ERROR_WAIT_S = 5.0
 
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def torchrun_rank() -> tuple[int, int, int] | None:
-    """(rank, local_rank, world_size) when this process was started by torchrun, else None."""
-    if "TORCHELASTIC_RUN_ID" not in os.environ and "MASTER_ADDR" not in os.environ:
-        return None
-    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-        return None
-    env = os.environ
-    return int(env["RANK"]), int(env.get("LOCAL_RANK", env["RANK"])), int(env["WORLD_SIZE"])
-
-
-def _init_rank(
-    config: EngineConfig,
-    model_config: ModelConfig,
-    max_model_len: int,
-    rank: int,
-    world_size: int,
-    init_method: str,
-    local_rank: int,
-):
-    """Joins the process groups and builds this rank's runner with its KV cache."""
-    device = config.resolved_device()
-    if device.type == "cuda":
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(
-        backend,
-        init_method=init_method,
-        world_size=world_size,
-        rank=rank,
-        timeout=_COLLECTIVE_TIMEOUT,
-    )
-    # The control plane (SchedulerOutputs) always travels on the CPU.
-    control = dist.new_group(backend="gloo", timeout=_COLLECTIVE_TIMEOUT)
-    torch.manual_seed(config.seed)
-    dtype = config.resolved_dtype(model_config, device)
-    runner = ModelRunner(config, model_config, device, dtype, max_model_len, tp_size=world_size)
-    num_blocks = torch.tensor([runner.determine_num_blocks()])
-    dist.all_reduce(num_blocks, op=dist.ReduceOp.MIN, group=control)
-    if num_blocks.item() >= 1:
-        runner.initialize_kv_cache(int(num_blocks.item()))
-    return runner, control, int(num_blocks.item())
-
-
-def _worker_main(config, model_config, max_model_len, rank, world_size, port) -> None:
-    runner, control, _ = _init_rank(
-        config, model_config, max_model_len, rank, world_size, f"tcp://127.0.0.1:{port}", rank
-    )
-    _serve_steps(runner, control)
-
-
-def _serve_steps(runner: ModelRunner, control) -> None:
-    """A worker rank's loop: run every step rank 0 broadcasts until it sends None."""
-    while True:
-        box = [None]
-        dist.broadcast_object_list(box, src=0, group=control)
-        sched_out = box[0]
-        if sched_out is None:
-            break
-        if not sched_out.is_empty:
-            runner.compute_logits(runner.prepare(sched_out))
-        else:
-            runner.block_table.update(sched_out)  # forget finished requests
-    dist.destroy_process_group()
 
 
 def check_shardable(model_config: ModelConfig, tp_size: int) -> None:
@@ -117,99 +54,145 @@ def check_shardable(model_config: ModelConfig, tp_size: int) -> None:
         )
 
 
+def _abort_process_group() -> None:
+    """Called from a watcher thread when a worker dies: a blocked NCCL collective on rank 0
+    would wait for it until the timeout; aborting makes it fail now. (Gloo notices the
+    closed connection by itself.)"""
+    try:
+        if dist.is_initialized() and dist.get_backend() == "nccl":
+            dist.distributed_c10d._abort_process_group()
+    except Exception:
+        pass
+
+
+@contextmanager
+def _deferred_interrupt():
+    """Holds back a Ctrl-C (SIGINT) until the block ends: once a step is broadcast, rank 0
+    must run it to the end, or the workers would wait in a collective forever."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(frame))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught:
+            if callable(previous):
+                previous(signal.SIGINT, caught[0])
+            else:
+                raise KeyboardInterrupt
+
+
+def _shutdown(group: WorkerGroup, ring: ShmRing, state: dict) -> None:
+    """Stops the workers and frees the ring and the process group; runs once (weakref
+    finalizer: at LLM.shutdown(), garbage collection or interpreter exit)."""
+    told = False
+    if group.failure is None and state["in_sync"]:
+        try:
+            with _deferred_interrupt():
+                ring.write(encode(Op.SHUTDOWN), check=group.check)
+            told = True
+        except Exception:
+            pass  # a worker is gone: reaping below is all that is left
+    group.stop(grace=10.0 if told else 0.0)
+    ring.close()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 class TPExecutor:
+    """The Executor of tensor_parallel_size > 1 when this process starts the workers."""
+
     def __init__(self, config: EngineConfig, model_config: ModelConfig, max_model_len: int) -> None:
         world_size = config.tensor_parallel_size
         check_shardable(model_config, world_size)
-        launched = torchrun_rank()
-        if launched is not None:
-            self._join_torchrun(config, model_config, max_model_len, *launched)
-            return
         if config.resolved_device().type == "cuda" and torch.cuda.device_count() < world_size:
             raise ValueError(
                 f"tensor_parallel_size={world_size} but only {torch.cuda.device_count()} GPUs "
                 "are visible"
             )
-        port = free_port()
-        ctx = mp.get_context("spawn")
-        self.workers = [
-            ctx.Process(
-                target=_worker_main,
-                args=(config, model_config, max_model_len, rank, world_size, port),
-                daemon=True,
-                name=f"minivllm-tp{rank}",
+        if dist.is_initialized():
+            raise RuntimeError(
+                "a torch.distributed process group is already initialized in this process; "
+                "shut the other tensor-parallel LLM down first"
             )
-            for rank in range(1, world_size)
+        init_method = f"tcp://127.0.0.1:{free_port()}"
+        self._ring = ShmRing.create(num_readers=world_size - 1)
+        ring = self._ring.handle
+        specs = [
+            WorkerSpec(config, model_config, max_model_len, r, world_size, init_method, ring)
+            for r in range(1, world_size)
         ]
-        for worker in self.workers:
-            worker.start()
-        self._closed = False
-        self._finalizer = weakref.finalize(self, TPExecutor._reap, list(self.workers))
+        self._state = {"in_sync": True}
+        self._group = WorkerGroup(specs, on_failure=_abort_process_group)
+        self._finalizer = weakref.finalize(self, _shutdown, self._group, self._ring, self._state)
         try:
-            self.runner, self.control, self.num_blocks = _init_rank(
-                config, model_config, max_model_len, 0, world_size, f"tcp://127.0.0.1:{port}", 0
+            # Start-up errors of a worker (imports, device, config) fail here at once.
+            self._group.wait_for("up", _STARTUP_TIMEOUT_S)
+            self.runner, self.num_blocks = init_rank(
+                config, model_config, max_model_len, 0, world_size, init_method, 0
             )
-        except BaseException:
-            self._closed = True
-            self.shutdown()  # no orphan workers, no process group left behind
+            self._group.wait_for("ready", _STARTUP_TIMEOUT_S)
+        except BaseException as e:
+            failure = self._group.failure
+            self._finalizer()
+            if failure is not None and not isinstance(e, KeyboardInterrupt):
+                raise RuntimeError(failure) from e
             raise
 
-    def _join_torchrun(self, config, model_config, max_model_len, rank, local_rank, world_size):
-        """Under torchrun every rank constructs the LLM: rank 0 returns and drives it; the
-        other ranks serve steps inside this call and exit their process at shutdown."""
-        if world_size != config.tensor_parallel_size:
-            raise ValueError(
-                f"torchrun started {world_size} processes but tensor_parallel_size is "
-                f"{config.tensor_parallel_size}; they must be equal"
-            )
-        self.workers = []  # torchrun owns the processes
-        self._closed = False
-        self.runner, self.control, self.num_blocks = _init_rank(
-            config, model_config, max_model_len, rank, world_size, "env://", local_rank
-        )
-        if rank != 0:
-            _serve_steps(self.runner, self.control)
-            sys.exit(0)
-
-    def _check_workers(self) -> None:
-        for rank, worker in enumerate(self.workers, start=1):
-            if not worker.is_alive():
-                self._closed = True
-                raise RuntimeError(
-                    f"tensor-parallel worker rank {rank} (pid {worker.pid}) died with exit code "
-                    f"{worker.exitcode}; the engine cannot continue, create a new LLM"
-                )
+    @property
+    def workers(self) -> list:
+        return self._group.procs
 
     def execute(self, sched_out: SchedulerOutput) -> RunnerOutput:
-        if self._closed:
-            raise RuntimeError("the tensor-parallel engine has shut down")
-        self._check_workers()
+        return self._run(Op.EXECUTE, sched_out)
+
+    def execute_async(self, sched_out: SchedulerOutput) -> StepHandle:
+        return self._run(Op.EXECUTE_ASYNC, sched_out)
+
+    def _run(self, op: Op, sched_out: SchedulerOutput):
+        if not self._finalizer.alive:
+            raise RuntimeError("the tensor-parallel engine has shut down; create a new LLM")
+        self._group.check()
+        with _deferred_interrupt():
+            errors_before = self._group.num_step_errors()
+            self._broadcast(op, sched_out)
+            try:
+                if op == Op.EXECUTE_ASYNC:
+                    return self.runner.execute_async(sched_out)
+                return self.runner.execute(sched_out)
+            except Exception as e:
+                self._raise_if_failed(e)
+                if not self._group.wait_step_errors(errors_before + 1, _STEP_ERROR_WAIT_S):
+                    # Only rank 0 failed: the workers wait in a collective that never comes.
+                    self._state["in_sync"] = False
+                    self._finalizer()
+                    raise RuntimeError(
+                        "a tensor-parallel step failed on rank 0 only; the engine has shut "
+                        f"down, create a new LLM ({type(e).__name__}: {e})"
+                    ) from e
+                raise  # it failed on every rank: they are all ready for the next step
+
+    def _broadcast(self, op: Op, sched_out: SchedulerOutput) -> None:
         try:
-            dist.broadcast_object_list([sched_out], src=0, group=self.control)
-            return self.runner.execute(sched_out)
-        except RuntimeError as e:
-            self._check_workers()
-            raise RuntimeError(f"tensor-parallel step failed: {e}") from e
+            self._ring.write(encode(op, sched_out), check=self._group.check)
+        except BaseException:
+            self._state["in_sync"] = False
+            raise
+
+    def _raise_if_failed(self, error: Exception) -> None:
+        """A collective that fails because a worker died says so, naming the rank."""
+        failure = self._group.failure
+        if failure is None and any(proc.poll() is not None for proc in self._group.procs):
+            # Gloo may see the closed socket before the watcher thread records the exit.
+            deadline = time.monotonic() + 2.0
+            while self._group.failure is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            failure = self._group.failure
+        if failure is not None:
+            raise RuntimeError(failure) from error
 
     def shutdown(self) -> None:
-        if not self._closed:
-            self._closed = True
-            try:
-                self._check_workers()
-                dist.broadcast_object_list([None], src=0, group=self.control)
-            except RuntimeError:
-                pass  # a worker is gone: nothing to tell it
-            for worker in self.workers:
-                worker.join(timeout=30)
-        TPExecutor._reap(self.workers)
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-    @staticmethod
-    def _reap(workers: list) -> None:
-        for worker in workers:
-            if worker.is_alive():
-                worker.terminate()
-                worker.join(timeout=5)
-            if worker.is_alive():
-                worker.kill()
+        self._finalizer()

@@ -1,5 +1,6 @@
-"""The same engine under torchrun: every rank builds the LLM, rank 0 drives it, and the
-tokens equal a single-process run (gloo on the CPU; across nodes only the launch differs)."""
+"""The same engine under torchrun: every rank runs the script and the whole engine in lockstep
+(no broadcast), every rank returns the same tokens, equal to a single-process run (gloo on the
+CPU; across nodes only the launch differs), and every rank exits by itself."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ SCRIPT = textwrap.dedent(
     outs = llm.generate([{"prompt_token_ids": p} for p in json.loads(sys.argv[2])], params,
                         use_tqdm=False)
     print("TOKENS", json.dumps([o.outputs[0].token_ids for o in outs]), flush=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in json.loads(sys.argv[2])], params,
+                        use_tqdm=False)  # a second call: the ranks still agree
     llm.shutdown()
     """
 )
@@ -43,7 +46,7 @@ def test_torchrun_tp2_matches_single_process(tiny_qwen3_dir: str, tmp_path) -> N
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = [line for line in result.stdout.splitlines() if line.startswith("TOKENS")]
-    assert len(lines) == 1  # only rank 0 returns from LLM() and prints
+    assert len(lines) == 2 and lines[0] == lines[1]  # every rank returns the same outputs
     llm = LLM(tiny_qwen3_dir, dtype="float32", device="cpu", block_size=4)
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
