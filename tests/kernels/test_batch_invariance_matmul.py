@@ -34,6 +34,11 @@ def test_matches_linear(dtype, m, k, n):
         assert got.dtype == dtype and got.shape == (m, n)
 
 
+def test_default_config():
+    x, w, b = _data(3, 64, 40, torch.float32)
+    torch.testing.assert_close(matmul(x, w, b), F.linear(x, w, b), atol=1e-5, rtol=1e-5)
+
+
 def test_leading_dims_and_strided_rows():
     x, w, _ = _data(12, 32, 24, torch.float32)
     got = matmul(x.view(3, 4, 32), w, config=CONFIG)
