@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import threading
 import time
+import weakref
 
 import pytest
 
@@ -156,3 +158,69 @@ def test_engine_error_mid_run_aborts_and_recovers(
     monkeypatch.setattr(llm.engine, "step", real_step)
     assert_idle(llm)
     assert token_ids(llm.generate(greedy_prompts(10, 3), GREEDY, use_tqdm=False)) == expected
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        line = next(line for line in f if line.startswith("VmRSS:"))
+    return int(line.split()[1]) / 1024
+
+
+def num_os_threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def child_pids() -> list[int]:
+    me, children = str(os.getpid()), []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                # Field 4 is the parent pid; the name (field 2) may hold spaces: split after it.
+                if f.read().rsplit(")", 1)[1].split()[1] == me:
+                    children.append(int(pid))
+        except OSError:
+            continue  # exited meanwhile
+    return children
+
+
+def test_create_and_destroy_llm_20_times(tiny_qwen3_dir: str) -> None:
+    """No LLM outlives its use, and 20 of them leak no threads, processes or memory. The
+    64 MB KV cache of each would add up to 1.3 GB if it leaked."""
+
+    def use_once() -> weakref.ref:
+        llm = LLM(tiny_qwen3_dir, dtype="float32", device="cpu", kv_cache_memory=64 << 20)
+        llm.generate([1, 2, 3], GREEDY, use_tqdm=False)
+        llm.shutdown()
+        return weakref.ref(llm)
+
+    for _ in range(2):  # warm-up: imports, allocator pools, compiled kernels
+        use_once()
+    gc.collect()
+    rss0, threads0, py_threads0, children0 = (
+        rss_mb(),
+        num_os_threads(),
+        threading.active_count(),
+        child_pids(),
+    )
+    samples = []
+    for _ in range(20):
+        ref = use_once()
+        gc.collect()
+        assert ref() is None, "an LLM is still referenced after its use"
+        samples.append(rss_mb())
+    growth = samples[-1] - rss0
+    print(
+        "LLM-LEAK",
+        {
+            "rss_before_mb": round(rss0),
+            "rss_after_mb": round(samples[-1]),
+            "rss_max_mb": round(max(samples)),
+            "os_threads": (threads0, num_os_threads()),
+            "py_threads": (py_threads0, threading.active_count()),
+            "children": (len(children0), len(child_pids())),
+        },
+    )
+    assert threading.active_count() == py_threads0
+    assert num_os_threads() <= threads0
+    assert child_pids() == children0
+    assert growth < 64, f"RSS grew {growth:.0f} MB over 20 LLMs"
