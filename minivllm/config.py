@@ -134,6 +134,8 @@ class EngineConfig:
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     device: Literal["auto", "cuda", "cpu"] = "auto"
     tensor_parallel_size: int = 1
+    # Engine replicas, each on its own tensor_parallel_size GPUs, behind one frontend.
+    data_parallel_size: int = 1
     max_model_len: int | None = None
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
@@ -170,6 +172,7 @@ class EngineConfig:
             f"device must be auto|cuda|cpu, got {self.device!r}",
         )
         check(self.tensor_parallel_size >= 1, "tensor_parallel_size must be >= 1")
+        check(self.data_parallel_size >= 1, "data_parallel_size must be >= 1")
         check(self.max_model_len is None or self.max_model_len >= 1, "max_model_len must be >= 1")
         check(self.max_num_seqs >= 1, f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         check(

@@ -37,7 +37,12 @@ class EngineCoreClient:
     a reader thread hands every message from the core to on_message, and a final
     ("dead", reason) when the core goes away without being asked to."""
 
-    def __init__(self, config: EngineConfig, on_message: Callable[[tuple], None]) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        on_message: Callable[[tuple], None],
+        env: dict[str, str] | None = None,
+    ) -> None:
         self._on_message = on_message
         parent_sock, child_sock = socket.socketpair()
         for sock in (parent_sock, child_sock):
@@ -47,6 +52,7 @@ class EngineCoreClient:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "minivllm.engine.core_process", "--fd", str(fd)],
             pass_fds=(fd,),
+            env=env,  # None: this process's environment
         )
         child_sock.close()  # the child's end lives only in the child: its death is our EOF
         self._conn = Connection(parent_sock.detach())

@@ -155,11 +155,18 @@ def main(argv: list[str] | None = None) -> None:
     except BaseException as e:
         _send(status_fd, ("error", f"{type(e).__name__}: {e}", traceback.format_exc()))
         raise SystemExit(1) from None
+    code = 1
     try:
         serve_steps(runner, ring, lambda message: _send(status_fd, message))
+        code = 0
+    except BaseException:
+        traceback.print_exc()
     finally:
         ring.close()
         dist.destroy_process_group()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)  # skip the interpreter's slow teardown of torch: nothing is left
 
 
 if __name__ == "__main__":

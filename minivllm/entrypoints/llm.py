@@ -14,7 +14,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from minivllm.config import EngineConfig, ModelConfig
-from minivllm.engine.engine_core import EngineCore
+from minivllm.engine.dp_engine import make_engine
 from minivllm.entrypoints.generation_config import read_generation_defaults
 from minivllm.entrypoints.output_processor import OutputProcessor
 from minivllm.gguf_loader import load_tokenizer
@@ -34,7 +34,7 @@ class LLM:
         ModelConfig.from_hf(model)
         self.tokenizer = load_tokenizer(self.config.tokenizer or model)
         self.generation_defaults = read_generation_defaults(model, self.tokenizer)
-        self.engine = EngineCore(self.config)
+        self.engine = make_engine(self.config)  # EngineCore, or data-parallel replicas
         self.output_processor = OutputProcessor(self.tokenizer)
         self._request_counter = itertools.count()
         self._lock = threading.Lock()
