@@ -20,6 +20,7 @@ from typing import Any
 
 from minivllm.config import EngineConfig
 from minivllm.engine.stats import CoreInfo
+from minivllm.engine.types import EngineOutput
 
 logger = logging.getLogger(__name__)
 
@@ -135,6 +136,8 @@ class EngineCoreClient:
                 msg = self._conn.recv()
             except (EOFError, OSError):
                 break
+            if msg[0] == "outputs":
+                msg = ("outputs", [EngineOutput(*fields) for fields in msg[1]], msg[2])
             self._on_message(msg)
             if msg[0] == "dead":
                 return

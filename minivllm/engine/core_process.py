@@ -5,8 +5,9 @@ Started by core_client.EngineCoreClient as `python -m minivllm.engine.core_proce
 
   in:  ("config", EngineConfig) once, then ("add", [(req_id, prompt_ids, params, arrival)]),
        ("abort", [req_id]), ("shutdown",)
-  out: ("ready", CoreInfo) | ("failed", message) once, then one ("outputs", [EngineOutput],
-       EngineStats) per step, ("rejected", req_id, message), ("dead", message) before exiting
+  out: ("ready", CoreInfo) | ("failed", message) once, then one ("outputs", [EngineOutput
+       fields as a tuple], EngineStats) per step, ("rejected", req_id, message), and
+       ("dead", message) before exiting on a failed step
 
 End of file on the socket means the parent is gone: the process exits.
 """
@@ -66,7 +67,8 @@ def run_loop(core: EngineCore, conn: Connection) -> None:
             if num_steps == fault_at:
                 raise RuntimeError(f"injected fault at step {num_steps} ({FAULT_ENV})")
             outputs = core.step()
-            conn.send(("outputs", outputs, core.stats()))
+            # Field tuples pickle ~4x faster than dataclasses: this is the core's hot path.
+            conn.send(("outputs", [tuple(o.__dict__.values()) for o in outputs], core.stats()))
         elif num_messages:
             conn.send(("outputs", [], core.stats()))  # aborts changed the gauges
 

@@ -1,0 +1,168 @@
+"""Streaming serving vs offline on the same requests: output tok/s, TTFT, ITL. One JSON line.
+
+Starts `minivllm serve` on a free loopback port, drives it with --max-concurrency streaming
+clients (the official openai client), then runs the same prompts through LLM.generate.
+
+python benchmarks/bench_serving.py [--model DIR | --model-name qwen3-0.6b] [--num-prompts 512]
+    [--max-concurrency 128] [--input-len 1000] [--output-len 200] [-- extra engine flags]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import dummy_model_dir  # noqa: E402
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _percentile(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(int(q * len(values)), len(values) - 1)] if values else float("nan")
+
+
+async def _one(client, model: str, prompt: list[int], output_len: int, sem) -> dict:
+    async with sem:
+        start = time.perf_counter()
+        times = []
+        stream = await client.completions.create(
+            model=model,
+            prompt=prompt,
+            max_tokens=output_len,
+            temperature=0.0,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        async for chunk in stream:
+            if chunk.choices and chunk.choices[0].text:
+                times.append(time.perf_counter())
+        return {"ttft": times[0] - start, "itl": [b - a for a, b in zip(times, times[1:])]}
+
+
+async def _drive(base_url: str, model: str, prompts, output_len: int, concurrency: int) -> dict:
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="x", max_retries=0)
+    sem = asyncio.Semaphore(concurrency)
+    start = time.perf_counter()
+    results = await asyncio.gather(*(_one(client, model, p, output_len, sem) for p in prompts))
+    elapsed = time.perf_counter() - start
+    ttfts = [r["ttft"] for r in results]
+    itls = [x for r in results for x in r["itl"]]
+    return {
+        "output_tok_s": len(prompts) * output_len / elapsed,
+        "ttft_p50_ms": 1e3 * _percentile(ttfts, 0.5),
+        "ttft_p99_ms": 1e3 * _percentile(ttfts, 0.99),
+        "itl_p50_ms": 1e3 * _percentile(itls, 0.5),
+        "itl_p99_ms": 1e3 * _percentile(itls, 0.99),
+        "elapsed_s": elapsed,
+    }
+
+
+def _serve(model: str, port: int, flags: list[str]) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "minivllm", "serve", model, "--port", str(port)]
+    cmd += ["--disable-log-requests", "--disable-uvicorn-access-log", *flags]
+    proc = subprocess.Popen(cmd)
+    deadline = time.time() + 600
+    while time.time() < deadline and proc.poll() is None:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                if r.status == 200:
+                    return proc
+        except OSError:
+            time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError("the server did not start")
+
+
+def _offline(model: str, prompts, output_len: int, flags: dict) -> float:
+    from minivllm import LLM, SamplingParams
+
+    llm = LLM(model, **flags)
+    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
+    llm.generate([{"prompt_token_ids": p} for p in prompts[:8]], params, use_tqdm=False)
+    start = time.perf_counter()
+    llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    elapsed = time.perf_counter() - start
+    llm.shutdown()
+    return len(prompts) * output_len / elapsed
+
+
+def _engine_flags(extra: list[str]) -> dict:
+    """--flag value pairs of the extra arguments as LLM options (ints where they parse)."""
+    options, i = {}, 0
+    while i < len(extra):
+        name = extra[i].lstrip("-").replace("-", "_")
+        value = extra[i + 1] if i + 1 < len(extra) else ""
+        options[name] = int(value) if value.lstrip("-").isdigit() else value
+        i += 2
+    return options
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--model-name", default="qwen3-0.6b")
+    parser.add_argument("--num-prompts", type=int, default=512)
+    parser.add_argument("--max-concurrency", type=int, default=128)
+    parser.add_argument("--input-len", type=int, default=1000)
+    parser.add_argument("--output-len", type=int, default=200)
+    parser.add_argument("--skip-offline", action="store_true")
+    parser.add_argument("extra", nargs=argparse.REMAINDER, help="engine flags, after --")
+    args = parser.parse_args()
+    extra = [a for a in args.extra if a != "--"]
+    model = args.model or dummy_model_dir(args.model_name)
+    if args.model is None and "--load-format" not in extra:
+        extra += ["--load-format", "dummy"]
+    with open(os.path.join(model, "config.json")) as f:
+        vocab_size = json.load(f)["vocab_size"]
+    rng = random.Random(0)
+    prompts = [
+        [rng.randrange(10, min(vocab_size, 10000)) for _ in range(args.input_len)]
+        for _ in range(args.num_prompts)
+    ]
+    port = _free_port()
+    proc = _serve(model, port, extra)
+    try:
+        base_url = f"http://127.0.0.1:{port}"
+        asyncio.run(_drive(base_url, model, prompts[:16], 8, 16))  # warm up
+        served = asyncio.run(
+            _drive(base_url, model, prompts, args.output_len, args.max_concurrency)
+        )
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    # Offline gets the same concurrency as the clients (no more seats than they fill).
+    flags = {"max_num_seqs": args.max_concurrency, **_engine_flags(extra)}
+    offline = None if args.skip_offline else _offline(model, prompts, args.output_len, flags)
+    result = {
+        "bench": "serving",
+        "model": model,
+        "num_prompts": args.num_prompts,
+        "max_concurrency": args.max_concurrency,
+        "input_len": args.input_len,
+        "output_len": args.output_len,
+        "engine_flags": extra,
+        "served": served,
+        "offline_output_tok_s": offline,
+        "served_over_offline": None if offline is None else served["output_tok_s"] / offline,
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
