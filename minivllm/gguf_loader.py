@@ -192,9 +192,12 @@ def _unpermute_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
 
 def iterate_gguf_tensors(path: str, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
     """Yields (HF name, float32 tensor) for every tensor of the file, dequantized."""
+    return _dequantized_tensors(open_gguf(path), config)
+
+
+def _dequantized_tensors(reader, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
     import gguf
 
-    reader = open_gguf(path)
     check_tensor_types(reader)
     permute_qk = config.architecture == "LlamaForCausalLM"
     for tensor in reader.tensors:
@@ -222,3 +225,22 @@ def load_tokenizer(model: str):
     _import_gguf(gguf_file)  # transformers' own message would not say which package
     directory, name = os.path.split(os.path.abspath(gguf_file))
     return AutoTokenizer.from_pretrained(directory, gguf_file=name)
+
+
+def convert_gguf_to_hf(gguf_file: str, out_dir: str) -> str:
+    """Writes an HF directory (config.json, float32 model.safetensors, tokenizer files) with
+    the dequantized weights of `gguf_file`, for tools that do not read GGUF; returns out_dir."""
+    from safetensors.torch import save_file
+    from transformers import AutoConfig
+
+    reader = open_gguf(gguf_file)  # parsing the metadata takes seconds: once
+    config = gguf_hf_config(reader)
+    tensors = dict(_dequantized_tensors(reader, ModelConfig.from_dict(config)))
+    os.makedirs(out_dir, exist_ok=True)
+    save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+    options = {k: v for k, v in config.items() if k not in ("model_type", "torch_dtype")}
+    hf_config = AutoConfig.for_model(config["model_type"], **options)
+    hf_config.dtype = "float32"
+    hf_config.save_pretrained(out_dir)
+    load_tokenizer(gguf_file).save_pretrained(out_dir)
+    return out_dir

@@ -4,9 +4,9 @@ is generated. The history is kept; `/clear` forgets it; `/exit` or Ctrl-D leaves
 from __future__ import annotations
 
 import argparse
-import itertools
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import IO, Any
@@ -66,7 +66,6 @@ def chat_loop(
     """Reads user lines until /exit or end of input; answers each with the whole history."""
     opening = [{"role": "system", "content": system}] if system else []
     messages = list(opening)
-    request_ids = (f"chat-{i}" for i in itertools.count())
     while True:
         line = _read_line(stdin, interactive)
         if line is None or line.strip() in EXIT_COMMANDS:
@@ -78,7 +77,7 @@ def chat_loop(
             continue
         messages.append({"role": "user", "content": line.rstrip("\n")})
         try:
-            reply = _answer(llm, messages, params, next(request_ids), stdout)
+            reply = _answer(llm, messages, params, stdout)
         except ValueError as e:  # e.g. the history outgrew max_model_len
             messages.pop()
             print(f"minivllm: error: {e} (/clear forgets the history)", file=sys.stderr)
@@ -97,7 +96,7 @@ def _read_line(stdin: IO[str], interactive: bool) -> str | None:
         return None
 
 
-def _answer(llm: Any, messages: list[dict], params: SamplingParams, request_id: str, out) -> str:
+def _answer(llm: Any, messages: list[dict], params: SamplingParams, out: IO[str]) -> str:
     """Streams one reply to `out`; Ctrl-C cuts it short (what was said is kept)."""
     token_ids = llm.tokenizer.apply_chat_template(
         messages, add_generation_prompt=True, tokenize=True
@@ -106,7 +105,7 @@ def _answer(llm: Any, messages: list[dict], params: SamplingParams, request_id: 
         token_ids = token_ids["input_ids"]
     parts: list[str] = []
     try:
-        for delta in stream_text(llm, list(token_ids), params, request_id):
+        for delta in stream_text(llm, list(token_ids), params):
             parts.append(delta)
             out.write(delta)
             out.flush()
@@ -117,21 +116,21 @@ def _answer(llm: Any, messages: list[dict], params: SamplingParams, request_id: 
     return "".join(parts)
 
 
-def stream_text(
-    llm: Any, prompt_token_ids: list[int], params: SamplingParams, request_id: str
-) -> Iterator[str]:
+def stream_text(llm: Any, prompt_token_ids: list[int], params: SamplingParams) -> Iterator[str]:
     """Yields the text of one completion as it grows (each new piece once), stepping the LLM's
     engine directly; the request is aborted if the caller stops early."""
     processor = OutputProcessor(llm.tokenizer, stream=True)
     params = replace(params, n=1, eos_token_ids=list(llm.generation_defaults.eos_token_ids))
     llm.engine.validate_request(prompt_token_ids, params)
+    # Unique: the core keeps a finished request's id until its next step.
+    request_id = f"chat-{uuid.uuid4().hex}"
     arrival = time.time()
-    for child_id, child_params in processor.add_request(
-        request_id, None, prompt_token_ids, params, arrival
-    ):
-        llm.engine.add_request(child_id, prompt_token_ids, child_params, arrival)
     num_sent = 0
     try:
+        for child_id, child_params in processor.add_request(
+            request_id, None, prompt_token_ids, params, arrival
+        ):
+            llm.engine.add_request(child_id, prompt_token_ids, child_params, arrival)
         while llm.engine.has_unfinished_requests():
             outputs, to_abort = processor.process(llm.engine.step())
             if to_abort:
