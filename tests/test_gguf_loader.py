@@ -1,0 +1,158 @@
+"""GGUF files built here from the tiny random checkpoints (names from the gguf package's own
+HF -> GGUF map, Llama's q/k rows permuted as llama.cpp's converter does) load into the same
+model as the safetensors; unsupported architectures, tensor types and RoPE scaling are clear
+errors."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+gguf = pytest.importorskip("gguf", reason="GGUF support needs the gguf package")
+
+from safetensors.torch import load_file  # noqa: E402
+
+from minivllm.attention.torch_sdpa import TorchSDPABackend  # noqa: E402
+from minivllm.config import ModelConfig  # noqa: E402
+from minivllm.gguf_loader import find_gguf_file  # noqa: E402
+from minivllm.model_loader import build_model  # noqa: E402
+from minivllm.tiny_model import build_tiny_model  # noqa: E402
+from tests.helpers import prefill_logits  # noqa: E402
+
+GGUF_ARCHS = {
+    "Qwen3ForCausalLM": gguf.MODEL_ARCH.QWEN3,
+    "Qwen2ForCausalLM": gguf.MODEL_ARCH.QWEN2,
+    "LlamaForCausalLM": gguf.MODEL_ARCH.LLAMA,
+}
+
+
+def llama_cpp_permute(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    """convert_hf_to_gguf.py's LlamaModel.permute: rotary halves -> interleaved pairs."""
+    shape = weight.shape
+    split = weight.reshape(num_heads, 2, shape[0] // num_heads // 2, *shape[1:])
+    return split.swapaxes(1, 2).reshape(shape)
+
+
+def write_header(writer, hf: dict) -> None:
+    writer.add_block_count(hf["num_hidden_layers"])
+    writer.add_context_length(hf["max_position_embeddings"])
+    writer.add_embedding_length(hf["hidden_size"])
+    writer.add_feed_forward_length(hf["intermediate_size"])
+    writer.add_head_count(hf["num_attention_heads"])
+    writer.add_head_count_kv(hf["num_key_value_heads"])
+    head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_layer_norm_rms_eps(hf["rms_norm_eps"])
+    writer.add_rope_freq_base(hf.get("rope_parameters", {}).get("rope_theta", 10000.0))
+    writer.add_vocab_size(hf["vocab_size"])
+    writer.add_eos_token_id(hf["eos_token_id"])
+
+
+def write_gguf(hf_dir: str, path: str, extra_tensors: dict | None = None) -> str:
+    """The checkpoint in hf_dir as an all-F32 GGUF file at path."""
+    with open(os.path.join(hf_dir, "config.json")) as f:
+        hf = json.load(f)
+    arch = GGUF_ARCHS[hf["architectures"][0]]
+    names = gguf.get_tensor_name_map(arch, hf["num_hidden_layers"])
+    writer = gguf.GGUFWriter(path, gguf.MODEL_ARCH_NAMES[arch])
+    write_header(writer, hf)
+    for name, tensor in load_file(os.path.join(hf_dir, "model.safetensors")).items():
+        array = tensor.float().numpy()
+        if arch == gguf.MODEL_ARCH.LLAMA and ".q_proj." in name:
+            array = llama_cpp_permute(array, hf["num_attention_heads"])
+        elif arch == gguf.MODEL_ARCH.LLAMA and ".k_proj." in name:
+            array = llama_cpp_permute(array, hf["num_key_value_heads"])
+        writer.add_tensor(names.get_name(name, try_suffixes=(".weight", ".bias")), array)
+    for name, array in (extra_tensors or {}).items():
+        writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.fixture(scope="module", params=list(GGUF_ARCHS))
+def tiny_pair(request, tmp_path_factory) -> tuple[str, str]:
+    """(HF directory, GGUF file) of one tiny random checkpoint; Llama without RoPE scaling."""
+    out = tmp_path_factory.mktemp("tiny-gguf")
+    overrides = {"rope_scaling": None} if request.param == "LlamaForCausalLM" else {}
+    hf_dir = build_tiny_model(str(out / "hf"), request.param, **overrides)
+    return hf_dir, write_gguf(hf_dir, str(out / "model.gguf"))
+
+
+def test_gguf_loads_the_same_model_as_safetensors(tiny_pair) -> None:
+    hf_dir, gguf_file = tiny_pair
+    ours, want = ModelConfig.from_hf(gguf_file), ModelConfig.from_hf(hf_dir)
+    assert ours.rms_norm_eps == pytest.approx(want.rms_norm_eps, rel=1e-6)  # stored as float32
+    assert replace(ours, rms_norm_eps=want.rms_norm_eps) == replace(want, bos_token_id=None)
+    prompts = [[5, 17, 42, 99, 3], list(range(20, 57))]
+    logits = []
+    for path in (hf_dir, gguf_file):
+        config = ModelConfig.from_hf(path)
+        model = build_model(config, TorchSDPABackend(), torch.float32, "cpu", path)
+        logits.append(torch.cat(prefill_logits(model, prompts)))
+    torch.testing.assert_close(logits[1], logits[0], rtol=1e-5, atol=1e-5)
+
+
+def test_directory_with_one_gguf(tiny_pair, tmp_path) -> None:
+    _, gguf_file = tiny_pair
+    os.symlink(gguf_file, tmp_path / "a.gguf")
+    assert find_gguf_file(str(tmp_path)) == str(tmp_path / "a.gguf")
+    os.symlink(gguf_file, tmp_path / "b.gguf")
+    with pytest.raises(ValueError, match="several .gguf files"):
+        ModelConfig.from_hf(str(tmp_path))
+
+
+def minimal_gguf(path: str, arch: str, tensors: dict) -> str:
+    writer = gguf.GGUFWriter(path, arch)
+    write_header(
+        writer,
+        dict(
+            num_hidden_layers=1,
+            max_position_embeddings=64,
+            hidden_size=256,
+            intermediate_size=512,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            head_dim=64,
+            rms_norm_eps=1e-6,
+            vocab_size=32,
+            eos_token_id=0,
+        ),
+    )
+    for name, (array, raw_dtype) in tensors.items():
+        writer.add_tensor(name, array, raw_dtype=raw_dtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_unsupported_architecture_is_a_clear_error(tmp_path) -> None:
+    norm = (np.ones(256, dtype=np.float32), None)
+    path = minimal_gguf(str(tmp_path / "m.gguf"), "gpt2", {"output_norm.weight": norm})
+    with pytest.raises(ValueError, match=r"'gpt2'.*supported: \['llama', 'qwen2', 'qwen3'\]"):
+        ModelConfig.from_hf(path)
+
+
+def test_type_gguf_cannot_dequantize_is_a_clear_error(tmp_path) -> None:
+    # Q8_K (llama.cpp's internal dot-product type): 292 bytes per block of 256 values.
+    q8_k = (np.zeros((256, 292), dtype=np.uint8), gguf.GGMLQuantizationType.Q8_K)
+    path = minimal_gguf(str(tmp_path / "m.gguf"), "llama", {"blk.0.attn_q.weight": q8_k})
+    with pytest.raises(ValueError, match=r"\['Q8_K'\] cannot be dequantized.*'Q4_1'"):
+        ModelConfig.from_hf(path)
+
+
+def test_rope_freqs_tensor_is_a_clear_error(tmp_path) -> None:
+    freqs = (np.ones(32, dtype=np.float32), None)
+    path = minimal_gguf(str(tmp_path / "m.gguf"), "llama", {"rope_freqs.weight": freqs})
+    with pytest.raises(ValueError, match="RoPE scaling"):
+        ModelConfig.from_hf(path)
