@@ -41,6 +41,18 @@ class StepTimer:
         return out
 
 
+def _step_times(timer: StepTimer) -> dict:
+    decode, mixed = timer.times["decode"], timer.times["mixed"]
+    return {
+        "steps": len(decode) + len(mixed),
+        "decode_steps": len(decode),
+        "decode_s": round(sum(decode), 3),
+        "mixed_steps": len(mixed),
+        "mixed_s": round(sum(mixed), 3),
+        "mean_decode_step_ms": round(1e3 * sum(decode) / max(1, len(decode)), 3),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model-name", default="qwen3-0.6b")
@@ -51,6 +63,7 @@ def main() -> None:
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--no-async-scheduling", action="store_true")
     parser.add_argument("--tensor-parallel-size", type=int, default=1)
+    parser.add_argument("--data-parallel-size", type=int, default=1)
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
     parser.add_argument("--block-size", type=int, default=None)
     parser.add_argument("--attention-backend", default=None)
@@ -67,6 +80,7 @@ def main() -> None:
         "max_model_len": 4096,
         "enforce_eager": args.enforce_eager,
         "tensor_parallel_size": args.tensor_parallel_size,
+        "data_parallel_size": args.data_parallel_size,
         "async_scheduling": not args.no_async_scheduling,
         "deterministic": args.deterministic,
     }
@@ -78,7 +92,8 @@ def main() -> None:
     params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=n) for n in output_lens]
     llm.generate([{"prompt_token_ids": [1, 2, 3, 4]}], SamplingParams(max_tokens=8), use_tqdm=False)
 
-    timer = StepTimer(llm.engine)
+    # Data-parallel replicas step in their own processes: no step timing there.
+    timer = StepTimer(llm.engine) if args.data_parallel_size == 1 else None
     start = time.perf_counter()
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     seconds = time.perf_counter() - start
@@ -90,21 +105,16 @@ def main() -> None:
         "async_scheduling": not args.no_async_scheduling,
         "deterministic": args.deterministic,
         "tp": args.tensor_parallel_size,
+        "dp": args.data_parallel_size,
         "num_seqs": args.num_seqs,
         "prompt_tokens": sum(map(len, prompts)),
         "output_tokens": sum(output_lens),
         "generated": generated,
         "seconds": round(seconds, 3),
         "output_tok_s": round(sum(output_lens) / seconds, 1),
-        "steps": len(timer.times["decode"]) + len(timer.times["mixed"]),
-        "decode_steps": len(timer.times["decode"]),
-        "decode_s": round(sum(timer.times["decode"]), 3),
-        "mixed_steps": len(timer.times["mixed"]),
-        "mixed_s": round(sum(timer.times["mixed"]), 3),
-        "mean_decode_step_ms": round(
-            1e3 * sum(timer.times["decode"]) / max(1, len(timer.times["decode"])), 3
-        ),
     }
+    if timer is not None:
+        result |= _step_times(timer)
     if torch.cuda.is_available():
         with open(os.path.join(model_dir, "config.json")) as f:
             cfg = json.load(f)

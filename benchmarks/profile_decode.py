@@ -22,6 +22,8 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=1000)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--no-async-scheduling", action="store_true")
+    # Under TP the profile shows rank 0's kernels; the workers run the same ones.
+    parser.add_argument("--tensor-parallel-size", type=int, default=1)
     args = parser.parse_args()
 
     import torch
@@ -35,6 +37,7 @@ def main() -> None:
         load_format="dummy",
         max_model_len=4096,
         async_scheduling=not args.no_async_scheduling,
+        tensor_parallel_size=args.tensor_parallel_size,
     )
     engine = llm.engine
     params = SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=10_000 // 4)
@@ -67,6 +70,7 @@ def main() -> None:
                 "batch": args.batch,
                 "context": args.context,
                 "async_scheduling": not args.no_async_scheduling,
+                "tp": args.tensor_parallel_size,
                 "wall_ms_per_step_profiled": round(wall * 1e3, 3),
                 "gpu_kernel_ms_per_step": round(gpu_ms, 3),
                 "top_kernels_ms_per_step": {k: round(v, 3) for k, v in top},
