@@ -13,7 +13,10 @@ import torch
 
 from tests.gpu.conftest import prompts
 
-pytestmark = [pytest.mark.gpu]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
 
 
 def greedy(model_dir: str, tp: int = 1, dp: int = 1, **options) -> list[list[int]]:
