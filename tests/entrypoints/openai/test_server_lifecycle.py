@@ -101,3 +101,14 @@ def test_sigterm_finishes_open_request_and_leaves_no_orphan(tiny_qwen3_dir, tmp_
     finish = json.loads(lines[0][-2][len("data: ") :])["choices"][0]["finish_reason"]
     assert finish == "length"  # graceful: the open request finished
     assert not _alive(core_pid)
+
+
+def test_core_exits_when_the_server_is_killed(tiny_qwen3_dir, tmp_path) -> None:
+    server = Server(tiny_qwen3_dir, str(tmp_path / "server.log"))
+    core_pid = server.core_pid
+    assert _alive(core_pid)
+    server.stop(signal.SIGKILL)  # no chance to clean up: the core sees EOF on its socket
+    deadline = time.time() + 10
+    while _alive(core_pid) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not _alive(core_pid)

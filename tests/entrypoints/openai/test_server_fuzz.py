@@ -1,0 +1,98 @@
+"""Hostile JSON bodies (hypothesis): the server never answers 5xx and stays healthy."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import MODEL_NAME
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+_SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=20),
+)
+_JUNK = st.recursive(
+    _SCALARS,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+# Valid generations stay short: max_tokens is small, or junk (then it fails validation).
+_MAX_TOKENS = st.one_of(st.integers(min_value=1, max_value=3), _JUNK)
+_FIELDS = {
+    "model": st.one_of(st.just(MODEL_NAME), _JUNK),
+    "n": st.one_of(st.integers(min_value=-3, max_value=300), _JUNK),
+    "temperature": st.one_of(st.floats(min_value=-1, max_value=3), _JUNK),
+    "top_p": _JUNK,
+    "top_k": st.one_of(st.integers(min_value=-2, max_value=600), _JUNK),
+    "stop": st.one_of(st.lists(st.text(max_size=5), max_size=5), _JUNK),
+    "seed": _JUNK,
+    "logprobs": st.one_of(st.integers(min_value=-2, max_value=10**6), _JUNK),
+    "stream": st.booleans(),
+    "stream_options": _JUNK,
+    "presence_penalty": _JUNK,
+    "repetition_penalty": _JUNK,
+    "min_tokens": _JUNK,
+    "stop_token_ids": _JUNK,
+    "logit_bias": _JUNK,
+    "echo": _JUNK,
+    "ignore_eos": st.booleans(),
+}
+_PROMPT = st.one_of(
+    st.text(max_size=40),
+    st.lists(st.integers(min_value=-5, max_value=600), max_size=40),
+    st.lists(st.text(max_size=10), max_size=3),
+    _JUNK,
+)
+_MESSAGES = st.one_of(
+    st.lists(
+        st.fixed_dictionaries(
+            {"role": st.sampled_from(["user", "system", "assistant"]), "content": _SCALARS}
+        ),
+        max_size=3,
+    ),
+    _JUNK,
+)
+
+
+def _body(kind: str):
+    required = {"prompt": _PROMPT} if kind == "completions" else {"messages": _MESSAGES}
+    required["max_tokens"] = _MAX_TOKENS
+    return st.fixed_dictionaries(required, optional={**_FIELDS, "zz_unknown": _JUNK})
+
+
+def _check(server, auth, path: str, body: dict) -> None:
+    raw = json.dumps(body)  # NaN / Infinity go through as Python's json writes them
+    status, response = server.request("POST", path, raw, auth)
+    assert status < 500, (status, response, raw)
+    if status >= 400:
+        assert set(response["error"]) == {"message", "type", "param", "code"}
+
+
+_SETTINGS = settings(
+    max_examples=60,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+
+
+@_SETTINGS
+@given(body=_body("completions"))
+def test_fuzz_completions(server, auth, body) -> None:
+    _check(server, auth, "/v1/completions", body)
+
+
+@_SETTINGS
+@given(body=_body("chat"))
+def test_fuzz_chat(server, auth, body) -> None:
+    _check(server, auth, "/v1/chat/completions", body)
+
+
+def test_still_healthy_after_fuzzing(server) -> None:
+    assert server.request("GET", "/health")[0] == 200
