@@ -23,6 +23,12 @@ logger = logging.getLogger(__name__)
 
 class EngineCore:
     def __init__(self, config: EngineConfig) -> None:
+        if config.data_parallel_size != 1:
+            # One core is one replica; dp_engine.DPEngine runs several (the LLM frontend).
+            raise ValueError(
+                f"data_parallel_size={config.data_parallel_size} is supported by LLM(...) only "
+                "for now; an engine core is one replica"
+            )
         self.config = config
         self.model_config = ModelConfig.from_hf(config.model)
         self.max_model_len = config.resolved_max_model_len(self.model_config)

@@ -99,7 +99,10 @@ def _shutdown(group: WorkerGroup, ring: ShmRing, state: dict) -> None:
     group.stop(grace=10.0 if told else 0.0)
     ring.close()
     if dist.is_initialized():
-        dist.destroy_process_group()
+        try:
+            dist.destroy_process_group()
+        except Exception:  # an aborted NCCL group (a worker died) may refuse; it is gone
+            pass
 
 
 class TPExecutor:
