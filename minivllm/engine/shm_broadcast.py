@@ -7,13 +7,14 @@ slots (each slot's header says how many bytes it holds and whether more follow).
 
 from __future__ import annotations
 
+import mmap
 import os
 import struct
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from multiprocessing import resource_tracker, shared_memory
+from multiprocessing import shared_memory
 
 # Per slot: payload bytes in this slot (uint32), 1 if the message continues in the next slot.
 _HEADER = struct.Struct("<IB")
@@ -47,11 +48,16 @@ class RingHandle:
 class ShmRing:
     """Create with `ShmRing.create(...)` (the writer) and `ShmRing.attach(handle, r)`."""
 
-    def __init__(self, shm: shared_memory.SharedMemory, handle: RingHandle, reader: int | None):
-        self._shm = shm
+    def __init__(
+        self,
+        shm: shared_memory.SharedMemory | mmap.mmap,
+        handle: RingHandle,
+        reader: int | None,
+    ) -> None:
+        self._shm = shm  # the writer's SharedMemory (it unlinks it), or a reader's mapping
         self.handle = handle
         self.reader = reader  # None: this side is the writer
-        self._buf = shm.buf
+        self._buf = shm.buf if reader is None else memoryview(shm)
         self._flags_at = handle.num_slots * handle.slot_bytes
         self._row = 1 + handle.num_readers
         self._slot = 0  # next slot to write (writer) or to read (reader)
@@ -71,12 +77,14 @@ class ShmRing:
     def attach(cls, handle: RingHandle, reader: int) -> ShmRing:
         if not 0 <= reader < handle.num_readers:
             raise ValueError(f"reader {reader} out of range [0, {handle.num_readers})")
-        shm = shared_memory.SharedMemory(name=handle.name)
-        # The writer owns the segment: a reader's tracker must not unlink it at exit.
+        # A plain mapping of the segment, not SharedMemory: that would register it with this
+        # process's resource tracker, which unlinks it at exit (the writer owns it).
+        size = handle.num_slots * (handle.slot_bytes + 1 + handle.num_readers)
+        fd = os.open(f"/dev/shm/{handle.name.lstrip('/')}", os.O_RDWR)
         try:
-            resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
-        except Exception:
-            pass
+            shm = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
         return cls(shm, handle, reader)
 
     # ---- writer ----------------------------------------------------------------------------
@@ -169,6 +177,7 @@ class ShmRing:
         """Detaches; the writer also removes the segment."""
         if self._shm is None:
             return
+        self._buf.release()
         self._buf = None
         shm, self._shm = self._shm, None
         shm.close()
