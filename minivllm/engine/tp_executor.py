@@ -81,7 +81,7 @@ def _deferred_interrupt():
         if caught:
             if callable(previous):
                 previous(signal.SIGINT, caught[0])
-            else:
+            elif previous != signal.SIG_IGN:  # an ignored Ctrl-C (engine-core process) stays so
                 raise KeyboardInterrupt
 
 
