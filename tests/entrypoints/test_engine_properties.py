@@ -5,7 +5,7 @@ prefix-cache hits reshape the schedule."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from minivllm import LLM, SamplingParams
@@ -49,14 +49,14 @@ requests_strategy = st.lists(
 def test_random_workloads_match_requests_run_alone(
     tiny_qwen3_dir: str, alone, async_scheduling: bool
 ) -> None:
-    # 14 blocks of 4 tokens: a request needs up to 8, so a few together preempt each other;
+    # 12 blocks of 4 tokens: a request needs up to 8, so a few together preempt each other;
     # 7 tokens a step chunks every prompt.
     llm = LLM(
         tiny_qwen3_dir,
         dtype="float32",
         device="cpu",
         block_size=4,
-        num_gpu_blocks_override=14,
+        num_gpu_blocks_override=12,
         max_num_batched_tokens=7,
         max_num_seqs=4,
         async_scheduling=async_scheduling,
@@ -70,6 +70,7 @@ def test_random_workloads_match_requests_run_alone(
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
     )
     @given(requests_strategy)
+    @example([(0, [1, 2, 3, 4, 5, 6], MAX_TOKENS)] * 4)  # 4 x 8 blocks: surely preempts
     def check(requests) -> None:
         prompts = [PREFIXES[i] + suffix for i, suffix, _ in requests]
         params = [
@@ -81,6 +82,8 @@ def test_random_workloads_match_requests_run_alone(
         assert scheduler.block_manager.num_free_blocks == scheduler.block_manager.num_blocks
 
     check()
+    stats = (scheduler.num_preemptions, scheduler.prefix_cache_hits)
+    print("WORKLOAD-PROPERTY", {"preemptions": stats[0], "prefix_hit_tokens": stats[1]})
     # The schedules under test happened: requests were preempted and hit the prefix cache.
     assert scheduler.num_preemptions > 0
     assert scheduler.prefix_cache_hits > 0
@@ -158,4 +161,5 @@ def test_no_sampling_params_fail_a_step(tiny_qwen3_dir: str, alone) -> None:
         assert outs[1].outputs[0].token_ids == alone(neighbour)
 
     check()
+    print("PARAMS-PROPERTY", outcomes)
     assert outcomes["refused"] > 0 and outcomes["ran"] > 0, outcomes
