@@ -134,7 +134,7 @@ def test_interrupted_generate_aborts_its_requests(
     start = time.perf_counter()
     assert token_ids(llm.generate(greedy_prompts(10, 3), GREEDY, use_tqdm=False)) == expected
     assert num_steps == 4
-    assert time.perf_counter() - start < 5.0
+    assert time.perf_counter() - start < 30.0  # generous: CI machines are slow and shared
     assert_idle(llm)
     bm = engine.scheduler.block_manager
     assert bm.num_free_blocks == bm.num_blocks
