@@ -98,6 +98,8 @@ def _shutdown(group: WorkerGroup, ring: ShmRing, state: dict) -> None:
             pass  # a worker is gone: reaping below is all that is left
     group.stop(grace=10.0 if told else 0.0)
     ring.close()
+    if not told:
+        _abort_process_group()  # NCCL work may still wait for the workers just stopped
     if dist.is_initialized():
         try:
             dist.destroy_process_group()
