@@ -27,6 +27,13 @@ _GLOBAL_NAMES = {
     "output_norm": "model.norm",
     "output": "lm_head",
 }
+# Llama 3.1 / 3.2's rope_scaling but for `factor`; GGUF files keep only its effect (rope_freqs).
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
@@ -89,14 +96,10 @@ def gguf_hf_config(reader) -> dict[str, Any]:
             f"unsupported GGUF architecture {arch!r}; supported: {sorted(ARCHITECTURES)}"
         )
     names = {t.name for t in reader.tensors}
-    rope_type = _field(reader, f"{arch}.rope.scaling.type", "none")
-    if rope_type != "none" or "rope_freqs.weight" in names:
-        raise ValueError(
-            f"GGUF RoPE scaling ({rope_type!r}, or a rope_freqs tensor as in Llama 3.1+) is "
-            "not supported yet; load the HF checkpoint directory instead"
-        )
     heads = int(_field(reader, f"{arch}.attention.head_count"))
     hidden = int(_field(reader, f"{arch}.embedding_length"))
+    head_dim = int(_field(reader, f"{arch}.attention.key_length", hidden // heads))
+    rope_theta = float(_field(reader, f"{arch}.rope.freq_base", 10000.0))
     vocab = _field(reader, f"{arch}.vocab_size") or len(
         reader.get_field("tokenizer.ggml.tokens").data
     )
@@ -110,9 +113,10 @@ def gguf_hf_config(reader) -> dict[str, Any]:
         "num_hidden_layers": int(_field(reader, f"{arch}.block_count")),
         "num_attention_heads": heads,
         "num_key_value_heads": int(_field(reader, f"{arch}.attention.head_count_kv", heads)),
-        "head_dim": int(_field(reader, f"{arch}.attention.key_length", hidden // heads)),
+        "head_dim": head_dim,
         "rms_norm_eps": float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
-        "rope_theta": float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
+        "rope_theta": rope_theta,
+        "rope_scaling": _rope_scaling(reader, arch, head_dim, rope_theta),
         "max_position_embeddings": int(_field(reader, f"{arch}.context_length")),
         "tie_word_embeddings": "output.weight" not in names,
         "attention_bias": "blk.0.attn_q.bias" in names,
@@ -120,6 +124,32 @@ def gguf_hf_config(reader) -> dict[str, Any]:
         "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id"),
         "eos_token_id": None if eos is None else int(eos),
     }
+
+
+def _rope_scaling(reader, arch: str, head_dim: int, rope_theta: float) -> dict | None:
+    """None, or Llama 3's scaling recovered from the per-frequency divisors that llama.cpp
+    stores as the rope_freqs tensor (Llama 3.1 and 3.2 share all but `factor`)."""
+    import gguf
+
+    from minivllm.layers.rotary import default_inv_freq, llama3_inv_freq
+
+    rope_type = _field(reader, f"{arch}.rope.scaling.type", "none")
+    freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
+    if rope_type != "none":
+        raise ValueError(f"GGUF RoPE scaling {rope_type!r} is not supported yet")
+    if freqs is None:
+        return None
+    divisors = torch.from_numpy(np.array(gguf.quants.dequantize(freqs.data, freqs.tensor_type)))
+    scaling = {**LLAMA3_ROPE, "factor": float(divisors.max())}
+    expected = default_inv_freq(head_dim, rope_theta) / llama3_inv_freq(
+        head_dim, rope_theta, scaling
+    )
+    if divisors.shape != expected.shape or not torch.allclose(divisors.float(), expected, 1e-4):
+        raise ValueError(
+            f"the GGUF's rope_freqs tensor is not Llama 3's RoPE scaling ({LLAMA3_ROPE} with "
+            "any factor); other per-frequency scalings are not supported"
+        )
+    return scaling
 
 
 def _checkpoint_dtype(reader) -> str:
@@ -201,6 +231,8 @@ def _dequantized_tensors(reader, config: ModelConfig) -> Iterator[tuple[str, tor
     check_tensor_types(reader)
     permute_qk = config.architecture == "LlamaForCausalLM"
     for tensor in reader.tensors:
+        if tensor.name == "rope_freqs.weight":  # in the config as rope_scaling
+            continue
         weight = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
         name = hf_tensor_name(tensor.name)
         if permute_qk and ".self_attn.q_proj." in name:

@@ -6,6 +6,7 @@ errors."""
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import replace
 
@@ -19,7 +20,7 @@ from safetensors.torch import load_file  # noqa: E402
 
 from minivllm.attention.torch_sdpa import TorchSDPABackend  # noqa: E402
 from minivllm.config import ModelConfig  # noqa: E402
-from minivllm.gguf_loader import find_gguf_file  # noqa: E402
+from minivllm.gguf_loader import LLAMA3_ROPE, find_gguf_file  # noqa: E402
 from minivllm.model_loader import build_model  # noqa: E402
 from minivllm.tiny_model import build_tiny_model  # noqa: E402
 from tests.helpers import prefill_logits  # noqa: E402
@@ -38,6 +39,23 @@ def llama_cpp_permute(weight: np.ndarray, num_heads: int) -> np.ndarray:
     return split.swapaxes(1, 2).reshape(shape)
 
 
+def llama_cpp_rope_factors(head_dim: int, base: float, rope: dict) -> np.ndarray:
+    """convert_hf_to_gguf.py's Llama 3 rope_freqs tensor: each frequency's divisor."""
+    factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+    old_context_len = rope["original_max_position_embeddings"]
+    factors = []
+    for freq in 1.0 / (base ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim)):
+        wavelen = 2 * math.pi / freq
+        if wavelen < old_context_len / high:
+            factors.append(1.0)
+        elif wavelen > old_context_len / low:
+            factors.append(factor)
+        else:
+            smooth = (old_context_len / wavelen - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(factors, dtype=np.float32)
+
+
 def write_header(writer, hf: dict) -> None:
     writer.add_block_count(hf["num_hidden_layers"])
     writer.add_context_length(hf["max_position_embeddings"])
@@ -54,7 +72,7 @@ def write_header(writer, hf: dict) -> None:
     writer.add_eos_token_id(hf["eos_token_id"])
 
 
-def write_gguf(hf_dir: str, path: str, extra_tensors: dict | None = None) -> str:
+def write_gguf(hf_dir: str, path: str) -> str:
     """The checkpoint in hf_dir as an all-F32 GGUF file at path."""
     with open(os.path.join(hf_dir, "config.json")) as f:
         hf = json.load(f)
@@ -69,8 +87,11 @@ def write_gguf(hf_dir: str, path: str, extra_tensors: dict | None = None) -> str
         elif arch == gguf.MODEL_ARCH.LLAMA and ".k_proj." in name:
             array = llama_cpp_permute(array, hf["num_key_value_heads"])
         writer.add_tensor(names.get_name(name, try_suffixes=(".weight", ".bias")), array)
-    for name, array in (extra_tensors or {}).items():
-        writer.add_tensor(name, array)
+    rope = hf.get("rope_parameters") or {}
+    if rope.get("rope_type") == "llama3":
+        head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
+        factors = llama_cpp_rope_factors(head_dim, rope["rope_theta"], rope)
+        writer.add_tensor("rope_freqs.weight", factors)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -78,11 +99,22 @@ def write_gguf(hf_dir: str, path: str, extra_tensors: dict | None = None) -> str
     return path
 
 
+def rope_scaling(config: ModelConfig) -> dict | None:
+    """transformers 5 keeps rope_theta inside the scaling dict too; it is not part of it."""
+    if config.rope_scaling is None:
+        return None
+    return {k: v for k, v in config.rope_scaling.items() if k != "rope_theta"}
+
+
 @pytest.fixture(scope="module", params=list(GGUF_ARCHS))
 def tiny_pair(request, tmp_path_factory) -> tuple[str, str]:
-    """(HF directory, GGUF file) of one tiny random checkpoint; Llama without RoPE scaling."""
+    """(HF directory, GGUF file) of one tiny random checkpoint; Llama with Llama 3.1's RoPE
+    scaling, whose three frequency bands head_dim 16 and theta 1e4 all reach."""
     out = tmp_path_factory.mktemp("tiny-gguf")
-    overrides = {"rope_scaling": None} if request.param == "LlamaForCausalLM" else {}
+    overrides = {}
+    if request.param == "LlamaForCausalLM":
+        rope = dict(LLAMA3_ROPE, factor=8.0)
+        overrides = dict(rope_scaling=rope, max_position_embeddings=16384)
     hf_dir = build_tiny_model(str(out / "hf"), request.param, **overrides)
     return hf_dir, write_gguf(hf_dir, str(out / "model.gguf"))
 
@@ -91,7 +123,9 @@ def test_gguf_loads_the_same_model_as_safetensors(tiny_pair) -> None:
     hf_dir, gguf_file = tiny_pair
     ours, want = ModelConfig.from_hf(gguf_file), ModelConfig.from_hf(hf_dir)
     assert ours.rms_norm_eps == pytest.approx(want.rms_norm_eps, rel=1e-6)  # stored as float32
-    assert replace(ours, rms_norm_eps=want.rms_norm_eps) == replace(want, bos_token_id=None)
+    assert replace(ours, rms_norm_eps=want.rms_norm_eps) == replace(
+        want, bos_token_id=None, rope_scaling=rope_scaling(want)
+    )
     prompts = [[5, 17, 42, 99, 3], list(range(20, 57))]
     logits = []
     for path in (hf_dir, gguf_file):
@@ -151,8 +185,15 @@ def test_type_gguf_cannot_dequantize_is_a_clear_error(tmp_path) -> None:
         ModelConfig.from_hf(path)
 
 
-def test_rope_freqs_tensor_is_a_clear_error(tmp_path) -> None:
-    freqs = (np.ones(32, dtype=np.float32), None)
+def test_rope_scaling_other_than_llama3_is_a_clear_error(tmp_path) -> None:
+    freqs = (np.linspace(1.0, 4.0, 32, dtype=np.float32), None)
     path = minimal_gguf(str(tmp_path / "m.gguf"), "llama", {"rope_freqs.weight": freqs})
-    with pytest.raises(ValueError, match="RoPE scaling"):
+    with pytest.raises(ValueError, match="not Llama 3's RoPE scaling"):
         ModelConfig.from_hf(path)
+
+
+def test_llama3_rope_scaling_is_recovered_from_rope_freqs(tiny_pair) -> None:
+    hf_dir, gguf_file = tiny_pair
+    want = rope_scaling(ModelConfig.from_hf(hf_dir))
+    assert ModelConfig.from_hf(gguf_file).rope_scaling == want
+    assert (want is None) == ("Llama" not in ModelConfig.from_hf(hf_dir).architecture)
