@@ -1,0 +1,46 @@
+"""all_reduce_ordered over 3 gloo ranks: every rank gets ((x0 + x1) + x2) in float32, rounded
+once, the same bits on each rank."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from minivllm.layers.batch_invariant import all_reduce_ordered
+
+WORLD = 3
+
+
+def _part(rank: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(rank)
+    # Magnitudes far apart, so that another summation order would round differently.
+    return (torch.randn(5, 7, generator=gen) * 10.0 ** (2 * rank)).to(torch.bfloat16)
+
+
+def _worker(rank: int, port: int, out_dir: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    try:
+        torch.save(all_reduce_ordered(_part(rank), WORLD), os.path.join(out_dir, f"{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ordered_sum_same_bits_on_every_rank(tmp_path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # fork: the workers need nothing but torch, already imported (spawn costs ~15 s here).
+    mp.start_processes(_worker, (port, str(tmp_path)), nprocs=WORLD, start_method="fork")
+    expected = ((_part(0).float() + _part(1).float()) + _part(2).float()).to(torch.bfloat16)
+    for rank in range(WORLD):
+        assert torch.equal(torch.load(tmp_path / f"{rank}.pt"), expected), f"rank {rank}"
+
+
+def test_single_rank_is_identity() -> None:
+    x = torch.randn(3, 4)
+    assert all_reduce_ordered(x, 1) is x
