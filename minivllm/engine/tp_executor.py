@@ -131,7 +131,11 @@ class TPExecutor:
             for r in range(1, world_size)
         ]
         self._state = {"in_sync": True}
-        self._group = WorkerGroup(specs, on_failure=_abort_process_group)
+        try:
+            self._group = WorkerGroup(specs, on_failure=_abort_process_group)
+        except BaseException:
+            self._ring.close()
+            raise
         self._finalizer = weakref.finalize(self, _shutdown, self._group, self._ring, self._state)
         try:
             # Start-up errors of a worker (imports, device, config) fail here at once.

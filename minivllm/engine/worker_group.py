@@ -74,8 +74,11 @@ class WorkerGroup:
             os.close(write_fd)
         self.procs.append(proc)
         data = pickle.dumps(spec)
-        proc.stdin.write(_LENGTH.pack(len(data)) + data)
-        proc.stdin.flush()
+        try:
+            proc.stdin.write(_LENGTH.pack(len(data)) + data)
+            proc.stdin.flush()
+        except BrokenPipeError:
+            pass  # it died at once: the watcher below records how
         threading.Thread(
             target=self._watch, args=(spec.rank, proc, read_fd), daemon=True, name="tp-watch"
         ).start()
