@@ -87,6 +87,13 @@ def _field(reader, key: str, default: Any = None) -> Any:
     return default if field is None else field.contents()
 
 
+def _required(reader, key: str) -> Any:
+    value = _field(reader, key)
+    if value is None:
+        raise ValueError(f"the GGUF file has no {key!r} metadata")
+    return value
+
+
 def gguf_hf_config(reader) -> dict[str, Any]:
     """The checkpoint's hyperparameters as an HF config.json dict; an unsupported architecture
     or RoPE scaling is a ValueError."""
@@ -96,8 +103,8 @@ def gguf_hf_config(reader) -> dict[str, Any]:
             f"unsupported GGUF architecture {arch!r}; supported: {sorted(ARCHITECTURES)}"
         )
     names = {t.name for t in reader.tensors}
-    heads = int(_field(reader, f"{arch}.attention.head_count"))
-    hidden = int(_field(reader, f"{arch}.embedding_length"))
+    heads = int(_required(reader, f"{arch}.attention.head_count"))
+    hidden = int(_required(reader, f"{arch}.embedding_length"))
     head_dim = int(_field(reader, f"{arch}.attention.key_length", hidden // heads))
     rope_theta = float(_field(reader, f"{arch}.rope.freq_base", 10000.0))
     vocab = _field(reader, f"{arch}.vocab_size") or len(
@@ -109,15 +116,15 @@ def gguf_hf_config(reader) -> dict[str, Any]:
         "model_type": arch,
         "vocab_size": int(vocab),
         "hidden_size": hidden,
-        "intermediate_size": int(_field(reader, f"{arch}.feed_forward_length")),
-        "num_hidden_layers": int(_field(reader, f"{arch}.block_count")),
+        "intermediate_size": int(_required(reader, f"{arch}.feed_forward_length")),
+        "num_hidden_layers": int(_required(reader, f"{arch}.block_count")),
         "num_attention_heads": heads,
         "num_key_value_heads": int(_field(reader, f"{arch}.attention.head_count_kv", heads)),
         "head_dim": head_dim,
-        "rms_norm_eps": float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
+        "rms_norm_eps": float(_required(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
         "rope_theta": rope_theta,
         "rope_scaling": _rope_scaling(reader, arch, head_dim, rope_theta),
-        "max_position_embeddings": int(_field(reader, f"{arch}.context_length")),
+        "max_position_embeddings": int(_required(reader, f"{arch}.context_length")),
         "tie_word_embeddings": "output.weight" not in names,
         "attention_bias": "blk.0.attn_q.bias" in names,
         "torch_dtype": _checkpoint_dtype(reader),

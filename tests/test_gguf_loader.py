@@ -197,3 +197,15 @@ def test_llama3_rope_scaling_is_recovered_from_rope_freqs(tiny_pair) -> None:
     want = rope_scaling(ModelConfig.from_hf(hf_dir))
     assert ModelConfig.from_hf(gguf_file).rope_scaling == want
     assert (want is None) == ("Llama" not in ModelConfig.from_hf(hf_dir).architecture)
+
+
+def test_missing_metadata_is_a_clear_error(tmp_path) -> None:
+    writer = gguf.GGUFWriter(str(tmp_path / "m.gguf"), "llama")
+    writer.add_block_count(1)  # and nothing else
+    writer.add_tensor("output_norm.weight", np.ones(4, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ValueError, match="no 'llama.attention.head_count' metadata"):
+        ModelConfig.from_hf(str(tmp_path / "m.gguf"))
