@@ -21,6 +21,10 @@ API_KEY = "test-key-123"
 MODEL_NAME = "tiny"
 BLOCK_SIZE = 4
 NUM_BLOCKS = 512
+CPU_FLAGS = (
+    "--device", "cpu", "--dtype", "float32", "--block-size", str(BLOCK_SIZE),
+    "--num-gpu-blocks-override", str(NUM_BLOCKS),
+)  # fmt: skip
 
 
 def free_port() -> int:
@@ -48,15 +52,20 @@ def child_pids(pid: int) -> list[int]:
 class Server:
     """A running `minivllm serve`; `request` does raw HTTP (http.client, stdlib)."""
 
-    def __init__(self, model_dir: str, log_path: str, *flags: str, env: dict | None = None):
+    def __init__(
+        self,
+        model_dir: str,
+        log_path: str,
+        *flags: str,
+        env: dict | None = None,
+        engine_flags: tuple[str, ...] = CPU_FLAGS,
+    ):
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         cmd = [
             sys.executable, "-m", "minivllm", "serve", model_dir, "--port", str(self.port),
-            "--served-model-name", MODEL_NAME, "other-name", "--device", "cpu",
-            "--dtype", "float32", "--block-size", str(BLOCK_SIZE),
-            "--num-gpu-blocks-override", str(NUM_BLOCKS), "--disable-uvicorn-access-log",
-            "--timeout-graceful-shutdown", "5", *flags,
+            "--served-model-name", MODEL_NAME, "other-name", *engine_flags,
+            "--disable-uvicorn-access-log", "--timeout-graceful-shutdown", "5", *flags,
         ]  # fmt: skip
         self.log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
