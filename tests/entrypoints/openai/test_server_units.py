@@ -1,0 +1,77 @@
+"""In-process pieces of the server: request -> SamplingParams, chat template and
+generation-config flags, logprob shapes."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+from transformers import AutoTokenizer
+
+from minivllm.engine.types import Logprob
+from minivllm.entrypoints.async_llm import _generation_defaults
+from minivllm.entrypoints.openai.api_server import load_chat_template
+from minivllm.entrypoints.openai.errors import APIError
+from minivllm.entrypoints.openai.logprobs import chat_logprobs, completion_logprobs
+from minivllm.entrypoints.openai.params import sampling_params
+from minivllm.entrypoints.openai.protocol import CompletionRequest
+
+
+def _params(body: dict, defaults: dict | None = None, num_prompt: int = 10):
+    req = CompletionRequest.model_validate({"prompt": "x", **body})
+    return sampling_params(req, defaults or {}, num_prompt, 512, req.max_tokens, req.logprobs)
+
+
+def test_request_values_override_generation_defaults() -> None:
+    defaults = {"temperature": 0.6, "top_p": 0.95, "top_k": 20}
+    params = _params({"temperature": 0.0}, defaults)
+    assert (params.temperature, params.top_p, params.top_k) == (0.0, 0.95, 20)
+    assert _params({}, defaults).temperature == 0.6
+
+
+def test_max_tokens_defaults_to_and_is_capped_at_the_room_left() -> None:
+    assert _params({}, num_prompt=500).max_tokens == 12
+    assert _params({"max_tokens": 1000}, num_prompt=500).max_tokens == 12
+    assert _params({"max_tokens": 5}, num_prompt=500).max_tokens == 5
+    with pytest.raises(APIError, match="max_tokens"):
+        _params({"max_tokens": -1})
+
+
+def test_chat_template_flag(tmp_path) -> None:
+    path = tmp_path / "t.jinja"
+    path.write_text("{{ messages[0]['content'] }}")
+    assert load_chat_template(str(path)) == "{{ messages[0]['content'] }}"
+    assert load_chat_template("{% if x %}{% endif %}") == "{% if x %}{% endif %}"
+    assert load_chat_template(None) is None
+    with pytest.raises(ValueError, match="neither a file"):
+        load_chat_template("no-such-file")
+
+
+def test_generation_config_flag(tiny_qwen3_dir, tmp_path) -> None:
+    engine = SimpleNamespace(tokenizer=AutoTokenizer.from_pretrained(tiny_qwen3_dir))
+    other = tmp_path / "gen"
+    other.mkdir()
+    (other / "generation_config.json").write_text(json.dumps({"temperature": 0.3}))
+    model_defaults = _generation_defaults(tiny_qwen3_dir, "auto", engine)
+    assert len(model_defaults.eos_token_ids) == 2  # <|im_end|> and <|endoftext|>
+    assert _generation_defaults(tiny_qwen3_dir, "vllm", engine).sampling == {}
+    custom = _generation_defaults(tiny_qwen3_dir, str(other), engine)
+    assert custom.sampling == {"temperature": 0.3}
+    assert custom.eos_token_ids == model_defaults.eos_token_ids
+
+
+def test_logprob_shapes(tiny_qwen3_dir) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_qwen3_dir)
+    entry = {
+        7: Logprob(-0.5, 2, "a"),
+        9: Logprob(-0.1, 1, "bc"),
+        3: Logprob(-float("inf"), 2, "d"),
+    }
+    out = completion_logprobs([5, 7], [None, entry], 1, tokenizer)
+    assert out["token_logprobs"] == [None, -0.5] and out["top_logprobs"][0] is None
+    assert out["top_logprobs"][1] == {"a": -0.5, "bc": -0.1}  # sampled first, then top 1
+    assert out["text_offset"][1] == len(out["tokens"][0])
+    chat = chat_logprobs([7], [entry], 3)["content"][0]
+    assert chat["token"] == "a" and chat["bytes"] == [97]
+    assert [t["logprob"] for t in chat["top_logprobs"]] == [-0.5, -0.1, -9999.0]
