@@ -110,7 +110,11 @@ class EngineCoreClient:
                 )
         msg = self._conn.recv()
         if msg[0] == "failed":
-            raise EngineCoreError(f"the engine core failed to start: {msg[1]}")
+            _, is_user_error, message = msg
+            # A bad option or model stays a ValueError, which the CLI prints in one line.
+            raise (ValueError if is_user_error else EngineCoreError)(
+                f"the engine core failed to start: {message}"
+            )
         return msg[1]
 
     def _write_loop(self) -> None:

@@ -5,9 +5,9 @@ Started by core_client.EngineCoreClient as `python -m minivllm.engine.core_proce
 
   in:  ("config", EngineConfig) once, then ("add", [(req_id, prompt_ids, params, arrival)]),
        ("abort", [req_id]), ("shutdown",)
-  out: ("ready", CoreInfo) | ("failed", message) once, then one ("outputs", [EngineOutput
-       fields as a tuple], EngineStats) per step, ("rejected", req_id, message), and
-       ("dead", message) before exiting on a failed step
+  out: ("ready", CoreInfo) | ("failed", is_user_error, message) once, then one
+       ("outputs", [EngineOutput fields as a tuple], EngineStats) per step,
+       ("rejected", req_id, message), and ("dead", message) before exiting on a failed step
 
 End of file on the socket means the parent is gone: the process exits.
 """
@@ -80,8 +80,10 @@ def serve(conn: Connection) -> int:
     try:
         core = EngineCore(config)
     except Exception as e:  # noqa: BLE001 - reported to the parent, which raises it
-        logger.exception("engine core failed to start")
-        conn.send(("failed", f"{type(e).__name__}: {e}"))
+        is_user_error = isinstance(e, (ValueError, TypeError))
+        if not is_user_error:
+            logger.exception("engine core failed to start")
+        conn.send(("failed", is_user_error, f"{type(e).__name__}: {e}"))
         return 1
     info = CoreInfo(
         max_model_len=core.max_model_len,

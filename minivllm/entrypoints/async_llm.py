@@ -12,14 +12,14 @@ from typing import Any, Protocol
 
 from transformers import AutoTokenizer
 
-from minivllm.config import EngineConfig
+from minivllm.config import EngineConfig, ModelConfig
 from minivllm.engine.core_client import EngineCoreClient
 from minivllm.engine.stats import CoreInfo, EngineStats
 from minivllm.engine.types import EngineOutput
 from minivllm.entrypoints.generation_config import GenerationDefaults, read_generation_defaults
 from minivllm.entrypoints.output_processor import OutputProcessor
 from minivllm.outputs import RequestOutput
-from minivllm.sampling_params import SamplingParams
+from minivllm.sampling_params import SamplingParams, check_logprobs_limit
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +63,7 @@ class AsyncLLM:
         observer: EngineObserver | None = None,
     ) -> None:
         self.config = config
+        ModelConfig.from_hf(config.model)  # a bad model directory fails here, in one line
         self.tokenizer = AutoTokenizer.from_pretrained(config.tokenizer or config.model)
         self.generation_defaults = _generation_defaults(config.model, generation_config, self)
         self.output_processor = OutputProcessor(self.tokenizer, stream=True)
@@ -102,6 +103,7 @@ class AsyncLLM:
                 raise ValueError(
                     f"prompt token id {token_id!r} is outside the vocabulary [0, {info.vocab_size})"
                 )
+        check_logprobs_limit(params, self.config.max_logprobs, info.vocab_size)
         if len(prompt_token_ids) >= info.max_model_len:
             raise ValueError(
                 f"This model's maximum context length is {info.max_model_len} tokens, and the "
