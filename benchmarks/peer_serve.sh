@@ -44,13 +44,13 @@ stop() {  # pid
 }
 
 PYTHONPATH=$VSITE setsid python3 -m vllm.entrypoints.cli.main serve $MODEL --load-format dummy \
-  --max-model-len 4096 --port 8011 > "$OUT/vllm_serve.log" 2>&1 &
+  --max-model-len 4096 --port 8011 --disable-uvicorn-access-log > "$OUT/vllm_serve.log" 2>&1 &
 vpid=$!
 wait_healthy 8011 240 && bench vllm 8011
 stop $vpid
 
 PYTHONPATH=$VSITE:$PWD setsid python3 -m minivllm serve $MODEL --load-format dummy \
-  --max-model-len 4096 --port 8012 > "$OUT/minivllm_serve.log" 2>&1 &
+  --max-model-len 4096 --port 8012 --disable-log-requests --disable-uvicorn-access-log > "$OUT/minivllm_serve.log" 2>&1 &
 mpid=$!
 wait_healthy 8012 240 && bench minivllm 8012
 curl -s http://127.0.0.1:8012/metrics | grep -E "^minivllm:(num_preemptions|prefix_cache|generation_tokens|request_success)" | head -12
