@@ -1,18 +1,16 @@
-"""HF transformers `generate_batch` (continuous batching) on the headline workload, the second
-peer of PERF.md. Random Qwen3-0.6B-shaped weights (speed does not depend on them). As in
-PERF.md's figure, every request runs to 1,024 new tokens (one GenerationConfig for the batch);
-output tok/s counts the tokens actually generated. Prints one JSON line."""
+"""HF transformers `generate_batch` (continuous batching) on the headline workload
+(docs/performance.md), the second peer. Random Qwen3-0.6B-shaped weights (speed does not
+depend on them). As in the published figure, every request runs to 1,024 new tokens (one
+GenerationConfig for the batch); output tok/s counts the tokens actually generated. Prints one
+JSON line."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import dummy_model_dir, headline_workload  # noqa: E402
+from common import dummy_model_dir, headline_workload
 
 
 def main() -> None:

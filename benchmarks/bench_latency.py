@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import dummy_model_dir  # noqa: E402
+from common import dummy_model_dir
 
 
 def main() -> None:

@@ -20,8 +20,7 @@ import sys
 import time
 import urllib.request
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import dummy_model_dir  # noqa: E402
+from common import dummy_model_dir
 
 
 def _free_port() -> int:

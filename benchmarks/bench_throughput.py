@@ -8,11 +8,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import dummy_model_dir, headline_workload, measure_bandwidth, roofline_seconds  # noqa: E402
+from common import dummy_model_dir, headline_workload, measure_bandwidth, roofline_seconds
 
 
 class StepTimer:

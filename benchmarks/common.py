@@ -2,33 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-from importlib import resources
 
-
-def make_dummy_model_dir(name: str, out_dir: str) -> str:
-    """Writes config.json (shipped real hyperparameters) and a full-vocabulary word-level
-    tokenizer, for load_format="dummy" runs without a checkpoint."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    os.makedirs(out_dir, exist_ok=True)
-    src = resources.files("minivllm") / "configs" / f"{name}.json"
-    with resources.as_file(src) as path:
-        shutil.copy(path, os.path.join(out_dir, "config.json"))
-    with open(os.path.join(out_dir, "config.json")) as f:
-        cfg = json.load(f)
-    if not os.path.exists(os.path.join(out_dir, "tokenizer.json")):
-        vocab = {f"t{i}": i for i in range(cfg["vocab_size"])}
-        tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0"))
-        tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-        eos = f"t{cfg['eos_token_id']}"
-        PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos, pad_token=eos).save_pretrained(
-            out_dir
-        )
-    return out_dir
+from minivllm.tiny_model import make_dummy_model_dir
 
 
 def dummy_model_dir(name: str) -> str:
@@ -39,7 +15,8 @@ def dummy_model_dir(name: str) -> str:
 
 
 def headline_workload(num_seqs: int = 256, seed: int = 0) -> tuple[list[list[int]], list[int]]:
-    """PERF.md's workload: prompts of 100-1024 random ids in [0, 10000], outputs of 100-1024."""
+    """The headline workload (docs/performance.md): prompts of 100-1024 random ids in [0, 10000],
+    outputs of 100-1024."""
     import random
 
     random.seed(seed)

@@ -15,12 +15,10 @@ import gc
 import json
 import os
 import random
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import make_dummy_model_dir  # noqa: E402
+from common import make_dummy_model_dir
 
 
 def random_model_dir(num_layers: int) -> str:

@@ -17,6 +17,7 @@ from torch import nn
 
 from minivllm.attention.base import AttentionBackend
 from minivllm.config import ModelConfig
+from minivllm.layers.dispatch import use_triton_kernels
 from minivllm.layers.linear import default_weight_loader
 from minivllm.layers.norm import RMSNorm
 from minivllm.models.registry import get_model_class
@@ -35,7 +36,9 @@ def build_model(
     ("auto": safetensors from model_dir; "dummy": random, seeded)."""
     model_class = get_model_class(model_config.architecture)
     with torch.device(device):
-        model = model_class(model_config, attn_backend, dtype=dtype)
+        model = model_class(
+            model_config, attn_backend, dtype=dtype, use_triton=use_triton_kernels(device)
+        )
     if load_format == "dummy":
         load_dummy_weights(model, seed)
     elif load_format == "auto":

@@ -1,13 +1,15 @@
-"""A tiny random-weight HF checkpoint plus a tiny byte-level BPE tokenizer, built locally.
-
-Tests and the CLI use it so that nothing is ever downloaded. Deterministic for a given seed.
+"""Model directories built locally, so that nothing is ever downloaded: a tiny random-weight HF
+checkpoint with a tiny byte-level BPE tokenizer (tests, the CLI; deterministic for a given
+seed), and weightless directories of the shipped real configs (load_format="dummy" runs).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
+from importlib import resources
 from typing import Any
 
 import torch
@@ -150,4 +152,27 @@ def default_tiny_model_dir() -> str:
             os.rename(tmp_dir, out_dir)
         except OSError:  # another process won the race
             shutil.rmtree(tmp_dir, ignore_errors=True)
+    return out_dir
+
+
+def make_dummy_model_dir(name: str, out_dir: str) -> str:
+    """Writes config.json (minivllm/configs/<name>.json: real hyperparameters, no weights) and
+    a full-vocabulary word-level tokenizer into out_dir, for load_format="dummy" runs."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    os.makedirs(out_dir, exist_ok=True)
+    src = resources.files("minivllm") / "configs" / f"{name}.json"
+    with resources.as_file(src) as path:
+        shutil.copy(path, os.path.join(out_dir, "config.json"))
+    with open(os.path.join(out_dir, "config.json")) as f:
+        cfg = json.load(f)
+    if not os.path.exists(os.path.join(out_dir, "tokenizer.json")):
+        vocab = {f"t{i}": i for i in range(cfg["vocab_size"])}
+        tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0"))
+        tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+        eos = f"t{cfg['eos_token_id']}"
+        PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos, pad_token=eos).save_pretrained(
+            out_dir
+        )
     return out_dir

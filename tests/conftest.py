@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import torch
 
 # Triton kernels run in the interpreter on a CPU-only machine; this must be set before
-# anything imports triton.
+# anything imports triton (this file is loaded before every test module).
 if not torch.cuda.is_available():
+    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError("triton was imported before TRITON_INTERPRET=1 was set")
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402

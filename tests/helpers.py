@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -31,18 +32,29 @@ def prefill_metadata(
     query_start_loc = [0]
     for seq_len in seq_lens:
         query_start_loc.append(query_start_loc[-1] + seq_len)
-    meta = AttnMetadata(
+    meta = attn_metadata(query_start_loc, seq_lens, block_tables, slots, 0, device)
+    return meta, num_blocks
+
+
+def attn_metadata(
+    query_start_loc: list[int],
+    seq_lens: list[int],
+    block_tables: torch.Tensor,
+    slot_mapping: list[int],
+    num_decode_tokens: int,
+    device: torch.device | str,
+) -> AttnMetadata:
+    """AttnMetadata on `device` (with its host copies) from lists; block_tables int32."""
+    return AttnMetadata(
         query_start_loc=torch.tensor(query_start_loc, dtype=torch.int32, device=device),
         seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
         block_tables=block_tables.to(device),
-        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
-        max_query_len=max(seq_lens),
+        slot_mapping=torch.tensor(slot_mapping, dtype=torch.int64, device=device),
         max_seq_len=max(seq_lens),
-        num_decode_tokens=0,
-        query_start_loc_cpu=query_start_loc,
-        seq_lens_cpu=list(seq_lens),
+        num_decode_tokens=num_decode_tokens,
+        query_start_loc_cpu=np.array(query_start_loc, dtype=np.int32),
+        seq_lens_cpu=np.array(seq_lens, dtype=np.int32),
     )
-    return meta, num_blocks
 
 
 def bind_kv_caches(

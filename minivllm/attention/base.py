@@ -1,7 +1,8 @@
-"""AttnMetadata (one per step) and the attention backend protocol.
+"""AttnMetadata (one per step) and the attention backend protocols.
 
 The model calls `attn(q, k, v, meta)`; the backend writes the new K/V rows into the paged
 cache at `slot_mapping` and computes the new queries' attention over their whole context.
+A backend that can run inside CUDA graphs also owns the static metadata buffers they read.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
 import torch
 
 
@@ -24,12 +26,11 @@ class AttnMetadata:
     seq_lens: torch.Tensor  # [num_seqs] int32, context length including this step's tokens
     block_tables: torch.Tensor  # [num_seqs, max_num_blocks] int32, padded with 0
     slot_mapping: torch.Tensor  # [num_tokens] int64, -1 for padded rows (skipped)
-    max_query_len: int
     max_seq_len: int
     num_decode_tokens: int  # == number of decode requests; they come first
-    # Host copies, so that a backend never syncs to learn lengths.
-    query_start_loc_cpu: list[int] | None = None
-    seq_lens_cpu: list[int] | None = None
+    # Host copies, so that a backend that loops over requests never syncs to learn lengths.
+    query_start_loc_cpu: np.ndarray | None = None
+    seq_lens_cpu: np.ndarray | None = None
 
     @property
     def num_seqs(self) -> int:
@@ -40,6 +41,9 @@ class AttentionBackend(Protocol):
     """Writes K/V into the paged cache and attends over it."""
 
     name: str
+    # Whether forward() of a decode-only batch can be captured in a CUDA graph; if so the
+    # backend is also a CUDAGraphBackend.
+    supports_cuda_graphs: bool
 
     def forward(
         self,
@@ -50,4 +54,24 @@ class AttentionBackend(Protocol):
         meta: AttnMetadata,
         scale: float,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+        ...
+
+
+class CUDAGraphBackend(AttentionBackend, Protocol):
+    """A backend whose decode path can be captured: it owns the static metadata buffers that
+    the captured graphs read, and copies each replayed batch's metadata into them."""
+
+    def init_graph_state(self, max_batch_size: int, max_num_blocks: int) -> None:
+        """Allocates the static buffers for decode batches of up to max_batch_size requests
+        with up to max_num_blocks blocks each."""
+        ...
+
+    def metadata_for_capture(self, batch_size: int) -> AttnMetadata:
+        """Decode metadata of batch_size requests over the static buffers, planned for any
+        context length (a graph serves every length)."""
+        ...
+
+    def prepare_replay(self, batch_size: int, meta: AttnMetadata) -> None:
+        """Copies a live decode batch's metadata (meta.num_seqs <= batch_size requests) into
+        the static buffers; the padding rows up to batch_size write no KV."""
         ...

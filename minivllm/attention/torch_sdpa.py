@@ -6,6 +6,7 @@ calls scaled_dot_product_attention. Slow but obviously right; the ground truth i
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -26,6 +27,8 @@ def store_kv(
 
 class TorchSDPABackend:
     name = "torch_sdpa"
+    # It loops over requests with host-side lengths: not capturable, so it always runs eagerly.
+    supports_cuda_graphs = False
 
     def forward(
         self,
@@ -38,10 +41,9 @@ class TorchSDPABackend:
     ) -> torch.Tensor:
         store_kv(k, v, kv_cache, meta.slot_mapping)
         block_size = kv_cache.shape[2]
-        starts = meta.query_start_loc_cpu
-        if starts is None:
-            starts = meta.query_start_loc.tolist()
-        seq_lens = meta.seq_lens_cpu if meta.seq_lens_cpu is not None else meta.seq_lens.tolist()
+        # Host lengths: from the metadata's host copies when it has them, else one sync.
+        starts = _host_list(meta.query_start_loc_cpu, meta.query_start_loc)
+        seq_lens = _host_list(meta.seq_lens_cpu, meta.seq_lens)
         out = torch.empty_like(q)
         group = q.shape[1] // kv_cache.shape[3]
         for i, seq_len in enumerate(seq_lens):
@@ -65,3 +67,7 @@ class TorchSDPABackend:
             )
             out[q_start:q_end] = o.transpose(0, 1).to(q.dtype)
         return out
+
+
+def _host_list(host: np.ndarray | None, device_tensor: torch.Tensor) -> list[int]:
+    return (host if host is not None else device_tensor).tolist()

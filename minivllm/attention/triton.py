@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from minivllm.attention.base import AttnMetadata
+from minivllm.attention.graph_state import DecodeGraphState
 from minivllm.kernels.decode_attention import MAX_SPLITS, choose_num_splits, decode_attention
 from minivllm.kernels.kv_store import store_kv
 from minivllm.kernels.prefill_attention import prefill_attention
@@ -21,6 +22,7 @@ class TritonBackend:
     once, so the decode path allocates nothing but its output and is graph-capturable."""
 
     name = "triton"
+    supports_cuda_graphs = True
 
     def __init__(
         self,
@@ -29,21 +31,19 @@ class TritonBackend:
         num_heads: int,
         head_dim: int,
         device: torch.device | str,
-        dtype: torch.dtype = torch.bfloat16,
         max_splits: int = MAX_SPLITS,
     ) -> None:
         if max_num_seqs < 1 or max_model_len < 1 or num_heads < 1 or head_dim < 1:
             raise ValueError("max_num_seqs, max_model_len, num_heads and head_dim must be >= 1")
         if not 1 <= max_splits <= 256:
             raise ValueError(f"max_splits must be in [1, 256], got {max_splits}")
-        device = torch.device(device)
+        self.device = torch.device(device)
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
-        self.dtype = dtype
         self.max_splits = max_splits
         self.num_sms = (
-            torch.cuda.get_device_properties(device).multi_processor_count
-            if device.type == "cuda"
+            torch.cuda.get_device_properties(self.device).multi_processor_count
+            if self.device.type == "cuda"
             else _DEFAULT_NUM_SMS
         )
         # Partition outputs (normalized) and their log2-sum-exp, float32.
@@ -53,12 +53,26 @@ class TritonBackend:
         self.mid_lse = torch.empty(
             max_num_seqs, num_heads, max_splits, dtype=torch.float32, device=device
         )
+        self.graph_state: DecodeGraphState | None = None
+
+    # ---- CUDA graphs (CUDAGraphBackend) ---------------------------------------------------
+
+    def init_graph_state(self, max_batch_size: int, max_num_blocks: int) -> None:
+        self.graph_state = DecodeGraphState(
+            max_batch_size, max_num_blocks, self.max_model_len, self.device
+        )
+
+    def metadata_for_capture(self, batch_size: int) -> AttnMetadata:
+        # Its max_seq_len is max_model_len: the split-KV plan of the graph fits every length.
+        return self.graph_state.metadata(batch_size)
+
+    def prepare_replay(self, batch_size: int, meta: AttnMetadata) -> None:
+        self.graph_state.copy_in(batch_size, meta)
+
+    # ---- attention ------------------------------------------------------------------------
 
     def num_splits(self, num_seqs: int, num_kv_heads: int, max_seq_len: int) -> int:
-        """Split-KV partitions for a decode batch. While a CUDA graph is being captured the
-        live lengths are unknown, so it plans for max_model_len (still correct when shorter)."""
-        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-            max_seq_len = self.max_model_len
+        """Split-KV partitions for a decode batch whose longest context is max_seq_len."""
         return choose_num_splits(num_seqs, num_kv_heads, max_seq_len, self.num_sms, self.max_splits)
 
     def forward(

@@ -25,7 +25,6 @@ class StepInputs:
     block_tables: np.ndarray  # [num_seqs, max_num_blocks] int32, padded with 0
     logits_indices: np.ndarray  # [num_sampled] int64, last row of each sampling chunk
     sample_req_ids: list[str]  # aligned with logits_indices
-    max_query_len: int
     max_seq_len: int
     num_decode_tokens: int
 
@@ -73,7 +72,6 @@ def prepare_inputs(
         block_tables=block_tables,
         logits_indices=logits_indices,
         sample_req_ids=[chunks[i].req_id for i in sampled],
-        max_query_len=int(query_lens.max()),
         max_seq_len=int(seq_lens.max()),
         num_decode_tokens=sched_out.num_decode_chunks,
     )

@@ -1,48 +1,74 @@
-"""KV cache sizing and allocation: one allocation, one view per layer of shape
-[2, num_blocks, block_size, kv_heads, head_dim]."""
+"""The paged KV cache of one rank: its shape (KVCacheSpec), its allocation (one tensor, one
+[2, num_blocks, block_size, kv_heads, head_dim] view per layer) and binding it to the layers."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from minivllm.config import ModelConfig
+from minivllm.layers.attention import Attention
 
 
-def num_local_kv_heads(model_config: ModelConfig, tp_size: int) -> int:
-    # Fewer KV heads than ranks: each rank keeps one (replicated) head.
-    return max(1, model_config.num_key_value_heads // tp_size)
+@dataclass(frozen=True)
+class KVCacheSpec:
+    """Everything about one rank's KV cache but its number of blocks."""
+
+    num_layers: int
+    block_size: int
+    num_kv_heads: int  # on this rank
+    head_dim: int
+    dtype: torch.dtype
+    device: torch.device
+
+    @classmethod
+    def for_model(
+        cls,
+        model_config: ModelConfig,
+        block_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        tp_size: int,
+    ) -> KVCacheSpec:
+        # Fewer KV heads than ranks: each rank keeps one (replicated) head.
+        num_kv_heads = max(1, model_config.num_key_value_heads // tp_size)
+        return cls(
+            model_config.num_hidden_layers,
+            block_size,
+            num_kv_heads,
+            model_config.head_dim,
+            dtype,
+            device,
+        )
+
+    @property
+    def bytes_per_block(self) -> int:
+        """Bytes of K and V for one block across all layers."""
+        element_size = torch.empty(0, dtype=self.dtype).element_size()
+        per_token = 2 * self.num_kv_heads * self.head_dim * element_size
+        return self.num_layers * self.block_size * per_token
+
+    def num_blocks_for(self, budget_bytes: int) -> int:
+        return max(0, budget_bytes // self.bytes_per_block)
+
+    def allocate(self, num_blocks: int) -> list[torch.Tensor]:
+        """One tensor per layer: [2, num_blocks, block_size, num_kv_heads, head_dim]."""
+        shape = (
+            self.num_layers,
+            2,
+            num_blocks,
+            self.block_size,
+            self.num_kv_heads,
+            self.head_dim,
+        )
+        # Zeros, not empty: padded decode rows of a CUDA graph read block 0 and must not see NaN.
+        cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        return list(cache.unbind(0))
 
 
-def bytes_per_block(
-    model_config: ModelConfig, block_size: int, dtype: torch.dtype, tp_size: int
-) -> int:
-    """Bytes of K and V for one block across all layers, on one rank."""
-    per_token = 2 * num_local_kv_heads(model_config, tp_size) * model_config.head_dim
-    element_size = torch.empty(0, dtype=dtype).element_size()
-    return model_config.num_hidden_layers * block_size * per_token * element_size
-
-
-def num_blocks_for_budget(budget_bytes: int, block_bytes: int) -> int:
-    return max(0, budget_bytes // block_bytes)
-
-
-def allocate_kv_caches(
-    model_config: ModelConfig,
-    num_blocks: int,
-    block_size: int,
-    dtype: torch.dtype,
-    device: torch.device,
-    tp_size: int,
-) -> list[torch.Tensor]:
-    """Returns one tensor per layer: [2, num_blocks, block_size, num_kv_heads, head_dim]."""
-    shape = (
-        model_config.num_hidden_layers,
-        2,
-        num_blocks,
-        block_size,
-        num_local_kv_heads(model_config, tp_size),
-        model_config.head_dim,
-    )
-    # Zeros, not empty: padded decode rows of a CUDA graph read block 0 and must not see NaN.
-    cache = torch.zeros(shape, dtype=dtype, device=device)
-    return list(cache.unbind(0))
+def bind_kv_caches(layers: Sequence[Attention], caches: Sequence[torch.Tensor]) -> None:
+    """Gives each attention layer its cache (layer order); empty tensors unbind them."""
+    for layer, cache in zip(layers, caches, strict=True):
+        layer.kv_cache = cache

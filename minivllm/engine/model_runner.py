@@ -15,12 +15,15 @@ from minivllm.attention.base import AttnMetadata
 from minivllm.attention.selector import get_attn_backend
 from minivllm.config import EngineConfig, ModelConfig
 from minivllm.engine.block_table import BlockTable
+from minivllm.engine.cuda_graph import CUDAGraphRunner
 from minivllm.engine.device_inputs import to_device
 from minivllm.engine.input_prep import StepInputs, prepare_inputs
-from minivllm.engine.kv_cache import allocate_kv_caches, bytes_per_block, num_blocks_for_budget
+from minivllm.engine.kv_cache import KVCacheSpec, bind_kv_caches
+from minivllm.engine.profiling import profile_kv_budget
 from minivllm.engine.prompt_logprobs import PromptLogprobsJob, PromptLogprobsTracker
 from minivllm.engine.sampling_state import SamplingState
 from minivllm.engine.types import RunnerOutput, SchedulerOutput
+from minivllm.layers.dispatch import use_triton_kernels
 from minivllm.layers.sampler import Sampler, SamplerOutput
 from minivllm.model_loader import build_model
 
@@ -62,12 +65,13 @@ class ModelRunner:
             load_format=config.load_format,
             seed=config.seed,
         )
-        self.sampler = Sampler()
+        self.sampler = Sampler(use_triton_kernels(device))
         self.sampling_state = SamplingState(device, seed=config.seed)
         self.prompt_logprobs = PromptLogprobsTracker()
         self.block_table = BlockTable(-(-max_model_len // self.block_size), config.max_num_seqs)
+        self.kv_spec = KVCacheSpec.for_model(model_config, self.block_size, dtype, device, tp_size)
         self.kv_caches: list[torch.Tensor] = []
-        self.graphs = None  # a CUDAGraphRunner once captured
+        self.graphs: CUDAGraphRunner | None = None  # once captured
         # The last step's sampled ids [num_sampled] on the device, and their req_ids.
         self._last_sampled: tuple[torch.Tensor, list[str]] | None = None
         self._host_ids: list[torch.Tensor] | None = None
@@ -84,25 +88,40 @@ class ModelRunner:
         """How many KV blocks fit: an override, a byte budget on the CPU, profiling on CUDA."""
         if self.config.num_gpu_blocks_override is not None:
             return self.config.num_gpu_blocks_override
-        block_bytes = bytes_per_block(self.model_config, self.block_size, self.dtype, self.tp_size)
         if self.device.type != "cuda":
-            return num_blocks_for_budget(self.config.kv_cache_memory, block_bytes)
-        from minivllm.engine.profiling import profile_kv_budget
-
-        budget = profile_kv_budget(self, self.config.gpu_memory_utilization)
-        return num_blocks_for_budget(budget, block_bytes)
+            return self.kv_spec.num_blocks_for(self.config.kv_cache_memory)
+        budget = profile_kv_budget(
+            self.run_model,
+            self.model.attention_layers(),
+            self.kv_spec,
+            self.config.max_num_batched_tokens,
+            self.config.max_num_seqs,
+            self.max_model_len,
+            self.config.gpu_memory_utilization,
+        )
+        return self.kv_spec.num_blocks_for(budget)
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
-        self.kv_caches = allocate_kv_caches(
-            self.model_config, num_blocks, self.block_size, self.dtype, self.device, self.tp_size
-        )
-        for layer, cache in zip(self.model.attention_layers(), self.kv_caches, strict=True):
-            layer.kv_cache = cache
+        self.kv_caches = self.kv_spec.allocate(num_blocks)
+        bind_kv_caches(self.model.attention_layers(), self.kv_caches)
+        backend = self.attn_backend
         if self.device.type == "cuda" and not self.config.enforce_eager:
-            from minivllm.engine.cuda_graph import CUDAGraphRunner
+            if backend.supports_cuda_graphs:
+                self.graphs = self._capture_graphs()
+            else:
+                logger.info("attention backend %s runs without CUDA graphs", backend.name)
 
-            self.graphs = CUDAGraphRunner(self, num_blocks)
-            self.graphs.capture()
+    def _capture_graphs(self) -> CUDAGraphRunner:
+        config = self.config
+        graphs = CUDAGraphRunner(
+            self.model,
+            self.attn_backend,
+            max_batch_size=min(config.max_num_seqs, config.max_cuda_graph_batch_size),
+            max_num_blocks=-(-self.max_model_len // self.block_size),
+            device=self.device,
+        )
+        graphs.capture()
+        return graphs
 
     # ---- one step -------------------------------------------------------------------------
 
@@ -124,7 +143,7 @@ class ModelRunner:
         logits = self.run_model(inputs, sched_out, extra_rows)
         req_ids = inputs.sample_req_ids
         num_sampled = len(req_ids)
-        sampling_meta = self.sampling_state.build_metadata(req_ids, self.device)
+        sampling_meta = self.sampling_state.build_metadata(req_ids)
         sampler_out = self.sampler(logits[:num_sampled], sampling_meta)
         # The next step's placeholders (async scheduling) are filled from these.
         self._last_sampled = (sampler_out.sampled_token_ids, req_ids)
@@ -152,10 +171,6 @@ class ModelRunner:
         self._num_steps += 1
         return self._host_ids[self._num_steps % len(self._host_ids)]
 
-    def prepare(self, sched_out: SchedulerOutput) -> StepInputs:
-        # Transitional: the TP workers of the last commit call prepare + compute_logits.
-        return prepare_inputs(sched_out, self.block_size, self.block_table)
-
     @torch.inference_mode()
     def run_model(
         self,
@@ -166,19 +181,23 @@ class ModelRunner:
         """Runs the model over the step's tokens; returns logits [num_sampled (+ extra), vocab]
         for the sampled rows, then for extra_rows (prompt logprobs)."""
         dev = self.to_device(inputs, sched_out, extra_rows)
-        if extra_rows is None and self.graphs is not None and self.graphs.can_run(inputs):
-            return self.graphs.run(dev, inputs.num_tokens)
         meta = AttnMetadata(
             query_start_loc=dev["query_start_loc"],
             seq_lens=dev["seq_lens"],
             block_tables=dev["block_tables"],
             slot_mapping=dev["slot_mapping"],
-            max_query_len=inputs.max_query_len,
             max_seq_len=inputs.max_seq_len,
             num_decode_tokens=inputs.num_decode_tokens,
-            query_start_loc_cpu=inputs.query_start_loc.tolist(),
-            seq_lens_cpu=inputs.seq_lens.tolist(),
+            query_start_loc_cpu=inputs.query_start_loc,
+            seq_lens_cpu=inputs.seq_lens,
         )
+        num_sampled = len(inputs.sample_req_ids)
+        if (
+            extra_rows is None
+            and self.graphs is not None
+            and self.graphs.can_run(inputs.num_tokens, inputs.num_decode_tokens, num_sampled)
+        ):
+            return self.graphs.run(dev["input_ids"], dev["positions"], meta)
         hidden = self.model(dev["input_ids"], dev["positions"], meta)
         return self.model.compute_logits(hidden[dev["logits_indices"]])
 
@@ -216,8 +235,6 @@ class ModelRunner:
         if placeholder_rows.size:
             dev["input_ids"][dev["placeholder_rows"]] = prev_sampled[dev["prev_rows"]]
         return dev
-
-    compute_logits = run_model  # transitional, see prepare
 
 
 class StepHandle:

@@ -4,13 +4,15 @@ and `gpu_memory_utilization` of the card minus everything else given to the cach
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 
 import torch
 
 from minivllm.engine.block_table import BlockTable
-from minivllm.engine.input_prep import prepare_inputs
-from minivllm.engine.kv_cache import allocate_kv_caches
+from minivllm.engine.input_prep import StepInputs, prepare_inputs
+from minivllm.engine.kv_cache import KVCacheSpec, bind_kv_caches
 from minivllm.engine.types import ScheduledChunk, SchedulerOutput
+from minivllm.layers.attention import Attention
 
 logger = logging.getLogger(__name__)
 
@@ -31,42 +33,42 @@ def dummy_step(
     return SchedulerOutput(chunks=[c for c in chunks if c.token_ids], num_decode_chunks=0)
 
 
-def profile_kv_budget(runner, gpu_memory_utilization: float) -> int:
-    """Returns the bytes the KV cache may take on this rank's GPU."""
-    config = runner.config
-    num_tokens = config.max_num_batched_tokens
-    num_seqs = min(config.max_num_seqs, num_tokens)
-    sched_out = dummy_step(num_tokens, num_seqs, runner.max_model_len, runner.block_size)
+def profile_kv_budget(
+    run_model: Callable[[StepInputs], torch.Tensor],
+    attention_layers: Sequence[Attention],
+    kv_spec: KVCacheSpec,
+    max_num_batched_tokens: int,
+    max_num_seqs: int,
+    max_model_len: int,
+    gpu_memory_utilization: float,
+) -> int:
+    """Returns the bytes the KV cache may take on this rank's GPU.
+
+    run_model runs the model over a step's inputs (ModelRunner.run_model); the layers get a
+    throwaway cache just large enough for the dummy step, unbound again afterwards.
+    """
+    num_seqs = min(max_num_seqs, max_num_batched_tokens)
+    sched_out = dummy_step(max_num_batched_tokens, num_seqs, max_model_len, kv_spec.block_size)
     num_blocks = sum(len(c.new_block_ids) for c in sched_out.chunks)
+    max_blocks = -(-max_model_len // kv_spec.block_size)
+    inputs = prepare_inputs(sched_out, kv_spec.block_size, BlockTable(max_blocks, num_seqs))
 
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     free_before, total = torch.cuda.mem_get_info()
     allocated_before = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
-    # A throwaway cache just large enough for the dummy batch.
-    caches = allocate_kv_caches(
-        runner.model_config,
-        num_blocks,
-        runner.block_size,
-        runner.dtype,
-        runner.device,
-        runner.tp_size,
-    )
-    cache_bytes = sum(c.numel() * c.element_size() for c in caches)
-    for layer, cache in zip(runner.model.attention_layers(), caches, strict=True):
-        layer.kv_cache = cache
-    max_blocks = -(-runner.max_model_len // runner.block_size)
-    inputs = prepare_inputs(sched_out, runner.block_size, BlockTable(max_blocks, num_seqs))
-    logits = runner.run_model(inputs)
+    caches = kv_spec.allocate(num_blocks)
+    cache_bytes = num_blocks * kv_spec.bytes_per_block
+    bind_kv_caches(attention_layers, caches)
+    logits = run_model(inputs)
     torch.cuda.synchronize()
     # Top-p sorting and softmax take a few float32 copies of the logits on top.
     sampler_bytes = 4 * logits.shape[0] * logits.shape[1] * 4
     peak_activation = (
         torch.cuda.max_memory_allocated() - allocated_before - cache_bytes + sampler_bytes
     )
-    for layer in runner.model.attention_layers():
-        layer.kv_cache = torch.empty(0)
+    bind_kv_caches(attention_layers, [torch.empty(0)] * len(caches))
     del caches, logits
     torch.cuda.empty_cache()
 

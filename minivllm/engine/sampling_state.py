@@ -1,7 +1,7 @@
 """The runner's per-request sampling state: params, output ids, seeded generators.
 
-It turns a step's rows into SamplingMetadata for the Sampler (with the fused sampler's per-step
-seeds and offsets) and the sampler's logprob tensors back into plain LogprobsDicts.
+It turns a step's rows into SamplingMetadata for the Sampler (with the per-step keys of the
+Triton sampler's draws) and the sampler's logprob tensors back into plain LogprobsDicts.
 """
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from minivllm.engine.device_inputs import list_to_device
 from minivllm.engine.types import Logprob, LogprobsDict, NewRequestData
+from minivllm.layers.dispatch import use_triton_kernels
 from minivllm.layers.sampler import SamplerOutput, SamplingMetadata, gather_logprobs
 from minivllm.sampling_params import SamplingParams
 
@@ -33,15 +35,17 @@ class _RequestState:
 class SamplingState:
     """What the runner remembers per request to sample it; keyed by req_id.
 
-    Randomness of the fused sampler (plain batches on CUDA): a row's draw depends only on its
-    (seed, offset). A seeded request uses (params.seed, num_sampled << 32), so it repeats its
-    tokens alone or in any plain batch. Unseeded rows share one fresh 63-bit seed per step, drawn
-    on the CPU from a generator seeded with `seed`, and use offset row << 32 (distinct per row).
-    Non-plain batches use the torch path: per-request torch generators for seeded rows.
+    Randomness of the Triton sampler (on CUDA: every batch with random rows): a row's draw
+    depends only on its key (seed, offset). A seeded request uses (params.seed, num_sampled <<
+    32), so it repeats its tokens alone or in any batch. Unseeded rows share one fresh 63-bit
+    seed per step, drawn on the CPU from a generator seeded with `seed`, and use offset row <<
+    32 (distinct per row). The torch sampler (CPU) uses per-request torch generators for seeded
+    rows; plain batches get keys there too (the Triton sampler in tests).
     """
 
     def __init__(self, device: torch.device | str, seed: int = 0) -> None:
         self.device = torch.device(device)
+        self.keyed_draws = use_triton_kernels(self.device)
         self.requests: dict[str, _RequestState] = {}
         self._step_generator = torch.Generator().manual_seed(seed)
         # (req_ids, metadata) of the last step, when it can be reused as is.
@@ -61,9 +65,6 @@ class SamplingState:
     def remove(self, req_id: str) -> None:
         self.requests.pop(req_id, None)
 
-    def append_token(self, req_id: str, token_id: int) -> None:
-        self.requests[req_id].output_token_ids.append(token_id)
-
     def append_tokens(self, req_ids: list[str], token_ids: list[int]) -> None:
         """Records a step's tokens; requests removed meanwhile (async scheduling) are skipped."""
         for req_id, token_id in zip(req_ids, token_ids, strict=True):
@@ -71,9 +72,7 @@ class SamplingState:
             if state is not None:
                 state.output_token_ids.append(token_id)
 
-    def build_metadata(
-        self, req_ids: list[str], device: torch.device | str | None = None
-    ) -> SamplingMetadata:
+    def build_metadata(self, req_ids: list[str]) -> SamplingMetadata:
         """SamplingMetadata for rows req_ids (one row per sampled request, in order).
 
         Each call is one sampled token per row: it advances the rows' num_sampled.
@@ -83,23 +82,21 @@ class SamplingState:
         if self._reusable is not None and self._reusable[0] == key:
             meta = self._reusable[1]
         else:
-            meta = self._build_metadata(states, device)
+            meta = self._build_metadata(states)
             # Without penalties or suppressed tokens nothing in it changes while the batch
-            # stays, except the fused sampler's seeds and offsets (replaced below).
+            # stays, except the draw keys (seeds and offsets, replaced below).
             static = meta.no_penalties and meta.suppressed_token_ids is None
             self._reusable = (key, meta) if static else None
-        # On CUDA every batch draws with the fused kernel's keyed noise (plain or not), so a
+        # The Triton sampler draws every batch with keyed noise (plain or not), so that a
         # seeded request's tokens do not depend on its neighbours' sampling options.
-        if (meta.is_plain or meta.temperature.is_cuda) and not meta.all_greedy:
-            meta = replace(meta, **self._draw_tensors(states, meta.temperature.device))
+        if (meta.is_plain or self.keyed_draws) and not meta.all_greedy:
+            meta = replace(meta, **self._draw_tensors(states))
         for s in states:
             s.num_sampled += 1
         return meta
 
-    def _draw_tensors(
-        self, states: list[_RequestState], device: torch.device
-    ) -> dict[str, torch.Tensor]:
-        """This step's seeds and offsets [N] int64 for the fused sampler (one transfer)."""
+    def _draw_tensors(self, states: list[_RequestState]) -> dict[str, torch.Tensor]:
+        """This step's draw keys: seeds and offsets [N] int64 (one transfer)."""
         step_seed = int(torch.randint(2**63 - 1, (), generator=self._step_generator))
         seeds, offsets = [], []
         for row, s in enumerate(states):
@@ -107,15 +104,13 @@ class SamplingState:
                 seeds.append(step_seed)
                 offsets.append(row << DRAW_SHIFT)
             else:
-                seeds.append(_as_int64(s.params.seed))
+                seeds.append(s.params.seed)  # SamplingParams keeps it in int64
                 offsets.append(s.num_sampled << DRAW_SHIFT)
-        both = _to_device([seeds, offsets], torch.int64, device)  # [2, N]
+        both = list_to_device([seeds, offsets], torch.int64, self.device)  # [2, N]
         return {"seeds": both[0], "offsets": both[1]}
 
-    def _build_metadata(
-        self, states: list[_RequestState], device: torch.device | str | None
-    ) -> SamplingMetadata:
-        device = self.device if device is None else torch.device(device)
+    def _build_metadata(self, states: list[_RequestState]) -> SamplingMetadata:
+        device = self.device
         params = [s.params for s in states]
         random_params = [p for p in params if not p.is_greedy]
         has_repetition = any(p.repetition_penalty != 1.0 for p in params)
@@ -221,7 +216,7 @@ def _to_dict(ids: list[int], logprobs: list[float], rank: int, num_logprobs: int
 def _param_tensors(params: list[SamplingParams], device: torch.device) -> dict[str, torch.Tensor]:
     """The per-row [N] parameter tensors of SamplingMetadata."""
     # One transfer for all float parameters: [6, N].
-    floats = _to_device(
+    floats = list_to_device(
         [
             [p.temperature for p in params],
             [p.top_p for p in params],
@@ -242,7 +237,7 @@ def _param_tensors(params: list[SamplingParams], device: torch.device) -> dict[s
         "repetition_penalties",
     )
     tensors = dict(zip(names, floats.unbind(0), strict=True))
-    tensors["top_k"] = _to_device([p.top_k for p in params], torch.int64, device)
+    tensors["top_k"] = list_to_device([p.top_k for p in params], torch.int64, device)
     return tensors
 
 
@@ -259,20 +254,7 @@ def _suppressed_token_ids(states: list[_RequestState], device: torch.device) -> 
     return _padded(rows, device) if any(rows) else None
 
 
-def _as_int64(seed: int) -> int:
-    """Any Python int seed -> the int64 with the same low 64 bits (philox reads 64 bits)."""
-    return (seed + 2**63) % 2**64 - 2**63
-
-
 def _padded(rows: list[list[int]], device: torch.device) -> torch.Tensor:
     """Ragged id lists -> [N, max_len] int64 padded with -1."""
     width = max((len(r) for r in rows), default=0)
-    return _to_device([r + [-1] * (width - len(r)) for r in rows], torch.int64, device)
-
-
-def _to_device(data: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    cpu = torch.tensor(data, dtype=dtype)
-    if device.type == "cuda":
-        # Pinned memory lets the copy run asynchronously instead of stalling the host.
-        return cpu.pin_memory().to(device, non_blocking=True)
-    return cpu.to(device)
+    return list_to_device([r + [-1] * (width - len(r)) for r in rows], torch.int64, device)

@@ -76,16 +76,15 @@ def run_generate(args: argparse.Namespace) -> int:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    """Runs benchmarks/bench_<kind>.py of the source checkout with the remaining arguments."""
-    import runpy
+    """Runs benchmarks/bench_<kind>.py of the source checkout with the remaining arguments,
+    as a script (so that it imports its neighbour benchmarks/common.py as Python does)."""
+    import subprocess
     from pathlib import Path
 
     script = Path(__file__).resolve().parents[2] / "benchmarks" / f"bench_{args.kind}.py"
     if not script.is_file():
         raise ValueError(f"benchmark script not found at {script} (needs a source checkout)")
-    sys.argv = [str(script), *args.rest]
-    runpy.run_path(str(script), run_name="__main__")
-    return 0
+    return subprocess.call([sys.executable, str(script), *args.rest])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,10 +1,13 @@
-"""Input checks shared by the kernel launchers: clear ValueErrors instead of silent garbage."""
+"""What the kernel launchers share: input checks (clear ValueErrors instead of silent
+garbage) and the attention kernels' LOG2E."""
 
 from __future__ import annotations
 
 import torch
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# The attention kernels exponentiate base 2: scores are scaled by scale * LOG2E.
+LOG2E = 1.4426950408889634
 
 
 def check_tensor(
@@ -45,3 +48,26 @@ def check_kv_cache(kv_cache: torch.Tensor) -> None:
 def check_head_dim(head_dim: int) -> None:
     if head_dim < 16 or head_dim > 256:
         raise ValueError(f"head_dim must be in [16, 256] for tl.dot, got {head_dim}")
+
+
+def check_paged_attention(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out: torch.Tensor,
+) -> None:
+    """The checks every paged attention launcher makes: q, out [rows, num_heads, head_dim],
+    kv_cache, block_tables [num_seqs, max_num_blocks] int32, seq_lens [num_seqs] int32."""
+    check_tensor("q", q, 3)
+    check_kv_cache(kv_cache)
+    check_tensor("block_tables", block_tables, 2, (torch.int32,))
+    check_tensor("seq_lens", seq_lens, 1, (torch.int32,))
+    check_tensor("out", out, 3)
+    check_head_dim(q.shape[2])
+    check_same("q.dtype", q.dtype, "kv_cache.dtype", kv_cache.dtype)
+    check_same("out.shape", tuple(out.shape), "q.shape", tuple(q.shape))
+    check_same("q head_dim", q.shape[2], "kv_cache head_dim", kv_cache.shape[4])
+    check_same("block_tables rows", block_tables.shape[0], "num_seqs", seq_lens.shape[0])
+    if q.shape[1] % kv_cache.shape[3]:
+        raise ValueError(f"num_heads {q.shape[1]} must be a multiple of {kv_cache.shape[3]}")

@@ -10,10 +10,9 @@ import torch
 import triton
 import triton.language as tl
 
-from minivllm.kernels.checks import check_head_dim, check_kv_cache, check_same, check_tensor
+from minivllm.kernels.checks import LOG2E, check_paged_attention, check_same, check_tensor
 from minivllm.kernels.tiling import fit_attention_tiles
 
-LOG2E = 1.4426950408889634
 MAX_SPLITS = 16
 # head_dim bound -> (BLOCK_N tokens per iteration, num_warps, num_stages)
 _CONFIGS = ((64, (64, 4, 3)), (128, (64, 4, 3)), (256, (32, 8, 2)))
@@ -188,22 +187,6 @@ def _reduce_kernel(
     tl.store(dst, res.to(out_ptr.dtype.element_ty), mask=d_mask)
 
 
-def _check_inputs(q, kv_cache, block_tables, seq_lens, out) -> None:
-    check_tensor("q", q, 3)
-    check_kv_cache(kv_cache)
-    check_tensor("block_tables", block_tables, 2, (torch.int32,))
-    check_tensor("seq_lens", seq_lens, 1, (torch.int32,))
-    check_tensor("out", out, 3)
-    check_head_dim(q.shape[2])
-    check_same("q.dtype", q.dtype, "kv_cache.dtype", kv_cache.dtype)
-    check_same("out.shape", tuple(out.shape), "q.shape", tuple(q.shape))
-    check_same("q head_dim", q.shape[2], "kv_cache head_dim", kv_cache.shape[4])
-    check_same("block_tables rows", block_tables.shape[0], "num_seqs", q.shape[0])
-    check_same("seq_lens length", seq_lens.shape[0], "num_seqs", q.shape[0])
-    if q.shape[1] % kv_cache.shape[3]:
-        raise ValueError(f"num_heads {q.shape[1]} must be a multiple of {kv_cache.shape[3]}")
-
-
 def _check_scratch(mid_o, mid_lse, q, num_splits) -> None:
     if mid_o is None or mid_lse is None:
         raise ValueError("num_splits > 1 needs mid_o and mid_lse scratch buffers")
@@ -245,7 +228,8 @@ def decode_attention(
     allocation: CUDA-graph capturable for a fixed num_splits. config: (block_n, num_warps,
     num_stages) overrides the per-head_dim table (benchmark sweeps).
     """
-    _check_inputs(q, kv_cache, block_tables, seq_lens, out)
+    check_paged_attention(q, kv_cache, block_tables, seq_lens, out)
+    check_same("seq_lens length", seq_lens.shape[0], "num_seqs", q.shape[0])
     if not 1 <= num_splits <= 256:
         raise ValueError(f"num_splits must be in [1, 256], got {num_splits}")
     split = num_splits > 1

@@ -11,10 +11,9 @@ import torch
 import triton
 import triton.language as tl
 
-from minivllm.kernels.checks import check_head_dim, check_kv_cache, check_same, check_tensor
+from minivllm.kernels.checks import LOG2E, check_paged_attention, check_same, check_tensor
 from minivllm.kernels.tiling import fit_attention_tiles
 
-LOG2E = 1.4426950408889634
 # Below this many programs (about one wave of SMs on H100/H200) the few long causal tiles set
 # the time, so the launcher switches to the small config: shorter programs, more of them.
 MIN_PROGRAMS = 132
@@ -190,22 +189,11 @@ def _prefill_kernel(
 
 
 def _check_inputs(q, kv_cache, query_start_loc, seq_lens, block_tables, scale, out) -> None:
-    check_tensor("q", q, 3)
-    check_kv_cache(kv_cache)
+    check_paged_attention(q, kv_cache, block_tables, seq_lens, out)
     check_tensor("query_start_loc", query_start_loc, 1, (torch.int32,))
-    check_tensor("seq_lens", seq_lens, 1, (torch.int32,))
-    check_tensor("block_tables", block_tables, 2, (torch.int32,))
-    check_tensor("out", out, 3)
-    check_head_dim(q.shape[2])
-    check_same("q.dtype", q.dtype, "kv_cache.dtype", kv_cache.dtype)
-    check_same("out.shape", tuple(out.shape), "q.shape", tuple(q.shape))
-    check_same("q head_dim", q.shape[2], "kv_cache head_dim", kv_cache.shape[4])
     check_same(
         "query_start_loc length", query_start_loc.shape[0], "num_seqs + 1", 1 + len(seq_lens)
     )
-    check_same("block_tables rows", block_tables.shape[0], "num_seqs", seq_lens.shape[0])
-    if q.shape[1] % kv_cache.shape[3]:
-        raise ValueError(f"num_heads {q.shape[1]} must be a multiple of {kv_cache.shape[3]}")
     if not scale > 0:
         raise ValueError(f"scale must be > 0 (it is folded into the softmax max), got {scale}")
 

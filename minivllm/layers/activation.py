@@ -8,12 +8,19 @@ from torch import nn
 
 
 class SiluAndMul(nn.Module):
-    """x: [num_tokens, 2 * intermediate] (gate then up) -> [num_tokens, intermediate]."""
+    """x: [num_tokens, 2 * intermediate] (gate then up) -> [num_tokens, intermediate].
+    use_triton: one Triton kernel (kernels/activation.py)."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.is_cuda:
+    def __init__(self, use_triton: bool = False) -> None:
+        super().__init__()
+        self.use_triton = use_triton
+        if use_triton:
             from minivllm.kernels.activation import silu_and_mul
 
-            return silu_and_mul(x)
+            self._silu_and_mul = silu_and_mul
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.use_triton:
+            return self._silu_and_mul(x)
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up

@@ -7,12 +7,23 @@ from torch import nn
 
 
 class RMSNorm(nn.Module):
+    """use_triton: one Triton kernel for the add and the norm (kernels/rmsnorm.py)."""
+
     def __init__(
-        self, hidden_size: int, eps: float = 1e-6, dtype: torch.dtype | None = None
+        self,
+        hidden_size: int,
+        eps: float = 1e-6,
+        dtype: torch.dtype | None = None,
+        use_triton: bool = False,
     ) -> None:
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype), requires_grad=False)
+        self.use_triton = use_triton
+        if use_triton:
+            from minivllm.kernels.rmsnorm import rms_norm
+
+            self._rms_norm = rms_norm
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float()
@@ -24,12 +35,14 @@ class RMSNorm(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """x, residual: [..., hidden]. With residual: returns (norm(x + residual), x + residual)."""
-        if x.is_cuda and x.dim() == 2:
-            # One Triton kernel for the add and the norm (kernels/rmsnorm.py).
-            from minivllm.kernels.rmsnorm import rms_norm
-
-            out, new_residual = rms_norm(x, self.weight, self.eps, residual)
-            return out if residual is None else (out, new_residual)
+        if self.use_triton:
+            shape = x.shape
+            rows = x.reshape(-1, shape[-1])
+            res_rows = None if residual is None else residual.reshape(-1, shape[-1])
+            out, new_residual = self._rms_norm(rows, self.weight, self.eps, res_rows)
+            if residual is None:
+                return out.view(shape)
+            return out.view(shape), new_residual.view(shape)
         if residual is None:
             return self._norm(x)
         # The add happens in the model dtype, as in HF's decoder layer.

@@ -11,6 +11,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from minivllm.layers.norm import RMSNorm
+
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
 
 
@@ -57,6 +59,9 @@ def compute_inv_freq(
 
 
 class RotaryEmbedding(nn.Module):
+    """use_triton: one Triton kernel rotates q and k in place (kernels/rope.py), with the
+    per-head q/k RMSNorm of Qwen3 fused in front when norms are given."""
+
     def __init__(
         self,
         head_dim: int,
@@ -64,6 +69,7 @@ class RotaryEmbedding(nn.Module):
         base: float,
         rope_scaling: dict[str, Any] | None = None,
         dtype: torch.dtype | None = None,
+        use_triton: bool = False,
     ) -> None:
         super().__init__()
         self.head_dim = head_dim
@@ -73,20 +79,47 @@ class RotaryEmbedding(nn.Module):
         # stored in the model dtype because HF casts cos/sin to it before the rotation.
         cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(dtype or torch.float32)
         self.register_buffer("cos_sin_cache", cache, persistent=False)
+        self.use_triton = use_triton
+        if use_triton:
+            from minivllm.kernels.rope import rotary_embedding
+
+            self._rotary_embedding = rotary_embedding
 
     def forward(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+        self,
+        positions: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        q_norm: RMSNorm | None = None,
+        k_norm: RMSNorm | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """positions: [num_tokens]; q: [num_tokens, num_heads * head_dim]; k likewise with
-        num_kv_heads. Returns the rotated (q, k) in the same shapes."""
+        num_kv_heads. With q_norm and k_norm each head is RMS-normalized first (Qwen3).
+        Returns the rotated (q, k) in the same shapes (the Triton path rotates in place)."""
+        num_tokens = q.shape[0]
+        q_heads = q.view(num_tokens, -1, self.head_dim)
+        k_heads = k.view(num_tokens, -1, self.head_dim)
+        if self.use_triton:
+            self._rotary_embedding(
+                positions,
+                q_heads,
+                k_heads,
+                self.cos_sin_cache,
+                None if q_norm is None else q_norm.weight,
+                None if k_norm is None else k_norm.weight,
+                1e-6 if q_norm is None else q_norm.eps,
+            )
+            return q, k
+        if q_norm is not None and k_norm is not None:
+            q_heads, k_heads = q_norm(q_heads), k_norm(k_heads)
         cos, sin = self.cos_sin_cache[positions].chunk(2, dim=-1)
         # cos, sin: [num_tokens, 1, head_dim // 2], broadcast over heads
         cos, sin = cos[:, None, :], sin[:, None, :]
-        return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+        q_out = _rotate(q_heads, cos, sin).view(q.shape)
+        return q_out, _rotate(k_heads, cos, sin).view(k.shape)
 
-    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        x = x.view(shape[0], -1, self.head_dim)
-        x1, x2 = x.chunk(2, dim=-1)
-        out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-        return out.view(shape)
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [num_tokens, num_heads, head_dim] -> rotated, same shape."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)

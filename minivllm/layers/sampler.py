@@ -44,11 +44,13 @@ class SamplingMetadata:
     max_top_k: int  # the largest top_k among random rows (0 when no_top_k)
     max_num_logprobs: int | None = None
     # Plain: every row greedy or temperature-only (no filters, penalties, suppression or
-    # logprobs); on CUDA such a batch takes the fused kernel (kernels/sampling.py), which
-    # draws row i's noise from philox(seeds[i], offsets[i] + token id).
+    # logprobs): a Triton sampler samples it in one fused pass (kernels/sampling.py).
     is_plain: bool = False
-    seeds: torch.Tensor | None = None  # [N] int64 when is_plain
-    offsets: torch.Tensor | None = None  # [N] int64 when is_plain
+    # [N] int64 keys of the Triton draw: row i's noise is philox(seeds[i], offsets[i] + token
+    # id). Set for every batch with random rows when the sampler uses Triton, and for every
+    # plain batch; None otherwise.
+    seeds: torch.Tensor | None = None
+    offsets: torch.Tensor | None = None
 
 
 @dataclass
@@ -61,15 +63,27 @@ class SamplerOutput:
 
 
 class Sampler(nn.Module):
-    """Samples one token per row of `logits` under per-row parameters (vLLM semantics)."""
+    """Samples one token per row of `logits` under per-row parameters (vLLM semantics).
+
+    use_triton: a plain batch takes one fused pass (kernels/sampling.py) instead of ~6 full
+    [N, V] passes, and every other batch with random rows draws with the same keyed noise
+    (draw_filtered), so that a seeded request's tokens do not depend on its neighbours.
+    """
+
+    def __init__(self, use_triton: bool = False) -> None:
+        super().__init__()
+        self.use_triton = use_triton
+        if use_triton:
+            from minivllm.kernels.sampling import sample_plain
+
+            self._sample_plain = sample_plain
 
     def forward(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
         # logits: [N, V], any float dtype; left untouched.
-        if meta.is_plain and logits.is_cuda:
-            # One fused pass instead of ~6 full [N, V] passes; the CPU engine needs no triton.
-            from minivllm.kernels.sampling import sample_plain
-
-            return SamplerOutput(sample_plain(logits, meta.temperature, meta.seeds, meta.offsets))
+        if meta.is_plain and self.use_triton:
+            return SamplerOutput(
+                self._sample_plain(logits, meta.temperature, meta.seeds, meta.offsets)
+            )
         raw_logprobs = None
         if meta.max_num_logprobs is not None:
             raw_logprobs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
@@ -85,10 +99,11 @@ class Sampler(nn.Module):
         greedy_ids = None if meta.all_random else logits.argmax(dim=-1)
         if meta.all_greedy:
             sampled = greedy_ids
-        elif logits.is_cuda and meta.seeds is not None:
+        elif self.use_triton:
             # Filter on a copy, then draw from the unscaled logits with the fused kernel's
             # keyed noise: the same draw a plain batch makes for a row without filters.
-            sampled = draw_filtered(logits, self._filter(logits.clone(), meta), meta)
+            filtered = self._filter(logits.clone(), meta)
+            sampled = self.draw_filtered(logits, filtered, meta)
         else:
             sampled = self._sample(logits, meta)
             if greedy_ids is not None:
@@ -99,6 +114,15 @@ class Sampler(nn.Module):
                 raw_logprobs, sampled, meta.max_num_logprobs
             )
         return out
+
+    def draw_filtered(
+        self, logits: torch.Tensor, filtered: torch.Tensor, meta: SamplingMetadata
+    ) -> torch.Tensor:
+        """Gumbel-max draw (the Triton sampler's keyed noise) from logits [N, V] (penalized,
+        unscaled) with the tokens that filtered [N, V] dropped (-inf) masked out; greedy rows
+        take the argmax."""
+        kept = logits.masked_fill(filtered == -torch.inf, -torch.inf)
+        return self._sample_plain(kept, meta.temperature, meta.seeds, meta.offsets)
 
     def _sample(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
         probs = self._filter(logits, meta).softmax(dim=-1)
@@ -117,17 +141,6 @@ class Sampler(nn.Module):
         if not meta.no_min_p:
             logits = apply_min_p(logits, meta.min_p)
         return logits
-
-
-def draw_filtered(
-    logits: torch.Tensor, filtered: torch.Tensor, meta: SamplingMetadata
-) -> torch.Tensor:
-    """Gumbel-max draw (kernels/sampling.py) from logits [N, V] (penalized, unscaled) with the
-    tokens that filtered [N, V] dropped (-inf) masked out; greedy rows take the argmax."""
-    from minivllm.kernels.sampling import sample_plain
-
-    kept = logits.masked_fill(filtered == -torch.inf, -torch.inf)
-    return sample_plain(kept, meta.temperature, meta.seeds, meta.offsets)
 
 
 def token_counts(token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:

@@ -58,10 +58,12 @@ class DecoderAttention(nn.Module):
             config.num_attention_heads * head_dim, config.hidden_size, options.o_bias, dtype
         )
         self.rotary_emb = rotary_emb  # shared by all layers
-        self.qk_norm = options.qk_norm
-        if self.qk_norm:
+        # Applied by the rotary embedding (fused into its kernel on the Triton path).
+        if options.qk_norm:
             self.q_norm = RMSNorm(head_dim, config.rms_norm_eps, dtype)
             self.k_norm = RMSNorm(head_dim, config.rms_norm_eps, dtype)
+        else:
+            self.q_norm = self.k_norm = None
         scale = head_dim**-0.5
         self.attn = Attention(self.num_heads, self.num_kv_heads, head_dim, scale, attn_backend)
 
@@ -71,47 +73,19 @@ class DecoderAttention(nn.Module):
         qkv = self.qkv_proj(hidden)
         # q: [num_tokens, num_heads * head_dim]; k, v: [num_tokens, num_kv_heads * head_dim]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        if qkv.is_cuda:
-            self._fused_norm_rope(positions, q, k)
-        else:
-            q, k = self._norm_rope(positions, q, k)
+        q, k = self.rotary_emb(positions, q, k, self.q_norm, self.k_norm)
         return self.o_proj(self.attn(q, k, v, attn_meta))
-
-    def _fused_norm_rope(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> None:
-        """One Triton kernel, in place on the qkv buffer: Qwen3's per-head norm, then RoPE."""
-        from minivllm.kernels.rope import rotary_embedding
-
-        num_tokens = q.shape[0]
-        rotary_embedding(
-            positions,
-            q.view(num_tokens, self.num_heads, self.head_dim),
-            k.view(num_tokens, self.num_kv_heads, self.head_dim),
-            self.rotary_emb.cos_sin_cache,
-            self.q_norm.weight if self.qk_norm else None,
-            self.k_norm.weight if self.qk_norm else None,
-            self.q_norm.eps if self.qk_norm else 1e-6,
-        )
-
-    def _norm_rope(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.qk_norm:
-            num_tokens = q.shape[0]
-            q = self.q_norm(q.reshape(num_tokens, self.num_heads, self.head_dim))
-            k = self.k_norm(k.reshape(num_tokens, self.num_kv_heads, self.head_dim))
-            q, k = q.view(num_tokens, self.q_size), k.view(num_tokens, self.kv_size)
-        return self.rotary_emb(positions, q, k)
 
 
 class DecoderMLP(nn.Module):
-    def __init__(self, config: ModelConfig, dtype: torch.dtype | None) -> None:
+    def __init__(self, config: ModelConfig, dtype: torch.dtype | None, use_triton: bool) -> None:
         super().__init__()
         size = config.intermediate_size
         self.gate_up_proj = MergedColumnParallelLinear(
             config.hidden_size, [size, size], bias=False, dtype=dtype
         )
         self.down_proj = RowParallelLinear(size, config.hidden_size, bias=False, dtype=dtype)
-        self.act_fn = SiluAndMul()
+        self.act_fn = SiluAndMul(use_triton)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))
@@ -125,12 +99,14 @@ class DecoderLayer(nn.Module):
         attn_backend: AttentionBackend,
         options: DecoderOptions,
         dtype: torch.dtype | None,
+        use_triton: bool,
     ) -> None:
         super().__init__()
         self.self_attn = DecoderAttention(config, rotary_emb, attn_backend, options, dtype)
-        self.mlp = DecoderMLP(config, dtype)
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.mlp = DecoderMLP(config, dtype, use_triton)
+        eps = config.rms_norm_eps
+        self.input_layernorm = RMSNorm(config.hidden_size, eps, dtype, use_triton)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype, use_triton)
 
     def forward(
         self,
@@ -156,6 +132,7 @@ class DecoderModel(nn.Module):
         attn_backend: AttentionBackend,
         options: DecoderOptions,
         dtype: torch.dtype | None,
+        use_triton: bool,
     ) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, dtype)
@@ -165,12 +142,13 @@ class DecoderModel(nn.Module):
             config.rope_theta,
             config.rope_scaling,
             dtype,
+            use_triton,
         )
         self.layers = nn.ModuleList(
-            DecoderLayer(config, self.rotary_emb, attn_backend, options, dtype)
+            DecoderLayer(config, self.rotary_emb, attn_backend, options, dtype, use_triton)
             for _ in range(config.num_hidden_layers)
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, use_triton)
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, attn_meta: AttnMetadata
@@ -201,11 +179,14 @@ class LlamaForCausalLM(nn.Module):
         config: ModelConfig,
         attn_backend: AttentionBackend,
         dtype: torch.dtype | None = None,
+        use_triton: bool = False,
     ) -> None:
+        """use_triton: the fused ops (RMSNorm, RoPE, SiLU-mul) run their Triton kernels
+        (layers/dispatch.py); attention runs whatever attn_backend is."""
         super().__init__()
         self.config = config
         options = self.decoder_options(config)
-        self.model = DecoderModel(config, attn_backend, options, dtype)
+        self.model = DecoderModel(config, attn_backend, options, dtype, use_triton)
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, dtype)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight

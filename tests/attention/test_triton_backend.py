@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minivllm.attention.base import AttnMetadata
 from minivllm.attention.torch_sdpa import TorchSDPABackend
 from minivllm.attention.triton import TritonBackend
+from tests.helpers import attn_metadata
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -36,17 +36,7 @@ def make_step(seq_lens, query_lens, num_decodes, num_kv_heads, head_dim, block_s
     num_tokens = len(slot_mapping)
     k = torch.randn(num_tokens, num_kv_heads, head_dim, generator=gen).to(dtype)
     v = torch.randn(num_tokens, num_kv_heads, head_dim, generator=gen).to(dtype)
-    meta = AttnMetadata(
-        query_start_loc=torch.tensor(starts, dtype=torch.int32, device=DEVICE),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE),
-        block_tables=block_tables.to(DEVICE),
-        slot_mapping=torch.tensor(slot_mapping, dtype=torch.int64, device=DEVICE),
-        max_query_len=max(query_lens),
-        max_seq_len=max(seq_lens),
-        num_decode_tokens=num_decodes,
-        query_start_loc_cpu=starts,
-        seq_lens_cpu=list(seq_lens),
-    )
+    meta = attn_metadata(starts, seq_lens, block_tables, slot_mapping, num_decodes, DEVICE)
     return cache.to(DEVICE), k.to(DEVICE), v.to(DEVICE), meta
 
 
@@ -58,12 +48,12 @@ def _compare(seq_lens, query_lens, num_decodes, num_heads, num_kv_heads, head_di
     q = torch.randn(k.shape[0], num_heads, head_dim, generator=torch.Generator().manual_seed(5))
     q = q.to(dtype).to(DEVICE)
     scale = head_dim**-0.5
-    backend = TritonBackend(8, 512, num_heads, head_dim, DEVICE, dtype, max_splits=max_splits)
+    backend = TritonBackend(8, 512, num_heads, head_dim, DEVICE, max_splits=max_splits)
     ref_cache = cache.clone()
     out = backend.forward(q, k, v, cache, meta, scale)
     expected = TorchSDPABackend().forward(q, k, v, ref_cache, meta, scale)
     torch.testing.assert_close(cache, ref_cache, atol=0, rtol=0)
-    num_real = meta.query_start_loc_cpu[-1]  # padded rows have no defined output
+    num_real = int(meta.query_start_loc_cpu[-1])  # padded rows have no defined output
     tol = (
         {"atol": 1e-4, "rtol": 1e-4}
         if dtype == torch.float32 and DEVICE == "cpu"
@@ -98,7 +88,7 @@ def test_prefill_only_step():
 
 def test_too_many_decodes_is_a_clear_error():
     cache, k, v, meta = make_step([3] * 9, [1] * 9, 9, 1, 64, 16, torch.float32)
-    backend = TritonBackend(8, 64, 2, 64, DEVICE, torch.float32)
+    backend = TritonBackend(8, 64, 2, 64, DEVICE)
     with pytest.raises(ValueError, match="max_num_seqs"):
         backend.forward(torch.zeros(k.shape[0], 2, 64, device=DEVICE), k, v, cache, meta, 1.0)
 
@@ -109,3 +99,28 @@ def test_mixed_step_bf16_real_size():
     seq_lens = [1000, 1, 17, 4000, 600, 1024, 77]
     query_lens = [1, 1, 1, 1, 600, 512, 10]
     _compare(seq_lens, query_lens, 4, 16, 8, 128, torch.bfloat16)
+
+
+def test_graph_state_replays_a_live_decode_batch():
+    """A batch copied into the backend's static buffers (prepare_replay) and run with the
+    capture metadata gives the live batch's outputs; padding rows write no KV."""
+    seq_lens, query_lens = [300, 15, 40], [1, 1, 1]
+    cache, k, v, live = make_step(seq_lens, query_lens, 3, 1, 64, 8, torch.float32)
+    k, v = k[:3], v[:3]  # no padded rows: the static buffers pad
+    live.slot_mapping = live.slot_mapping[:3]
+    q = torch.randn(3, 4, 64, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    backend = TritonBackend(8, 512, 4, 64, DEVICE)
+    expected = backend.forward(q, k, v, cache.clone(), live, 0.125)
+    backend.init_graph_state(max_batch_size=8, max_num_blocks=64)
+    backend.prepare_replay(4, live)
+    captured = backend.metadata_for_capture(4)
+    assert captured.max_seq_len == 512 and captured.num_decode_tokens == 4
+    assert captured.slot_mapping.tolist()[3] == -1 and captured.seq_lens.tolist()[3] == 1
+    pad = torch.zeros(1, *q.shape[1:], device=DEVICE)
+    graph_cache = cache.clone()
+    out = backend.forward(torch.cat([q, pad]), torch.cat([k, pad[:, :1]]),
+                          torch.cat([v, pad[:, :1]]), graph_cache, captured, 0.125)  # fmt: skip
+    torch.testing.assert_close(out[:3], expected, atol=1e-4, rtol=1e-4)
+    expected_cache = cache.clone()
+    TorchSDPABackend().forward(q, k, v, expected_cache, live, 0.125)
+    torch.testing.assert_close(graph_cache, expected_cache, atol=0, rtol=0)

@@ -19,7 +19,7 @@ def new_state(*requests: tuple[str, list[int], SamplingParams]) -> SamplingState
 
 def test_add_append_remove():
     state = new_state(("a", [1, 2], SamplingParams(seed=3)), ("b", [4], SamplingParams()))
-    state.append_token("a", 7)
+    state.append_tokens(["a"], [7])
     # A request sent again (e.g. after preemption) keeps its outputs and generator.
     generator = state.requests["a"].generator
     state.add_request(NewRequestData("a", [1, 2], SamplingParams(seed=3)))
@@ -60,7 +60,7 @@ def test_metadata_plain_batch_builds_nothing_extra():
 def test_draw_keys_per_step():
     state = new_state(
         ("u", [1], SamplingParams(temperature=1.0)),
-        ("s", [2], SamplingParams(temperature=0.7, seed=2**64 - 1)),
+        ("s", [2], SamplingParams(temperature=0.7, seed=-(2**63))),
         ("g", [3], SamplingParams(temperature=0.0)),
     )
     req_ids = ["u", "s", "g"]
@@ -70,7 +70,7 @@ def test_draw_keys_per_step():
     step_seeds = [m.seeds[0].item() for m in metas]
     assert len(set(step_seeds)) == 3
     for step, meta in enumerate(metas):
-        assert meta.seeds[1].item() == -1  # the seed's low 64 bits, as int64
+        assert meta.seeds[1].item() == -(2**63)  # any int64 seed, as is
         assert meta.offsets[:2].tolist() == [0, step << DRAW_SHIFT]
     # The step seeds come from the state's own generator: reproducible, not global.
     torch.manual_seed(99)
@@ -131,8 +131,8 @@ def test_metadata_penalty_and_filter_tensors():
         ("b", [4], SamplingParams(frequency_penalty=0.5, top_p=0.9, min_p=0.1, logprobs=2)),
         ("c", [5, 6], SamplingParams(temperature=0.0, logprobs=4)),
     )
-    state.append_token("b", 8)
-    state.append_token("b", 9)
+    state.append_tokens(["b"], [8])
+    state.append_tokens(["b"], [9])
     meta = state.build_metadata(["a", "b", "c"])
     assert meta.all_random is False and not meta.no_penalties
     assert not meta.no_top_k and not meta.no_top_p and not meta.no_min_p

@@ -13,7 +13,7 @@ def model_dir(tmp_path_factory) -> str:
     """Random HF weights with Qwen3-0.6B's shape and a full-vocabulary tokenizer."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from benchmarks.common import make_dummy_model_dir
+    from minivllm.tiny_model import make_dummy_model_dir
 
     out = make_dummy_model_dir("qwen3-0.6b", str(tmp_path_factory.mktemp("qwen3-0.6b-random")))
     cfg = AutoConfig.from_pretrained(out)

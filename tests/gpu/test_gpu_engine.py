@@ -95,29 +95,48 @@ def test_engine_matches_hf(model_dir: str) -> None:
     assert sum(prefix) / len(prefix) >= 0.5
 
 
+def generate_tokens(model_dir: str, batch: list[dict], params, **options) -> tuple[list, bool]:
+    """Greedy tokens of a fresh LLM (bf16) and whether its runner captured CUDA graphs."""
+    from minivllm import LLM
+
+    llm = LLM(model_dir, dtype="bfloat16", gpu_memory_utilization=0.3, **options)
+    try:
+        outs = llm.generate(batch, params, use_tqdm=False)
+        runner = llm.engine.executor.runner
+        assert runner.attn_backend.name == options.get("attention_backend", "triton")
+        return [o.outputs[0].token_ids for o in outs], runner.graphs is not None
+    finally:
+        llm.shutdown()
+        del llm
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
 def test_cuda_graphs_equal_eager(model_dir: str) -> None:
-    from minivllm import LLM, SamplingParams
+    from minivllm import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
     batch = [{"prompt_token_ids": p} for p in prompts(12, 100, seed=2)]
     results = {}
     for eager in (True, False):
-        llm = LLM(
-            model_dir,
-            dtype="bfloat16",
-            gpu_memory_utilization=0.3,
-            max_model_len=4096,
-            enforce_eager=eager,
+        results[eager], graphs = generate_tokens(
+            model_dir, batch, params, max_model_len=4096, enforce_eager=eager
         )
-        try:
-            assert (llm.engine.executor.runner.graphs is None) == eager
-            outs = llm.generate(batch, params, use_tqdm=False)
-            results[eager] = [o.outputs[0].token_ids for o in outs]
-        finally:
-            llm.shutdown()
-            del llm
-            gc.collect()
-            torch.cuda.empty_cache()
+        assert graphs != eager
     same = sum(a == b for a, b in zip(results[True], results[False]))
     print("GPU-GRAPHS", json.dumps({"sequences_equal": same, "of": len(batch)}))
     assert results[True] == results[False]
+
+
+def test_torch_sdpa_backend_runs_eagerly_on_cuda(model_dir: str) -> None:
+    """torch_sdpa cannot be captured (it loops over requests on the host): on CUDA the runner
+    runs it without graphs (capturing it used to crash), with the tokens of an eager run."""
+    from minivllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    batch = [{"prompt_token_ids": p} for p in prompts(4, 60, seed=3)]
+    options = dict(max_model_len=1024, attention_backend="torch_sdpa")
+    eager, _ = generate_tokens(model_dir, batch, params, enforce_eager=True, **options)
+    default, graphs = generate_tokens(model_dir, batch, params, **options)
+    assert not graphs and all(len(t) == 16 for t in default)
+    assert default == eager

@@ -24,7 +24,7 @@ def make_state(
     for i, (req_id, p) in enumerate(zip(req_ids, params, strict=True)):
         state.add_request(NewRequestData(req_id, prompts[i] if prompts else [0], p))
         for token_id in outputs[i] if outputs else []:
-            state.append_token(req_id, token_id)
+            state.append_tokens([req_id], [token_id])
     return state, req_ids
 
 
@@ -65,7 +65,7 @@ def draw_sequence(seed: int, batch_with_others: bool, num_steps: int = 8) -> lis
     for _ in range(num_steps):
         sampled = Sampler()(logits, state.build_metadata(req_ids)).sampled_token_ids.tolist()
         for req_id, token_id in zip(req_ids, sampled, strict=True):
-            state.append_token(req_id, token_id)
+            state.append_tokens([req_id], [token_id])
         tokens.append(sampled[row])
     return tokens
 
@@ -209,7 +209,7 @@ def test_min_tokens_suppresses_eos_and_stop_tokens():
         sampled = Sampler()(logits, meta).sampled_token_ids.tolist()
         assert sampled == expected
         for req_id, token_id in zip(req_ids, sampled, strict=True):
-            state.append_token(req_id, token_id)
+            state.append_tokens([req_id], [token_id])
 
 
 def test_min_tokens_suppression_is_sampled_not_only_greedy():
