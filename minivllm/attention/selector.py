@@ -29,8 +29,16 @@ def get_attn_backend(
     head_dim: int,
     max_num_seqs: int,
     max_model_len: int,
+    num_kv_heads: int = 1,
+    deterministic: bool = False,
 ) -> AttentionBackend:
+    """deterministic: batch-invariant attention (docs/determinism.md), triton only."""
     name = resolve_backend_name(name, device)
+    if deterministic and name != "triton":
+        raise ValueError(
+            "deterministic=True needs attention_backend='triton' (CUDA, or TRITON_INTERPRET=1 "
+            f"on the CPU); got {name!r}"
+        )
     if name == "torch_sdpa":
         return TorchSDPABackend()
     # Imported lazily: triton is only needed on CUDA.
@@ -42,4 +50,6 @@ def get_attn_backend(
         max_num_seqs=max_num_seqs,
         max_model_len=max_model_len,
         device=device,
+        num_kv_heads=num_kv_heads,
+        deterministic=deterministic,
     )

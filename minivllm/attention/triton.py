@@ -1,7 +1,8 @@
 """The triton backend: minivllm's own kernels over the paged KV cache.
 
 Decode rows (the leading `num_decode_tokens`) go to the decode kernel, split-KV when the batch
-is too small to fill the GPU; the remaining rows go to the varlen prefill kernel.
+is too small to fill the GPU; the remaining rows go to the varlen prefill kernel. In
+deterministic mode every row goes through the batch-invariant kernel (attention/batch_invariant.py).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from minivllm.attention.base import AttnMetadata
+from minivllm.attention.batch_invariant import BatchInvariantAttention
 from minivllm.attention.graph_state import DecodeGraphState
 from minivllm.kernels.decode_attention import MAX_SPLITS, choose_num_splits, decode_attention
 from minivllm.kernels.kv_store import store_kv
@@ -32,6 +34,8 @@ class TritonBackend:
         head_dim: int,
         device: torch.device | str,
         max_splits: int = MAX_SPLITS,
+        num_kv_heads: int = 1,
+        deterministic: bool = False,
     ) -> None:
         if max_num_seqs < 1 or max_model_len < 1 or num_heads < 1 or head_dim < 1:
             raise ValueError("max_num_seqs, max_model_len, num_heads and head_dim must be >= 1")
@@ -54,6 +58,18 @@ class TritonBackend:
             max_num_seqs, num_heads, max_splits, dtype=torch.float32, device=device
         )
         self.graph_state: DecodeGraphState | None = None
+        # Deterministic mode: every row through the batch-invariant kernel instead.
+        self.batch_invariant = None
+        if deterministic:
+            self.batch_invariant = BatchInvariantAttention(
+                max_num_seqs,
+                max_model_len,
+                num_heads,
+                num_kv_heads,
+                head_dim,
+                self.num_sms,
+                self.device,
+            )
 
     # ---- CUDA graphs (CUDAGraphBackend) ---------------------------------------------------
 
@@ -86,6 +102,9 @@ class TritonBackend:
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         store_kv(k, v, kv_cache, meta.slot_mapping)
         out = torch.empty_like(q)
+        if self.batch_invariant is not None:
+            self.batch_invariant.forward(q, kv_cache, meta, scale, out)
+            return out
         num_decodes = meta.num_decode_tokens
         num_seqs = meta.num_seqs
         if num_decodes > 0:

@@ -23,6 +23,7 @@ from minivllm.engine.profiling import profile_kv_budget
 from minivllm.engine.prompt_logprobs import PromptLogprobsJob, PromptLogprobsTracker
 from minivllm.engine.sampling_state import SamplingState
 from minivllm.engine.types import RunnerOutput, SchedulerOutput
+from minivllm.layers.batch_invariant import use_batch_invariant_ops
 from minivllm.layers.dispatch import use_triton_kernels
 from minivllm.layers.sampler import Sampler, SamplerOutput
 from minivllm.model_loader import build_model
@@ -55,6 +56,8 @@ class ModelRunner:
             head_dim=model_config.head_dim,
             max_num_seqs=config.max_num_seqs,
             max_model_len=max_model_len,
+            num_kv_heads=max(1, model_config.num_key_value_heads // tp_size),
+            deterministic=config.deterministic,
         )
         self.model = build_model(
             model_config,
@@ -65,6 +68,8 @@ class ModelRunner:
             load_format=config.load_format,
             seed=config.seed,
         )
+        if config.deterministic:
+            use_batch_invariant_ops(self.model)
         self.sampler = Sampler(use_triton_kernels(device))
         self.sampling_state = SamplingState(device, seed=config.seed)
         self.prompt_logprobs = PromptLogprobsTracker()

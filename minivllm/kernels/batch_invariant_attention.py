@@ -16,9 +16,9 @@ import torch
 import triton
 import triton.language as tl
 
+from minivllm.kernels.checks import LOG2E
 from minivllm.kernels.prefill_attention import _check_inputs, _find_tile, _load_rows
 
-LOG2E = 1.4426950408889634
 SEG_N = 512  # keys per segment: the unit of split-KV parallelism
 # head_dim bound -> (2-byte, 4-byte dtype) configs, each (BLOCK_M rows = query tokens * group,
 # BLOCK_N, num_warps, num_stages): the prefill kernel's small configs (float32: tiles that fit

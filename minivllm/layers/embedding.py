@@ -61,9 +61,15 @@ class ParallelLMHead(VocabParallelEmbedding):
     """weight: [vocab_shard, hidden]. For tied embeddings the model assigns the embedding's
     Parameter to `self.weight`."""
 
+    def __init__(
+        self, num_embeddings: int, embedding_dim: int, dtype: torch.dtype | None = None
+    ) -> None:
+        super().__init__(num_embeddings, embedding_dim, dtype)
+        self.gemm = F.linear  # deterministic mode: kernels/matmul.py
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [num_rows, hidden] -> logits [num_rows, vocab_size] (padding cut off)."""
-        logits = F.linear(hidden, self.weight)
+        logits = self.gemm(hidden, self.weight)
         logits = all_gather_last_dim(logits, self.tp_size)
         return logits[:, : self.num_embeddings]
 

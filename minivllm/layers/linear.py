@@ -57,6 +57,9 @@ class LinearBase(nn.Module):
             torch.empty(output_size, input_size, dtype=dtype), requires_grad=False
         )
         self.weight.weight_loader = self.weight_loader
+        # F.linear (cuBLAS); deterministic mode swaps in kernels/matmul.py
+        # (layers/batch_invariant.py).
+        self.gemm = F.linear
         if bias:
             self.bias = nn.Parameter(torch.empty(output_size, dtype=dtype), requires_grad=False)
             self.bias.weight_loader = self.weight_loader
@@ -69,7 +72,7 @@ class LinearBase(nn.Module):
         default_weight_loader(param, loaded_weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return self.gemm(x, self.weight, self.bias)
 
 
 class ReplicatedLinear(LinearBase):
@@ -198,6 +201,7 @@ class RowParallelLinear(LinearBase):
     ) -> None:
         _, tp_size = get_tp_rank_size()
         super().__init__(divide(input_size, tp_size, "input size"), output_size, bias, dtype)
+        self.reduce = all_reduce  # deterministic mode: a rank-ordered sum
 
     def weight_loader(
         self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
@@ -213,4 +217,4 @@ class RowParallelLinear(LinearBase):
         # x: [num_tokens, input_size // tp_size]. Only rank 0 adds the bias, so that the
         # all-reduce adds it once.
         bias = self.bias if self.tp_rank == 0 else None
-        return all_reduce(F.linear(x, self.weight, bias), self.tp_size)
+        return self.reduce(self.gemm(x, self.weight, bias), self.tp_size)

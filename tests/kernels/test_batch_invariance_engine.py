@@ -1,0 +1,46 @@
+"""The deterministic engine (triton backend and GEMMs in the interpreter): a request's tokens and
+logprobs are the same bits alone, in a batch, chunked, and preempted and recomputed."""
+
+from __future__ import annotations
+
+import pytest
+from ordered_dot import ordered_dot  # noqa: F401 (fixture)
+
+from minivllm import LLM, SamplingParams
+
+PROMPTS = [list(range(3 + i, 3 + i + n)) for i, n in enumerate((29, 7, 18, 41))]
+PARAMS = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=2)
+
+
+def _generate(model_dir: str, prompts: list[list[int]], **options) -> list[tuple]:
+    llm = LLM(
+        model_dir,
+        dtype="float32",
+        device="cpu",
+        block_size=8,
+        attention_backend="triton",
+        deterministic=True,
+        **options,
+    )
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], PARAMS, use_tqdm=False)
+    llm.shutdown()
+    results = []
+    for out in outs:
+        c = out.outputs[0]
+        logprobs = [sorted((t, lp.logprob) for t, lp in entry.items()) for entry in c.logprobs]
+        results.append((c.token_ids, logprobs))
+    return results
+
+
+@pytest.mark.usefixtures("ordered_dot")
+def test_deterministic_engine_same_bits(tiny_qwen3_dir: str) -> None:
+    ref = _generate(tiny_qwen3_dir, PROMPTS)
+    assert _generate(tiny_qwen3_dir, PROMPTS[:1]) == ref[:1]  # alone
+    assert _generate(tiny_qwen3_dir, PROMPTS, max_num_batched_tokens=16) == ref  # chunked
+    # 12 blocks of 8 hold the longest request but not all four: preemption and recompute.
+    assert _generate(tiny_qwen3_dir, PROMPTS, num_gpu_blocks_override=12) == ref
+
+
+def test_deterministic_needs_the_triton_backend(tiny_qwen3_dir: str) -> None:
+    with pytest.raises(ValueError, match="deterministic"):
+        LLM(tiny_qwen3_dir, device="cpu", attention_backend="torch_sdpa", deterministic=True)
