@@ -180,8 +180,9 @@ def _bi_attention_kernel(
     ctx_start = seq_len - query_len
     kv_end = ctx_start + tl.minimum(t0 + BLOCK_Q, query_len)
     seg_id = tl.program_id(1)
-    if SPLIT and seg_id * SEG_N >= kv_end:
-        return
+    if SPLIT:
+        if seg_id * SEG_N >= kv_end:
+            return
 
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
