@@ -55,7 +55,7 @@ def test_dtype_runs_and_agrees_with_hf(model_dir: str, hf_fp32_top1, dtype: str,
         assert all(len(o.outputs[0].token_ids) == 24 for o in outs)
         # Decode through CUDA graphs too: a batch of short prompts.
         short = llm.generate(
-            [{"prompt_token_ids": p} for p in prompts(8, 40, seed=5)],
+            [{"prompt_token_ids": p} for p in prompts(8, 80, seed=5)],
             SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True),
             use_tqdm=False,
         )
