@@ -39,10 +39,12 @@ class _Parent:
     children: dict[str, _Child]
     metrics: RequestMetrics
     prompt_logprobs: list[LogprobsDict | None] | None = None
+    # Counted, not recomputed: finished is read for every request every step.
+    num_unfinished: int = 0
 
     @property
     def finished(self) -> bool:
-        return all(c.finish_reason is not None for c in self.children.values())
+        return self.num_unfinished == 0
 
 
 class OutputProcessor:
@@ -86,7 +88,12 @@ class OutputProcessor:
             )
             self.child_to_parent[child_id] = request_id
         self.parents[request_id] = _Parent(
-            request_id, prompt, prompt_token_ids, children, RequestMetrics(arrival_time)
+            request_id,
+            prompt,
+            prompt_token_ids,
+            children,
+            RequestMetrics(arrival_time),
+            num_unfinished=len(children),
         )
         return [(child_id, child.params) for child_id, child in children.items()]
 
@@ -106,6 +113,8 @@ class OutputProcessor:
             if child.finish_reason is not None:
                 continue
             self._apply(parent, child, out, now)
+            if child.finish_reason is not None:
+                parent.num_unfinished -= 1
             if child.detokenizer.stopped and not out.finished:
                 to_abort.append(out.req_id)
             changed[parent_id] = parent

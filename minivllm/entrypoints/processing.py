@@ -6,6 +6,8 @@ Pure Python over a HF tokenizer; never touches tensors.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from minivllm.engine.types import LogprobsDict
@@ -30,6 +32,25 @@ def check_tokenizer_files(path: str) -> None:
         )
 
 
+def make_decode(tokenizer: Any, skip_special_tokens: bool) -> Callable[[list[int]], str]:
+    """tokenizer.decode(ids, skip_special_tokens, clean_up_tokenization_spaces=False) as one
+    call. For a plain HF fast tokenizer that is exactly its Rust backend's decode: calling it
+    directly skips transformers' Python wrapper, most of the cost of a streamed token."""
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+    if isinstance(tokenizer, TokenizersBackend) and (
+        type(tokenizer)._decode is TokenizersBackend._decode
+        and type(tokenizer).decode is TokenizersBackend.decode
+    ):
+        return partial(tokenizer._tokenizer.decode, skip_special_tokens=skip_special_tokens)
+    # No clean-up of spaces: it is not stable under concatenation (vLLM does not apply it).
+    return partial(
+        tokenizer.decode,
+        skip_special_tokens=skip_special_tokens,
+        clean_up_tokenization_spaces=False,
+    )
+
+
 class IncrementalDetokenizer:
     """Turns one sequence's output token ids into text, a delta at a time, and finds stop strings.
 
@@ -49,6 +70,7 @@ class IncrementalDetokenizer:
     ) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
+        self._decode = make_decode(tokenizer, skip_special_tokens)
         self.stop = list(stop or [])
         self.include_stop_str_in_output = include_stop_str_in_output
         # Decode window: token_ids[prefix_offset:read_offset] is text already produced.
@@ -119,14 +141,6 @@ class IncrementalDetokenizer:
         self._prefix_offset = self._read_offset
         self._read_offset = len(self._token_ids)
         return new_text[len(prefix_text) :]
-
-    def _decode(self, token_ids: list[int]) -> str:
-        # No clean-up of spaces: it is not stable under concatenation (vLLM does not apply it).
-        return self.tokenizer.decode(
-            token_ids,
-            skip_special_tokens=self.skip_special_tokens,
-            clean_up_tokenization_spaces=False,
-        )
 
     def _find_stop(self, old_len: int) -> None:
         """Cuts the text at the earliest stop string that ends in the text added after old_len."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import hmac
 import logging
 import time
@@ -36,6 +37,10 @@ def build_app(state: ServerState, metrics: ServerMetrics, api_key: str | None = 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         state.engine.attach_loop(asyncio.get_running_loop())
+        # Startup's objects (modules, tokenizer, app) are permanent: keep the collector from
+        # re-scanning them while every streamed token allocates a few small objects.
+        gc.collect()
+        gc.freeze()
         yield
         # After uvicorn's graceful phase: fail whatever is still open, stop the core.
         state.engine.shutdown()

@@ -1,0 +1,190 @@
+"""Server-process CPU per streamed token, on a fake engine core (no model, no GPU).
+
+The fake core emits one token per open request every --step-ms, so the real HTTP server
+(tokenizer, output processing, SSE, uvicorn) streams as fast as it can; raw-socket clients
+read the streams. Prints one JSON line: output tok/s and server CPU microseconds per token.
+
+python benchmarks/bench_server_cpu.py [--num-prompts 512] [--max-concurrency 128]
+    [--input-len 1000] [--output-len 200] [--step-ms 5] [--profile FILE.prof]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from common import dummy_model_dir
+
+
+class FakeCoreClient:
+    """Stands in for EngineCoreClient: every step_s, one token for each open request."""
+
+    step_s = 0.005
+
+    def __init__(self, config, on_message, env=None) -> None:
+        from minivllm.engine.stats import CoreInfo
+
+        self.info = CoreInfo(
+            max_model_len=4096, vocab_size=151936, num_blocks=1 << 20, block_size=16, pid=0
+        )
+        self._on_message = on_message
+        self._remaining: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        threading.Thread(target=self._loop, daemon=True).start()
+
+    def add_requests(self, requests) -> None:
+        with self._lock:
+            for req_id, _, params, _ in requests:
+                self._remaining[req_id] = params.max_tokens
+
+    def abort_requests(self, req_ids) -> None:
+        with self._lock:
+            for req_id in req_ids:
+                self._remaining.pop(req_id, None)
+
+    def shutdown(self) -> None:
+        self._stop.set()
+
+    def _loop(self) -> None:
+        from minivllm.engine.stats import EngineStats
+        from minivllm.engine.types import EngineOutput
+
+        rng = random.Random(0)
+        while not self._stop.wait(self.step_s):
+            with self._lock:
+                outputs = []
+                for req_id, left in list(self._remaining.items()):
+                    done = left == 1
+                    reason = "length" if done else None
+                    outputs.append(EngineOutput(req_id, [rng.randrange(10, 10000)], done, reason))
+                    if done:
+                        del self._remaining[req_id]
+                    else:
+                        self._remaining[req_id] = left - 1
+            if outputs:
+                self._on_message(("outputs", outputs, EngineStats()))
+
+
+def run_fake_server(model: str, port: int, step_ms: float, profile: str | None) -> None:
+    """The server process: `minivllm serve` with the fake core patched in."""
+    import minivllm.entrypoints.async_llm as async_llm
+    from minivllm.entrypoints.cli import main as cli_main
+
+    FakeCoreClient.step_s = step_ms / 1000
+    async_llm.EngineCoreClient = FakeCoreClient
+    argv = ["serve", model, "--port", str(port), "--disable-log-requests"]
+    argv += ["--disable-uvicorn-access-log", "--load-format", "dummy"]
+    if profile is None:
+        cli_main(argv)
+        return
+    import cProfile
+
+    cProfile.runctx("cli_main(argv)", globals(), {"cli_main": cli_main, "argv": argv}, profile)
+
+
+async def _stream_one(port: int, body: bytes, sem: asyncio.Semaphore) -> int:
+    async with sem:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        head = (
+            "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        )
+        writer.write(head.encode() + body)
+        data = bytearray()
+        while chunk := await reader.read(1 << 16):
+            data += chunk
+        writer.close()
+        if b"data: [DONE]" not in data:
+            raise RuntimeError(f"stream did not end: {bytes(data[-300:])!r}")
+        usage = json.loads(data.rsplit(b"data: {", 1)[1].split(b"\n", 1)[0].join([b"{", b""]))
+        return usage["usage"]["completion_tokens"]
+
+
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _wait_ready(port: int, proc: subprocess.Popen) -> None:
+    for _ in range(600):
+        if proc.poll() is not None:
+            raise RuntimeError("the server exited")
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError("the server did not start")
+
+
+async def _drive(args, port: int) -> int:
+    rng = random.Random(0)
+    sem = asyncio.Semaphore(args.max_concurrency)
+    bodies = [
+        json.dumps(
+            {
+                "model": args.model,
+                "prompt": [rng.randrange(10, 10000) for _ in range(args.input_len)],
+                "max_tokens": args.output_len,
+                "stream": True,
+                "ignore_eos": True,
+                "stream_options": {"include_usage": True},
+            }
+        ).encode()
+        for _ in range(args.num_prompts)
+    ]
+    counts = await asyncio.gather(*(_stream_one(port, b, sem) for b in bodies))
+    return sum(counts)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--num-prompts", type=int, default=512)
+    parser.add_argument("--max-concurrency", type=int, default=128)
+    parser.add_argument("--input-len", type=int, default=1000)
+    parser.add_argument("--output-len", type=int, default=200)
+    parser.add_argument("--step-ms", type=float, default=5.0)
+    parser.add_argument("--profile", default=None, help="cProfile the server into this file")
+    parser.add_argument("--serve-port", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--model", default=None)
+    args = parser.parse_args()
+    args.model = args.model or dummy_model_dir("qwen3-0.6b")
+    if args.serve_port is not None:
+        run_fake_server(args.model, args.serve_port, args.step_ms, args.profile)
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, __file__, "--serve-port", str(port), "--step-ms", str(args.step_ms)]
+    cmd += ["--model", args.model] + (["--profile", args.profile] if args.profile else [])
+    proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
+    try:
+        _wait_ready(port, proc)
+        cpu0, t0 = _cpu_seconds(proc.pid), time.perf_counter()
+        num_tokens = asyncio.run(_drive(args, port))
+        cpu, wall = _cpu_seconds(proc.pid) - cpu0, time.perf_counter() - t0
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    ideal = args.max_concurrency * 1000 / args.step_ms
+    result = {
+        "output_tok_per_s": round(num_tokens / wall),
+        "fake_core_tok_per_s": round(ideal),
+        "server_cpu_us_per_token": round(cpu / num_tokens * 1e6, 1),
+        "server_cpu_util": round(cpu / wall, 2),
+        "tokens": num_tokens,
+    }
+    print(json.dumps(result))
+
+
+main()
