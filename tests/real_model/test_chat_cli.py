@@ -23,7 +23,7 @@ def test_chat_through_a_pipe(converted_dir, tmp_path) -> None:
         "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
         "HOME": str(tmp_path),
     }
-    command = ["minivllm", "chat", "--model", converted_dir, "--max-tokens", "24"]
+    command = ["minivllm", "chat", "--model", converted_dir, "--max-tokens", "12"]
     result = subprocess.run(
         command + ["--device", "cpu"],
         input=QUESTIONS + "/exit\nnever read\n",
@@ -37,7 +37,7 @@ def test_chat_through_a_pipe(converted_dir, tmp_path) -> None:
 
 
 def test_chat_loop_ends_at_end_of_input_and_clear_forgets(gguf_llm) -> None:
-    params = SamplingParams(temperature=0.0, max_tokens=24)
+    params = SamplingParams(temperature=0.0, max_tokens=12)
     out = io.StringIO()
     chat_loop(gguf_llm, params, io.StringIO(QUESTIONS), out, interactive=False)
     assert out.getvalue().splitlines() == ANSWERS
