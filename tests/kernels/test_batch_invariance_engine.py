@@ -4,10 +4,12 @@ logprobs are the same bits alone, in a batch, chunked, and preempted and recompu
 from __future__ import annotations
 
 import pytest
+import torch
 from ordered_dot import ordered_dot  # noqa: F401 (fixture)
 
 from minivllm import LLM, SamplingParams
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter on the CPU
 PROMPTS = [list(range(3 + i, 3 + i + n)) for i, n in enumerate((29, 7, 18, 41))]
 PARAMS = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=2)
 
@@ -16,7 +18,7 @@ def _generate(model_dir: str, prompts: list[list[int]], **options) -> list[tuple
     llm = LLM(
         model_dir,
         dtype="float32",
-        device="cpu",
+        device=DEVICE,
         block_size=8,
         attention_backend="triton",
         deterministic=True,
