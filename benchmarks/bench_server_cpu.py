@@ -1,8 +1,9 @@
 """Server-process CPU per streamed token, on a fake engine core (no model, no GPU).
 
 The fake core emits one token per open request every --step-ms, so the real HTTP server
-(tokenizer, output processing, SSE, uvicorn) streams as fast as it can; raw-socket clients
-read the streams. Prints one JSON line: output tok/s and server CPU microseconds per token.
+(tokenizer, output processing, SSE, uvicorn) streams as fast as it can; light clients
+(sse_client.py) read the streams. Prints one JSON line: output tok/s, server CPU
+microseconds per token and per chunk (a chunk carries several tokens when the server lags).
 
 python benchmarks/bench_server_cpu.py [--num-prompts 512] [--max-concurrency 128]
     [--input-len 1000] [--output-len 200] [--step-ms 5] [--profile FILE.prof]
@@ -22,6 +23,7 @@ import threading
 import time
 
 from common import dummy_model_dir
+from sse_client import stream_completion
 
 
 class FakeCoreClient:
@@ -91,22 +93,12 @@ def run_fake_server(model: str, port: int, step_ms: float, profile: str | None) 
     cProfile.runctx("cli_main(argv)", globals(), {"cli_main": cli_main, "argv": argv}, profile)
 
 
-async def _stream_one(port: int, body: bytes, sem: asyncio.Semaphore) -> int:
+async def _stream_one(port: int, body: dict, sem: asyncio.Semaphore) -> tuple[int, int]:
+    """(tokens, chunks) of one streamed request; the usage chunk is not counted."""
     async with sem:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        head = (
-            "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-        )
-        writer.write(head.encode() + body)
-        data = bytearray()
-        while chunk := await reader.read(1 << 16):
-            data += chunk
-        writer.close()
-        if b"data: [DONE]" not in data:
-            raise RuntimeError(f"stream did not end: {bytes(data[-300:])!r}")
-        usage = json.loads(data.rsplit(b"data: {", 1)[1].split(b"\n", 1)[0].join([b"{", b""]))
-        return usage["usage"]["completion_tokens"]
+        result = await stream_completion(port, body)
+    assert result.usage is not None
+    return result.usage["completion_tokens"], result.num_chunks - 1
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -127,24 +119,23 @@ def _wait_ready(port: int, proc: subprocess.Popen) -> None:
     raise RuntimeError("the server did not start")
 
 
-async def _drive(args, port: int) -> int:
+async def _drive(args, port: int) -> tuple[int, int]:
+    """(tokens, chunks) streamed to all clients."""
     rng = random.Random(0)
     sem = asyncio.Semaphore(args.max_concurrency)
     bodies = [
-        json.dumps(
-            {
-                "model": args.model,
-                "prompt": [rng.randrange(10, 10000) for _ in range(args.input_len)],
-                "max_tokens": args.output_len,
-                "stream": True,
-                "ignore_eos": True,
-                "stream_options": {"include_usage": True},
-            }
-        ).encode()
+        {
+            "model": args.model,
+            "prompt": [rng.randrange(10, 10000) for _ in range(args.input_len)],
+            "max_tokens": args.output_len,
+            "stream": True,
+            "ignore_eos": True,
+            "stream_options": {"include_usage": True},
+        }
         for _ in range(args.num_prompts)
     ]
     counts = await asyncio.gather(*(_stream_one(port, b, sem) for b in bodies))
-    return sum(counts)
+    return sum(t for t, _ in counts), sum(c for _, c in counts)
 
 
 def main() -> None:
@@ -171,7 +162,7 @@ def main() -> None:
     try:
         _wait_ready(port, proc)
         cpu0, t0 = _cpu_seconds(proc.pid), time.perf_counter()
-        num_tokens = asyncio.run(_drive(args, port))
+        num_tokens, num_chunks = asyncio.run(_drive(args, port))
         cpu, wall = _cpu_seconds(proc.pid) - cpu0, time.perf_counter() - t0
     finally:
         proc.terminate()
@@ -181,8 +172,10 @@ def main() -> None:
         "output_tok_per_s": round(num_tokens / wall),
         "fake_core_tok_per_s": round(ideal),
         "server_cpu_us_per_token": round(cpu / num_tokens * 1e6, 1),
+        "server_cpu_us_per_chunk": round(cpu / num_chunks * 1e6, 1),
         "server_cpu_util": round(cpu / wall, 2),
         "tokens": num_tokens,
+        "chunks": num_chunks,
     }
     print(json.dumps(result))
 

@@ -1,7 +1,8 @@
 """Streaming serving vs offline on the same requests: output tok/s, TTFT, ITL. One JSON line.
 
 Starts `minivllm serve` on a free loopback port, drives it with --max-concurrency streaming
-clients (the official openai client), then runs the same prompts through LLM.generate.
+clients (sse_client.py: the openai client's own CPU cost per chunk would cap the measured
+rate), then runs the same prompts through LLM.generate.
 
 python benchmarks/bench_serving.py [--model DIR | --model-name qwen3-0.6b] [--num-prompts 512]
     [--max-concurrency 128] [--input-len 1000] [--output-len 200] [-- extra engine flags]
@@ -21,6 +22,7 @@ import time
 import urllib.request
 
 from common import dummy_model_dir
+from sse_client import stream_completion
 
 
 def _free_port() -> int:
@@ -34,31 +36,28 @@ def _percentile(values: list[float], q: float) -> float:
     return values[min(int(q * len(values)), len(values) - 1)] if values else float("nan")
 
 
-async def _one(client, model: str, prompt: list[int], output_len: int, sem) -> dict:
+async def _one(port: int, model: str, prompt: list[int], output_len: int, sem) -> dict:
     async with sem:
-        start = time.perf_counter()
-        times = []
-        stream = await client.completions.create(
-            model=model,
-            prompt=prompt,
-            max_tokens=output_len,
-            temperature=0.0,
-            stream=True,
-            extra_body={"ignore_eos": True},
-        )
-        async for chunk in stream:
-            if chunk.choices and chunk.choices[0].text:
-                times.append(time.perf_counter())
-        return {"ttft": times[0] - start, "itl": [b - a for a, b in zip(times, times[1:])]}
+        body = {
+            "model": model,
+            "prompt": prompt,
+            "max_tokens": output_len,
+            "temperature": 0.0,
+            "stream": True,
+            "ignore_eos": True,
+        }
+        result = await stream_completion(port, body)
+        times = result.text_times
+        return {
+            "ttft": times[0] - result.start,
+            "itl": [b - a for a, b in zip(times, times[1:])],
+        }
 
 
-async def _drive(base_url: str, model: str, prompts, output_len: int, concurrency: int) -> dict:
-    import openai
-
-    client = openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="x", max_retries=0)
+async def _drive(port: int, model: str, prompts, output_len: int, concurrency: int) -> dict:
     sem = asyncio.Semaphore(concurrency)
     start = time.perf_counter()
-    results = await asyncio.gather(*(_one(client, model, p, output_len, sem) for p in prompts))
+    results = await asyncio.gather(*(_one(port, model, p, output_len, sem) for p in prompts))
     elapsed = time.perf_counter() - start
     ttfts = [r["ttft"] for r in results]
     itls = [x for r in results for x in r["itl"]]
@@ -137,11 +136,8 @@ def main() -> None:
     port = _free_port()
     proc = _serve(model, port, extra)
     try:
-        base_url = f"http://127.0.0.1:{port}"
-        asyncio.run(_drive(base_url, model, prompts[:16], 8, 16))  # warm up
-        served = asyncio.run(
-            _drive(base_url, model, prompts, args.output_len, args.max_concurrency)
-        )
+        asyncio.run(_drive(port, model, prompts[:16], 8, 16))  # warm up
+        served = asyncio.run(_drive(port, model, prompts, args.output_len, args.max_concurrency))
     finally:
         proc.terminate()
         proc.wait(60)
