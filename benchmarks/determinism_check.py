@@ -30,8 +30,14 @@ def random_model_dir(num_layers: int) -> str:
     if os.path.exists(os.path.join(out, "model.safetensors")):
         return out
     make_dummy_model_dir("qwen3-0.6b", out)
+    path = os.path.join(out, "config.json")
+    with open(path) as f:
+        raw = json.load(f)
+    raw["num_hidden_layers"] = num_layers
+    raw.pop("layer_types", None)  # transformers 5 checks its length against the layer count
+    with open(path, "w") as f:
+        json.dump(raw, f)
     cfg = AutoConfig.from_pretrained(out)
-    cfg.num_hidden_layers = num_layers
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
     with torch.no_grad():

@@ -3,6 +3,7 @@ and `gpu_memory_utilization` of the card minus everything else given to the cach
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import Callable, Sequence
 
@@ -53,6 +54,9 @@ def profile_kv_budget(
     max_blocks = -(-max_model_len // kv_spec.block_size)
     inputs = prepare_inputs(sched_out, kv_spec.block_size, BlockTable(max_blocks, num_seqs))
 
+    # An engine dropped just before this one may still sit in a reference cycle: collect it,
+    # or its memory counts as used elsewhere and shrinks this engine's KV cache.
+    gc.collect()
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     free_before, total = torch.cuda.mem_get_info()
