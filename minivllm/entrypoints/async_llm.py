@@ -10,14 +10,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from transformers import AutoTokenizer
-
 from minivllm.config import EngineConfig, ModelConfig
 from minivllm.engine.core_client import EngineCoreClient
 from minivllm.engine.stats import CoreInfo, EngineStats
 from minivllm.engine.types import EngineOutput
 from minivllm.entrypoints.generation_config import GenerationDefaults, read_generation_defaults
 from minivllm.entrypoints.output_processor import OutputProcessor
+from minivllm.gguf_loader import load_tokenizer
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams, check_logprobs_limit
 
@@ -64,7 +63,7 @@ class AsyncLLM:
     ) -> None:
         self.config = config
         ModelConfig.from_hf(config.model)  # a bad model directory fails here, in one line
-        self.tokenizer = AutoTokenizer.from_pretrained(config.tokenizer or config.model)
+        self.tokenizer = load_tokenizer(config.tokenizer or config.model)  # HF dir or GGUF
         self.generation_defaults = _generation_defaults(config.model, generation_config, self)
         self.output_processor = OutputProcessor(self.tokenizer, stream=True)
         self.observer = observer

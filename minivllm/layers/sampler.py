@@ -200,6 +200,8 @@ def apply_top_k_top_p(
     # top_p == 1 are left alone so that cumsum rounding cannot cut their tail.
     mass_before = probs.cumsum(dim=-1) - probs
     drop = (mass_before >= top_p.unsqueeze(1)) & (top_p < 1.0).unsqueeze(1)
+    # A top_p below float32's smallest value arrives as 0: the top token must still stay.
+    drop[:, 0] = False
     sorted_logits.masked_fill_(drop, -torch.inf)
     return logits.scatter_(1, sorted_ids, sorted_logits)
 

@@ -10,7 +10,12 @@ import torch
 
 from minivllm.engine.sampling_state import SamplingState
 from minivllm.engine.types import NewRequestData
-from minivllm.layers.sampler import Sampler, SamplingMetadata, apply_penalties
+from minivllm.layers.sampler import (
+    Sampler,
+    SamplingMetadata,
+    apply_penalties,
+    apply_top_k_top_p,
+)
 from minivllm.sampling_params import SamplingParams
 
 
@@ -255,3 +260,10 @@ def test_plain_batch_on_cpu_takes_the_torch_path():
     assert torch.equal(plain, reference)
     assert torch.equal(plain[::2], logits[::2].argmax(-1))
     assert not torch.equal(plain[1::2], logits[1::2].argmax(-1))
+
+
+def test_top_p_that_rounds_to_zero_keeps_the_top_token() -> None:
+    """top_p=1e-50 is valid but is 0.0 in float32: the most likely token must survive."""
+    logits = torch.tensor([[0.5, 3.0, -1.0, 2.0]])
+    out = apply_top_k_top_p(logits.clone(), None, torch.tensor([1e-50], dtype=torch.float32))
+    assert torch.isfinite(out[0, 1]) and torch.isinf(out[0, [0, 2, 3]]).all()
