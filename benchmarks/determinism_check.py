@@ -93,11 +93,12 @@ def engine(model_dir: str, deterministic: bool, **options):
     return LLM(model_dir, **(base | options))
 
 
-def close(llm) -> None:
+def free_memory() -> None:
+    """Returns the dropped engine's GPU memory to the driver. The caller must hold no reference
+    to the LLM any more (a `del llm` inside a helper leaves the caller's name alive, and the
+    next engine's KV profiling then finds the old KV cache still in use)."""
     import torch
 
-    llm.shutdown()
-    del llm
     gc.collect()
     torch.cuda.empty_cache()
 
@@ -112,7 +113,9 @@ def check_mode(model_dir: str, prompts: list[list[int]], deterministic: bool) ->
         "each_alone": compare(ref, run(llm, prompts, logprobs=True, alone=True)),
         "tokens_only_async": compare(ref, run(llm, prompts, logprobs=False)),
     }
-    close(llm)
+    llm.shutdown()
+    del llm
+    free_memory()
     for name, options in (
         ("max_num_batched_tokens_256", {"max_num_batched_tokens": 256}),
         ("preemption_64_blocks", {"num_gpu_blocks_override": 64}),
@@ -123,7 +126,9 @@ def check_mode(model_dir: str, prompts: list[list[int]], deterministic: bool) ->
         variants[name] = compare(ref, run(llm, prompts, logprobs=True))
         if name == "sync_scheduling":
             variants["sync_tokens_only"] = compare(ref, run(llm, prompts, logprobs=False))
-        close(llm)
+        llm.shutdown()
+        del llm
+        free_memory()
     all_equal = all(
         v["identical"] == v["of"] and v.get("logprobs_bitwise_equal", v["of"]) == v["of"]
         for v in variants.values()

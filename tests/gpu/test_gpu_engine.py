@@ -102,9 +102,14 @@ def generate_tokens(model_dir: str, batch: list[dict], params, **options) -> tup
     llm = LLM(model_dir, dtype="bfloat16", gpu_memory_utilization=0.3, **options)
     try:
         outs = llm.generate(batch, params, use_tqdm=False)
-        runner = llm.engine.executor.runner
-        assert runner.attn_backend.name == options.get("attention_backend", "triton")
-        return [o.outputs[0].token_ids for o in outs], runner.graphs is not None
+        tokens = [o.outputs[0].token_ids for o in outs]
+        # Plain values only: a `runner` local would keep the KV cache alive through the
+        # gc.collect() below (the next LLM's profiling would find its memory in use).
+        backend = llm.engine.executor.runner.attn_backend.name
+        captured = llm.engine.executor.runner.graphs is not None
+        del outs
+        assert backend == options.get("attention_backend", "triton")
+        return tokens, captured
     finally:
         llm.shutdown()
         del llm
