@@ -145,3 +145,27 @@ def test_torch_sdpa_backend_runs_eagerly_on_cuda(model_dir: str) -> None:
     default, graphs = generate_tokens(model_dir, batch, params, **options)
     assert not graphs and all(len(t) == 16 for t in default)
     assert default == eager
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["default", "deterministic"])
+def test_engine_frees_gpu_memory(model_dir: str, deterministic: bool) -> None:
+    """After shutdown + del + gc the runner (CUDA graphs, KV cache) is gone and the memory is
+    back: a second LLM in the process must find the whole budget free."""
+    import weakref
+
+    from minivllm import LLM, SamplingParams
+
+    before = torch.cuda.memory_allocated()
+    llm = LLM(model_dir, dtype="bfloat16", gpu_memory_utilization=0.3, deterministic=deterministic)
+    params = SamplingParams(temperature=0.0, max_tokens=4, logprobs=2)
+    outs = llm.generate([{"prompt_token_ids": list(range(5, 40))}], params, use_tqdm=False)
+    ref = weakref.ref(llm.engine.executor.runner)
+    llm.shutdown()
+    del llm
+    gc.collect()
+    torch.cuda.empty_cache()
+    assert ref() is None, [type(r) for r in gc.get_referrers(ref())]
+    assert outs[0].outputs[0].token_ids  # the outputs outlive the engine
+    left = torch.cuda.memory_allocated() - before
+    print(f"\nGPU-memory after freeing ({deterministic=}): {left / 2**20:.1f} MiB still allocated")
+    assert left < 256 * 2**20

@@ -1,0 +1,36 @@
+"""An LLM leaves nothing behind: after shutdown, `del` and gc.collect() its runner (model weights,
+KV cache) is gone, so a second engine in the same process profiles the whole memory budget."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+
+from minivllm import LLM, SamplingParams
+
+PARAMS = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True, logprobs=1)
+
+
+def _runner_ref(model_dir: str, **options) -> tuple[weakref.ref, list]:
+    llm = LLM(model_dir, dtype="float32", device="cpu", block_size=8, **options)
+    outs = llm.generate([{"prompt_token_ids": [3, 4, 5, 6, 7]}], PARAMS, use_tqdm=False)
+    assert len(outs[0].outputs[0].token_ids) == 2
+    ref = weakref.ref(llm.engine.executor.runner)
+    llm.shutdown()
+    del llm
+    return ref, outs
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"attention_backend": "triton", "deterministic": True}],
+    ids=["default", "deterministic"],
+)
+def test_runner_freed_after_shutdown(tiny_qwen3_dir: str, options: dict) -> None:
+    # The request outputs are still alive here: they must not reach back into the engine.
+    ref, outs = _runner_ref(tiny_qwen3_dir, **options)
+    gc.collect()
+    assert ref() is None, [type(r) for r in gc.get_referrers(ref())]
+    assert outs[0].outputs[0].logprobs  # (keeps `outs` alive through the collection)
