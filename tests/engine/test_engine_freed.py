@@ -13,14 +13,16 @@ from minivllm import LLM, SamplingParams
 PARAMS = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True, logprobs=1)
 
 
-def _runner_ref(model_dir: str, **options) -> tuple[weakref.ref, list]:
+def _runner_ref(model_dir: str, **options) -> tuple[list[weakref.ref], list]:
     llm = LLM(model_dir, dtype="float32", device="cpu", block_size=8, **options)
     outs = llm.generate([{"prompt_token_ids": [3, 4, 5, 6, 7]}], PARAMS, use_tqdm=False)
     assert len(outs[0].outputs[0].token_ids) == 2
-    ref = weakref.ref(llm.engine.executor.runner)
+    runner = llm.engine.executor.runner
+    refs = [weakref.ref(runner), weakref.ref(runner.model)]  # the weights may leak alone
+    del runner
     llm.shutdown()
     del llm
-    return ref, outs
+    return refs, outs
 
 
 @pytest.mark.parametrize(
@@ -30,7 +32,8 @@ def _runner_ref(model_dir: str, **options) -> tuple[weakref.ref, list]:
 )
 def test_runner_freed_after_shutdown(tiny_qwen3_dir: str, options: dict) -> None:
     # The request outputs are still alive here: they must not reach back into the engine.
-    ref, outs = _runner_ref(tiny_qwen3_dir, **options)
+    refs, outs = _runner_ref(tiny_qwen3_dir, **options)
     gc.collect()
-    assert ref() is None, [type(r) for r in gc.get_referrers(ref())]
+    for ref in refs:
+        assert ref() is None, [type(r) for r in gc.get_referrers(ref())]
     assert outs[0].outputs[0].logprobs  # (keeps `outs` alive through the collection)
