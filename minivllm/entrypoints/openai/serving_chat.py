@@ -17,6 +17,7 @@ from minivllm.entrypoints.openai.serving_common import (
     SSE_DONE,
     ServerState,
     as_api_error,
+    collect,
     merge,
     sse,
     submit,
@@ -119,12 +120,7 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest)
     response = _ChatResponse(state, req, request_id, top or 0)
     if req.stream:
         return StreamingResponse(response.stream(iterators), media_type="text/event-stream")
-    final = None
-    try:
-        async for _, output in merge(iterators):
-            final = output
-    except Exception as e:  # noqa: BLE001 - mapped to an OpenAI error
-        raise as_api_error(e) from None
+    (final,) = await collect(iterators)  # a chat request is one prompt
     return JSONResponse(response.full(final))
 
 

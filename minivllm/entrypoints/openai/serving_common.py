@@ -100,6 +100,17 @@ async def merge(
             task.cancel()
 
 
+async def collect(iterators: list) -> list[RequestOutput | None]:
+    """The last output of each request (non-streaming responses); errors become APIErrors."""
+    finals: list[RequestOutput | None] = [None] * len(iterators)
+    try:
+        async for index, output in merge(iterators):
+            finals[index] = output
+    except Exception as e:  # noqa: BLE001 - mapped to an OpenAI error
+        raise as_api_error(e) from None
+    return finals
+
+
 def as_api_error(e: Exception) -> APIError:
     """The error a client sees for a failure while its request runs."""
     if isinstance(e, APIError):

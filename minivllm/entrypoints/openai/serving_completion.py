@@ -16,6 +16,7 @@ from minivllm.entrypoints.openai.serving_common import (
     SSE_DONE,
     ServerState,
     as_api_error,
+    collect,
     merge,
     sse,
     submit,
@@ -62,13 +63,7 @@ async def create_completion(state: ServerState, req: CompletionRequest):
     response = _Response(state, req, request_id, [t for t, _ in prompts])
     if req.stream:
         return StreamingResponse(response.stream(iterators), media_type="text/event-stream")
-    finals: list[RequestOutput | None] = [None] * len(iterators)
-    try:
-        async for index, output in merge(iterators):
-            finals[index] = output
-    except Exception as e:  # noqa: BLE001 - mapped to an OpenAI error
-        raise as_api_error(e) from None
-    return JSONResponse(response.full(finals))
+    return JSONResponse(response.full(await collect(iterators)))
 
 
 class _Response:
