@@ -21,6 +21,7 @@ def main() -> None:
     parser.add_argument("--no-async-scheduling", action="store_true")
     # Under TP the profile shows rank 0's kernels; the workers run the same ones.
     parser.add_argument("--tensor-parallel-size", type=int, default=1)
+    parser.add_argument("--deterministic", action="store_true")
     args = parser.parse_args()
 
     import torch
@@ -35,6 +36,7 @@ def main() -> None:
         max_model_len=4096,
         async_scheduling=not args.no_async_scheduling,
         tensor_parallel_size=args.tensor_parallel_size,
+        deterministic=args.deterministic,
     )
     engine = llm.engine
     params = SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=10_000 // 4)
@@ -68,6 +70,7 @@ def main() -> None:
                 "context": args.context,
                 "async_scheduling": not args.no_async_scheduling,
                 "tp": args.tensor_parallel_size,
+                "deterministic": args.deterministic,
                 "wall_ms_per_step_profiled": round(wall * 1e3, 3),
                 "gpu_kernel_ms_per_step": round(gpu_ms, 3),
                 "top_kernels_ms_per_step": {k: round(v, 3) for k, v in top},
