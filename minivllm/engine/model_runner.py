@@ -19,7 +19,7 @@ from minivllm.engine.cuda_graph import CUDAGraphRunner
 from minivllm.engine.device_inputs import to_device
 from minivllm.engine.input_prep import StepInputs, prepare_inputs
 from minivllm.engine.kv_cache import KVCacheSpec, bind_kv_caches
-from minivllm.engine.profiling import profile_kv_budget
+from minivllm.engine.profiling import memory_baseline, profile_kv_budget
 from minivllm.engine.prompt_logprobs import PromptLogprobsJob, PromptLogprobsTracker
 from minivllm.engine.sampling_state import SamplingState
 from minivllm.engine.types import RunnerOutput, SchedulerOutput
@@ -48,6 +48,9 @@ class ModelRunner:
         self.max_model_len = max_model_len
         self.tp_size = tp_size
         self.block_size = config.block_size
+        self.memory_baseline = 0
+        if device.type == "cuda":
+            self.memory_baseline = memory_baseline(device, config.gpu_memory_utilization)
         tp_heads = model_config.num_attention_heads // tp_size
         self.attn_backend = get_attn_backend(
             config.attention_backend,
@@ -103,6 +106,7 @@ class ModelRunner:
             self.config.max_num_seqs,
             self.max_model_len,
             self.config.gpu_memory_utilization,
+            self.memory_baseline,
         )
         return self.kv_spec.num_blocks_for(budget)
 

@@ -1,5 +1,6 @@
 """Sizes the KV cache on CUDA: a dummy forward at the largest token budget, peak memory read,
-and `gpu_memory_utilization` of the card minus everything else given to the cache."""
+and `gpu_memory_utilization` of the card minus what this engine uses otherwise given to the
+cache (vLLM's meaning: the fraction is this engine's share, other processes do not shrink it)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,24 @@ def dummy_step(
     return SchedulerOutput(chunks=[c for c in chunks if c.token_ids], num_decode_chunks=0)
 
 
+def memory_baseline(device: torch.device, gpu_memory_utilization: float) -> int:
+    """Bytes in use on `device` before this engine loads anything (other processes, engines
+    already alive in this one). The engine's share must be free now: else a clear error, as
+    in vLLM, rather than a KV cache that turns out empty."""
+    # An engine dropped just before this one may still sit in a reference cycle: collect it.
+    gc.collect()
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info(device)
+    wanted = int(total * gpu_memory_utilization)
+    if free < wanted:
+        raise ValueError(
+            f"free memory on {device} ({free / 2**30:.1f} of {total / 2**30:.1f} GiB) is less"
+            f" than gpu_memory_utilization={gpu_memory_utilization} asks for"
+            f" ({wanted / 2**30:.1f} GiB): lower gpu_memory_utilization or free the GPU"
+        )
+    return total - free
+
+
 def profile_kv_budget(
     run_model: Callable[[StepInputs], torch.Tensor],
     attention_layers: Sequence[Attention],
@@ -42,11 +61,13 @@ def profile_kv_budget(
     max_num_seqs: int,
     max_model_len: int,
     gpu_memory_utilization: float,
+    baseline_used: int,
 ) -> int:
     """Returns the bytes the KV cache may take on this rank's GPU.
 
     run_model runs the model over a step's inputs (ModelRunner.run_model); the layers get a
     throwaway cache just large enough for the dummy step, unbound again afterwards.
+    baseline_used: memory_baseline() taken before the weights were loaded.
     """
     num_seqs = min(max_num_seqs, max_num_batched_tokens)
     sched_out = dummy_step(max_num_batched_tokens, num_seqs, max_model_len, kv_spec.block_size)
@@ -54,9 +75,6 @@ def profile_kv_budget(
     max_blocks = -(-max_model_len // kv_spec.block_size)
     inputs = prepare_inputs(sched_out, kv_spec.block_size, BlockTable(max_blocks, num_seqs))
 
-    # An engine dropped just before this one may still sit in a reference cycle: collect it,
-    # or its memory counts as used elsewhere and shrinks this engine's KV cache.
-    gc.collect()
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     free_before, total = torch.cuda.mem_get_info()
@@ -76,14 +94,15 @@ def profile_kv_budget(
     del caches, logits
     torch.cuda.empty_cache()
 
-    # used_elsewhere: weights, the CUDA context, other processes.
-    used_elsewhere = total - free_before
-    budget = int(total * gpu_memory_utilization) - used_elsewhere - peak_activation
+    # used_by_engine: weights and whatever else this engine allocated since the baseline.
+    used_by_engine = total - free_before - baseline_used
+    budget = int(total * gpu_memory_utilization) - used_by_engine - peak_activation
     logger.info(
-        "memory profile: total %.1f GiB, in use %.2f GiB, activation peak %.2f GiB"
-        " -> KV cache %.2f GiB",
+        "memory profile: total %.1f GiB, in use by others %.2f GiB, by this engine %.2f GiB,"
+        " activation peak %.2f GiB -> KV cache %.2f GiB",
         total / 2**30,
-        used_elsewhere / 2**30,
+        baseline_used / 2**30,
+        used_by_engine / 2**30,
         peak_activation / 2**30,
         budget / 2**30,
     )
