@@ -3,6 +3,7 @@ token ids and 200 output tokens (ignore_eos), dummy weights. Prints one JSON lin
 server's output tok/s at high concurrency can be set against the engine's offline rate.
 
 Usage: python benchmarks/offline_like_serve.py MODEL_DIR [NUM_PROMPTS] [INPUT_LEN] [OUTPUT_LEN]
+       [MAX_NUM_SEQS]   (e.g. 128: the concurrency the server was driven at; default: the engine's)
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ model_dir = sys.argv[1]
 num_prompts = int(sys.argv[2]) if len(sys.argv) > 2 else 512
 input_len = int(sys.argv[3]) if len(sys.argv) > 3 else 1000
 output_len = int(sys.argv[4]) if len(sys.argv) > 4 else 200
+limits = {"max_num_seqs": int(sys.argv[5])} if len(sys.argv) > 5 else {}
 
-llm = LLM(model_dir, load_format="dummy", max_model_len=4096)
+llm = LLM(model_dir, load_format="dummy", max_model_len=4096, **limits)
 params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=output_len)
 rng = random.Random(0)
 prompts = [
@@ -38,6 +40,7 @@ print(
             "num_prompts": num_prompts,
             "input_len": input_len,
             "output_len": output_len,
+            "max_num_seqs": llm.engine.config.max_num_seqs,
             "seconds": round(seconds, 3),
             "output_tok_s": round(num_output / seconds, 1),
         }

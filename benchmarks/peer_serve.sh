@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Serving side by side on the device machine: `vllm serve` then `minivllm serve` on the same GPU,
+# Serving side by side on the device machine: `vllm serve` and `minivllm serve` on the same GPU,
 # both driven by vLLM's own load generator (`vllm bench serve`), Qwen3-0.6B dummy weights,
 # random 1,000-token prompts and 200 output tokens (--ignore-eos). Then the same requests offline
 # through minivllm's LLM.generate. Needs vLLM installed in /tmp/vsite (benchmarks/peer_run.sh,
@@ -22,9 +22,9 @@ wait_healthy() {  # port, seconds
   return 1
 }
 
-bench() {  # name port
+bench() {  # name port seed (a new seed per round: no prefix-cache hits from the round before)
   local common="--backend openai --base-url http://127.0.0.1:$2 --model $MODEL --dataset-name random
-    --random-input-len 1000 --random-output-len 200 --ignore-eos --seed 0
+    --random-input-len 1000 --random-output-len 200 --ignore-eos --seed $3
     --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99"
   PYTHONPATH=$VSITE timeout 200 python3 -m vllm.entrypoints.cli.main bench serve $common \
     --num-prompts 300 --request-rate 10 > "$OUT/serve_${1}_rate10.log" 2>&1
@@ -43,18 +43,29 @@ stop() {  # pid
   kill -KILL -- "-$1" 2>/dev/null
 }
 
+# Both servers stay up on the same GPU (0.42 of it each: the load is 128 sequences at most) and
+# are driven in turn, twice each, so that a claim is a median of alternating runs.
 PYTHONPATH=$VSITE setsid python3 -m vllm.entrypoints.cli.main serve $MODEL --load-format dummy \
-  --max-model-len 4096 --port 8011 --disable-uvicorn-access-log > "$OUT/vllm_serve.log" 2>&1 &
+  --max-model-len 4096 --port 8011 --gpu-memory-utilization 0.42 --disable-uvicorn-access-log \
+  > "$OUT/vllm_serve.log" 2>&1 &
 vpid=$!
-wait_healthy 8011 240 && bench vllm 8011
-stop $vpid
-
+wait_healthy 8011 240 || tail -5 "$OUT/vllm_serve.log"
 PYTHONPATH=$VSITE:$PWD setsid python3 -m minivllm serve $MODEL --load-format dummy \
-  --max-model-len 4096 --port 8012 --disable-log-requests --disable-uvicorn-access-log > "$OUT/minivllm_serve.log" 2>&1 &
+  --max-model-len 4096 --port 8012 --gpu-memory-utilization 0.42 --disable-log-requests \
+  --disable-uvicorn-access-log > "$OUT/minivllm_serve.log" 2>&1 &
 mpid=$!
-wait_healthy 8012 240 && bench minivllm 8012
+wait_healthy 8012 240 || tail -5 "$OUT/minivllm_serve.log"
+for round in 1 2; do
+  bench vllm_$round 8011 $round
+  bench minivllm_$round 8012 $round
+done
 curl -s http://127.0.0.1:8012/metrics | grep -E "^minivllm:(num_preemptions|prefix_cache|generation_tokens|request_success)" | head -12
+stop $vpid
 stop $mpid
 wait $mpid; echo "minivllm serve exit code: $?"
 
-PYTHONPATH=$PWD timeout 200 python3 benchmarks/offline_like_serve.py $MODEL 512 2>&1 | tail -2
+# The same requests offline: at the engine's default limits and at the server's concurrency.
+for round in 1 2; do
+  PYTHONPATH=$PWD timeout 200 python3 benchmarks/offline_like_serve.py $MODEL 512 2>&1 | tail -1
+  PYTHONPATH=$PWD timeout 200 python3 benchmarks/offline_like_serve.py $MODEL 512 1000 200 128 2>&1 | tail -1
+done
