@@ -1,5 +1,6 @@
 """The triton backend's deterministic path: every row through the batch-invariant kernel
-(docs/determinism.md), decode rows of small batches split by segment for parallelism."""
+(docs/determinism.md): decode rows in their own launch (decode tiles; split by segment for
+parallelism in small batches), then the prefill rows."""
 
 from __future__ import annotations
 
@@ -53,9 +54,10 @@ class BatchInvariantAttention:
         out: torch.Tensor,  # [num_tokens, num_heads, head_dim], written
     ) -> None:
         num_decodes = meta.num_decode_tokens
-        segments = self.num_segments(num_decodes, kv_cache.shape[3], meta.max_seq_len)
         start = 0
-        if num_decodes > 0 and segments > 0:
+        if num_decodes > 0:
+            segments = self.num_segments(num_decodes, kv_cache.shape[3], meta.max_seq_len)
+            scratch = {"part_acc": self.part_acc, "part_m": self.part_m, "part_l": self.part_l}
             batch_invariant_attention(
                 q[:num_decodes],
                 kv_cache,
@@ -65,9 +67,8 @@ class BatchInvariantAttention:
                 scale,
                 out[:num_decodes],
                 num_segments=segments,
-                part_acc=self.part_acc,
-                part_m=self.part_m,
-                part_l=self.part_l,
+                decode_rows=True,
+                **(scratch if segments > 0 else {}),
             )
             start = num_decodes
         if meta.num_seqs > start:

@@ -20,21 +20,37 @@ from minivllm.kernels.checks import LOG2E
 from minivllm.kernels.prefill_attention import _check_inputs, _find_tile, _load_rows
 
 SEG_N = 512  # keys per segment: the unit of split-KV parallelism
+L_COLS: tl.constexpr = tl.constexpr(16)  # columns of the row-sum MMA (tl.dot's minimum N)
 # head_dim bound -> (2-byte, 4-byte dtype) configs, each (BLOCK_M rows = query tokens * group,
 # BLOCK_N, num_warps, num_stages): the prefill kernel's small configs (float32: tiles that fit
-# in shared memory), used for every batch shape: a row's reduction order and register layout
-# must not depend on the batch.
+# in shared memory), for every batch shape. BLOCK_N sets a row's tile boundaries, so it is one
+# per head_dim; BLOCK_M, warps and stages change only the register layout, which no longer
+# touches a row's arithmetic (row sums by MMA), and may differ for decode-only launches.
 _CONFIGS = (
     (64, ((64, 64, 4, 3), (64, 64, 4, 2))),
     (128, ((64, 64, 4, 3), (64, 32, 4, 2))),
     (256, ((64, 32, 8, 2), (32, 16, 4, 2))),
 )
+# Decode-only launches (one query row per request): (BLOCK_M, num_warps, num_stages) per
+# (head_dim bound, elem_size 2 or 4); the varlen config where absent. BLOCK_M 16 pads a GQA
+# group as the default decode kernel does instead of 64 rows. Set from
+# benchmarks/tune_deterministic.py, only where the GPU gave decode and prefill tiles the same
+# bits (an MMA of 16 rows and a 64-row warpgroup MMA must round alike).
+_DECODE_CONFIGS: dict[tuple[int, int], tuple[int, int, int]] = {}
 
 
-def batch_invariant_config(head_dim: int, elem_size: int = 2) -> tuple[int, int, int, int]:
+def batch_invariant_config(
+    head_dim: int, elem_size: int = 2, decode: bool = False
+) -> tuple[int, int, int, int]:
+    """(block_m, block_n, num_warps, num_stages) for q/KV elements of elem_size bytes; decode:
+    the config of a launch whose rows are all decodes (same block_n)."""
     for bound, (half, full) in _CONFIGS:
         if head_dim <= bound:
-            return half if elem_size <= 2 else full
+            block_m, block_n, num_warps, num_stages = half if elem_size <= 2 else full
+            key = (bound, 2 if elem_size <= 2 else 4)
+            if decode and key in _DECODE_CONFIGS:
+                block_m, num_warps, num_stages = _DECODE_CONFIGS[key]
+            return block_m, block_n, num_warps, num_stages
     raise ValueError(f"head_dim {head_dim} > 256 is not supported")
 
 
@@ -43,11 +59,12 @@ def _tile_step(
     acc, m_i, l_i, q, q_pos, n0, kv_end, block_table, k_base, v_base, scale_log2e,
     offs_n, offs_d,
     NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, MASKED: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
 ):  # fmt: skip
     """One online-softmax step over keys [n0, n0 + BLOCK_N). A row that has seen no visible
     key yet keeps m_i = -inf, l_i = 0, acc = 0 (the m_use guard), so a fresh segment that is
-    fully masked for it yields an exact zero state instead of NaN."""
+    fully masked for it yields an exact zero state instead of NaN. l_i: [BLOCK_M, L_COLS],
+    every column the row's sum."""
     pos = n0 + offs_n
     valid = pos < kv_end
     block_ids = tl.load(block_table + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
@@ -62,9 +79,14 @@ def _tile_step(
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
     p = tl.exp2(tl.fma(s, scale_log2e, -m_use[:, None]))
     alpha = tl.exp2(m_i - m_use)
-    l_i = tl.fma(l_i, alpha, tl.sum(p, 1))
     v = _load_rows(v_base + offs, valid, offs_d, HEAD_DIM, BLOCK_D, MASKED)
-    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+    p = p.to(v.dtype)
+    # Row sums by an MMA against ones, like acc: each element is one in-order chain over the
+    # keys whatever the tile shape. tl.sum's tree follows the register layout, which changes
+    # with BLOCK_M and num_warps, so decode and prefill tiles would round l differently.
+    ones = tl.full([BLOCK_N, L_COLS], 1.0, v.dtype)
+    l_i = tl.dot(p, ones, l_i * alpha[:, None])
+    acc = tl.dot(p, v, acc * alpha[:, None])
     return acc, m_new, l_i
 
 
@@ -79,32 +101,33 @@ def _segment(
     full_end are visible to every row of the tile (no masks); tiles start at multiples of
     BLOCK_N in every path."""
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
+    l_i = tl.zeros([BLOCK_M, L_COLS], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     seg_end = tl.minimum(seg_start + SEG_N, kv_end)
     mid = tl.minimum(tl.maximum(full_end, seg_start), seg_end)
     for n0 in range(seg_start, mid, BLOCK_N):
         acc, m_i, l_i = _tile_step(
             acc, m_i, l_i, q, q_pos, n0, kv_end, block_table, k_base, v_base, scale_log2e,
-            offs_n, offs_d, NUM_KV_HEADS, HEAD_DIM, BLOCK_D, BLOCK_SIZE, False,
+            offs_n, offs_d, NUM_KV_HEADS, HEAD_DIM, BLOCK_D, BLOCK_SIZE, BLOCK_N, False,
         )  # fmt: skip
     for n0 in range(mid, seg_end, BLOCK_N):
         acc, m_i, l_i = _tile_step(
             acc, m_i, l_i, q, q_pos, n0, kv_end, block_table, k_base, v_base, scale_log2e,
-            offs_n, offs_d, NUM_KV_HEADS, HEAD_DIM, BLOCK_D, BLOCK_SIZE, True,
+            offs_n, offs_d, NUM_KV_HEADS, HEAD_DIM, BLOCK_D, BLOCK_SIZE, BLOCK_N, True,
         )  # fmt: skip
     return acc, m_i, l_i
 
 
 @triton.jit
 def _fold(acc, m_i, l_i, seg_acc, seg_m, seg_l):
-    """Merges a segment's state into the running one (rows: [R], acc: [R, D]). The same
-    function runs in both launches; explicit FMAs leave the compiler no contraction choice."""
+    """Merges a segment's state into the running one (m: [R], l: [R, C], acc: [R, D]). The
+    same function runs in both launches; explicit FMAs leave the compiler no contraction
+    choice."""
     m_new = tl.maximum(m_i, seg_m)
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
     a = tl.exp2(m_i - m_use)
     b = tl.exp2(seg_m - m_use)
-    l_i = tl.fma(l_i, a, seg_l * b)
+    l_i = tl.fma(l_i, a[:, None], seg_l * b[:, None])
     acc = tl.fma(acc, a[:, None], seg_acc * b[:, None])
     return acc, m_new, l_i
 
@@ -121,30 +144,32 @@ def _walk(
     empty state (loop ended on a boundary) changes nothing: a = 1, b = 0 exactly."""
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
+    l_i = tl.zeros([BLOCK_M, L_COLS], tl.float32)
     seg_acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     seg_m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    seg_l = tl.zeros([BLOCK_M], tl.float32)
+    seg_l = tl.zeros([BLOCK_M, L_COLS], tl.float32)
     for n0 in range(0, full_end, BLOCK_N):
         seg_acc, seg_m, seg_l = _tile_step(
             seg_acc, seg_m, seg_l, q, q_pos, n0, kv_end, block_table, k_base, v_base,
-            scale_log2e, offs_n, offs_d, NUM_KV_HEADS, HEAD_DIM, BLOCK_D, BLOCK_SIZE, False,
+            scale_log2e, offs_n, offs_d, NUM_KV_HEADS, HEAD_DIM, BLOCK_D, BLOCK_SIZE, BLOCK_N,
+            False,
         )  # fmt: skip
         if (n0 + BLOCK_N) % SEG_N == 0:
             acc, m_i, l_i = _fold(acc, m_i, l_i, seg_acc, seg_m, seg_l)
             seg_acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
             seg_m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-            seg_l = tl.zeros([BLOCK_M], tl.float32)
+            seg_l = tl.zeros([BLOCK_M, L_COLS], tl.float32)
     for n0 in range(full_end, kv_end, BLOCK_N):
         seg_acc, seg_m, seg_l = _tile_step(
             seg_acc, seg_m, seg_l, q, q_pos, n0, kv_end, block_table, k_base, v_base,
-            scale_log2e, offs_n, offs_d, NUM_KV_HEADS, HEAD_DIM, BLOCK_D, BLOCK_SIZE, True,
+            scale_log2e, offs_n, offs_d, NUM_KV_HEADS, HEAD_DIM, BLOCK_D, BLOCK_SIZE, BLOCK_N,
+            True,
         )  # fmt: skip
         if (n0 + BLOCK_N) % SEG_N == 0:
             acc, m_i, l_i = _fold(acc, m_i, l_i, seg_acc, seg_m, seg_l)
             seg_acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
             seg_m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-            seg_l = tl.zeros([BLOCK_M], tl.float32)
+            seg_l = tl.zeros([BLOCK_M, L_COLS], tl.float32)
     return _fold(acc, m_i, l_i, seg_acc, seg_m, seg_l)
 
 
@@ -212,13 +237,14 @@ def _bi_attention_kernel(
         tl.store(part_acc_ptr + part[:, None] + offs_d[None, :], acc, mask=io_mask)
         ml = rows * stride_pm_t + heads * stride_pm_h + seg_id
         tl.store(part_m_ptr + ml, m_i, mask=m_mask)
-        tl.store(part_l_ptr + ml, l_i, mask=m_mask)
+        tl.store(part_l_ptr + ml, tl.max(l_i, 1), mask=m_mask)  # columns equal: exact
     else:
         acc, m_i, l_i = _walk(
             q, q_pos, full_end, kv_end, block_table, k_base, v_base, scale_log2e, offs_n,
             offs_d, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_M, BLOCK_N, BLOCK_D, SEG_N,
         )  # fmt: skip
-        o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        l_row = tl.max(l_i, 1)  # columns equal: exact
+        o = acc / tl.where(l_row == 0.0, 1.0, l_row)[:, None]
         dst = out_ptr + rows[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
         tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=io_mask)
 
@@ -239,7 +265,7 @@ def _fold_kernel(
     io_mask = g_mask[:, None] & (offs_d < HEAD_DIM)[None, :]
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_G], tl.float32)
+    l_i = tl.zeros([BLOCK_G, 1], tl.float32)  # [R, C] as `_fold` takes it
     num_segs = tl.cdiv(tl.load(seq_lens_ptr + row), SEG_N)
     for seg in range(0, num_segs):
         part = row * stride_pa_t + heads * stride_pa_h + seg * stride_pa_s
@@ -247,8 +273,8 @@ def _fold_kernel(
         ml = row * stride_pm_t + heads * stride_pm_h + seg
         seg_m = tl.load(part_m_ptr + ml, mask=g_mask, other=float("-inf"))
         seg_l = tl.load(part_l_ptr + ml, mask=g_mask, other=0.0)
-        acc, m_i, l_i = _fold(acc, m_i, l_i, seg_acc, seg_m, seg_l)
-    o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        acc, m_i, l_i = _fold(acc, m_i, l_i, seg_acc, seg_m, seg_l[:, None])
+    o = acc / tl.where(l_i == 0.0, 1.0, l_i)
     dst = out_ptr + row * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
     tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=io_mask)
 
@@ -287,6 +313,7 @@ def batch_invariant_attention(
     part_l: torch.Tensor | None = None,
     seg_n: int = SEG_N,
     config: tuple[int, int, int, int] | None = None,
+    decode_rows: bool = False,
 ) -> torch.Tensor:
     """Causal attention of packed queries over their paged contexts; writes and returns out.
 
@@ -295,9 +322,11 @@ def batch_invariant_attention(
     request, start_row 0): grid axis of num_segments >= cdiv(max seq_len, seg_n) segment
     programs writing part_acc [>= num_rows, num_heads, >= num_segments, head_dim] and
     part_m, part_l [>= num_rows, num_heads, >= num_segments] float32, then a fold kernel.
-    Both launches give identical bits for a row. seg_n (a multiple of block_n) and config
-    (block_m, block_n, num_warps, num_stages) must stay fixed for an engine's lifetime; tests
-    use small ones. No host syncs; graph-capturable for a fixed num_segments.
+    Both launches give identical bits for a row. decode_rows: every request has one query
+    row (start_row 0), so the decode tile config applies; the split launch implies it.
+    seg_n (a multiple of block_n) and block_n must stay fixed for an engine's lifetime; config
+    (block_m, block_n, num_warps, num_stages) overrides the table (tests, tuning). No host
+    syncs; graph-capturable for a fixed num_segments.
     """
     _check_inputs(q, kv_cache, query_start_loc, seq_lens, block_tables, scale, out)
     num_seqs = seq_lens.shape[0]
@@ -307,18 +336,20 @@ def batch_invariant_attention(
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = kv_cache.shape[3]
     group = num_heads // num_kv_heads
+    split = num_segments > 0
+    if (split or decode_rows) and (start_row != 0 or num_rows != num_seqs):
+        raise ValueError("the split and decode launches take decode rows only (one per request)")
     elem_size = max(q.element_size(), kv_cache.element_size())
-    block_m, block_n, num_warps, num_stages = config or batch_invariant_config(head_dim, elem_size)
+    block_m, block_n, num_warps, num_stages = config or batch_invariant_config(
+        head_dim, elem_size, decode=split or decode_rows
+    )
     block_m = max(block_m, triton.next_power_of_2(group))
     for name, val in (("block_m", block_m), ("block_n", block_n)):
         if val < 16 or val & (val - 1):
             raise ValueError(f"{name} must be a power of two >= 16, got {val}")
     if seg_n < block_n or seg_n % block_n:
         raise ValueError(f"seg_n ({seg_n}) must be a positive multiple of block_n ({block_n})")
-    split = num_segments > 0
     if split:
-        if start_row != 0 or num_rows != num_seqs:
-            raise ValueError("the split launch takes decode rows only (one row per request)")
         _check_split(part_acc, part_m, part_l, q, num_segments)
         pa, pm = part_acc.stride()[:3], part_m.stride()[:2]
     else:

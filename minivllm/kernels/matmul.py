@@ -1,5 +1,5 @@
 """Batch-invariant GEMM for deterministic mode: y = x @ w.T (+ b), each output element reduced
-over K in one fixed order (BLOCK_K steps, no split-K), with one tile config whatever M is.
+over K in one fixed order (BLOCK_K steps, no split-K); tiles from kernels/matmul_configs.py.
 
 cuBLAS picks kernels (and split-K) by shape, so a row's bits can change with the number of
 rows computed beside it; here a row's result depends only on that row, w and b.
@@ -12,27 +12,15 @@ import triton
 import triton.language as tl
 
 from minivllm.kernels.checks import check_same, check_tensor
+from minivllm.kernels.matmul_configs import (
+    Buckets,
+    Config,
+    bucket_config,
+    check_buckets,
+    matmul_config,
+)
 
-# dtype -> (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages). BLOCK_M 64 on 4 warps is one
-# Hopper warpgroup MMA, so small decode batches still give many programs. The config may
-# depend on the weight's shape (fixed for a layer), never on M.
-_CONFIGS = {
-    torch.bfloat16: (64, 128, 64, 4, 4),
-    torch.float16: (64, 128, 64, 4, 4),
-    torch.float32: (64, 64, 32, 4, 3),
-}
 GROUP_M = 8  # row tiles that share a column band (L2 reuse of w)
-NARROW_N = 2048  # up to this many outputs (o_proj, down_proj): half-width tiles, 2x programs
-
-
-def matmul_config(dtype: torch.dtype, n: int) -> tuple[int, int, int, int, int]:
-    """The config for a weight of n output features; independent of the number of rows."""
-    if dtype not in _CONFIGS:
-        raise ValueError(f"matmul supports {list(_CONFIGS)}, got {dtype}")
-    block_m, block_n, block_k, num_warps, num_stages = _CONFIGS[dtype]
-    if n <= NARROW_N:
-        block_n = min(block_n, 64)
-    return block_m, block_n, block_k, num_warps, num_stages
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -84,12 +72,14 @@ def matmul(
     x: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
-    config: tuple[int, int, int, int, int] | None = None,
+    config: Config | None = None,
+    buckets: Buckets | None = None,
 ) -> torch.Tensor:
     """F.linear(x, weight, bias), batch-invariant. x: [..., K], weight: [N, K] (last dims
     contiguous), bias: [N] or None; returns [..., N] in x.dtype. float32 uses IEEE products
-    (no TF32), as torch does by default. config: (block_m, block_n, block_k, num_warps,
-    num_stages) overrides `matmul_config` (tests); it must stay fixed across calls."""
+    (no TF32), as torch does by default. Tiles: `matmul_config` (the shape's M buckets, or the
+    rule); config (block_m, block_n, block_k, num_warps, num_stages) fixes one for every M,
+    buckets ((max_m, config), ...) replaces the shape's table entry (tests, tuning)."""
     check_tensor("weight", weight, 2)
     check_same("x.dtype", x.dtype, "weight.dtype", weight.dtype)
     check_same("x last dim", x.shape[-1], "weight in_features", weight.shape[1])
@@ -104,7 +94,10 @@ def matmul(
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     if M == 0 or N == 0:
         return y.reshape(*lead, N)
-    block_m, block_n, block_k, num_warps, num_stages = config or matmul_config(x.dtype, N)
+    if config is None and buckets is not None:
+        check_buckets(buckets)
+        config = bucket_config(buckets, M)
+    block_m, block_n, block_k, num_warps, num_stages = config or matmul_config(x.dtype, N, K, M)
     grid = (triton.cdiv(M, block_m) * triton.cdiv(N, block_n),)
     _matmul_kernel[grid](
         x2, weight, y if bias is None else bias, y, M, N, K,
