@@ -188,15 +188,22 @@ def _bi_attention_kernel(
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, SEG_N: tl.constexpr, SPLIT: tl.constexpr,
+    DECODE: tl.constexpr,
 ):  # fmt: skip
     """Grid ((cdiv(num_rows, BLOCK_Q) + num_seqs) * num_kv_heads, num_segments if SPLIT else
-    1). Tiles as in the prefill kernel (row r: token r // GROUP, head r % GROUP). SPLIT:
+    1); DECODE (one row per request): (num_seqs * num_kv_heads, ...), a program per request.
+    Tiles as in the prefill kernel (row r: token r // GROUP, head r % GROUP). SPLIT:
     program (tile, s) writes segment s's unnormalized state to part_*; else it folds every
     segment and writes the output."""
     pid = tl.program_id(0)
     kv_head = pid % NUM_KV_HEADS
-    tile_id = tl.num_programs(0) // NUM_KV_HEADS - 1 - pid // NUM_KV_HEADS
-    seq, q_start, tile = _find_tile(query_start_loc_ptr, num_seqs, start_row, tile_id, BLOCK_Q)
+    if DECODE:  # no tile search, no idle programs
+        seq = pid // NUM_KV_HEADS
+        q_start = tl.load(query_start_loc_ptr + seq)
+        tile = 0
+    else:
+        tile_id = tl.num_programs(0) // NUM_KV_HEADS - 1 - pid // NUM_KV_HEADS
+        seq, q_start, tile = _find_tile(query_start_loc_ptr, num_seqs, start_row, tile_id, BLOCK_Q)
     query_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
     t0 = tile * BLOCK_Q
     if t0 >= query_len:
@@ -356,7 +363,9 @@ def batch_invariant_attention(
         part_acc = part_m = part_l = out  # unused by the kernel
         pa, pm = (0, 0, 0), (0, 0)
     block_q = block_m // group
-    grid = ((triton.cdiv(num_rows, block_q) + num_seqs) * num_kv_heads, max(num_segments, 1))
+    decode = split or decode_rows
+    num_tiles = num_seqs if decode else triton.cdiv(num_rows, block_q) + num_seqs
+    grid = (num_tiles * num_kv_heads, max(num_segments, 1))
     _bi_attention_kernel[grid](
         q, kv_cache, block_tables, seq_lens, query_start_loc, out, part_acc, part_m, part_l,
         scale * LOG2E, num_seqs, start_row,
@@ -364,7 +373,7 @@ def batch_invariant_attention(
         *pa, *pm, kv_cache[0].numel(),
         NUM_KV_HEADS=num_kv_heads, GROUP=group, HEAD_DIM=head_dim,
         BLOCK_SIZE=kv_cache.shape[2], BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_D=triton.next_power_of_2(head_dim), SEG_N=seg_n, SPLIT=split,
+        BLOCK_D=triton.next_power_of_2(head_dim), SEG_N=seg_n, SPLIT=split, DECODE=decode,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     if split:

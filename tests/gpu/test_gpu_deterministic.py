@@ -53,6 +53,24 @@ def test_matmul_rows_independent_of_m() -> None:
                 torch.backends.cuda.preferred_blas_library(library)
 
 
+def test_matmul_table_rows_independent_of_m() -> None:
+    """Every shape of kernels/matmul_configs.TABLE (the tuned M buckets, bf16): a row has the
+    same bits at M = 1, 7 and on both sides of every bucket bound as in a 4096-row product."""
+    from minivllm.kernels.matmul import matmul
+    from minivllm.kernels.matmul_configs import TABLE, check_buckets
+
+    shapes = dict(TABLE) or {(4096, 1024): ((4096, (64, 128, 64, 4, 4)),)}  # empty: the rule
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    for (n, k), buckets in shapes.items():
+        check_buckets(buckets)
+        x = torch.randn(4096, k, device="cuda", generator=gen).to(torch.bfloat16)
+        w = (torch.randn(n, k, device="cuda", generator=gen) / k**0.5).to(torch.bfloat16)
+        full = matmul(x, w)
+        bounds = [b for max_m, _ in buckets for b in (max_m, max_m + 1)]
+        for m in sorted({1, 7, *bounds} & set(range(1, 4097))):
+            assert torch.equal(matmul(x[:m], w), full[:m]), f"N={n} K={k} M={m}"
+
+
 def test_attention_prefill_chunks_decode_split_same_bits() -> None:
     from minivllm.kernels.batch_invariant_attention import SEG_N, batch_invariant_attention
 
@@ -81,7 +99,9 @@ def test_attention_prefill_chunks_decode_split_same_bits() -> None:
     lens = torch.tensor([p + 1 for p in positions], dtype=torch.int32, device="cuda")
     rows = q[positions].contiguous()
     tables = table.expand(n, -1).contiguous()
-    plain = batch_invariant_attention(rows, cache, qsl, lens, tables, scale, torch.empty_like(rows))
+    plain = batch_invariant_attention(
+        rows, cache, qsl, lens, tables, scale, torch.empty_like(rows), decode_rows=True
+    )  # the decode tiles (their own config) against the prefill tiles
     assert torch.equal(plain, whole[positions])
     segs = -(-length // SEG_N)
     parts = {

@@ -1,5 +1,6 @@
 """batch_invariant_attention: close to a torch oracle, and bit-identical for a token whatever
-path computes it (one prefill chunk, other chunkings, a decode in any batch, split or not)."""
+path computes it (one prefill chunk, other chunkings, a decode in any batch, split or not),
+with decode launches on smaller tiles than prefill launches (only BLOCK_N is shared)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from paged_case import DEVICE, make_paged_case, ref_attention, tolerance
 
 from minivllm.kernels.batch_invariant_attention import batch_invariant_attention
 
-CONFIG = (16, 16, 4, 1)  # block_m 16 (8 tokens x group 2), block_n 16
+CONFIG = (32, 16, 4, 1)  # prefill tiles: block_m 32 (16 tokens x group 2), block_n 16
+DECODE_CONFIG = (16, 16, 2, 1)  # decode tiles: the group padded to 16 rows, fewer warps
 SEG_N = 32
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 4, 2, 32, 8
 
@@ -47,7 +49,7 @@ def _decode(q, case, seq_lens, block_tables, split: bool):
         }
     return batch_invariant_attention(
         q, case.kv_cache, _qsl([1] * n), lens, block_tables, HEAD_DIM**-0.5, out,
-        num_segments=num_segments, seg_n=SEG_N, config=CONFIG, **parts,
+        num_segments=num_segments, seg_n=SEG_N, config=DECODE_CONFIG, decode_rows=True, **parts,
     )  # fmt: skip
 
 
@@ -99,7 +101,7 @@ def test_same_bits_prefill_chunks_and_decodes(dtype):
         assert torch.equal(got[0], whole[33])
 
 
-def test_split_launch_rejects_prefill_rows():
+def test_split_and_decode_launches_reject_prefill_rows():
     case = make_paged_case([10], NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, torch.float32)
     q = torch.zeros(4, NUM_HEADS, HEAD_DIM, device=DEVICE)
     scratch = torch.empty(4, NUM_HEADS, 1, device=DEVICE)
@@ -108,4 +110,9 @@ def test_split_launch_rejects_prefill_rows():
             q, case.kv_cache, _qsl([4]), case.seq_lens, case.block_tables, 0.1, q.clone(),
             num_segments=1, part_acc=scratch[..., None].expand(-1, -1, -1, HEAD_DIM),
             part_m=scratch, part_l=scratch, seg_n=SEG_N, config=CONFIG,
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="decode rows only"):
+        batch_invariant_attention(
+            q, case.kv_cache, _qsl([4]), case.seq_lens, case.block_tables, 0.1, q.clone(),
+            seg_n=SEG_N, config=DECODE_CONFIG, decode_rows=True,
         )  # fmt: skip

@@ -1,5 +1,6 @@
 """matmul (batch-invariant GEMM): equals F.linear within rounding, and a row's bits do not
-depend on how many rows are computed with it or where it sits among them."""
+depend on how many rows are computed with it or where it sits among them, also when the tile
+config switches between M buckets (kernels/matmul_configs.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,13 @@ import torch.nn.functional as F
 from ordered_dot import ordered_dot  # noqa: F401 (fixture)
 from paged_case import DEVICE
 
+from minivllm.kernels import matmul_configs
 from minivllm.kernels.matmul import matmul
+from minivllm.kernels.matmul_configs import check_buckets, matmul_config
 
 CONFIG = (16, 16, 16, 4, 1)  # small tiles: several row, column and k tiles in the interpreter
+# M buckets with other row / column tiles and warps, one BLOCK_K: M <= 8, <= 40, larger.
+BUCKETS = ((8, (16, 16, 16, 4, 1)), (40, (32, 16, 16, 2, 1)), (64, (64, 32, 16, 4, 2)))
 
 
 def _data(m: int, k: int, n: int, dtype: torch.dtype, seed: int = 0):
@@ -69,3 +74,41 @@ def test_bad_input():
         matmul(x.half(), w)
     with pytest.raises(ValueError, match="bias length"):
         matmul(x, w, torch.zeros(3, device=DEVICE))
+
+
+@pytest.mark.usefixtures("ordered_dot")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_row_bits_across_m_buckets(dtype):
+    x, w, b = _data(100, 40, 40, dtype, seed=2)  # k 40: a masked last k tile
+    full = matmul(x, w, b, buckets=BUCKETS)  # M 100: past the last bound, its config
+    torch.testing.assert_close(full.float(), F.linear(x.float(), w.float(), b.float()),
+                               atol=2e-3, rtol=2e-3)  # fmt: skip
+    for m in (1, 8, 9, 40, 41, 64):
+        assert torch.equal(matmul(x[:m], w, b, buckets=BUCKETS), full[:m]), f"M={m}"
+    assert torch.equal(matmul(x[99:], w, b, buckets=BUCKETS)[0], full[99])
+
+
+def test_config_table(monkeypatch):
+    for buckets in matmul_configs.TABLE.values():  # what the tuning script pasted
+        check_buckets(buckets)
+    monkeypatch.setitem(matmul_configs.TABLE, (40, 24), BUCKETS)
+    assert matmul_config(torch.bfloat16, 40, 24, 1) == BUCKETS[0][1]
+    assert matmul_config(torch.float16, 40, 24, 9) == BUCKETS[1][1]
+    assert matmul_config(torch.bfloat16, 40, 24, 10**6) == BUCKETS[2][1]
+    # Other shapes and float32 take the rule, whatever M is.
+    rule = matmul_config(torch.float32, 40, 24, 1)
+    assert matmul_config(torch.float32, 40, 24, 10**6) == rule
+    assert matmul_config(torch.bfloat16, 48, 24, 1) == matmul_config(torch.bfloat16, 48, 24, 10**6)
+    x, w, _ = _data(9, 24, 40, torch.float16)
+    torch.testing.assert_close(matmul(x, w).float(), F.linear(x.float(), w.float()),
+                               atol=2e-3, rtol=2e-3)  # fmt: skip
+
+
+def test_bad_buckets():
+    x, w, _ = _data(2, 16, 8, torch.float32)
+    with pytest.raises(ValueError, match="block_k"):
+        matmul(x, w, buckets=((1, (16, 16, 16, 4, 1)), (8, (16, 16, 32, 4, 1))))
+    with pytest.raises(ValueError, match="ascending"):
+        matmul(x, w, buckets=((8, CONFIG), (1, CONFIG)))
+    with pytest.raises(ValueError, match="at least one"):
+        matmul(x, w, buckets=())
