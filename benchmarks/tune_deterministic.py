@@ -1,10 +1,12 @@
 """Deterministic mode on one GPU (<= 3 min): where its cost goes and which fixed tile configs are
 fastest. GEMMs: every candidate config against cuBLAS for the Qwen3-0.6B / 8B (and TP=2) weight
-shapes at M = 1..8192; a config joins a shape's M-bucket table only if the GPU gives every row
-the same bits as the shape's reference config at M = 1, 7, 64, 256, 2048. Attention: decode and
-prefill tile configs against the default kernels, decode tiles admitted only where a decode row
-equals the same token's prefill row bit for bit. Prints one JSON line per winner, a breakdown
-of the headline decode step, and a final line with the tables (also $OUT/det_gemm_table.json).
+shapes at M = 1..8192. The leaders are sorted into bit classes: configs (one BLOCK_K) whose
+2048-row products are equal bit for bit, each config's rows at M = 1, 7, 64, 256 equal to its
+2048-row product; a shape's M-bucket table takes one class (class bk64.0 holds the current
+rule's config). Attention: decode and prefill tile configs against the default kernels, classed
+by the bits of the same tokens as prefill rows and as decode rows (walked, split). Prints one
+JSON line per (shape, M), the bit classes, a breakdown of the headline steps, and a final line
+with the tables (also written to $OUT/det_gemm_table.json).
 
 python benchmarks/tune_deterministic.py [--budget-s 170] [--smoke (CPU interpreter, tiny)]
 """
@@ -25,6 +27,7 @@ import torch.nn.functional as F
 from tune_attention import (
     DECODE_STEPS,
     PREFILL_CHUNKS,
+    BitClasses,
     attn_jobs_inputs,
     compile_attention,
     tune_attention,
@@ -34,8 +37,9 @@ from minivllm.kernels.matmul import matmul
 from minivllm.kernels.matmul_configs import default_config
 
 MS = (1, 16, 64, 128, 256, 512, 2048, 8192)
-CHECK_MS = (1, 7, 64, 256, 2048)  # rows compared bitwise against the reference config
+CHECK_MS = (1, 7, 64, 256, 2048)  # a config's rows at these M must equal its 2048-row product
 LM_HEAD_MAX_M = 512  # the LM head only sees sampled rows
+LEADERS = 12  # the fastest configs at each M that are sorted into bit classes
 MODELS = {  # name -> (hidden, q+kv heads * head_dim, intermediate, vocab)
     "qwen3-0.6b": (1024, 4096, 2048, 3072, 151936),
     "qwen3-8b": (4096, 6144, 4096, 12288, 151936),
@@ -147,14 +151,9 @@ class Timer:
         return start.elapsed_time(end) / reps
 
 
-def _ref_config(n: int, block_k: int) -> tuple:
-    bm, bn, _, warps, stages = default_config(torch.bfloat16, n)
-    return bm, bn, block_k, warps, 3 if block_k == 128 else stages
-
-
 def tune_shape(name: str, n: int, k: int, configs: list[tuple], timer: Timer, device: str):
-    """Times cuBLAS, the current rule and every fitting config at each M; verifies winners
-    bitwise; returns (per-M result dicts, buckets or None)."""
+    """Times cuBLAS and every fitting config at each M, sorts the leaders into bit classes;
+    returns (per-M result dicts, buckets of the best class or None)."""
     dtype = torch.float16 if device == "cpu" else torch.bfloat16
     gen = torch.Generator(device=device).manual_seed(0)
     ms = [m for m in MS if not (name.endswith("lm_head") and m > LM_HEAD_MAX_M)]
@@ -166,25 +165,23 @@ def tune_shape(name: str, n: int, k: int, configs: list[tuple], timer: Timer, de
         (torch.randn(n, k, device=device, generator=gen) / k**0.5).to(dtype)
         for _ in range(1 if device == "cpu" else copies)
     ]
-    refs, verified = {}, {}
     check_ms = [m for m in CHECK_MS if device == "cuda" or m <= 64]
+    classes: dict[int, BitClasses] = {}
 
-    def is_invariant(config: tuple) -> bool:
-        if config not in verified:
-            bk = config[2]
-            if bk not in refs:
-                ref = _ref_config(n, bk) if device == "cuda" else (16, 16, bk, 4, 1)
-                refs[bk] = matmul(x[: check_ms[-1]], ws[0], config=ref)
-            verified[config] = all(
-                torch.equal(matmul(x[:m], ws[0], config=config), refs[bk][:m]) for m in check_ms
-            )
-        return verified[config]
+    def bit_class(config: tuple) -> str | None:
+        """Configs with one BLOCK_K giving equal products of check_ms[-1] rows share a class;
+        a config whose rows change with M (at check_ms) has none."""
+        full = matmul(x[: check_ms[-1]], ws[0], config=config)
+        if not all(torch.equal(matmul(x[:m], ws[0], config=config), full[:m]) for m in check_ms):
+            return None
+        return f"bk{config[2]}.{classes.setdefault(config[2], BitClasses()).classify(full)}"
 
-    rows, best = [], {}  # best[(m, bk)] = (ms, config)
+    current = default_config(dtype, n)
+    of_class = {current: bit_class(current)}  # class bk64.0: the rule's config
+    rows, best = [], {}  # best[(m, class)] = (ms, config)
     for m in ms:
         xm = x[:m]
         cublas = timer([partial(F.linear, xm, w) for w in ws])
-        current = default_config(dtype, n)
         times = {}
         for config in [current] + [c for c in configs if fits(c, m, n) and c != current]:
             try:
@@ -195,11 +192,12 @@ def tune_shape(name: str, n: int, k: int, configs: list[tuple], timer: Timer, de
             times[config] = min(
                 times[config], timer([partial(matmul, xm, w, config=config) for w in ws])
             )
-        for bk in sorted({c[2] for c in times}):
-            for config in sorted((c for c in times if c[2] == bk), key=times.get)[:6]:
-                if is_invariant(config):
-                    best[(m, bk)] = (times[config], config)
-                    break
+        for config in [current] + sorted(times, key=times.get)[:LEADERS]:
+            if config not in of_class:
+                of_class[config] = bit_class(config)
+            key = (m, of_class[config])
+            if key[1] is not None and (key not in best or times[config] < best[key][0]):
+                best[key] = (times[config], config)
         fastest = min(times, key=times.get)
         rows.append(
             {
@@ -210,32 +208,43 @@ def tune_shape(name: str, n: int, k: int, configs: list[tuple], timer: Timer, de
                 "cublas_ms": cublas,
                 "current": [current, times[current]],
                 "fastest_any": [fastest, times[fastest]],
-                "fastest_invariant": {bk: best.get((m, bk)) for bk in (64, 128)},
+                "fastest_by_class": {c: v for (mm, c), v in best.items() if mm == m},
             }
         )
-    bk = _choose_block_k(ms, best)
-    for row in rows:  # the table's pick at this M (None: no BLOCK_K verified at every M)
-        row["table"] = None if bk is None else best[(row["m"], bk)]
-    return rows, None if bk is None else _buckets(ms, best, bk)
+    _print_classes(name, of_class)
+    chosen = _choose_class(ms, best)
+    for row in rows:  # the table's pick at this M (None: no class has a config at every M)
+        row["table"] = None if chosen is None else best[(row["m"], chosen)]
+    return rows, None if chosen is None else _buckets(ms, best, chosen)
 
 
-def _choose_block_k(ms: list[int], best: dict) -> int | None:
-    """The BLOCK_K with a verified config at every M and the least summed time relative to
-    the fastest verified config at each M."""
+def _print_classes(name: str, of_class: dict) -> None:
+    """Which configs round alike: e.g. whether 16-row (mma.sync) and 64-row (wgmma) tiles or
+    BLOCK_N 64 and 256 give a row the same bits on this GPU."""
+    groups: dict = {}
+    for config, c in of_class.items():
+        groups.setdefault("rows change with M" if c is None else c, []).append(config)
+    print(json.dumps({"kind": "gemm_bit_classes", "shape": name, "classes": groups}), flush=True)
+
+
+def _choose_class(ms: list[int], best: dict) -> str | None:
+    """The bit class with a config at every M and the least summed time relative to the
+    fastest classified config at each M."""
     scores = {}
-    for bk in {bk for _, bk in best}:
-        if all((m, bk) in best for m in ms):
-            scores[bk] = sum(
-                best[(m, bk)][0] / min(v[0] for (mm, _), v in best.items() if mm == m) for m in ms
+    for c in {c for _, c in best}:
+        if all((m, c) in best for m in ms):
+            scores[c] = sum(
+                best[(m, c)][0] / min(v[0] for (mm, _), v in best.items() if mm == m) for m in ms
             )
     return min(scores, key=scores.get) if scores else None
 
 
-def _buckets(ms: list[int], best: dict, bk: int) -> list:
-    """[[max_m, config], ...]: each M's fastest verified config, adjacent equal ones merged."""
+def _buckets(ms: list[int], best: dict, chosen: str) -> list:
+    """[[max_m, config], ...]: each M's fastest config of the class, adjacent equal ones
+    merged."""
     out = []
     for m in ms:
-        config = list(best[(m, bk)][1])
+        config = list(best[(m, chosen)][1])
         if out and out[-1][1] == config:
             out[-1][0] = m
         else:
