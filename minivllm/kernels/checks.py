@@ -6,6 +6,9 @@ from __future__ import annotations
 import torch
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# An fp8 KV cache (kv_cache_dtype="fp8") holds e4m3 values: K / k_scale and V / v_scale.
+FP8_KV_DTYPE = torch.float8_e4m3fn
+KV_CACHE_DTYPES = (*FLOAT_DTYPES, FP8_KV_DTYPE)
 # The attention kernels exponentiate base 2: scores are scaled by scale * LOG2E.
 LOG2E = 1.4426950408889634
 
@@ -35,7 +38,7 @@ def check_same(name_a: str, a: object, name_b: str, b: object) -> None:
 
 def check_kv_cache(kv_cache: torch.Tensor) -> None:
     """kv_cache: [2, num_blocks, block_size, num_kv_heads, head_dim], fully contiguous."""
-    check_tensor("kv_cache", kv_cache, 5)
+    check_tensor("kv_cache", kv_cache, 5, KV_CACHE_DTYPES)
     if kv_cache.shape[0] != 2:
         raise ValueError(f"kv_cache dim 0 must be 2 (K, V), got shape {tuple(kv_cache.shape)}")
     if not kv_cache.is_contiguous():
@@ -65,9 +68,22 @@ def check_paged_attention(
     check_tensor("seq_lens", seq_lens, 1, (torch.int32,))
     check_tensor("out", out, 3)
     check_head_dim(q.shape[2])
-    check_same("q.dtype", q.dtype, "kv_cache.dtype", kv_cache.dtype)
+    if kv_cache.dtype != FP8_KV_DTYPE:
+        check_same("q.dtype", q.dtype, "kv_cache.dtype", kv_cache.dtype)
     check_same("out.shape", tuple(out.shape), "q.shape", tuple(q.shape))
     check_same("q head_dim", q.shape[2], "kv_cache head_dim", kv_cache.shape[4])
     check_same("block_tables rows", block_tables.shape[0], "num_seqs", seq_lens.shape[0])
     if q.shape[1] % kv_cache.shape[3]:
         raise ValueError(f"num_heads {q.shape[1]} must be a multiple of {kv_cache.shape[3]}")
+
+
+def check_kv_scales(kv_cache: torch.Tensor, k_scale: float, v_scale: float) -> bool:
+    """Whether kv_cache is fp8; its dequantization scales must be finite and > 0, and a
+    cache in the model's dtype takes no scales (1.0)."""
+    is_fp8 = kv_cache.dtype == FP8_KV_DTYPE
+    for name, value in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if not 0.0 < value < float("inf"):
+            raise ValueError(f"{name} must be finite and > 0, got {value}")
+        if not is_fp8 and value != 1.0:
+            raise ValueError(f"{name}={value}: KV scales apply to an fp8 cache only")
+    return is_fp8

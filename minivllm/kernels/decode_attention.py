@@ -2,6 +2,8 @@
 
 Each program reads a K/V tile once for all query heads of its GQA group (`tl.dot` with the
 group padded to 16 rows). Split-KV (flash-decoding) adds a partition grid axis and a reduce.
+An fp8 cache is converted to q's dtype tile by tile; its scales are folded into the softmax
+scale (K) and the output (V).
 """
 
 from __future__ import annotations
@@ -10,7 +12,13 @@ import torch
 import triton
 import triton.language as tl
 
-from minivllm.kernels.checks import LOG2E, check_paged_attention, check_same, check_tensor
+from minivllm.kernels.checks import (
+    LOG2E,
+    check_kv_scales,
+    check_paged_attention,
+    check_same,
+    check_tensor,
+)
 from minivllm.kernels.tiling import fit_attention_tiles
 
 MAX_SPLITS = 16
@@ -60,6 +68,7 @@ def _decode_kernel(
     mid_o_ptr,
     mid_lse_ptr,
     scale_log2e,
+    v_scale,
     num_splits,
     stride_qt,
     stride_qh,
@@ -80,10 +89,12 @@ def _decode_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     SPLIT: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     """Grid (num_seqs, num_kv_heads, num_splits). Program (b, h, s) attends the GROUP query
     heads of kv head h of request b over partition s of its context. SPLIT: write the
-    partition's normalized output and log2-sum-exp to mid_o/mid_lse, else straight to out."""
+    partition's normalized output and log2-sum-exp to mid_o/mid_lse, else straight to out.
+    KV_FP8: K/V tiles are e4m3 (k_scale already in scale_log2e, v_scale applied at the end)."""
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -118,6 +129,8 @@ def _decode_kernel(
         rows = cache_ptr + slots[:, None] * (NUM_KV_HEADS * HEAD_DIM) + kv_head * HEAD_DIM
         kv_mask = valid[:, None] & d_mask[None, :]
         k = tl.load(rows + offs_d[None, :], mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
+        if KV_FP8:
+            k = k.to(q.dtype)
         s = tl.dot(q, tl.trans(k)) * scale_log2e  # [BLOCK_G, BLOCK_N]
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -125,12 +138,16 @@ def _decode_kernel(
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(rows + v_cache_offset + offs_d[None, :], mask=kv_mask, other=0.0)
+        if KV_FP8:
+            v = v.to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
 
     # An empty partition (or seq_len 0) has l_i == 0: output 0, lse -inf (weight 0 in reduce).
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     o = acc / l_safe[:, None]
+    if KV_FP8:
+        o = o * v_scale
     out_mask = g_mask[:, None] & d_mask[None, :]
     if SPLIT:
         lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(l_safe))
@@ -217,6 +234,8 @@ def decode_attention(
     mid_o: torch.Tensor | None = None,
     mid_lse: torch.Tensor | None = None,
     config: tuple[int, int, int] | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Attention of one query token per request over its paged context; writes and returns out.
 
@@ -226,9 +245,11 @@ def decode_attention(
     output 0). num_splits > 1 uses mid_o [>= num_seqs, num_heads, >= num_splits, head_dim] and
     mid_lse [>= num_seqs, num_heads, >= num_splits] float32 scratch. No host syncs and no
     allocation: CUDA-graph capturable for a fixed num_splits. config: (block_n, num_warps,
-    num_stages) overrides the per-head_dim table (benchmark sweeps).
+    num_stages) overrides the per-head_dim table (benchmark sweeps). A float8_e4m3fn kv_cache
+    holds K / k_scale and V / v_scale (store_kv); other caches take scales of 1.0.
     """
     check_paged_attention(q, kv_cache, block_tables, seq_lens, out)
+    is_fp8 = check_kv_scales(kv_cache, k_scale, v_scale)
     check_same("seq_lens length", seq_lens.shape[0], "num_seqs", q.shape[0])
     if not 1 <= num_splits <= 256:
         raise ValueError(f"num_splits must be in [1, 256], got {num_splits}")
@@ -242,19 +263,20 @@ def decode_attention(
         return out
     num_kv_heads = kv_cache.shape[3]
     group = num_heads // num_kv_heads
-    block_n, num_warps, num_stages = config or decode_config(head_dim, kv_cache.element_size())
+    elem_size = max(q.element_size(), kv_cache.element_size())  # fp8 tiles become q's dtype
+    block_n, num_warps, num_stages = config or decode_config(head_dim, elem_size)
     if block_n < 16 or block_n & (block_n - 1):
         raise ValueError(f"block_n must be a power of two >= 16, got {block_n}")
     mo_strides = mid_o.stride()[:3] if split else (0, 0, 0)
     ml_strides = mid_lse.stride()[:2] if split else (0, 0)
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
         q, kv_cache, block_tables, seq_lens, out, mid_o, mid_lse,
-        scale * LOG2E, num_splits,
+        scale * LOG2E * k_scale, v_scale, num_splits,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         *mo_strides, *ml_strides, kv_cache[0].numel(),
         NUM_KV_HEADS=num_kv_heads, GROUP=group, HEAD_DIM=head_dim,
         BLOCK_SIZE=kv_cache.shape[2], BLOCK_G=max(16, triton.next_power_of_2(group)),
-        BLOCK_N=block_n, BLOCK_D=triton.next_power_of_2(head_dim), SPLIT=split,
+        BLOCK_N=block_n, BLOCK_D=triton.next_power_of_2(head_dim), SPLIT=split, KV_FP8=is_fp8,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     if split:

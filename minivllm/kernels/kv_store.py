@@ -1,4 +1,5 @@
-"""Writes this step's new K/V rows into the paged KV cache at their slots."""
+"""Writes this step's new K/V rows into the paged KV cache at their slots; into an fp8 (e4m3)
+cache it quantizes on the way (x / scale, saturated to +-448, rounded to nearest even)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,32 @@ import torch
 import triton
 import triton.language as tl
 
-from minivllm.kernels.checks import check_kv_cache, check_same, check_tensor
+from minivllm.kernels.checks import (
+    check_kv_cache,
+    check_kv_scales,
+    check_same,
+    check_tensor,
+)
+
+E4M3_MAX = 448.0  # largest finite float8_e4m3fn
+
+
+@triton.jit
+def _quantize_e4m3(x, scale):
+    """x / scale as e4m3, saturating, ties to even: the same bytes as torch's
+    `(x.float() / scale).clamp(-448, 448).to(torch.float8_e4m3fn)`. The rounding is done in
+    fp32 so that the final cast is exact: the interpreter's own fp8 cast truncates
+    subnormals and rounds ties away, and the bytes must not depend on where this runs."""
+    x = tl.div_rn(x.to(tl.float32), scale)
+    x = tl.minimum(tl.maximum(x, -E4M3_MAX), E4M3_MAX)
+    bits = x.to(tl.int32, bitcast=True)
+    # Normal e4m3 keeps 3 of fp32's 23 mantissa bits: round the 20 dropped ones half to even.
+    normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000).to(tl.float32, bitcast=True)
+    # Below 2**-6 e4m3 is subnormal, a fixed step of 2**-9: adding 1.5 * 2**14 puts the fp32
+    # ulp at 2**-9, so the fp32 adder rounds half to even for us. Sign kept for -0.
+    sub = (tl.abs(x) + 24576.0) - 24576.0
+    sub = tl.where(bits < 0, -sub, sub)
+    return tl.where(tl.abs(x) < 0.015625, sub, normal).to(tl.float8e4nv)
 
 
 # slot_mapping may be a slice of a persistent buffer: no alignment specialization (no recompiles).
@@ -21,12 +47,16 @@ def _store_kv_kernel(
     stride_vt,
     stride_vh,
     v_cache_offset,
+    k_scale,
+    v_scale,
     NUM_KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
-    """Grid (num_tokens,): one program copies one token's [num_kv_heads, head_dim] K and V."""
+    """Grid (num_tokens,): one program copies one token's [num_kv_heads, head_dim] K and V
+    (KV_FP8: quantized by k_scale / v_scale)."""
     token = tl.program_id(0)
     slot = tl.load(slot_ptr + token).to(tl.int64)
     if slot < 0:  # padded row
@@ -41,19 +71,28 @@ def _store_kv_kernel(
     dst = (
         cache_ptr + slot * (NUM_KV_HEADS * HEAD_DIM) + offs_h[:, None] * HEAD_DIM + offs_d[None, :]
     )
+    if KV_FP8:
+        k = _quantize_e4m3(k, k_scale)
+        v = _quantize_e4m3(v, v_scale)
     tl.store(dst, k, mask=mask)
     tl.store(dst + v_cache_offset, v, mask=mask)
 
 
 def store_kv(
-    k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
     """Writes k/v rows into kv_cache at slot_mapping; rows whose slot is -1 are skipped.
 
     k, v: [num_tokens, num_kv_heads, head_dim], last dim contiguous (token/head strides free,
     so views of a fused qkv projection work). kv_cache: [2, num_blocks, block_size,
-    num_kv_heads, head_dim], contiguous, same dtype as k. slot_mapping: [num_tokens] int64
-    (int32 accepted), slot = block_id * block_size + offset_in_block.
+    num_kv_heads, head_dim], contiguous, same dtype as k, or float8_e4m3fn: then it holds
+    k / k_scale and v / v_scale, saturated to +-448 (scales must stay 1.0 otherwise).
+    slot_mapping: [num_tokens] int64 (int32 accepted), slot = block_id * block_size + offset.
     """
     check_tensor("k", k, 3)
     check_tensor("v", v, 3)
@@ -61,8 +100,12 @@ def store_kv(
     check_tensor("slot_mapping", slot_mapping, 1, (torch.int64, torch.int32), False)
     check_same("k.shape", tuple(k.shape), "v.shape", tuple(v.shape))
     check_same("k.shape[1:]", tuple(k.shape[1:]), "kv_cache.shape[3:]", tuple(kv_cache.shape[3:]))
-    check_same("k.dtype", k.dtype, "kv_cache.dtype", kv_cache.dtype)
-    check_same("v.dtype", v.dtype, "kv_cache.dtype", kv_cache.dtype)
+    is_fp8 = check_kv_scales(kv_cache, k_scale, v_scale)
+    if is_fp8:
+        check_same("k.dtype", k.dtype, "v.dtype", v.dtype)
+    else:
+        check_same("k.dtype", k.dtype, "kv_cache.dtype", kv_cache.dtype)
+        check_same("v.dtype", v.dtype, "kv_cache.dtype", kv_cache.dtype)
     check_same("slot_mapping length", slot_mapping.shape[0], "num_tokens", k.shape[0])
     num_tokens, num_kv_heads, head_dim = k.shape
     if num_tokens == 0:
@@ -77,9 +120,12 @@ def store_kv(
         v.stride(0),
         v.stride(1),
         kv_cache[0].numel(),
+        k_scale,
+        v_scale,
         NUM_KV_HEADS=num_kv_heads,
         HEAD_DIM=head_dim,
         BLOCK_H=triton.next_power_of_2(num_kv_heads),
         BLOCK_D=triton.next_power_of_2(head_dim),
+        KV_FP8=is_fp8,
         num_warps=4,
     )

@@ -3,6 +3,8 @@ whole paged context (full prefills, chunked continuations, prefix-cache hits).
 
 GQA: the query heads of a KV group are folded into the M dimension of `tl.dot`, so each K/V
 tile is read once per group. Tiles are found in-kernel (binary search), with no host sync.
+An fp8 cache is converted to q's dtype tile by tile, its scales folded into the softmax scale
+(K) and the output (V).
 """
 
 from __future__ import annotations
@@ -11,7 +13,13 @@ import torch
 import triton
 import triton.language as tl
 
-from minivllm.kernels.checks import LOG2E, check_paged_attention, check_same, check_tensor
+from minivllm.kernels.checks import (
+    LOG2E,
+    check_kv_scales,
+    check_paged_attention,
+    check_same,
+    check_tensor,
+)
 from minivllm.kernels.tiling import fit_attention_tiles
 
 # Below this many programs (about one wave of SMs on H100/H200) the few long causal tiles set
@@ -49,7 +57,8 @@ def prefill_config(
 @triton.jit
 def _load_rows(ptrs, valid, offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                MASKED: tl.constexpr):  # fmt: skip
-    """[BLOCK_N, BLOCK_D] K or V rows; unmasked (plain cp.async) when nothing can be out."""
+    """[BLOCK_N, BLOCK_D] K or V rows; unmasked (plain cp.async) when nothing can be out.
+    Callers convert them to q's dtype: a no-op (no code) unless the cache is fp8."""
     if MASKED:
         rows = tl.load(ptrs, mask=valid[:, None] & (offs_d < HEAD_DIM)[None, :], other=0.0)
     elif HEAD_DIM == BLOCK_D:
@@ -79,7 +88,7 @@ def _attend_tile(
     valid = pos < kv_end
     slots = block_ids.to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE
     offs = slots[:, None] * (NUM_KV_HEADS * HEAD_DIM) + offs_d[None, :]  # [BLOCK_N, BLOCK_D]
-    k = _load_rows(k_base + offs, valid, offs_d, HEAD_DIM, BLOCK_D, MASKED)
+    k = _load_rows(k_base + offs, valid, offs_d, HEAD_DIM, BLOCK_D, MASKED).to(q.dtype)
     s = tl.dot(q, tl.trans(k))  # [BLOCK_M, BLOCK_N], unscaled
     if MASKED:
         visible = (pos[None, :] <= q_pos[:, None]) & valid[None, :]
@@ -89,7 +98,7 @@ def _attend_tile(
     p = tl.exp2(tl.fma(s, scale_log2e, -m_new[:, None]))
     alpha = tl.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, 1)
-    v = _load_rows(v_base + offs, valid, offs_d, HEAD_DIM, BLOCK_D, MASKED)
+    v = _load_rows(v_base + offs, valid, offs_d, HEAD_DIM, BLOCK_D, MASKED).to(q.dtype)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
     return acc, m_new, l_i
 
@@ -119,15 +128,16 @@ def _find_tile(query_start_loc_ptr, num_seqs, start_row, tile_id, BLOCK_Q: tl.co
 )
 def _prefill_kernel(
     q_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, query_start_loc_ptr, out_ptr,
-    scale_log2e, num_seqs, start_row,
+    scale_log2e, v_scale, num_seqs, start_row,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_bt, v_cache_offset,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, KV_FP8: tl.constexpr,
 ):  # fmt: skip
     """Grid ((cdiv(num_rows, BLOCK_Q) + num_seqs) * num_kv_heads,). A program owns BLOCK_Q
     query tokens of one request times the GROUP heads of one kv head (row r: token r // GROUP,
-    head r % GROUP); programs past a request's last tile exit at once."""
+    head r % GROUP); programs past a request's last tile exit at once. KV_FP8: the cache is
+    e4m3, k_scale already in scale_log2e, v_scale applied to the output."""
     # kv heads vary fastest and tiles run last-first, so the longest (latest causal) tiles of
     # every head start in the first wave: near longest-first scheduling, a short tail.
     pid = tl.program_id(0)
@@ -184,6 +194,8 @@ def _prefill_kernel(
         block_ids = next_ids
 
     o = acc / l_i[:, None]
+    if KV_FP8:
+        o = o * v_scale
     dst = out_ptr + rows[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
     tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=io_mask)
 
@@ -211,6 +223,8 @@ def prefill_attention(
     block_n: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Causal attention of packed queries over their paged contexts; writes and returns out.
 
@@ -221,9 +235,11 @@ def prefill_attention(
     block_tables: [num_seqs, max_num_blocks] int32. kv_cache: [2, num_blocks, block_size,
     num_kv_heads, head_dim], block_size any power of two. scale > 0. block_m, block_n (powers
     of two >= 16; tests use small ones), num_warps and num_stages override `prefill_config`.
-    No host syncs.
+    A float8_e4m3fn kv_cache holds K / k_scale and V / v_scale (store_kv); other caches take
+    scales of 1.0. No host syncs.
     """
     _check_inputs(q, kv_cache, query_start_loc, seq_lens, block_tables, scale, out)
+    is_fp8 = check_kv_scales(kv_cache, k_scale, v_scale)
     num_seqs = seq_lens.shape[0]
     num_rows = q.shape[0] - start_row
     if num_seqs == 0 or num_rows <= 0:
@@ -244,12 +260,12 @@ def prefill_attention(
     grid = ((triton.cdiv(num_rows, block_q) + num_seqs) * num_kv_heads,)
     _prefill_kernel[grid](
         q, kv_cache, block_tables, seq_lens, query_start_loc, out,
-        scale * LOG2E, num_seqs, start_row,
+        scale * LOG2E * k_scale, v_scale, num_seqs, start_row,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         kv_cache[0].numel(),
         NUM_KV_HEADS=num_kv_heads, GROUP=group, HEAD_DIM=head_dim,
         BLOCK_SIZE=kv_cache.shape[2], BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_D=triton.next_power_of_2(head_dim),
+        BLOCK_D=triton.next_power_of_2(head_dim), KV_FP8=is_fp8,
         num_warps=num_warps or cfg_warps, num_stages=num_stages or cfg_stages,
     )  # fmt: skip
     return out
