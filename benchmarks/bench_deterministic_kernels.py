@@ -1,6 +1,7 @@
 """Deterministic mode's kernels against the default ones (GPU, bf16, Qwen3-0.6B shapes): decode
 and prefill attention, and the GEMMs of one layer plus the LM head at decode and prefill M.
-Prints one JSON line per case.
+Prints one JSON line per case. For the config search and the cost breakdown see
+benchmarks/tune_deterministic.py.
 
 python benchmarks/bench_deterministic_kernels.py
 """
@@ -51,7 +52,16 @@ def bench_decode(num_seqs: int, ctx: int) -> dict:
     )
     det = do_bench(
         lambda: batch_invariant_attention(
-            q, cache, qsl, lens, table, scale, out, num_segments=segs, **(parts if segs else {})
+            q,
+            cache,
+            qsl,
+            lens,
+            table,
+            scale,
+            out,
+            num_segments=segs,
+            decode_rows=True,
+            **(parts if segs else {}),
         )
     )
     return {"case": f"decode b{num_seqs} ctx{ctx}", "default_ms": default, "deterministic_ms": det}
