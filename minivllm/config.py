@@ -160,6 +160,9 @@ class EngineConfig:
     deterministic: bool = False
     # Most logprobs / prompt_logprobs a request may ask for (vLLM's option); -1: the vocabulary.
     max_logprobs: int = 20
+    # KV cache storage (vLLM's option): "auto" = the model's dtype; "fp8" (alias "fp8_e4m3"):
+    # e4m3, half the bytes, twice the blocks (docs/kernels.md, "FP8 KV cache").
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3"] = "auto"
 
     def __post_init__(self) -> None:
         def check(ok: bool, message: str) -> None:
@@ -213,6 +216,10 @@ class EngineConfig:
             self.max_logprobs >= -1,
             f"max_logprobs must be -1 (the vocabulary size) or >= 0, got {self.max_logprobs}",
         )
+        check(
+            self.kv_cache_dtype in ("auto", "fp8", "fp8_e4m3"),
+            f"kv_cache_dtype must be auto|fp8|fp8_e4m3, got {self.kv_cache_dtype!r}",
+        )
 
     @classmethod
     def from_options(cls, model: str, **options: Any) -> EngineConfig:
@@ -229,6 +236,10 @@ class EngineConfig:
         if self.device == "cuda" and not torch.cuda.is_available():
             raise ValueError("device='cuda' was asked for but no CUDA GPU is available")
         return torch.device(self.device)
+
+    def resolved_kv_cache_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
+        """The KV cache's element type: the model's, or float8_e4m3fn for fp8."""
+        return model_dtype if self.kv_cache_dtype == "auto" else torch.float8_e4m3fn
 
     def resolved_dtype(self, model_config: ModelConfig, device: torch.device) -> torch.dtype:
         """auto: the checkpoint's dtype on CUDA (float32 -> bfloat16 there), float32 on CPU."""

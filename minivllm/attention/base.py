@@ -53,6 +53,9 @@ class AttentionBackend(Protocol):
         kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
         meta: AttnMetadata,
         scale: float,
+        # kv_cache_dtype="fp8": the cache holds K / k_scale and V / v_scale (e4m3); else 1.0.
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         ...
 

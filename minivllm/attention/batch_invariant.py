@@ -52,6 +52,8 @@ class BatchInvariantAttention:
         meta: AttnMetadata,
         scale: float,
         out: torch.Tensor,  # [num_tokens, num_heads, head_dim], written
+        k_scale: float = 1.0,  # an fp8 cache's scales
+        v_scale: float = 1.0,
     ) -> None:
         num_decodes = meta.num_decode_tokens
         start = 0
@@ -68,6 +70,8 @@ class BatchInvariantAttention:
                 out[:num_decodes],
                 num_segments=segments,
                 decode_rows=True,
+                k_scale=k_scale,
+                v_scale=v_scale,
                 **(scratch if segments > 0 else {}),
             )
             start = num_decodes
@@ -81,4 +85,6 @@ class BatchInvariantAttention:
                 scale,
                 out,
                 start_row=start,
+                k_scale=k_scale,
+                v_scale=v_scale,
             )

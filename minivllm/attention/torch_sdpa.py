@@ -12,17 +12,32 @@ import torch.nn.functional as F
 
 from minivllm.attention.base import AttnMetadata
 
+FP8_KV_DTYPE = torch.float8_e4m3fn  # kv_cache_dtype="fp8"
+FP8_MAX = 448.0
+
 
 def store_kv(
-    k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
-    """Writes k/v rows [num_tokens, num_kv_heads, head_dim] at their slots; -1 slots are skipped."""
+    """Writes k/v rows [num_tokens, num_kv_heads, head_dim] at their slots; -1 slots are skipped.
+    An fp8 cache gets k / k_scale and v / v_scale, saturated to its +-448 range."""
     num_blocks, block_size = kv_cache.shape[1], kv_cache.shape[2]
     flat = kv_cache.view(2, num_blocks * block_size, *kv_cache.shape[3:])
     valid = slot_mapping >= 0
     slots = slot_mapping[valid]
-    flat[0, slots] = k[valid]
-    flat[1, slots] = v[valid]
+    flat[0, slots] = _to_cache(k[valid], kv_cache.dtype, k_scale)
+    flat[1, slots] = _to_cache(v[valid], kv_cache.dtype, v_scale)
+
+
+def _to_cache(x: torch.Tensor, dtype: torch.dtype, scale: float) -> torch.Tensor:
+    if dtype != FP8_KV_DTYPE:
+        return x
+    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(dtype)
 
 
 class TorchSDPABackend:
@@ -38,8 +53,10 @@ class TorchSDPABackend:
         kv_cache: torch.Tensor,
         meta: AttnMetadata,
         scale: float,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> torch.Tensor:
-        store_kv(k, v, kv_cache, meta.slot_mapping)
+        store_kv(k, v, kv_cache, meta.slot_mapping, k_scale, v_scale)
         block_size = kv_cache.shape[2]
         # Host lengths: from the metadata's host copies when it has them, else one sync.
         starts = _host_list(meta.query_start_loc_cpu, meta.query_start_loc)
@@ -62,8 +79,9 @@ class TorchSDPABackend:
             qi = q[q_start:q_end].transpose(0, 1)  # [heads, num_q, head_dim]
             ki = ctx_k.transpose(0, 1).repeat_interleave(group, dim=0)
             vi = ctx_v.transpose(0, 1).repeat_interleave(group, dim=0)
+            # An fp8 cache holds K / k_scale and V / v_scale (else both scales are 1).
             o = F.scaled_dot_product_attention(
-                qi.float(), ki.float(), vi.float(), attn_mask=mask, scale=scale
+                qi.float(), ki.float() * k_scale, vi.float() * v_scale, attn_mask=mask, scale=scale
             )
             out[q_start:q_end] = o.transpose(0, 1).to(q.dtype)
         return out

@@ -99,16 +99,18 @@ class TritonBackend:
         kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
         meta: AttnMetadata,
         scale: float,
+        k_scale: float = 1.0,  # an fp8 cache holds K / k_scale and V / v_scale
+        v_scale: float = 1.0,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
-        store_kv(k, v, kv_cache, meta.slot_mapping)
+        store_kv(k, v, kv_cache, meta.slot_mapping, k_scale, v_scale)
         out = torch.empty_like(q)
         if self.batch_invariant is not None:
-            self.batch_invariant.forward(q, kv_cache, meta, scale, out)
+            self.batch_invariant.forward(q, kv_cache, meta, scale, out, k_scale, v_scale)
             return out
         num_decodes = meta.num_decode_tokens
         num_seqs = meta.num_seqs
         if num_decodes > 0:
-            self._decode(q, kv_cache, meta, scale, out)
+            self._decode(q, kv_cache, meta, scale, out, k_scale, v_scale)
         if num_seqs > num_decodes:
             prefill_attention(
                 q,
@@ -119,6 +121,8 @@ class TritonBackend:
                 scale,
                 out,
                 start_row=num_decodes,  # decodes have one row each
+                k_scale=k_scale,
+                v_scale=v_scale,
             )
         return out
 
@@ -129,6 +133,8 @@ class TritonBackend:
         meta: AttnMetadata,
         scale: float,
         out: torch.Tensor,
+        k_scale: float,
+        v_scale: float,
     ) -> None:
         num_decodes = meta.num_decode_tokens
         if num_decodes > self.max_num_seqs:
@@ -144,4 +150,6 @@ class TritonBackend:
             num_splits,
             self.mid_o,
             self.mid_lse,
+            k_scale=k_scale,
+            v_scale=v_scale,
         )

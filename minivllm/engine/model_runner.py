@@ -77,7 +77,10 @@ class ModelRunner:
         self.sampling_state = SamplingState(device, seed=config.seed)
         self.prompt_logprobs = PromptLogprobsTracker()
         self.block_table = BlockTable(-(-max_model_len // self.block_size), config.max_num_seqs)
-        self.kv_spec = KVCacheSpec.for_model(model_config, self.block_size, dtype, device, tp_size)
+        kv_dtype = config.resolved_kv_cache_dtype(dtype)
+        self.kv_spec = KVCacheSpec.for_model(
+            model_config, self.block_size, kv_dtype, device, tp_size
+        )
         self.kv_caches: list[torch.Tensor] = []
         self.graphs: CUDAGraphRunner | None = None  # once captured
         # The last step's sampled ids [num_sampled] on the device, and their req_ids.

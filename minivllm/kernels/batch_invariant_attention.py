@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minivllm.kernels.checks import LOG2E
+from minivllm.kernels.checks import LOG2E, check_kv_scales
 from minivllm.kernels.prefill_attention import _check_inputs, _find_tile, _load_rows
 
 SEG_N = 512  # keys per segment: the unit of split-KV parallelism
@@ -70,7 +70,7 @@ def _tile_step(
     block_ids = tl.load(block_table + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
     slots = block_ids * BLOCK_SIZE + pos % BLOCK_SIZE
     offs = slots[:, None] * (NUM_KV_HEADS * HEAD_DIM) + offs_d[None, :]  # [BLOCK_N, BLOCK_D]
-    k = _load_rows(k_base + offs, valid, offs_d, HEAD_DIM, BLOCK_D, MASKED)
+    k = _load_rows(k_base + offs, valid, offs_d, HEAD_DIM, BLOCK_D, MASKED).to(q.dtype)
     s = tl.dot(q, tl.trans(k))  # [BLOCK_M, BLOCK_N], unscaled
     if MASKED:
         visible = (pos[None, :] <= q_pos[:, None]) & valid[None, :]
@@ -79,7 +79,7 @@ def _tile_step(
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
     p = tl.exp2(tl.fma(s, scale_log2e, -m_use[:, None]))
     alpha = tl.exp2(m_i - m_use)
-    v = _load_rows(v_base + offs, valid, offs_d, HEAD_DIM, BLOCK_D, MASKED)
+    v = _load_rows(v_base + offs, valid, offs_d, HEAD_DIM, BLOCK_D, MASKED).to(q.dtype)
     p = p.to(v.dtype)
     # Row sums by an MMA against ones, like acc: each element is one in-order chain over the
     # keys whatever the tile shape. tl.sum's tree follows the register layout, which changes
@@ -182,13 +182,13 @@ def _walk(
 def _bi_attention_kernel(
     q_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, query_start_loc_ptr, out_ptr,
     part_acc_ptr, part_m_ptr, part_l_ptr,
-    scale_log2e, num_seqs, start_row,
+    scale_log2e, v_scale, num_seqs, start_row,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
     stride_pa_t, stride_pa_h, stride_pa_s, stride_pm_t, stride_pm_h, v_cache_offset,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, SEG_N: tl.constexpr, SPLIT: tl.constexpr,
-    DECODE: tl.constexpr,
+    DECODE: tl.constexpr, KV_FP8: tl.constexpr,
 ):  # fmt: skip
     """Grid ((cdiv(num_rows, BLOCK_Q) + num_seqs) * num_kv_heads, num_segments if SPLIT else
     1); DECODE (one row per request): (num_seqs * num_kv_heads, ...), a program per request.
@@ -252,16 +252,18 @@ def _bi_attention_kernel(
         )  # fmt: skip
         l_row = tl.max(l_i, 1)  # columns equal: exact
         o = acc / tl.where(l_row == 0.0, 1.0, l_row)[:, None]
+        if KV_FP8:  # e4m3 cache: V / v_scale (k_scale is in scale_log2e)
+            o = o * v_scale
         dst = out_ptr + rows[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
         tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=io_mask)
 
 
 @triton.jit
 def _fold_kernel(
-    part_acc_ptr, part_m_ptr, part_l_ptr, seq_lens_ptr, out_ptr,
+    part_acc_ptr, part_m_ptr, part_l_ptr, seq_lens_ptr, out_ptr, v_scale,
     stride_pa_t, stride_pa_h, stride_pa_s, stride_pm_t, stride_pm_h, stride_ot, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr,
-    BLOCK_D: tl.constexpr, SEG_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, SEG_N: tl.constexpr, KV_FP8: tl.constexpr,
 ):  # fmt: skip
     """Grid (num_seqs, num_kv_heads): folds the cdiv(seq_len, SEG_N) segment states of the
     GROUP heads of one decode row, left to right, exactly as the varlen launch does."""
@@ -282,6 +284,8 @@ def _fold_kernel(
         seg_l = tl.load(part_l_ptr + ml, mask=g_mask, other=0.0)
         acc, m_i, l_i = _fold(acc, m_i, l_i, seg_acc, seg_m, seg_l[:, None])
     o = acc / tl.where(l_i == 0.0, 1.0, l_i)
+    if KV_FP8:
+        o = o * v_scale
     dst = out_ptr + row * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
     tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=io_mask)
 
@@ -321,6 +325,8 @@ def batch_invariant_attention(
     seg_n: int = SEG_N,
     config: tuple[int, int, int, int] | None = None,
     decode_rows: bool = False,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Causal attention of packed queries over their paged contexts; writes and returns out.
 
@@ -333,9 +339,10 @@ def batch_invariant_attention(
     row (start_row 0), so the decode tile config applies; the split launch implies it.
     seg_n (a multiple of block_n) and block_n must stay fixed for an engine's lifetime; config
     (block_m, block_n, num_warps, num_stages) overrides the table (tests, tuning). No host
-    syncs; graph-capturable for a fixed num_segments.
+    syncs; graph-capturable for a fixed num_segments. k_scale, v_scale: an fp8 cache's scales.
     """
     _check_inputs(q, kv_cache, query_start_loc, seq_lens, block_tables, scale, out)
+    is_fp8 = check_kv_scales(kv_cache, k_scale, v_scale)
     num_seqs = seq_lens.shape[0]
     num_rows = q.shape[0] - start_row
     if num_seqs == 0 or num_rows <= 0:
@@ -368,18 +375,18 @@ def batch_invariant_attention(
     grid = (num_tiles * num_kv_heads, max(num_segments, 1))
     _bi_attention_kernel[grid](
         q, kv_cache, block_tables, seq_lens, query_start_loc, out, part_acc, part_m, part_l,
-        scale * LOG2E, num_seqs, start_row,
+        scale * LOG2E * k_scale, v_scale, num_seqs, start_row,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         *pa, *pm, kv_cache[0].numel(),
         NUM_KV_HEADS=num_kv_heads, GROUP=group, HEAD_DIM=head_dim,
         BLOCK_SIZE=kv_cache.shape[2], BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_D=triton.next_power_of_2(head_dim), SEG_N=seg_n, SPLIT=split, DECODE=decode,
-        num_warps=num_warps, num_stages=num_stages,
+        KV_FP8=is_fp8, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     if split:
         _fold_kernel[(num_seqs, num_kv_heads)](
-            part_acc, part_m, part_l, seq_lens, out, *pa, *pm, out.stride(0), out.stride(1),
-            GROUP=group, HEAD_DIM=head_dim, BLOCK_G=triton.next_power_of_2(group),
-            BLOCK_D=triton.next_power_of_2(head_dim), SEG_N=seg_n, num_warps=4,
+            part_acc, part_m, part_l, seq_lens, out, v_scale, *pa, *pm, out.stride(0),
+            out.stride(1), GROUP=group, HEAD_DIM=head_dim, BLOCK_G=triton.next_power_of_2(group),
+            BLOCK_D=triton.next_power_of_2(head_dim), SEG_N=seg_n, KV_FP8=is_fp8, num_warps=4,
         )  # fmt: skip
     return out

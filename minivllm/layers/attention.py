@@ -27,6 +27,10 @@ class Attention(nn.Module):
         self.backend = backend
         # [2, num_blocks, block_size, num_kv_heads, head_dim]; empty until the runner binds it.
         self.kv_cache = torch.empty(0)
+        # Dequantization scales of an fp8 cache (it holds K / k_scale, V / v_scale); 1.0 as in
+        # vLLM when the checkpoint has none (docs/kernels.md, "FP8 KV cache").
+        self.k_scale = 1.0
+        self.v_scale = 1.0
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttnMetadata
@@ -35,5 +39,7 @@ class Attention(nn.Module):
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        out = self.backend.forward(q, k, v, self.kv_cache, meta, self.scale)
+        out = self.backend.forward(
+            q, k, v, self.kv_cache, meta, self.scale, self.k_scale, self.v_scale
+        )
         return out.reshape(-1, self.num_heads * self.head_dim)

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from ordered_dot import ordered_dot  # noqa: F401 (fixture)
 from paged_case import DEVICE, PagedCase, make_paged_case, ref_attention, tolerance
 
+from minivllm.kernels.batch_invariant_attention import batch_invariant_attention
 from minivllm.kernels.decode_attention import decode_attention
 from minivllm.kernels.kv_store import store_kv
 from minivllm.kernels.prefill_attention import prefill_attention
@@ -133,3 +135,31 @@ def test_attention_rejects_scales_without_fp8_cache():
     q = torch.randn(1, 2, 64, device=DEVICE)
     with pytest.raises(ValueError, match="fp8 cache only"):
         _decode(case, q, 1, 2.0, 1.0)
+
+
+@pytest.mark.usefixtures("ordered_dot")
+def test_batch_invariant_attention_fp8_cache():
+    """Deterministic mode over an fp8 cache: the oracle's values, and a decode row's bits the
+    same from the split launch, the one-pass decode launch and a prefill chunk."""
+    seq_lens, num_heads, head_dim, k_scale, v_scale = [40, 75], 4, 32, 0.5, 2.0
+    case = quantize_case(make_paged_case(seq_lens, 2, head_dim, 8, torch.float32), k_scale, v_scale)
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(sum(seq_lens), num_heads, head_dim, generator=gen).to(DEVICE)
+    qsl = torch.tensor([0, seq_lens[0], sum(seq_lens)], dtype=torch.int32, device=DEVICE)
+    scales = {"k_scale": k_scale, "v_scale": v_scale, "seg_n": 32}
+    common = (case.seq_lens, case.block_tables, head_dim**-0.5)
+    prefill = batch_invariant_attention(q, case.kv_cache, qsl, *common, torch.empty_like(q),
+                                        config=(32, 16, 4, 1), **scales)  # fmt: skip
+    for i, (k, v) in enumerate(case.contexts):
+        rows = slice(qsl[i].item(), qsl[i + 1].item())
+        expected = ref_attention(q[rows], k, v, head_dim**-0.5)
+        torch.testing.assert_close(prefill[rows].cpu(), expected, **tolerance(torch.float32))
+    last = qsl[1:] - 1  # each request's last token, as a decode row
+    dq, one = q[last].contiguous(), torch.arange(3, dtype=torch.int32, device=DEVICE)
+    dims = {"part_acc": (head_dim,), "part_m": (), "part_l": ()}
+    parts = {name: torch.empty(2, num_heads, 4, *d, device=DEVICE) for name, d in dims.items()}
+    for extra in ({}, {"num_segments": 4, **parts}):
+        decode = batch_invariant_attention(dq, case.kv_cache, one, *common, torch.empty_like(dq),
+                                           config=(16, 16, 2, 1), decode_rows=True,
+                                           **scales, **extra)  # fmt: skip
+        assert torch.equal(decode, prefill[last])
