@@ -65,6 +65,7 @@ def main() -> None:
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
     parser.add_argument("--block-size", type=int, default=None)
     parser.add_argument("--attention-backend", default=None)
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "fp8_e4m3"])
     parser.add_argument("--deterministic", action="store_true", help="batch-invariant numerics")
     args = parser.parse_args()
 
@@ -82,7 +83,7 @@ def main() -> None:
         "async_scheduling": not args.no_async_scheduling,
         "deterministic": args.deterministic,
     }
-    for name in ("max_num_batched_tokens", "block_size", "attention_backend"):
+    for name in ("max_num_batched_tokens", "block_size", "attention_backend", "kv_cache_dtype"):
         if getattr(args, name) is not None:
             options[name] = getattr(args, name)
     llm = LLM(model_dir, **options)
@@ -102,6 +103,7 @@ def main() -> None:
         "enforce_eager": args.enforce_eager,
         "async_scheduling": not args.no_async_scheduling,
         "deterministic": args.deterministic,
+        "kv_cache_dtype": args.kv_cache_dtype,
         "tp": args.tensor_parallel_size,
         "dp": args.data_parallel_size,
         "num_seqs": args.num_seqs,
