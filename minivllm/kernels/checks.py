@@ -81,6 +81,8 @@ def check_kv_scales(kv_cache: torch.Tensor, k_scale: float, v_scale: float) -> b
     """Whether kv_cache is fp8; its dequantization scales must be finite and > 0, and a
     cache in the model's dtype takes no scales (1.0)."""
     is_fp8 = kv_cache.dtype == FP8_KV_DTYPE
+    if k_scale == 1.0 and v_scale == 1.0:  # the usual case, checked on every launch
+        return is_fp8
     for name, value in (("k_scale", k_scale), ("v_scale", v_scale)):
         if not 0.0 < value < float("inf"):
             raise ValueError(f"{name} must be finite and > 0, got {value}")
