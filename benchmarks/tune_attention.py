@@ -228,6 +228,24 @@ def _defaults(timer, dec: dict, pre: dict, d: dict) -> tuple[float, float]:
     )
 
 
+def _time_split(timer, dec: dict, d: dict, configs: set) -> dict:
+    """The batch-256 decode as a split launch (SPLIT_DECODE_WAVES large): one program per
+    segment plus the fold kernel, with the segments the batch needs and with the 8 of a
+    graph captured for 4,096-token contexts (programs past a row's end exit at once)."""
+    n = dec["q"].shape[0]
+    exact = -(-int(dec["lens"].max()) // d["seg_n"])
+    out = {}
+    for segs in (exact, max(exact, 4096 // d["seg_n"])):
+        shape = (n, d["heads"], segs)
+        parts = {"part_acc": torch.empty(*shape, d["head_dim"], device=dec["q"].device),
+                 "part_m": torch.empty(shape, device=dec["q"].device),
+                 "part_l": torch.empty(shape, device=dec["q"].device)}  # fmt: skip
+        for config in configs:
+            fn = partial(_run, dec, config, True, segs, parts)
+            out[f"{config} segments={segs}"] = timer([fn])
+    return out
+
+
 def _pick(times: dict, of_class: dict) -> dict:
     """Per bit class: the fastest prefill and decode configs; the class's headline estimate."""
     per_class: dict = {}
@@ -270,6 +288,12 @@ def tune_attention(timer, device: str, smoke: bool, ok: set) -> dict:
     if chosen is not None:  # split decodes must fold to the same bits as walked ones
         split_class = bit_class(per_class[chosen]["decode"][0], "split")
         per_class[chosen]["decode_split_same_class"] = split_class == chosen
+    split_ms = _time_split(
+        timer,
+        dec,
+        d,
+        {cur_dec} | ({per_class[chosen]["decode"][0]} if chosen is not None else set()),
+    )
     groups: dict = {}
     for (config, mode), c in of_class.items():
         groups.setdefault(f"class {c}", []).append([mode, config])
@@ -285,6 +309,7 @@ def tune_attention(timer, device: str, smoke: bool, ok: set) -> dict:
         "prefill_16x512_ms": [default_pre, current[1], tuned[1]],
         "columns": ["default", "deterministic_now", "deterministic_tuned"],
         "current_configs": {"prefill": cur_pre, "decode": cur_dec},
+        "decode_split_b256_ms": split_ms,
         "bit_classes": groups,
         "per_class": per_class,
         "chosen_class": chosen,

@@ -9,11 +9,17 @@ import torch
 from minivllm.attention.base import AttnMetadata
 from minivllm.kernels.batch_invariant_attention import SEG_N, batch_invariant_attention
 
+# Decode rows are split by segment while they give fewer (request, kv head) programs than this
+# many SMs' worth: more, shorter programs (and a fold kernel) instead of one walk per row.
+# A speed choice only (both launches give the same bits); benchmarks/tune_deterministic.py
+# times both at batch 256.
+SPLIT_DECODE_WAVES = 1.0
+
 
 class BatchInvariantAttention:
     """Owns the split launch's scratch: per-segment states of up to `max_split_rows` decode
-    rows (a batch is split only when it has fewer programs than SMs), allocated once so that
-    the decode path is graph-capturable."""
+    rows (a batch is split only when it has fewer programs than SPLIT_DECODE_WAVES * SMs),
+    allocated once so that the decode path is graph-capturable."""
 
     def __init__(
         self,
@@ -25,8 +31,8 @@ class BatchInvariantAttention:
         num_sms: int,
         device: torch.device,
     ) -> None:
-        self.num_sms = num_sms
-        self.max_split_rows = min(max_num_seqs, -(-num_sms // num_kv_heads))
+        self.split_programs = int(SPLIT_DECODE_WAVES * num_sms)
+        self.max_split_rows = min(max_num_seqs, -(-self.split_programs // num_kv_heads))
         self.max_segments = -(-max_model_len // SEG_N)
         shape = (self.max_split_rows, num_heads, self.max_segments)
         self.part_acc = torch.empty(*shape, head_dim, dtype=torch.float32, device=device)
@@ -39,7 +45,7 @@ class BatchInvariantAttention:
         segments = -(-max_seq_len // SEG_N)
         if (
             num_decodes > self.max_split_rows
-            or num_decodes * num_kv_heads >= self.num_sms
+            or num_decodes * num_kv_heads >= self.split_programs
             or segments < 2
         ):
             return 0
