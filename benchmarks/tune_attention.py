@@ -47,13 +47,15 @@ def dims(smoke: bool) -> dict:
 
 
 def candidates(smoke: bool) -> list[tuple[str, tuple]]:
-    """("prefill", (block_m, block_n, warps, stages)) and ("decode", same) pairs to try."""
+    """(kind, (block_m, block_n, warps, stages)) to try; kind "prefill", "decode" (decode
+    rows walked) or "split" (decode rows split by segment)."""
     if smoke:
         return [
             ("prefill", (16, 16, 4, 1)),
             ("prefill", (32, 16, 4, 1)),
             ("decode", (16, 16, 4, 1)),
             ("decode", (32, 16, 4, 1)),
+            ("split", (16, 16, 4, 1)),
         ]
     bns = (32, 64, 128)
     # Prefill tiles of 16 and 32 rows (mma.sync on Hopper, like 16-row decode tiles) in case
@@ -62,7 +64,10 @@ def candidates(smoke: bool) -> list[tuple[str, tuple]]:
            if not (bm == 128 and bn == 128 and w == 4)]  # fmt: skip
     out += [("prefill", (bm, bn, 4, s)) for bn, bm, s in product(bns, (16, 32), (2, 3))]
     out += [("decode", (bm, bn, 4, s)) for bn, bm, s in product(bns, (16, 32, 64), (2, 3, 4))]
-    return out + [("decode", c) for bn in bns for c in ((64, bn, 8, 3), (16, bn, 2, 3))]
+    out += [("decode", c) for bn in bns for c in ((64, bn, 8, 3), (16, bn, 2, 3))]
+    # Split launches (a program per 512-key segment, then a fold): one state instead of the
+    # walk's two, so fewer registers.
+    return out + [("split", (16, bn, w, s)) for bn in bns for w, s in ((4, 2), (4, 3), (2, 3))]
 
 
 def _paged(lens: list[int], d: dict, device: str, seed: int = 0):
@@ -135,10 +140,14 @@ def _compile(pairs: list[tuple[str, tuple]], device: str, smoke: bool) -> list:
     specializes alike: batch-dependent ints are not specialized). Returns those that ran."""
     d = dims(smoke)
     dec, pre = decode_case([40, 9], d, device), prefill_case([40], d, device)
+    split = (-(-40 // d["seg_n"]), _parts(2, -(-40 // d["seg_n"]), d, device))
     ok = []
     for kind, config in pairs:
         try:
-            _run(dec, config, True) if kind == "decode" else _run(pre, config, False)
+            if kind == "prefill":
+                _run(pre, config, False)
+            else:
+                _run(dec, config, True, *(split if kind == "split" else ()))
             ok.append((kind, config))
         except Exception:  # out of resources: not a candidate
             pass
@@ -202,12 +211,25 @@ def _classifier(d: dict, device: str):
     return bit_class, seen
 
 
-def _time_candidates(timer, ok: set, dec: dict, pre: dict) -> dict:
+def _parts(rows: int, segs: int, d: dict, device: str) -> dict:
+    shape = (rows, d["heads"], segs)
+    return {
+        "part_acc": torch.empty(*shape, d["head_dim"], device=device),
+        "part_m": torch.empty(shape, device=device),
+        "part_l": torch.empty(shape, device=device),
+    }
+
+
+def _time_candidates(timer, ok: set, dec: dict, pre: dict, d: dict) -> dict:
+    segs = -(-int(dec["lens"].max()) // d["seg_n"])
+    split = (segs, _parts(dec["q"].shape[0], segs, d, dec["q"].device))
     times = {}
     for kind, config in sorted(ok):
-        case = dec if kind == "decode" else pre
+        args = (pre, config, False) if kind == "prefill" else (dec, config, True)
         try:
-            times[(kind, config)] = timer([partial(_run, case, config, kind == "decode")])
+            times[(kind, config)] = timer(
+                [partial(_run, *args, *(split if kind == "split" else ()))]
+            )
         except Exception as err:  # does not run here: no candidate
             print(json.dumps({"kind": "warning", "config": config, "error": repr(err)}))
     return times
@@ -247,13 +269,17 @@ def _time_split(timer, dec: dict, d: dict, configs: set) -> dict:
 
 
 def _pick(times: dict, of_class: dict) -> dict:
-    """Per bit class: the fastest prefill and decode configs; the class's headline estimate."""
+    """Per bit class: the fastest prefill config and decode config (walked or split, as
+    "decode_mode"); the class's headline estimate."""
     per_class: dict = {}
     for (kind, config), ms in times.items():
         c = of_class.get((config, kind))
         entry = per_class.setdefault(c, {})
-        if c is not None and (kind not in entry or ms < entry[kind][1]):
-            entry[kind] = (config, ms)
+        role = "prefill" if kind == "prefill" else "decode"
+        if c is not None and (role not in entry or ms < entry[role][1]):
+            entry[role] = (config, ms)
+            if role == "decode":
+                entry["decode_mode"] = kind
     out = {}
     for c, entry in per_class.items():
         if "prefill" in entry and "decode" in entry:
@@ -278,16 +304,17 @@ def tune_attention(timer, device: str, smoke: bool, ok: set) -> dict:
     if smoke:  # seg_n 32 needs small tiles
         cur_dec = cur_pre = (16, 16, 4, 1)
     ok = set(ok) | {("decode", cur_dec), ("prefill", cur_pre)}
-    times = _time_candidates(timer, ok, dec, pre)
+    times = _time_candidates(timer, ok, dec, pre, d)
     bit_class, of_class = _classifier(d, device)
     bit_class(cur_pre, "prefill")  # class 0: the current prefill tiles
     for kind, config in sorted(times, key=times.get):
         bit_class(config, kind)
     per_class = _pick(times, of_class)
     chosen = min(per_class, key=lambda c: per_class[c]["headline_s"], default=None)
-    if chosen is not None:  # split decodes must fold to the same bits as walked ones
-        split_class = bit_class(per_class[chosen]["decode"][0], "split")
-        per_class[chosen]["decode_split_same_class"] = split_class == chosen
+    if chosen is not None:  # the other decode launch of the chosen config must agree too
+        entry = per_class[chosen]
+        other = "decode" if entry["decode_mode"] == "split" else "split"
+        entry["decode_other_launch_same_class"] = bit_class(entry["decode"][0], other) == chosen
     split_ms = _time_split(
         timer,
         dec,
@@ -328,8 +355,14 @@ def tune_attention(timer, device: str, smoke: bool, ok: set) -> dict:
         out["table"] = {
             "prefill": pre_cfg,
             "decode": dec_cfg,
-            "decode_split_same_class": per_class[chosen]["decode_split_same_class"],
+            "decode_mode": per_class[chosen]["decode_mode"],
+            "decode_other_launch_same_class": per_class[chosen]["decode_other_launch_same_class"],
             "python": f"_CONFIGS (128, 2-byte) = {tuple(pre_cfg)}; _DECODE_CONFIGS"
-            f"[(128, 2)] = {(dec_cfg[0], dec_cfg[2], dec_cfg[3])}",
+            f"[(128, 2)] = {(dec_cfg[0], dec_cfg[2], dec_cfg[3])}"
+            + (
+                "; SPLIT_DECODE_WAVES = 100.0"
+                if per_class[chosen]["decode_mode"] == "split"
+                else ""
+            ),
         }
     return out
