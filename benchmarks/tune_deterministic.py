@@ -135,14 +135,14 @@ class Timer:
             return (time.perf_counter() - start) * 1e3
         # The warm-up call's time (launch gaps included: an overestimate) sets the repeats.
         guess_ms = self._run(fns, 1, sleep=False)
-        reps = max(3, min(30, int(2.0 / max(guess_ms, 1e-3))))
+        reps = max(3, min(20, int(1.0 / max(guess_ms, 1e-3))))
         return self._run(fns, reps, sleep=True)
 
     def _run(self, fns: list, reps: int, sleep: bool) -> float:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda.synchronize()
         if sleep:
-            torch.cuda._sleep(reps * 80_000)  # ~40 us of CPU a call, at ~2 GHz
+            torch.cuda._sleep(reps * 160_000)  # ~80 us of CPU a call, at ~2 GHz
         start.record()
         for i in range(reps):
             fns[i % len(fns)]()
