@@ -40,7 +40,7 @@ MS = (1, 16, 64, 128, 256, 512, 2048, 8192)
 CHECK_MS = (1, 7, 64, 256, 2048)  # a config's rows at these M must equal its 2048-row product
 LM_HEAD_MAX_M = 512  # the LM head only sees sampled rows
 LEADERS = 12  # the fastest configs at each M that are sorted into bit classes
-MODELS = {  # name -> (hidden, q+kv heads * head_dim, intermediate, vocab)
+MODELS = {  # name -> (hidden, qkv out, o_proj in, intermediate, vocab)
     "qwen3-0.6b": (1024, 4096, 2048, 3072, 151936),
     "qwen3-8b": (4096, 6144, 4096, 12288, 151936),
 }
@@ -160,7 +160,7 @@ def tune_shape(name: str, n: int, k: int, configs: list[tuple], timer: Timer, de
     if device == "cpu":
         ms = [1, 16, 64]
     x = torch.randn(max(max(ms), 2048), k, device=device, generator=gen).to(dtype)
-    copies = max(1, min(16, -(-256_000_000 // (n * k * 2))))
+    copies = max(1, min(32, -(-256_000_000 // (n * k * 2))))  # > L2 (50 MB) in all
     ws = [
         (torch.randn(n, k, device=device, generator=gen) / k**0.5).to(dtype)
         for _ in range(1 if device == "cpu" else copies)
