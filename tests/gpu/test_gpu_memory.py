@@ -8,7 +8,10 @@ import gc
 import pytest
 import torch
 
-pytestmark = pytest.mark.gpu
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
 
 
 def test_two_engines_share_one_gpu(model_dir: str) -> None:
