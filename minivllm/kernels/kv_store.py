@@ -14,7 +14,7 @@ from minivllm.kernels.checks import (
     check_tensor,
 )
 
-E4M3_MAX = 448.0  # largest finite float8_e4m3fn
+E4M3_MAX = tl.constexpr(448.0)  # largest finite float8_e4m3fn (constexpr: a jit global)
 
 
 @triton.jit
