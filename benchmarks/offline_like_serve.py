@@ -40,7 +40,7 @@ print(
             "num_prompts": num_prompts,
             "input_len": input_len,
             "output_len": output_len,
-            "max_num_seqs": llm.engine.config.max_num_seqs,
+            "max_num_seqs": llm.engine.limits.max_num_seqs,
             "seconds": round(seconds, 3),
             "output_tok_s": round(num_output / seconds, 1),
         }

@@ -137,8 +137,10 @@ class EngineConfig:
     # Engine replicas, each on its own tensor_parallel_size GPUs, behind one frontend.
     data_parallel_size: int = 1
     max_model_len: int | None = None
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
+    # None: chosen at engine build from the device's memory and usage_context
+    # (engine/scheduler_limits.py; 1024 and 16384 offline on an H200).
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
     block_size: int = 16
     gpu_memory_utilization: float = 0.9
     enable_prefix_caching: bool = True
@@ -163,6 +165,11 @@ class EngineConfig:
     # KV cache storage (vLLM's option): "auto" = the model's dtype; "fp8" (alias "fp8_e4m3"):
     # e4m3, half the bytes, twice the blocks (docs/kernels.md, "FP8 KV cache").
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3"] = "auto"
+    # Tensor parallelism on CUDA: NCCL for every all-reduce instead of the symmetric-memory
+    # one-shot kernel for decode-sized messages (vLLM's option; minivllm/distributed/).
+    disable_custom_all_reduce: bool = False
+    # Which defaults the auto limits take (vLLM's usage context); `minivllm serve` sets "server".
+    usage_context: Literal["offline", "server"] = "offline"
 
     def __post_init__(self) -> None:
         def check(ok: bool, message: str) -> None:
@@ -177,9 +184,12 @@ class EngineConfig:
         check(self.tensor_parallel_size >= 1, "tensor_parallel_size must be >= 1")
         check(self.data_parallel_size >= 1, "data_parallel_size must be >= 1")
         check(self.max_model_len is None or self.max_model_len >= 1, "max_model_len must be >= 1")
-        check(self.max_num_seqs >= 1, f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         check(
-            self.max_num_batched_tokens >= 1,
+            self.max_num_seqs is None or self.max_num_seqs >= 1,
+            f"max_num_seqs must be >= 1, got {self.max_num_seqs}",
+        )
+        check(
+            self.max_num_batched_tokens is None or self.max_num_batched_tokens >= 1,
             f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}",
         )
         check(
@@ -219,6 +229,10 @@ class EngineConfig:
         check(
             self.kv_cache_dtype in ("auto", "fp8", "fp8_e4m3"),
             f"kv_cache_dtype must be auto|fp8|fp8_e4m3, got {self.kv_cache_dtype!r}",
+        )
+        check(
+            self.usage_context in ("offline", "server"),
+            f"usage_context must be offline|server, got {self.usage_context!r}",
         )
 
     @classmethod

@@ -14,6 +14,7 @@ from minivllm.engine.block_manager import BlockManager
 from minivllm.engine.parallel import build_executor
 from minivllm.engine.request import Request
 from minivllm.engine.scheduler import Scheduler
+from minivllm.engine.scheduler_limits import resolve_scheduler_limits
 from minivllm.engine.stats import EngineStats
 from minivllm.engine.types import EngineOutput
 from minivllm.sampling_params import SamplingParams, check_logprobs_limit
@@ -32,6 +33,13 @@ class EngineCore:
         self.config = config
         self.model_config = ModelConfig.from_hf(config.model)
         self.max_model_len = config.resolved_max_model_len(self.model_config)
+        # Each runner resolves the same limits on its own device (same rule, same GPU kind).
+        self.limits = resolve_scheduler_limits(config, config.resolved_device())
+        logger.info(
+            "scheduler limits (%s): max_num_seqs=%d, max_num_batched_tokens=%d",
+            config.usage_context,
+            *self.limits,
+        )
         self.executor = build_executor(config, self.model_config, self.max_model_len)
         self.num_blocks = self.executor.num_blocks
         if self.num_blocks < 1:
@@ -54,8 +62,8 @@ class EngineCore:
         # execute that returns once the step is launched; step() reads the same either way.
         scheduler_class = AsyncScheduler if self.async_scheduling else Scheduler
         self.scheduler = scheduler_class(
-            max_num_seqs=config.max_num_seqs,
-            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_num_seqs=self.limits.max_num_seqs,
+            max_num_batched_tokens=self.limits.max_num_batched_tokens,
             max_model_len=self.max_model_len,
             block_manager=block_manager,
         )

@@ -22,6 +22,7 @@ from minivllm.engine.kv_cache import KVCacheSpec, bind_kv_caches
 from minivllm.engine.profiling import memory_baseline, profile_kv_budget
 from minivllm.engine.prompt_logprobs import PromptLogprobsJob, PromptLogprobsTracker
 from minivllm.engine.sampling_state import SamplingState
+from minivllm.engine.scheduler_limits import resolve_scheduler_limits
 from minivllm.engine.types import RunnerOutput, SchedulerOutput
 from minivllm.layers.batch_invariant import use_batch_invariant_ops
 from minivllm.layers.dispatch import use_triton_kernels
@@ -48,6 +49,8 @@ class ModelRunner:
         self.max_model_len = max_model_len
         self.tp_size = tp_size
         self.block_size = config.block_size
+        self.limits = resolve_scheduler_limits(config, device)
+        max_num_seqs = self.limits.max_num_seqs
         self.memory_baseline = 0
         if device.type == "cuda":
             self.memory_baseline = memory_baseline(device, config.gpu_memory_utilization)
@@ -57,7 +60,7 @@ class ModelRunner:
             device,
             num_heads=tp_heads,
             head_dim=model_config.head_dim,
-            max_num_seqs=config.max_num_seqs,
+            max_num_seqs=max_num_seqs,
             max_model_len=max_model_len,
             num_kv_heads=max(1, model_config.num_key_value_heads // tp_size),
             deterministic=config.deterministic,
@@ -76,7 +79,7 @@ class ModelRunner:
         self.sampler = Sampler(use_triton_kernels(device))
         self.sampling_state = SamplingState(device, seed=config.seed)
         self.prompt_logprobs = PromptLogprobsTracker()
-        self.block_table = BlockTable(-(-max_model_len // self.block_size), config.max_num_seqs)
+        self.block_table = BlockTable(-(-max_model_len // self.block_size), max_num_seqs)
         kv_dtype = config.resolved_kv_cache_dtype(dtype)
         self.kv_spec = KVCacheSpec.for_model(
             model_config, self.block_size, kv_dtype, device, tp_size
@@ -88,8 +91,7 @@ class ModelRunner:
         self._host_ids: list[torch.Tensor] | None = None
         if device.type == "cuda":
             self._host_ids = [
-                torch.empty(config.max_num_seqs, dtype=torch.int64, pin_memory=True)
-                for _ in range(3)
+                torch.empty(max_num_seqs, dtype=torch.int64, pin_memory=True) for _ in range(3)
             ]
         self._num_steps = 0
 
@@ -105,8 +107,8 @@ class ModelRunner:
             self.run_model,
             self.model.attention_layers(),
             self.kv_spec,
-            self.config.max_num_batched_tokens,
-            self.config.max_num_seqs,
+            self.limits.max_num_batched_tokens,
+            self.limits.max_num_seqs,
             self.max_model_len,
             self.config.gpu_memory_utilization,
             self.memory_baseline,
@@ -124,11 +126,12 @@ class ModelRunner:
                 logger.info("attention backend %s runs without CUDA graphs", backend.name)
 
     def _capture_graphs(self) -> CUDAGraphRunner:
-        config = self.config
+        # A decode step has at most max_num_seqs rows and max_num_batched_tokens tokens.
+        max_batch_size = min(*self.limits, self.config.max_cuda_graph_batch_size)
         graphs = CUDAGraphRunner(
             self.model,
             self.attn_backend,
-            max_batch_size=min(config.max_num_seqs, config.max_cuda_graph_batch_size),
+            max_batch_size=max_batch_size,
             max_num_blocks=-(-self.max_model_len // self.block_size),
             device=self.device,
         )

@@ -12,7 +12,8 @@ import typing
 
 from minivllm.config import EngineConfig
 
-_SKIP = {"model"}
+# usage_context: set by the command itself (serve: "server"), not a flag.
+_SKIP = {"model", "usage_context"}
 
 
 def add_engine_options(parser: argparse.ArgumentParser) -> None:

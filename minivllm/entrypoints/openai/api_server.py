@@ -35,7 +35,8 @@ def run_serve(args: argparse.Namespace) -> int:
     from minivllm.entrypoints.cli import engine_options
 
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
-    config = EngineConfig.from_options(args.model, **engine_options(args))
+    options = engine_options(args)
+    config = EngineConfig.from_options(args.model, usage_context="server", **options)
     chat_template = load_chat_template(args.chat_template)
     names = args.served_model_name or [args.model]
     metrics = ServerMetrics(names[0])
