@@ -28,7 +28,7 @@ L_COLS: tl.constexpr = tl.constexpr(16)  # columns of the row-sum MMA (tl.dot's 
 # touches a row's arithmetic (row sums by MMA), and may differ for decode-only launches.
 _CONFIGS = (
     (64, ((64, 64, 4, 3), (64, 64, 4, 2))),
-    (128, ((64, 64, 4, 3), (64, 32, 4, 2))),
+    (128, ((128, 128, 8, 3), (64, 32, 4, 2))),  # 2-byte: tune_deterministic.py, H200
     (256, ((64, 32, 8, 2), (32, 16, 4, 2))),
 )
 # Decode-only launches (one query row per request): (BLOCK_M, num_warps, num_stages) per
@@ -36,7 +36,7 @@ _CONFIGS = (
 # group as the default decode kernel does instead of 64 rows. Set from
 # benchmarks/tune_deterministic.py, only where the GPU gave decode and prefill tiles the same
 # bits (an MMA of 16 rows and a 64-row warpgroup MMA must round alike).
-_DECODE_CONFIGS: dict[tuple[int, int], tuple[int, int, int]] = {}
+_DECODE_CONFIGS: dict[tuple[int, int], tuple[int, int, int]] = {(128, 2): (16, 4, 4)}
 
 
 def batch_invariant_config(
