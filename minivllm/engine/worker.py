@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from minivllm.config import EngineConfig, ModelConfig
+from minivllm.distributed.all_reduce import bind_all_reduce, create_symm_buffer
 from minivllm.engine.model_runner import ModelRunner
 from minivllm.engine.shm_broadcast import RingHandle, ShmRing
 from minivllm.engine.step_codec import Op, decode
@@ -73,6 +74,11 @@ def init_rank(
     torch.manual_seed(config.seed)
     dtype = config.resolved_dtype(model_config, device)
     runner = ModelRunner(config, model_config, device, dtype, max_model_len, tp_size=world_size)
+    if device.type == "cuda" and not config.disable_custom_all_reduce:
+        # Before profiling and graph capture, which must see the all-reduce the steps use.
+        symm = create_symm_buffer(device)
+        if symm is not None:
+            bind_all_reduce(runner.model, symm)
     num_blocks = torch.tensor([runner.determine_num_blocks()], device=device)
     dist.all_reduce(num_blocks, op=dist.ReduceOp.MIN)
     if num_blocks.item() >= 1:

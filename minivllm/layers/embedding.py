@@ -33,6 +33,7 @@ class VocabParallelEmbedding(nn.Module):
             torch.empty(self.shard_size, embedding_dim, dtype=dtype), requires_grad=False
         )
         self.weight.weight_loader = self.weight_loader
+        self.reduce = all_reduce  # on CUDA: minivllm/distributed/all_reduce.py
 
     def weight_loader(
         self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
@@ -54,7 +55,7 @@ class VocabParallelEmbedding(nn.Module):
         is_local = (input_ids >= self.vocab_start) & (input_ids < self.vocab_end)
         local_ids = (input_ids - self.vocab_start) * is_local
         out = F.embedding(local_ids, self.weight) * is_local[:, None].to(self.weight.dtype)
-        return all_reduce(out, self.tp_size)
+        return self.reduce(out, self.tp_size)
 
 
 class ParallelLMHead(VocabParallelEmbedding):

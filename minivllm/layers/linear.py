@@ -201,7 +201,8 @@ class RowParallelLinear(LinearBase):
     ) -> None:
         _, tp_size = get_tp_rank_size()
         super().__init__(divide(input_size, tp_size, "input size"), output_size, bias, dtype)
-        self.reduce = all_reduce  # deterministic mode: a rank-ordered sum
+        # Deterministic mode: a rank-ordered sum; on CUDA: minivllm/distributed/all_reduce.py.
+        self.reduce = all_reduce
 
     def weight_loader(
         self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None

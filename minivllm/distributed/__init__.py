@@ -1,0 +1,1 @@
+"""Collectives for tensor parallelism on one node (all-reduce through symmetric memory)."""
