@@ -10,6 +10,7 @@ every rank gets the same bits, and at two ranks the same bits as NCCL (a + b = b
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Callable
 from typing import Literal
 
@@ -79,7 +80,14 @@ class SymmBuffer:
         self.world_size = dist.get_world_size()
         self.nbytes = nbytes
         self.buffer = symm_mem.empty(nbytes, dtype=torch.uint8, device=device)
-        self.handle = symm_mem.rendezvous(self.buffer, self.group_name)
+        try:
+            self.handle = symm_mem.rendezvous(self.buffer, self.group_name)
+        except RuntimeError:
+            # Older torch (before the groups registered themselves) needs this call first.
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)
+                symm_mem.enable_symm_mem_for_group(self.group_name)
+            self.handle = symm_mem.rendezvous(self.buffer, self.group_name)
         self._copy_in = _has_op("one_shot_all_reduce_copy_out")
         self._two_shot_out = _has_op("two_shot_all_reduce_out")
 
