@@ -1,6 +1,8 @@
-"""The headline offline throughput workload (PERF.md) on dummy weights. Prints one JSON line.
+"""Offline throughput on dummy weights, one workload shape (benchmarks/workloads.py; default:
+PERF.md's headline). Prints one JSON line.
 
-python benchmarks/bench_throughput.py [--model-name qwen3-0.6b] [--num-seqs 256] [--enforce-eager]
+python benchmarks/bench_throughput.py [--workload headline|short|long|prefix] [--num-seqs N]
+    [--model-name qwen3-0.6b] [--enforce-eager] [--kv-cache-dtype fp8] ...
 """
 
 from __future__ import annotations
@@ -10,7 +12,8 @@ import json
 import os
 import time
 
-from common import dummy_model_dir, headline_workload, measure_bandwidth, roofline_seconds
+from common import dummy_model_dir, measure_bandwidth, roofline_seconds
+from workloads import WORKLOADS, Workload, make_workload, result_fields
 
 
 class StepTimer:
@@ -57,16 +60,22 @@ def main() -> None:
     parser.add_argument(
         "--model", default=None, help="a model dir (default: dummy dir from --model-name)"
     )
-    parser.add_argument("--num-seqs", type=int, default=256)
+    parser.add_argument("--workload", default="headline", choices=sorted(WORKLOADS))
+    parser.add_argument("--num-seqs", type=int, default=None, help="requests (default: workload's)")
+    parser.add_argument("--max-model-len", type=int, default=None, help="default: workload's")
+    parser.add_argument("--max-num-seqs", type=int, default=None, help="default: auto")
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--no-async-scheduling", action="store_true")
     parser.add_argument("--tensor-parallel-size", type=int, default=1)
     parser.add_argument("--data-parallel-size", type=int, default=1)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=None)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None, help="default: auto")
     parser.add_argument("--block-size", type=int, default=None)
     parser.add_argument("--attention-backend", default=None)
     parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "fp8_e4m3"])
     parser.add_argument("--deterministic", action="store_true", help="batch-invariant numerics")
+    parser.add_argument(
+        "--disable-custom-all-reduce", action="store_true", help="TP: NCCL for every all-reduce"
+    )
     args = parser.parse_args()
 
     import torch
@@ -74,27 +83,32 @@ def main() -> None:
     from minivllm import LLM, SamplingParams
 
     model_dir = args.model or dummy_model_dir(args.model_name)
+    workload = make_workload(args.workload, args.num_seqs)
     options = {
         "load_format": "dummy",
-        "max_model_len": 4096,
+        "max_model_len": args.max_model_len or workload.max_model_len,
         "enforce_eager": args.enforce_eager,
         "tensor_parallel_size": args.tensor_parallel_size,
         "data_parallel_size": args.data_parallel_size,
         "async_scheduling": not args.no_async_scheduling,
         "deterministic": args.deterministic,
+        "disable_custom_all_reduce": args.disable_custom_all_reduce,
     }
-    for name in ("max_num_batched_tokens", "block_size", "attention_backend", "kv_cache_dtype"):
+    names = ("max_num_seqs", "max_num_batched_tokens", "block_size", "attention_backend")
+    for name in (*names, "kv_cache_dtype"):
         if getattr(args, name) is not None:
             options[name] = getattr(args, name)
     llm = LLM(model_dir, **options)
-    prompts, output_lens = headline_workload(args.num_seqs)
-    params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=n) for n in output_lens]
+    params = [
+        SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=n) for n in workload.output_lens
+    ]
     llm.generate([{"prompt_token_ids": [1, 2, 3, 4]}], SamplingParams(max_tokens=8), use_tqdm=False)
 
     # Data-parallel replicas step in their own processes: no step timing there.
     timer = StepTimer(llm.engine) if args.data_parallel_size == 1 else None
+    prompts = [{"prompt_token_ids": p} for p in workload.prompts]
     start = time.perf_counter()
-    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    outputs = llm.generate(prompts, params, use_tqdm=False)
     seconds = time.perf_counter() - start
     generated = sum(len(o.outputs[0].token_ids) for o in outputs)
     result = {
@@ -105,30 +119,42 @@ def main() -> None:
         "deterministic": args.deterministic,
         "kv_cache_dtype": args.kv_cache_dtype,
         "tp": args.tensor_parallel_size,
+        "custom_all_reduce": not args.disable_custom_all_reduce,
         "dp": args.data_parallel_size,
-        "num_seqs": args.num_seqs,
-        "prompt_tokens": sum(map(len, prompts)),
-        "output_tokens": sum(output_lens),
-        "generated": generated,
-        "seconds": round(seconds, 3),
-        "output_tok_s": round(sum(output_lens) / seconds, 1),
+        "max_model_len": options["max_model_len"],
+        **_limits(llm),
+        "num_seqs": workload.num_requests,
+        **result_fields(workload, generated, seconds),
     }
     if timer is not None:
         result |= _step_times(timer)
     if torch.cuda.is_available():
-        with open(os.path.join(model_dir, "config.json")) as f:
-            cfg = json.load(f)
-        bandwidth = measure_bandwidth()
-        bound_s = roofline_seconds(cfg, [len(p) for p in prompts], output_lens, bandwidth, 790e12)
-        result.update(
-            {
-                "copy_tb_s": round(bandwidth / 1e12, 2),
-                "bound_tok_s": round(sum(output_lens) / bound_s, 1),
-                "fraction_of_bound": round(bound_s / seconds, 3),
-            }
-        )
+        result |= _bound(model_dir, workload, seconds)
     print(json.dumps(result), flush=True)
     llm.shutdown()
+
+
+def _limits(llm) -> dict:
+    """The scheduler limits the engine resolved (auto or explicit); a DP frontend has none."""
+    limits = getattr(llm.engine, "limits", None)
+    return {} if limits is None else limits._asdict()
+
+
+def _bound(model_dir: str, workload: Workload, seconds: float) -> dict:
+    """Copy bandwidth, and the roofline bound of the headline (its all-start-together model
+    does not describe the other shapes)."""
+    bandwidth = measure_bandwidth()
+    result = {"copy_tb_s": round(bandwidth / 1e12, 2)}
+    if workload.name != "headline":
+        return result
+    with open(os.path.join(model_dir, "config.json")) as f:
+        cfg = json.load(f)
+    prompt_lens = [len(p) for p in workload.prompts]
+    bound_s = roofline_seconds(cfg, prompt_lens, workload.output_lens, bandwidth, 790e12)
+    return result | {
+        "bound_tok_s": round(workload.num_output_tokens / bound_s, 1),
+        "fraction_of_bound": round(bound_s / seconds, 3),
+    }
 
 
 if __name__ == "__main__":

@@ -1,0 +1,86 @@
+"""One workload of benchmarks/workloads.py through either engine's vLLM-style API, for
+side-by-side runs on dummy weights. Prints one JSON line (the same fields as bench_throughput).
+
+Usage: [TP=N] [GPU_UTIL=0.9] [KV_CACHE_DTYPE=fp8] python peer_workload_bench.py ENGINE MODEL_DIR
+       WORKLOAD [NUM_REQUESTS]      ENGINE: minivllm | vllm; WORKLOAD: headline|short|long|prefix
+Needs only workloads.py beside it (or on PYTHONPATH); vLLM keeps its defaults except what the
+workload needs (max_model_len, temperature 0.6, ignore_eos), as in peer/peer_bench.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+from workloads import WORKLOADS, Workload, make_workload, result_fields
+
+ENGINES = ("minivllm", "vllm")
+
+
+def build(engine: str, model_dir: str, workload: Workload):
+    """(llm, SamplingParams factory max_tokens -> params) for the engine."""
+    common = {"max_model_len": workload.max_model_len}
+    common["tensor_parallel_size"] = int(os.environ.get("TP", "1"))
+    if os.environ.get("KV_CACHE_DTYPE"):
+        common["kv_cache_dtype"] = os.environ["KV_CACHE_DTYPE"]
+    if engine == "vllm":
+        from vllm import LLM, SamplingParams
+
+        llm = LLM(
+            model=model_dir,
+            load_format="dummy",
+            skip_tokenizer_init=True,
+            gpu_memory_utilization=float(os.environ.get("GPU_UTIL", "0.9")),
+            seed=0,
+            **common,
+        )
+        return llm, lambda n: SamplingParams(
+            temperature=0.6, ignore_eos=True, max_tokens=n, detokenize=False
+        )
+    from minivllm import LLM, SamplingParams
+
+    llm = LLM(model_dir, load_format="dummy", **common)
+    return llm, lambda n: SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=n)
+
+
+def scheduler_limits(engine: str, llm) -> dict:
+    """max_num_seqs and max_num_batched_tokens as the engine resolved them."""
+    if engine == "minivllm":
+        limits = getattr(llm.engine, "limits", None)  # a data-parallel frontend has none
+        return {} if limits is None else limits._asdict()
+    try:
+        sched = llm.llm_engine.vllm_config.scheduler_config
+    except AttributeError:  # another vLLM version: the figures still print
+        return {}
+    return {
+        "max_num_seqs": sched.max_num_seqs,
+        "max_num_batched_tokens": sched.max_num_batched_tokens,
+    }
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) not in (3, 4) or argv[0] not in ENGINES or argv[2] not in WORKLOADS:
+        print(__doc__, file=sys.stderr)
+        return 2
+    engine, model_dir, name = argv[:3]
+    workload = make_workload(name, int(argv[3]) if len(argv) == 4 else None)
+    llm, params = build(engine, model_dir, workload)
+    llm.generate([{"prompt_token_ids": [1, 2, 3, 4]}], params(8), use_tqdm=False)  # warm-up
+    prompts = [{"prompt_token_ids": p} for p in workload.prompts]
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, [params(n) for n in workload.output_lens], use_tqdm=False)
+    seconds = time.perf_counter() - start
+    generated = sum(len(o.outputs[0].token_ids) for o in outputs)
+    result = {"engine": engine, "tp": int(os.environ.get("TP", "1"))}
+    result["kv_cache_dtype"] = os.environ.get("KV_CACHE_DTYPE") or "auto"
+    result |= scheduler_limits(engine, llm)
+    print(json.dumps(result | result_fields(workload, generated, seconds)), flush=True)
+    if engine == "minivllm":
+        llm.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

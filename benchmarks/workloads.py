@@ -1,0 +1,108 @@
+"""Offline throughput workloads (docs/performance.md): token-id prompts and output lengths,
+seeded, engine-free (the vLLM peer script imports this file too).
+
+headline: PERF.md's workload. short: thousands of short requests. long: long prompts, short
+outputs (prefill-bound). prefix: shared system prefixes (prefix-cache-bound).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+# Random prompt ids are drawn from [0, MAX_TOKEN_ID], as in the headline workload.
+MAX_TOKEN_ID = 10000
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    prompts: list[list[int]]
+    output_lens: list[int]
+    # Long enough for the longest prompt plus its output (both engines take this value).
+    max_model_len: int
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.prompts)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return sum(map(len, self.prompts))
+
+    @property
+    def num_output_tokens(self) -> int:
+        return sum(self.output_lens)
+
+
+def _ids(rng: random.Random, n: int) -> list[int]:
+    return [rng.randint(0, MAX_TOKEN_ID) for _ in range(n)]
+
+
+def headline(num_requests: int = 256, seed: int = 0) -> Workload:
+    """PERF.md: prompts of randint(100, 1024) ids, then outputs of randint(100, 1024)
+    (142,827 prompt and 133,966 output tokens for 256 requests)."""
+    rng = random.Random(seed)
+    prompts = [_ids(rng, rng.randint(100, 1024)) for _ in range(num_requests)]
+    output_lens = [rng.randint(100, 1024) for _ in range(num_requests)]
+    return Workload("headline", prompts, output_lens, max_model_len=4096)
+
+
+def short(num_requests: int = 4096, seed: int = 0) -> Workload:
+    """Many short requests: prompts of randint(16, 128) ids, outputs of randint(16, 512)."""
+    rng = random.Random(seed)
+    prompts = [_ids(rng, rng.randint(16, 128)) for _ in range(num_requests)]
+    output_lens = [rng.randint(16, 512) for _ in range(num_requests)]
+    return Workload("short", prompts, output_lens, max_model_len=4096)
+
+
+def long(num_requests: int = 16, seed: int = 0, prompt_len: int = 16384) -> Workload:
+    """Long prompts, short outputs: num_requests prompts of prompt_len ids, outputs of
+    randint(32, 128)."""
+    rng = random.Random(seed)
+    prompts = [_ids(rng, prompt_len) for _ in range(num_requests)]
+    output_lens = [rng.randint(32, 128) for _ in range(num_requests)]
+    return Workload("long", prompts, output_lens, max_model_len=prompt_len + 256)
+
+
+def prefix(num_requests: int = 512, seed: int = 0, num_prefixes: int = 8) -> Workload:
+    """Shared system prefixes: num_prefixes prefixes of 2048 ids, request i uses prefix
+    i % num_prefixes plus its own suffix of randint(64, 256) ids; outputs of randint(64, 256).
+    Requests arrive shuffled, as independent users of a few system prompts would."""
+    rng = random.Random(seed)
+    prefixes = [_ids(rng, 2048) for _ in range(num_prefixes)]
+    prompts = [
+        prefixes[i % num_prefixes] + _ids(rng, rng.randint(64, 256)) for i in range(num_requests)
+    ]
+    rng.shuffle(prompts)
+    output_lens = [rng.randint(64, 256) for _ in range(num_requests)]
+    return Workload("prefix", prompts, output_lens, max_model_len=4096)
+
+
+WORKLOADS = {"headline": headline, "short": short, "long": long, "prefix": prefix}
+
+
+def make_workload(name: str, num_requests: int | None = None, seed: int = 0) -> Workload:
+    """The named workload; num_requests None: its default count."""
+    if name not in WORKLOADS:
+        raise ValueError(f"unknown workload {name!r}; choose one of {sorted(WORKLOADS)}")
+    if num_requests is not None and num_requests < 1:
+        raise ValueError(f"num_requests must be >= 1, got {num_requests}")
+    factory = WORKLOADS[name]
+    return factory(seed=seed) if num_requests is None else factory(num_requests, seed=seed)
+
+
+def result_fields(workload: Workload, generated: int, seconds: float) -> dict:
+    """The counts and rates every throughput JSON line carries."""
+    return {
+        "workload": workload.name,
+        "num_requests": workload.num_requests,
+        "prompt_tokens": workload.num_prompt_tokens,
+        "output_tokens": workload.num_output_tokens,
+        "generated": generated,
+        "seconds": round(seconds, 3),
+        "output_tok_s": round(workload.num_output_tokens / seconds, 1),
+        "total_tok_s": round(
+            (workload.num_prompt_tokens + workload.num_output_tokens) / seconds, 1
+        ),
+    }

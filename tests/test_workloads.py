@@ -1,0 +1,75 @@
+"""benchmarks/workloads.py: the throughput workload shapes are seeded, sized as documented, and
+the headline is exactly PERF.md's."""
+
+from __future__ import annotations
+
+import runpy
+from collections import Counter
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "workloads.py"
+
+
+@pytest.fixture(scope="module")
+def workloads():
+    # benchmarks/ is a folder of scripts, not a package: load the module from its file.
+    return SimpleNamespace(**runpy.run_path(str(_PATH), run_name="bench_workloads"))
+
+
+def _check_ranges(w, prompt_range, output_range) -> None:
+    assert all(prompt_range[0] <= len(p) <= prompt_range[1] for p in w.prompts)
+    assert all(output_range[0] <= n <= output_range[1] for n in w.output_lens)
+    assert all(0 <= t <= 10000 for p in w.prompts for t in p)
+    # Every request fits: the engines reject a prompt + output longer than max_model_len.
+    assert max(len(p) + n for p, n in zip(w.prompts, w.output_lens)) <= w.max_model_len
+
+
+def test_headline_is_perf_md(workloads) -> None:
+    w = workloads.make_workload("headline")
+    assert (w.num_requests, w.num_prompt_tokens, w.num_output_tokens) == (256, 142827, 133966)
+    assert w.max_model_len == 4096
+    _check_ranges(w, (100, 1024), (100, 1024))
+
+
+def test_short_long_prefix_shapes(workloads) -> None:
+    short = workloads.make_workload("short")
+    assert short.num_requests == 4096
+    _check_ranges(short, (16, 128), (16, 512))
+
+    long = workloads.make_workload("long")
+    assert long.num_requests == 16 and {len(p) for p in long.prompts} == {16384}
+    _check_ranges(long, (16384, 16384), (32, 128))
+    assert long.max_model_len >= 16384 + 128
+
+    prefix = workloads.make_workload("prefix")
+    assert prefix.num_requests == 512
+    _check_ranges(prefix, (2048 + 64, 2048 + 256), (64, 256))
+    uses = Counter(tuple(p[:2048]) for p in prefix.prompts)
+    assert sorted(uses.values()) == [64] * 8
+    # Shuffled: the first requests do not all share one prefix.
+    assert len({tuple(p[:2048]) for p in prefix.prompts[:8]}) > 1
+
+
+@pytest.mark.parametrize("name", ["headline", "short", "prefix"])
+def test_seeded_and_sized(workloads, name) -> None:
+    a, b = workloads.make_workload(name, 12), workloads.make_workload(name, 12)
+    assert a == b and a.num_requests == 12
+    assert workloads.make_workload(name, 12, seed=1) != a
+
+
+def test_bad_requests_raise(workloads) -> None:
+    with pytest.raises(ValueError, match="unknown workload"):
+        workloads.make_workload("huge")
+    with pytest.raises(ValueError, match="num_requests"):
+        workloads.make_workload("short", 0)
+
+
+def test_result_fields(workloads) -> None:
+    w = workloads.Workload("t", [[1, 2, 3], [4]], [6, 10], max_model_len=64)
+    fields = workloads.result_fields(w, generated=16, seconds=2.0)
+    assert fields["prompt_tokens"] == 4 and fields["output_tokens"] == 16
+    assert fields["output_tok_s"] == 8.0 and fields["total_tok_s"] == 10.0
+    assert fields["workload"] == "t" and fields["num_requests"] == 2
