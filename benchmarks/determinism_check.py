@@ -3,6 +3,7 @@ per mode (default, then deterministic) with, per variant, how many of the prompt
 greedy tokens as the reference batch and whether their logprobs are bitwise equal.
 
 python benchmarks/determinism_check.py [--modes default,deterministic] [--num-prompts 24]
+    [--tensor-parallel-size 2]
 
 Random-weight Qwen3-0.6B shape cut to 12 layers, embeddings x8 (peaky logits), bf16,
 prompts of 20-700 tokens, 64 greedy tokens each.
@@ -79,7 +80,7 @@ def compare(ref: list[tuple], got: list[tuple]) -> dict:
     return result
 
 
-def engine(model_dir: str, deterministic: bool, **options):
+def engine(model_dir: str, deterministic: bool, tp: int, **options):
     from minivllm import LLM
 
     base = {
@@ -89,6 +90,7 @@ def engine(model_dir: str, deterministic: bool, **options):
         "max_cuda_graph_batch_size": 32,
         "gpu_memory_utilization": 0.4,
         "deterministic": deterministic,
+        "tensor_parallel_size": tp,
     }
     return LLM(model_dir, **(base | options))
 
@@ -103,10 +105,10 @@ def free_memory() -> None:
     torch.cuda.empty_cache()
 
 
-def check_mode(model_dir: str, prompts: list[list[int]], deterministic: bool) -> dict:
+def check_mode(model_dir: str, prompts: list[list[int]], deterministic: bool, tp: int) -> dict:
     """The reference is the whole batch on a fresh engine; every variant is compared to it."""
     start = time.perf_counter()
-    llm = engine(model_dir, deterministic)
+    llm = engine(model_dir, deterministic, tp)
     ref = run(llm, prompts, logprobs=True)
     variants = {
         "warm_prefix_cache": compare(ref, run(llm, prompts, logprobs=True)),
@@ -122,7 +124,7 @@ def check_mode(model_dir: str, prompts: list[list[int]], deterministic: bool) ->
         ("sync_scheduling", {"async_scheduling": False}),
         ("eager_no_graphs", {"enforce_eager": True}),
     ):
-        llm = engine(model_dir, deterministic, **options)
+        llm = engine(model_dir, deterministic, tp, **options)
         variants[name] = compare(ref, run(llm, prompts, logprobs=True))
         if name == "sync_scheduling":
             variants["sync_tokens_only"] = compare(ref, run(llm, prompts, logprobs=False))
@@ -136,6 +138,7 @@ def check_mode(model_dir: str, prompts: list[list[int]], deterministic: bool) ->
     return {
         "bench": "determinism_check",
         "deterministic": deterministic,
+        "tensor_parallel_size": tp,
         "all_bitwise_equal": all_equal,
         "variants": variants,
         "seconds": round(time.perf_counter() - start, 1),
@@ -147,6 +150,7 @@ def main() -> None:
     parser.add_argument("--modes", default="default,deterministic")
     parser.add_argument("--num-prompts", type=int, default=24)
     parser.add_argument("--num-layers", type=int, default=12)
+    parser.add_argument("--tensor-parallel-size", type=int, default=1)
     args = parser.parse_args()
     modes = args.modes.split(",")
     if not set(modes) <= {"default", "deterministic"}:
@@ -154,7 +158,9 @@ def main() -> None:
     model_dir = random_model_dir(args.num_layers)
     prompts = make_prompts(args.num_prompts)
     for mode in modes:
-        print(json.dumps(check_mode(model_dir, prompts, mode == "deterministic")), flush=True)
+        deterministic = mode == "deterministic"
+        result = check_mode(model_dir, prompts, deterministic, args.tensor_parallel_size)
+        print(json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":
