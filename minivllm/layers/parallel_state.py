@@ -27,9 +27,15 @@ def all_gather_last_dim(x: torch.Tensor, tp_size: int) -> torch.Tensor:
     """Concatenates every rank's x along the last dim, in rank order."""
     if tp_size == 1:
         return x
-    parts = [torch.empty_like(x) for _ in range(tp_size)]
-    dist.all_gather(parts, x.contiguous())
-    return torch.cat(parts, dim=-1)
+    # One flat gather [tp, ..., n], then one copy into [..., tp * n]: a list all_gather
+    # gathers flat too, then copies into each part, then cat copies again.
+    x = x.contiguous()
+    gathered = torch.empty((tp_size * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
+    # all_gather_into_tensor was renamed all_gather_single (torch 2.13).
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather(gathered, x)
+    gathered = gathered.view(tp_size, *x.shape).movedim(0, -2)
+    return gathered.reshape(*x.shape[:-1], tp_size * x.shape[-1])
 
 
 def divide(numerator: int, denominator: int, what: str) -> int:
