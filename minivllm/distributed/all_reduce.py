@@ -32,6 +32,11 @@ PLANS: dict[int, tuple[tuple[Method, int], ...]] = {
     8: (("one_shot", 256 << 10), ("two_shot", 8 << 20)),
 }
 BUFFER_BYTES = 8 << 20
+# torch numbers the store keys of its symmetric-memory rendezvous with a counter per process,
+# so a process that has set up a buffer before (an earlier TP LLM in rank 0's process) cannot
+# rendezvous with fresh workers: their counters differ and both would wait on keys the other
+# never writes. A process-wide fact, hence process-wide state: how many set-ups happened here.
+_SETUPS_IN_THIS_PROCESS = [0]
 _DTYPES = (torch.bfloat16, torch.float32)  # what the symm_mem kernels are built for
 _ALIGN = 16  # bytes: the kernels' vector width, for the staged input and its size
 
@@ -165,10 +170,13 @@ def create_symm_buffer(device: torch.device, nbytes: int = BUFFER_BYTES) -> Symm
     if device.type != "cuda":  # the same on every rank: no collective needed to agree
         return None
     reason = symm_mem_unavailable(device)
+    if reason is None and _SETUPS_IN_THIS_PROCESS[0]:
+        reason = "set up before in this process (torch's rendezvous counters would differ)"
     if not _all_ranks_ok(reason is None, device):
         logger.info("tensor-parallel all-reduce: NCCL only (%s)", reason or "a peer said no")
         return None
     symm, error = None, None
+    _SETUPS_IN_THIS_PROCESS[0] += 1
     try:
         symm = SymmBuffer(nbytes, device)
         error = _self_test(symm, device)
@@ -177,6 +185,11 @@ def create_symm_buffer(device: torch.device, nbytes: int = BUFFER_BYTES) -> Symm
     if not _all_ranks_ok(error is None, device):
         logger.warning("tensor-parallel all-reduce: NCCL only (%s)", error or "a peer failed")
         return None
+    logger.info(
+        "tensor-parallel all-reduce: symmetric memory up to %d bytes, plan %s",
+        nbytes,
+        PLANS[symm.world_size],
+    )
     return symm
 
 

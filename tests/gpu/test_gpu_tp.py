@@ -78,12 +78,39 @@ def test_tp2_eager_and_sync_scheduling(model_dir: str, base) -> None:
     assert common_prefix(base, other) >= 0.9
 
 
+_GREEDY_SCRIPT = """
+import json, logging, sys
+logging.basicConfig(level=logging.INFO)
+from tests.gpu.test_gpu_tp import greedy
+print("TOKENS", json.dumps(greedy(sys.argv[1], tp=2, disable_custom_all_reduce=sys.argv[2] == "1")))
+"""
+
+
+def _greedy_tp2_fresh(model_dir: str, disable: bool) -> tuple[list[list[int]], str]:
+    """greedy(tp=2) in a fresh process: torch sets symmetric memory up once per process."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", _GREEDY_SCRIPT, model_dir, str(int(disable))],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("TOKENS "))
+    return json.loads(line[len("TOKENS ") :]), proc.stderr
+
+
 def test_tp2_custom_all_reduce_gives_nccl_tokens(model_dir: str) -> None:
     """At two ranks the symmetric-memory one-shot sum has NCCL's bits (a + b = b + a), so
     TP=2 with it and with NCCL only must agree token for token."""
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
-    assert greedy(model_dir, tp=2) == greedy(model_dir, tp=2, disable_custom_all_reduce=True)
+    with_symm, log = _greedy_tp2_fresh(model_dir, disable=False)
+    assert "all-reduce: symmetric memory" in log, log[-3000:]
+    nccl_only, _ = _greedy_tp2_fresh(model_dir, disable=True)
+    assert with_symm == nccl_only
 
 
 def _all_reduce_rank(rank: int, init_method: str, queue) -> None:
