@@ -6,7 +6,10 @@ The fake core emits one token per open request every --step-ms, so the real HTTP
 microseconds per token and per chunk (a chunk carries several tokens when the server lags).
 
 python benchmarks/bench_server_cpu.py [--num-prompts 512] [--max-concurrency 128]
-    [--input-len 1000] [--output-len 200] [--step-ms 5] [--profile FILE.prof]
+    [--input-len 1000] [--output-len 200] [--step-ms 5] [--profile FILE.prof | --sample]
+
+--sample: a sampling profiler (a thread reads the server's main-thread stack every ms, like
+py-spy) prints the functions the event loop spends its time in, self and inclusive, to stderr.
 """
 
 from __future__ import annotations
@@ -76,6 +79,43 @@ class FakeCoreClient:
                 self._on_message(("outputs", outputs, EngineStats()))
 
 
+class StackSampler:
+    """Samples one thread's Python stack every interval_s; reports where the time goes."""
+
+    def __init__(self, thread_id: int, interval_s: float = 0.001) -> None:
+        self.thread_id, self.interval_s = thread_id, interval_s
+        self.self_counts: dict[str, int] = {}
+        self.total_counts: dict[str, int] = {}
+        self.num_samples = 0
+        self._stop = threading.Event()
+        threading.Thread(target=self._loop, daemon=True).start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            frame = sys._current_frames().get(self.thread_id)
+            if frame is None:
+                continue
+            names = []
+            while frame is not None:
+                code = frame.f_code
+                names.append(f"{os.path.basename(code.co_filename)}:{code.co_name}")
+                frame = frame.f_back
+            self.num_samples += 1
+            self.self_counts[names[0]] = self.self_counts.get(names[0], 0) + 1
+            for name in set(names):
+                self.total_counts[name] = self.total_counts.get(name, 0) + 1
+
+    def report(self, top: int = 40) -> str:
+        self._stop.set()
+        n = max(self.num_samples, 1)
+        lines = [f"{self.num_samples} samples of the event loop thread"]
+        for title, counts in (("self", self.self_counts), ("inclusive", self.total_counts)):
+            lines.append(f"-- {title} %")
+            for name, count in sorted(counts.items(), key=lambda kv: -kv[1])[:top]:
+                lines.append(f"{100 * count / n:6.1f}  {name}")
+        return "\n".join(lines)
+
+
 def run_fake_server(model: str, port: int, step_ms: float, profile: str | None) -> None:
     """The server process: `minivllm serve` with the fake core patched in."""
     import minivllm.entrypoints.async_llm as async_llm
@@ -85,6 +125,13 @@ def run_fake_server(model: str, port: int, step_ms: float, profile: str | None) 
     async_llm.EngineCoreClient = FakeCoreClient
     argv = ["serve", model, "--port", str(port), "--disable-log-requests"]
     argv += ["--disable-uvicorn-access-log", "--load-format", "dummy"]
+    if profile == "sample":
+        sampler = StackSampler(threading.get_ident())
+        try:
+            cli_main(argv)
+        finally:
+            print(sampler.report(), file=sys.stderr, flush=True)
+        return
     if profile is None:
         cli_main(argv)
         return
@@ -146,6 +193,7 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=200)
     parser.add_argument("--step-ms", type=float, default=5.0)
     parser.add_argument("--profile", default=None, help="cProfile the server into this file")
+    parser.add_argument("--sample", action="store_true", help="sampling profile to stderr")
     parser.add_argument("--serve-port", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--model", default=None)
     args = parser.parse_args()
@@ -157,8 +205,9 @@ def main() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cmd = [sys.executable, __file__, "--serve-port", str(port), "--step-ms", str(args.step_ms)]
-    cmd += ["--model", args.model] + (["--profile", args.profile] if args.profile else [])
-    proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
+    profile = "sample" if args.sample else args.profile
+    cmd += ["--model", args.model] + (["--profile", profile] if profile else [])
+    proc = subprocess.Popen(cmd, stderr=None if args.sample else subprocess.DEVNULL)
     try:
         _wait_ready(port, proc)
         cpu0, t0 = _cpu_seconds(proc.pid), time.perf_counter()

@@ -29,6 +29,19 @@ logger = logging.getLogger("minivllm.core")
 
 # Test hook (issue 11's fault injection): step number at which step() raises.
 FAULT_ENV = "MINIVLLM_FAULT_AT_STEP"
+# Benchmark hook: "module:Class" of an EngineCore stand-in (benchmarks/bench_frontend_cpu.py
+# measures the frontend with a core whose steps cost nothing).
+CORE_FACTORY_ENV = "MINIVLLM_CORE_FACTORY"
+
+
+def _make_core(config) -> EngineCore:
+    factory = os.environ.get(CORE_FACTORY_ENV)
+    if not factory:
+        return EngineCore(config)
+    import importlib
+
+    module, _, name = factory.partition(":")
+    return getattr(importlib.import_module(module), name)(config)
 
 
 class _Shutdown(Exception):
@@ -78,7 +91,7 @@ def serve(conn: Connection) -> int:
     if kind != "config":
         raise RuntimeError(f"expected the config first, got {kind!r}")
     try:
-        core = EngineCore(config)
+        core = _make_core(config)
     except Exception as e:  # noqa: BLE001 - reported to the parent, which raises it
         is_user_error = isinstance(e, (ValueError, TypeError))
         if not is_user_error:

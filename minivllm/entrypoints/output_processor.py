@@ -179,12 +179,16 @@ class OutputProcessor:
                 child.stop_reason = last if last in child.params.stop_token_ids else None
 
     def _request_output(self, parent: _Parent) -> RequestOutput:
+        stream = self.stream
         outputs = [
             CompletionOutput(
                 index=c.index,
                 # Streaming shows only final text (none a stop string may still cut).
-                text=c.detokenizer.emitted_text if self.stream else c.detokenizer.text,
-                token_ids=list(c.token_ids),
+                text=c.detokenizer.emitted_text if stream else c.detokenizer.text,
+                # Streamed outputs share the growing token list (as they share logprobs):
+                # a copy per step would make a long output quadratic. Read it before the
+                # next step, as the server does.
+                token_ids=c.token_ids if stream else list(c.token_ids),
                 cumulative_logprob=None,
                 logprobs=c.logprobs,
                 finish_reason=c.finish_reason,

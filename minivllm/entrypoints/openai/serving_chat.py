@@ -16,10 +16,9 @@ from minivllm.entrypoints.openai.protocol import MAX_LOGPROBS, ChatCompletionReq
 from minivllm.entrypoints.openai.serving_common import (
     SSE_DONE,
     ServerState,
+    SSEChunks,
     as_api_error,
     collect,
-    merge,
-    sse,
     submit,
     usage,
 )
@@ -156,25 +155,37 @@ class _ChatResponse:
         ]
         return {**self.head, "choices": choices, "usage": usage([output])}
 
-    async def stream(self, iterators: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[str]:
-        head = {**self.head, "object": "chat.completion.chunk"}
+    async def stream(self, iterators: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[bytes]:
+        chunks = SSEChunks({**self.head, "object": "chat.completion.chunk"})
         sent_chars: dict[int, int] = {}
         sent_tokens: dict[int, int] = {}
         final = None
         try:
-            for index in range(self.req.n):  # the role comes first, as in OpenAI and vLLM
-                role = {"role": "assistant", "content": ""}
-                choice = {"index": index, "delta": role, "logprobs": None, "finish_reason": None}
-                yield sse({**head, "choices": [choice]})
-            async for _, output in merge(iterators):
+            # The role comes first, as in OpenAI and vLLM.
+            yield b"".join(
+                chunks.choice(
+                    {
+                        "index": index,
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                )
+                for index in range(self.req.n)
+            )
+            (iterator,) = iterators  # a chat request is one prompt: read it directly
+            async for output in iterator:
                 final = output
+                body = b""  # all choices of one output in one socket write
                 for choice in output.outputs:
                     chunk = self._chunk(choice, sent_chars, sent_tokens)
                     if chunk is not None:
-                        yield sse({**head, "choices": [chunk]})
+                        body += chunks.choice(chunk)
+                if body:
+                    yield body
             opts = self.req.stream_options
             if opts is not None and opts.include_usage:
-                yield sse({**head, "choices": [], "usage": usage([final])})
+                yield chunks.last({"choices": [], "usage": usage([final])})
         except Exception as e:  # noqa: BLE001 - after the 200 an error is a data chunk
             yield sse_error(as_api_error(e))
         yield SSE_DONE

@@ -135,8 +135,35 @@ def usage(outputs: list[RequestOutput | None]) -> dict:
     }
 
 
-def sse(payload: dict) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
-
-
 SSE_DONE = "data: [DONE]\n\n"
+_encode_str = json.encoder.encode_basestring  # the C encoder: a JSON string, no ASCII escaping
+
+
+def _json_value(value) -> str:
+    """One JSON value; the hot types without json.dumps' per-call encoder set-up."""
+    if value is None:
+        return "null"
+    if value.__class__ is str:
+        return _encode_str(value)
+    if value.__class__ is int:
+        return str(value)
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{_encode_str(k)}:{_json_value(v)}" for k, v in value.items()) + "}"
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+class SSEChunks:
+    """The `data: {...}` lines of one stream. The head (id, object, created, model) is the same
+    in every chunk: it is serialized once, and a chunk serializes only its choice."""
+
+    def __init__(self, head: dict) -> None:
+        self._prefix = f"data: {json.dumps(head, ensure_ascii=False, separators=(',', ':'))[:-1]}"
+
+    def choice(self, choice: dict) -> bytes:
+        """The chunk of one choice: {**head, "choices": [choice]}, as bytes for the socket."""
+        return f'{self._prefix},"choices":[{_json_value(choice)}]}}\n\n'.encode()
+
+    def last(self, fields: dict) -> bytes:
+        """A chunk with other fields after the head (the usage chunk)."""
+        body = json.dumps(fields, ensure_ascii=False, separators=(",", ":"))
+        return f"{self._prefix},{body[1:]}\n\n".encode()

@@ -15,10 +15,10 @@ from minivllm.entrypoints.openai.protocol import CompletionRequest
 from minivllm.entrypoints.openai.serving_common import (
     SSE_DONE,
     ServerState,
+    SSEChunks,
     as_api_error,
     collect,
     merge,
-    sse,
     submit,
     usage,
 )
@@ -115,21 +115,35 @@ class _Response:
                 )
         return {**self.head, "choices": choices, "usage": usage(finals)}
 
-    async def stream(self, iterators: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[str]:
+    async def stream(self, iterators: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[bytes]:
+        chunks = SSEChunks(self.head)
         sent_chars: dict[int, int] = {}
         sent_tokens: dict[int, int] = {}
         finals: list[RequestOutput | None] = [None] * len(iterators)
+
+        def encode(index: int, output: RequestOutput) -> bytes:
+            """The chunks of one output, joined: one socket write for all its choices."""
+            finals[index] = output
+            body = b""
+            for choice in output.outputs:
+                key = index * self.req.n + choice.index
+                chunk = self._chunk(key, index, output, choice, sent_chars, sent_tokens)
+                if chunk is not None:
+                    body += chunks.choice(chunk)
+            return body
+
         try:
-            async for index, output in merge(iterators):
-                finals[index] = output
-                for choice in output.outputs:
-                    key = index * self.req.n + choice.index
-                    chunk = self._chunk(key, index, output, choice, sent_chars, sent_tokens)
-                    if chunk is not None:
-                        yield sse({**self.head, "choices": [chunk]})
+            if len(iterators) == 1:  # the common case, read directly (no fan-in layer)
+                async for output in iterators[0]:
+                    if body := encode(0, output):
+                        yield body
+            else:
+                async for index, output in merge(iterators):
+                    if body := encode(index, output):
+                        yield body
             opts = self.req.stream_options
             if opts is not None and opts.include_usage:
-                yield sse({**self.head, "choices": [], "usage": usage(finals)})
+                yield chunks.last({"choices": [], "usage": usage(finals)})
         except Exception as e:  # noqa: BLE001 - after the 200 an error is a data chunk
             yield sse_error(as_api_error(e))
         yield SSE_DONE
