@@ -15,6 +15,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model-name", default="qwen3-0.6b")
     parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--deterministic", action="store_true")
     args = parser.parse_args()
 
     from minivllm import LLM, SamplingParams
@@ -26,6 +27,7 @@ def main() -> None:
         max_model_len=4096,
         enable_prefix_caching=False,
         enforce_eager=args.enforce_eager,
+        deterministic=args.deterministic,
     )
     random.seed(1)
 
