@@ -74,7 +74,7 @@ def main() -> None:
     parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "fp8_e4m3"])
     parser.add_argument("--deterministic", action="store_true", help="batch-invariant numerics")
     parser.add_argument(
-        "--disable-custom-all-reduce", action="store_true", help="TP: NCCL for every all-reduce"
+        "--custom-all-reduce", action="store_true", help="TP: symmetric-memory all-reduce (opt-in)"
     )
     args = parser.parse_args()
 
@@ -92,7 +92,7 @@ def main() -> None:
         "data_parallel_size": args.data_parallel_size,
         "async_scheduling": not args.no_async_scheduling,
         "deterministic": args.deterministic,
-        "disable_custom_all_reduce": args.disable_custom_all_reduce,
+        "disable_custom_all_reduce": not args.custom_all_reduce,
     }
     names = ("max_num_seqs", "max_num_batched_tokens", "block_size", "attention_backend")
     for name in (*names, "kv_cache_dtype"):
@@ -119,7 +119,7 @@ def main() -> None:
         "deterministic": args.deterministic,
         "kv_cache_dtype": args.kv_cache_dtype,
         "tp": args.tensor_parallel_size,
-        "custom_all_reduce": not args.disable_custom_all_reduce,
+        "custom_all_reduce": args.custom_all_reduce,
         "dp": args.data_parallel_size,
         "max_model_len": options["max_model_len"],
         **_limits(llm),

@@ -165,9 +165,11 @@ class EngineConfig:
     # KV cache storage (vLLM's option): "auto" = the model's dtype; "fp8" (alias "fp8_e4m3"):
     # e4m3, half the bytes, twice the blocks (docs/kernels.md, "FP8 KV cache").
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3"] = "auto"
-    # Tensor parallelism on CUDA: NCCL for every all-reduce instead of the symmetric-memory
-    # one-shot kernel for decode-sized messages (vLLM's option; minivllm/distributed/).
-    disable_custom_all_reduce: bool = False
+    # Tensor parallelism on CUDA: NCCL for every all-reduce (vLLM's option). False turns on the
+    # symmetric-memory one-shot kernel for decode-sized messages (minivllm/distributed/); it is
+    # off by default because a TP=2 process using it did not exit after its work on the H200s
+    # (docs/parallelism.md).
+    disable_custom_all_reduce: bool = True
     # Which defaults the auto limits take (vLLM's usage context); `minivllm serve` sets "server".
     usage_context: Literal["offline", "server"] = "offline"
 
