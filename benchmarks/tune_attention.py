@@ -13,11 +13,8 @@ from itertools import product
 
 import torch
 
-from minivllm.kernels.batch_invariant_attention import (
-    SEG_N,
-    batch_invariant_attention,
-    batch_invariant_config,
-)
+from minivllm.kernels.batch_invariant_attention import SEG_N, batch_invariant_attention
+from minivllm.kernels.batch_invariant_configs import batch_invariant_config
 from minivllm.kernels.decode_attention import choose_num_splits, decode_attention
 from minivllm.kernels.prefill_attention import prefill_attention
 
