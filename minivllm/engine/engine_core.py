@@ -25,10 +25,10 @@ logger = logging.getLogger(__name__)
 class EngineCore:
     def __init__(self, config: EngineConfig) -> None:
         if config.data_parallel_size != 1:
-            # One core is one replica; dp_engine.DPEngine runs several (the LLM frontend).
+            # One core is one replica; dp_core_client.DPCoreClient runs several.
             raise ValueError(
-                f"data_parallel_size={config.data_parallel_size} is supported by LLM(...) only "
-                "for now; an engine core is one replica"
+                f"data_parallel_size={config.data_parallel_size}: an engine core is one "
+                "replica (LLM and AsyncLLM run several through DPCoreClient)"
             )
         self.config = config
         self.model_config = ModelConfig.from_hf(config.model)

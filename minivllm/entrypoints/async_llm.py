@@ -1,5 +1,6 @@
 """AsyncLLM: the server's engine. Tokenizer and output processing here, EngineCore in its own
-process (engine/core_client.py), outputs routed to one mailbox per request."""
+process (engine/core_client.py; N replica processes under data parallelism,
+engine/dp_core_client.py), outputs routed to one mailbox per request."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any, Protocol
 
 from minivllm.config import EngineConfig, ModelConfig
 from minivllm.engine.core_client import EngineCoreClient
+from minivllm.engine.dp_core_client import DPCoreClient
 from minivllm.engine.stats import CoreInfo, EngineStats
 from minivllm.engine.types import EngineOutput
 from minivllm.entrypoints.generation_config import GenerationDefaults, read_generation_defaults
@@ -71,7 +73,9 @@ class AsyncLLM:
         self.dead_reason: str | None = None
         self._mailboxes: dict[str, _Mailbox] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._client = EngineCoreClient(config, self._on_message_threadsafe)
+        # One core process, or data_parallel_size replicas behind the same interface.
+        client_class = EngineCoreClient if config.data_parallel_size == 1 else DPCoreClient
+        self._client = client_class(config, self._on_message_threadsafe)
         self.info: CoreInfo = self._client.info
         self.max_model_len = self.info.max_model_len
 

@@ -19,15 +19,16 @@ def test_dp2_matches_dp1_and_spreads_requests(tiny_qwen3_dir: str) -> None:
         outs = llm.generate(PROMPTS, PARAMS, use_tqdm=False)
         assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in single]
         assert [len(o.outputs[0].logprobs) for o in outs] == [6] * len(PROMPTS)
-        assert llm.engine.num_assigned == [4, 4]  # equal requests: alternate replicas
-        assert llm.engine.load == [0, 0] and not llm.engine.replica_of
+        balancer = llm.engine.balancer
+        assert balancer.num_assigned == [4, 4]  # equal requests: alternate replicas
+        assert balancer.load == [0, 0] and not balancer.replica_of
         again = llm.generate(PROMPTS[:3], PARAMS, use_tqdm=False)  # the engine is reusable
         assert [o.outputs[0].token_ids for o in again] == [
             o.outputs[0].token_ids for o in single[:3]
         ]
     finally:
         llm.shutdown()
-    assert not any(r.is_alive for r in llm.engine.replicas)
+    assert not any(r.is_alive for r in llm.engine.client.replicas)
 
 
 def test_dp_size_must_be_positive(tiny_qwen3_dir: str) -> None:
