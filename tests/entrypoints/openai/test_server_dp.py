@@ -7,7 +7,7 @@ import asyncio
 import signal
 
 import openai
-from conftest import BLOCK_SIZE, CPU_FLAGS, MODEL_NAME, NUM_BLOCKS, Server, child_pids
+from conftest import BLOCK_SIZE, CPU_FLAGS, MODEL_NAME, NUM_BLOCKS, Server, alive, child_pids
 
 from minivllm import LLM, EngineConfig, SamplingParams
 from minivllm.entrypoints.async_llm import AsyncLLM
@@ -21,14 +21,6 @@ def _offline_texts(model_dir: str) -> list[str]:
     llm = LLM(model_dir, dtype="float32", device="cpu", block_size=BLOCK_SIZE)
     outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], PARAMS, use_tqdm=False)
     return [o.outputs[0].text for o in outs]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_dp2_server_matches_offline_streams_and_exits_clean(tiny_qwen3_dir, tmp_path) -> None:
@@ -49,7 +41,7 @@ def test_dp2_server_matches_offline_streams_and_exits_clean(tiny_qwen3_dir, tmp_
     finally:
         code = server.stop(signal.SIGTERM)
     assert code == 0
-    assert not any(_alive(pid) for pid in cores)
+    assert not any(alive(pid) for pid in cores)
 
 
 def test_async_llm_dp2_spreads_requests(tiny_qwen3_dir) -> None:

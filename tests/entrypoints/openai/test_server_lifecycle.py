@@ -9,17 +9,9 @@ import signal
 import threading
 import time
 
-from conftest import MODEL_NAME, Server
+from conftest import MODEL_NAME, Server, alive
 
 LONG = {"model": MODEL_NAME, "prompt": "Hello", "max_tokens": 400, "ignore_eos": True}
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _stream_lines(port: int, body: dict, headers: dict, started: threading.Event) -> list[str]:
@@ -81,7 +73,7 @@ def test_fault_in_step_and_env_api_key(tiny_qwen3_dir, tmp_path) -> None:
         assert "injected fault" in server.logs()
     finally:
         assert server.stop() == 0
-    assert not _alive(server.core_pid)
+    assert not alive(server.core_pid)
 
 
 def test_sigterm_finishes_open_request_and_leaves_no_orphan(tiny_qwen3_dir, tmp_path) -> None:
@@ -100,15 +92,15 @@ def test_sigterm_finishes_open_request_and_leaves_no_orphan(tiny_qwen3_dir, tmp_
     assert lines and lines[0][-1] == "data: [DONE]"
     finish = json.loads(lines[0][-2][len("data: ") :])["choices"][0]["finish_reason"]
     assert finish == "length"  # graceful: the open request finished
-    assert not _alive(core_pid)
+    assert not alive(core_pid)
 
 
 def test_core_exits_when_the_server_is_killed(tiny_qwen3_dir, tmp_path) -> None:
     server = Server(tiny_qwen3_dir, str(tmp_path / "server.log"))
     core_pid = server.core_pid
-    assert _alive(core_pid)
+    assert alive(core_pid)
     server.stop(signal.SIGKILL)  # no chance to clean up: the core sees EOF on its socket
     deadline = time.time() + 10
-    while _alive(core_pid) and time.time() < deadline:
+    while alive(core_pid) and time.time() < deadline:
         time.sleep(0.1)
-    assert not _alive(core_pid)
+    assert not alive(core_pid)
