@@ -96,27 +96,40 @@ def graph_of(fn):
     return graph
 
 
-def time_mode(launchers: dict, graph: bool, quick: bool) -> dict[str, float]:
-    """ms per launcher; plans equal to an earlier one reuse its time."""
+def time_mode(launchers: dict, graph: bool, quick: bool, errors: dict) -> dict[str, float]:
+    """ms per launcher; plans equal to an earlier one reuse its time. A launcher that fails
+    (e.g. a tile config out of shared memory) goes to errors instead."""
     times, seen = {}, {}
     for name, (key, fn) in launchers.items():
-        if key not in seen:
-            seen[key] = bench(graph_of(fn).replay if graph else fn, quick)
-        times[name] = seen[key]
+        try:
+            if key not in seen:
+                seen[key] = bench(graph_of(fn).replay if graph else fn, quick)
+            times[name] = seen[key]
+        except Exception as exc:
+            errors[name] = repr(exc)[:200]
     return times
 
 
-def launchers_for(tensors: dict, plan_set: dict, bi: BatchInvariantAttention, max_len: int):
-    """name -> (dedup key, fn) for every plan and the batch-invariant kernel."""
+def launchers_for(
+    tensors: dict, plan_set: dict, bi: BatchInvariantAttention, max_len: int, configs: list
+):
+    """name -> (dedup key, fn) for every plan, today's and the default plan with each extra
+    tile config (name@block_n,warps,stages), and the batch-invariant kernel."""
     q, cache, bt, lens, out, mid_o, mid_lse = (tensors[k] for k in
         ("q", "cache", "block_tables", "seq_lens", "out", "mid_o", "mid_lse"))  # fmt: skip
     scale = HEAD_DIM**-0.5
 
-    def decode(plan: DecodePlan):
-        return lambda: decode_attention(q, cache, bt, lens, scale, out, plan.num_splits, mid_o,
-                                        mid_lse, partition_len=plan.partition_len)  # fmt: skip
+    def decode(plan: DecodePlan, config=None):
+        return lambda: decode_attention(
+            q, cache, bt, lens, scale, out, plan.num_splits, mid_o, mid_lse, config,
+            partition_len=plan.partition_len,
+        )  # fmt: skip
 
-    result = {name: (plan, decode(plan)) for name, plan in plan_set.items()}
+    result = {name: ((plan, None), decode(plan)) for name, plan in plan_set.items()}
+    for config in configs:
+        for name in ("today", "default"):
+            tag = f"{name}@{','.join(map(str, config))}"
+            result[tag] = ((plan_set[name], config), decode(plan_set[name], config))
     segments = bi.num_segments(len(lens), NUM_KV_HEADS, max_len)
     qsl = torch.arange(len(lens) + 1, dtype=torch.int32, device="cuda")
     scratch = {"part_acc": bi.part_acc, "part_m": bi.part_m, "part_l": bi.part_l}
@@ -129,7 +142,9 @@ def launchers_for(tensors: dict, plan_set: dict, bi: BatchInvariantAttention, ma
     return result
 
 
-def run_case(name: str, seq_lens: list[int], kv: str, parts: list[int], quick: bool) -> dict:
+def run_case(
+    name: str, seq_lens: list[int], kv: str, parts: list[int], configs: list, quick: bool
+) -> dict:
     kv_dtype = FP8 if kv == "fp8" else torch.bfloat16
     cache, block_tables, lens = paged_cache(seq_lens, kv_dtype)
     batch = len(seq_lens)
@@ -146,12 +161,13 @@ def run_case(name: str, seq_lens: list[int], kv: str, parts: list[int], quick: b
             "max_ctx": max(seq_lens), "kv_MB": round(kv_bytes / 1e6, 1)}  # fmt: skip
     for mode, max_len in (("eager", max(seq_lens)), ("graph", MAX_MODEL_LEN)):
         plan_set = plans(batch, max_len, cache.element_size(), sms, parts)
-        launchers = launchers_for(tensors, plan_set, bi, max_len)
+        launchers = launchers_for(tensors, plan_set, bi, max_len, configs)
+        errors = line.setdefault("errors", {})
         if mode == "eager":
-            line["max_abs_err_vs_today"] = max_error(launchers, tensors["out"])
-        times = time_mode(launchers, mode == "graph", quick)
+            line["max_abs_err_vs_today"] = max_error(launchers, tensors["out"], errors)
+        times = time_mode(launchers, mode == "graph", quick, errors)
         line[mode] = {
-            v: {"plan": plan_list(plan_set.get(v)),
+            v: {"plan": plan_list(plan_set.get(v.split("@")[0])),
                 "ms": round(ms, 4), "tb_s": round(kv_bytes / ms / 1e9, 2),
                 "speedup": round(times["today"] / ms, 3)}
             for v, ms in times.items()
@@ -165,20 +181,25 @@ def plan_list(plan: DecodePlan | None) -> list[int] | None:
     return None if plan is None else [plan.num_splits, plan.partition_len]
 
 
-def max_error(launchers: dict, out: torch.Tensor) -> float:
+def max_error(launchers: dict, out: torch.Tensor, errors: dict) -> float:
     """Largest |output - today's output| over every launcher (a wrong plan shows here)."""
     launchers["today"][1]()
     expected = out.float().clone()
     worst = 0.0
-    for _, fn in launchers.values():
-        fn()
+    for name, (_, fn) in launchers.items():
+        try:
+            fn()
+        except Exception as exc:
+            errors[name] = repr(exc)[:200]
+            continue
         worst = max(worst, (out.float() - expected).abs().max().item())
     return round(worst, 5)
 
 
 def geomean_speedups(rows: list[dict]) -> dict[str, float]:
+    names = set.intersection(*(set(r) for r in rows))  # launchers that ran in every case
     return {v: round(math.exp(sum(math.log(r[v]["speedup"]) for r in rows) / len(rows)), 3)
-            for v in rows[0]}  # fmt: skip
+            for v in sorted(names)}  # fmt: skip
 
 
 def summarize(kv: str, lines: list[dict], parts: list[int]) -> dict:
@@ -211,13 +232,20 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="shorter timing runs")
     parser.add_argument("--partitions", default="256,512,1024", help="candidate lengths")
     parser.add_argument("--kv", default="bf16,fp8", help="cache dtypes: bf16,fp8")
+    parser.add_argument(
+        "--configs",
+        default="128,4,4",
+        help="extra decode tile configs block_n,warps,stages separated by ';' (the batch-"
+        "invariant kernel's decode tile is 128,4,4); '' for none",
+    )
     args = parser.parse_args()
     parts = [int(p) for p in args.partitions.split(",")]
+    configs = [tuple(int(x) for x in c.split(",")) for c in args.configs.split(";") if c]
     for kv in args.kv.split(","):
         lines = []
         for name, seq_lens in context_cases():
             try:
-                lines.append(run_case(name, seq_lens, kv, parts, args.quick))
+                lines.append(run_case(name, seq_lens, kv, parts, configs, args.quick))
                 print(json.dumps(lines[-1]), flush=True)
             except Exception as exc:  # a failing case prints an error line; the run goes on
                 traceback.print_exc()
