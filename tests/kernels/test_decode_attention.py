@@ -167,7 +167,8 @@ def test_decode_rejects_bad_input():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("num_splits", [1, 8])
-def test_decode_bf16_real_size(num_splits):
+@pytest.mark.parametrize("num_splits,partition_len", [(1, 0), (8, 0), (8, 512), (16, 256)])
+def test_decode_bf16_real_size(num_splits, partition_len):
+    # (16, 256): a grid sized for 4,096 tokens (a captured graph), fixed 256-token partitions.
     seq_lens = [1000, 1, 16, 17, 513, 2047, 64, 300]
-    _run(seq_lens, 16, 8, 128, 16, torch.bfloat16, num_splits)
+    _run(seq_lens, 16, 8, 128, 16, torch.bfloat16, num_splits, partition_len=partition_len)
