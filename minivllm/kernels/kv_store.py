@@ -29,9 +29,10 @@ def _quantize_e4m3(x, scale):
     # Normal e4m3 keeps 3 of fp32's 23 mantissa bits: round the 20 dropped ones half to even.
     normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000).to(tl.float32, bitcast=True)
     # Below 2**-6 e4m3 is subnormal, a fixed step of 2**-9: adding 1.5 * 2**14 puts the fp32
-    # ulp at 2**-9, so the fp32 adder rounds half to even for us. Sign kept for -0.
+    # ulp at 2**-9, so the fp32 adder rounds half to even for us. The sign is put back as a
+    # bit (a negated float zero lost it on the GPU: -0 must stay e4m3 0x80, as torch has it).
     sub = (tl.abs(x) + 24576.0) - 24576.0
-    sub = tl.where(bits < 0, -sub, sub)
+    sub = (sub.to(tl.int32, bitcast=True) | (bits & -0x80000000)).to(tl.float32, bitcast=True)
     return tl.where(tl.abs(x) < 0.015625, sub, normal).to(tl.float8e4nv)
 
 

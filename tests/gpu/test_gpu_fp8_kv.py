@@ -126,15 +126,15 @@ def _rank1(entry: dict) -> tuple[int, float]:
     return next((token, lp.logprob) for token, lp in entry.items() if lp.rank == 1)
 
 
-def _ours(model_dir: str, teacher: list[list[int]], kv_cache_dtype: str) -> dict:
+def _ours(model_dir: str, teacher: list[list[int]], kv_cache_dtype: str, backend: str) -> dict:
     """Our top-1 token and its logprob at every teacher position, and the KV block count."""
     from minivllm import LLM, SamplingParams
 
     llm = LLM(model_dir, dtype="bfloat16", gpu_memory_utilization=0.5, max_model_len=4096,
-              kv_cache_dtype=kv_cache_dtype)  # fmt: skip
+              kv_cache_dtype=kv_cache_dtype, attention_backend=backend)  # fmt: skip
     try:
         runner = llm.engine.executor.runner
-        assert runner.attn_backend.name == "triton"
+        assert runner.attn_backend.name == backend
         assert runner.kv_caches[0].dtype == (FP8 if kv_cache_dtype == "fp8" else torch.bfloat16)
         num_blocks = runner.kv_caches[0].shape[1]
         del runner
@@ -153,18 +153,23 @@ def _ours(model_dir: str, teacher: list[list[int]], kv_cache_dtype: str) -> dict
 
 
 def test_engine_fp8_kv_top1_vs_hf_fp32(model_dir: str) -> None:
+    """e4m3 keeps 3 mantissa bits, so an fp8 cache moves logits more than a bf16 one (on this
+    random model: top-1 0.88 vs 0.96 against HF fp32). The oracle for our fp8 kernels is the
+    same cache read by torch (the torch_sdpa backend dequantizes with torch's own e4m3 cast):
+    the Triton kernels must be as close to HF as that."""
     teacher = prompts(8, 512)
     hf = _hf_fp32(model_dir, teacher)
     figures = {}
-    for kv in ("auto", "fp8"):
-        ours = _ours(model_dir, teacher, kv)
+    for name, kv, backend in (("auto", "auto", "triton"), ("fp8", "fp8", "triton"),
+                              ("fp8_torch", "fp8", "torch_sdpa")):  # fmt: skip
+        ours = _ours(model_dir, teacher, kv, backend)
         agree, errors = [], []
         for ref, row in zip(hf, ours["top1"]):
             for pos, (token, logprob) in enumerate(row):
                 agree.append(token == int(ref[pos].argmax()))
                 errors.append(abs(logprob - float(ref[pos, token])))
         errors = torch.tensor(errors)
-        figures[kv] = {
+        figures[name] = {
             "top1_vs_hf_fp32": round(sum(agree) / len(agree), 4),
             "chosen_logprob_abs_err_mean": round(errors.mean().item(), 4),
             "chosen_logprob_abs_err_max": round(errors.max().item(), 4),
@@ -172,6 +177,8 @@ def test_engine_fp8_kv_top1_vs_hf_fp32(model_dir: str) -> None:
             "positions": len(agree),
         }
     print("GPU-FP8-KV-PARITY", json.dumps(figures))
-    assert figures["fp8"]["top1_vs_hf_fp32"] >= figures["auto"]["top1_vs_hf_fp32"] - 0.005
+    fp8, oracle = figures["fp8"], figures["fp8_torch"]
+    assert fp8["top1_vs_hf_fp32"] >= oracle["top1_vs_hf_fp32"] - 0.01
+    assert fp8["chosen_logprob_abs_err_mean"] <= 1.1 * oracle["chosen_logprob_abs_err_mean"] + 0.005
     # Half the bytes per element: about twice the blocks (activations take the same memory).
-    assert figures["fp8"]["num_kv_blocks"] >= 1.9 * figures["auto"]["num_kv_blocks"]
+    assert fp8["num_kv_blocks"] >= 1.9 * figures["auto"]["num_kv_blocks"]
