@@ -1,9 +1,8 @@
 """One workload of benchmarks/workloads.py through either engine's vLLM-style API, for
 side-by-side runs on dummy weights. Prints one JSON line (the same fields as bench_throughput).
 
-Usage: [TP=N] [GPU_UTIL=0.9] [KV_CACHE_DTYPE=fp8] [DECODE_PARTITION=N] python
-       peer_workload_bench.py ENGINE MODEL_DIR WORKLOAD [NUM_REQUESTS]
-ENGINE: minivllm | vllm; WORKLOAD: headline|short|long|prefix
+Usage: [TP=N] [GPU_UTIL=0.9] [KV_CACHE_DTYPE=fp8] python peer_workload_bench.py ENGINE MODEL_DIR
+       WORKLOAD [NUM_REQUESTS]      ENGINE: minivllm | vllm; WORKLOAD: headline|short|long|prefix
 Needs only workloads.py beside it (or on PYTHONPATH); vLLM keeps its defaults except what the
 workload needs (max_model_len, temperature 0.6, ignore_eos), as in peer/peer_bench.py.
 """
@@ -42,29 +41,8 @@ def build(engine: str, model_dir: str, workload: Workload):
         )
     from minivllm import LLM, SamplingParams
 
-    if os.environ.get("DECODE_PARTITION"):  # A/B of the decode plan: 0 = even split only
-        _set_decode_partition(int(os.environ["DECODE_PARTITION"]))
     llm = LLM(model_dir, load_format="dummy", **common)
     return llm, lambda n: SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=n)
-
-
-def _set_decode_partition(length: int) -> None:
-    """Makes every TritonBackend of this process use balanced partitions of `length` tokens
-    for 2-byte caches (0: off), for A/B runs of kernels/decode_partition.py's table."""
-    import dataclasses
-
-    from minivllm.attention import triton as backend
-    from minivllm.kernels.decode_partition import DEFAULT_POLICY
-
-    table = dict(DEFAULT_POLICY.partition_len) | {2: length}
-    policy = dataclasses.replace(DEFAULT_POLICY, partition_len=tuple(table.items()))
-    init = backend.TritonBackend.__init__
-
-    def patched(self, *args, **kwargs) -> None:
-        kwargs.setdefault("decode_policy", policy)
-        init(self, *args, **kwargs)
-
-    backend.TritonBackend.__init__ = patched
 
 
 def scheduler_limits(engine: str, llm) -> dict:
@@ -96,8 +74,6 @@ def main(argv: list[str]) -> int:
     seconds = time.perf_counter() - start
     generated = sum(len(o.outputs[0].token_ids) for o in outputs)
     result = {"engine": engine, "tp": int(os.environ.get("TP", "1"))}
-    if os.environ.get("DECODE_PARTITION"):
-        result["decode_partition"] = int(os.environ["DECODE_PARTITION"])
     result["kv_cache_dtype"] = os.environ.get("KV_CACHE_DTYPE") or "auto"
     result |= scheduler_limits(engine, llm)
     print(json.dumps(result | result_fields(workload, generated, seconds)), flush=True)

@@ -1,9 +1,7 @@
 """The triton backend: minivllm's own kernels over the paged KV cache.
 
-Decode rows (the leading `num_decode_tokens`) go to the decode kernel with a split-KV plan
-(kernels/decode_partition.py: an even split when the batch is too small to fill the GPU,
-fixed-length partitions for load balance when it is large); the remaining rows go to the
-varlen prefill kernel. In
+Decode rows (the leading `num_decode_tokens`) go to the decode kernel, split-KV when the batch
+is too small to fill the GPU; the remaining rows go to the varlen prefill kernel. In
 deterministic mode every row goes through the batch-invariant kernel (attention/batch_invariant.py).
 """
 
@@ -14,13 +12,7 @@ import torch
 from minivllm.attention.base import AttnMetadata
 from minivllm.attention.batch_invariant import BatchInvariantAttention
 from minivllm.attention.graph_state import DecodeGraphState
-from minivllm.kernels.decode_attention import decode_attention
-from minivllm.kernels.decode_partition import (
-    DEFAULT_POLICY,
-    DecodePlan,
-    DecodePolicy,
-    choose_decode_plan,
-)
+from minivllm.kernels.decode_attention import MAX_SPLITS, choose_num_splits, decode_attention
 from minivllm.kernels.kv_store import store_kv
 from minivllm.kernels.prefill_attention import prefill_attention
 
@@ -28,9 +20,8 @@ _DEFAULT_NUM_SMS = 132  # H200; used on CPU (interpreter) where no device can be
 
 
 class TritonBackend:
-    """Split-KV scratch [max_num_seqs, num_heads, decode_policy.max_splits, head_dim] is
-    allocated here, once, so the decode path allocates nothing but its output and is
-    graph-capturable. decode_policy: the split plan's knobs (benchmarks, tests)."""
+    """Split-KV scratch [max_num_seqs, num_heads, MAX_SPLITS, head_dim] is allocated here,
+    once, so the decode path allocates nothing but its output and is graph-capturable."""
 
     name = "triton"
     supports_cuda_graphs = True
@@ -42,17 +33,18 @@ class TritonBackend:
         num_heads: int,
         head_dim: int,
         device: torch.device | str,
+        max_splits: int = MAX_SPLITS,
         num_kv_heads: int = 1,
         deterministic: bool = False,
-        decode_policy: DecodePolicy = DEFAULT_POLICY,
     ) -> None:
         if max_num_seqs < 1 or max_model_len < 1 or num_heads < 1 or head_dim < 1:
             raise ValueError("max_num_seqs, max_model_len, num_heads and head_dim must be >= 1")
+        if not 1 <= max_splits <= 256:
+            raise ValueError(f"max_splits must be in [1, 256], got {max_splits}")
         self.device = torch.device(device)
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
-        self.decode_policy = decode_policy
-        max_splits = decode_policy.max_splits
+        self.max_splits = max_splits
         self.num_sms = (
             torch.cuda.get_device_properties(self.device).multi_processor_count
             if self.device.type == "cuda"
@@ -87,8 +79,7 @@ class TritonBackend:
         )
 
     def metadata_for_capture(self, batch_size: int) -> AttnMetadata:
-        # Its max_seq_len is max_model_len: the split-KV plan of the graph fits every length
-        # (each program's partition comes from the live seq_lens inside the kernel).
+        # Its max_seq_len is max_model_len: the split-KV plan of the graph fits every length.
         return self.graph_state.metadata(batch_size)
 
     def prepare_replay(self, batch_size: int, meta: AttnMetadata) -> None:
@@ -96,13 +87,9 @@ class TritonBackend:
 
     # ---- attention ------------------------------------------------------------------------
 
-    def decode_plan(
-        self, num_seqs: int, num_kv_heads: int, max_seq_len: int, kv_elem_size: int = 2
-    ) -> DecodePlan:
-        """Split-KV plan for a decode batch whose longest context is max_seq_len."""
-        return choose_decode_plan(
-            num_seqs, num_kv_heads, max_seq_len, self.num_sms, kv_elem_size, self.decode_policy
-        )
+    def num_splits(self, num_seqs: int, num_kv_heads: int, max_seq_len: int) -> int:
+        """Split-KV partitions for a decode batch whose longest context is max_seq_len."""
+        return choose_num_splits(num_seqs, num_kv_heads, max_seq_len, self.num_sms, self.max_splits)
 
     def forward(
         self,
@@ -152,9 +139,7 @@ class TritonBackend:
         num_decodes = meta.num_decode_tokens
         if num_decodes > self.max_num_seqs:
             raise ValueError(f"{num_decodes} decode rows exceed max_num_seqs={self.max_num_seqs}")
-        plan = self.decode_plan(
-            num_decodes, kv_cache.shape[3], meta.max_seq_len, kv_cache.element_size()
-        )
+        num_splits = self.num_splits(num_decodes, kv_cache.shape[3], meta.max_seq_len)
         decode_attention(
             q[:num_decodes],
             kv_cache,
@@ -162,10 +147,9 @@ class TritonBackend:
             meta.seq_lens[:num_decodes],
             scale,
             out[:num_decodes],
-            plan.num_splits,
+            num_splits,
             self.mid_o,
             self.mid_lse,
             k_scale=k_scale,
             v_scale=v_scale,
-            partition_len=plan.partition_len,
         )

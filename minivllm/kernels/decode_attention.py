@@ -1,11 +1,7 @@
 """Decode attention (one query token per request) over the paged KV cache, with split-KV.
 
 Each program reads a K/V tile once for all query heads of its GQA group (`tl.dot` with the
-group padded to 16 rows). Split-KV (flash-decoding) adds a partition grid axis and a reduce;
-the plan (kernels/decode_partition.py) either splits each context evenly (small batches: fill
-the SMs) or cuts every context into partitions of one fixed length (large batches: a long
-context becomes several programs, a short one one, so no program is left as a long tail). A
-request with one live partition writes its output directly; the reduce skips it.
+group padded to 16 rows). Split-KV (flash-decoding) adds a partition grid axis and a reduce.
 An fp8 cache is converted to q's dtype tile by tile; its scales are folded into the softmax
 scale (K) and the output (V).
 """
@@ -23,11 +19,9 @@ from minivllm.kernels.checks import (
     check_same,
     check_tensor,
 )
-from minivllm.kernels.decode_partition import MAX_SPLITS, choose_num_splits
 from minivllm.kernels.tiling import fit_attention_tiles
 
-__all__ = ["MAX_SPLITS", "choose_num_splits", "decode_attention", "decode_config"]
-
+MAX_SPLITS = 16
 # head_dim bound -> (BLOCK_N tokens per iteration, num_warps, num_stages)
 _CONFIGS = ((64, (64, 4, 3)), (128, (64, 4, 3)), (256, (32, 8, 2)))
 
@@ -44,52 +38,71 @@ def decode_config(head_dim: int, elem_size: int = 2) -> tuple[int, int, int]:
     raise ValueError(f"head_dim {head_dim} > 256 is not supported")
 
 
-@triton.jit
-def _partition(seq_len, num_splits, partition_len, BLOCK_N: tl.constexpr):
-    """(tokens per partition, live partitions) of a context: >= partition_len tokens (0: an
-    even split), a multiple of BLOCK_N, at most num_splits partitions. seq_len 0: 0 live."""
-    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
-    split_len = tl.maximum(tl.maximum(split_len, partition_len), BLOCK_N)
-    return split_len, tl.cdiv(seq_len, split_len)
+def choose_num_splits(
+    num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int, max_splits: int = MAX_SPLITS
+) -> int:
+    """Partitions per request so that num_seqs * num_kv_heads * splits fills ~2 waves of SMs;
+    1 (no split) once the batch alone fills the GPU or contexts are short."""
+    programs = num_seqs * num_kv_heads
+    if programs >= num_sms:
+        return 1
+    by_occupancy = triton.cdiv(2 * num_sms, programs)
+    by_length = triton.cdiv(max_seq_len, 256)  # keep >= ~256 tokens per partition
+    return max(1, min(max_splits, by_occupancy, by_length))
 
 
 # The block table's row stride changes with the batch: no value/alignment specialization for
 # it (or for the metadata pointers, which may be slices), so a new batch shape never triggers
 # a JIT compile. num_splits stays specialized: it takes at most MAX_SPLITS values, and
-# specializing it measured faster for small split batches (b4 ctx8000: 0.052 vs 0.074 ms);
-# partition_len is fixed for an engine's lifetime.
+# specializing it measured faster for small split batches (b4 ctx8000: 0.052 vs 0.074 ms).
 @triton.jit(
     do_not_specialize=["stride_bt"],
     do_not_specialize_on_alignment=["block_table_ptr", "seq_lens_ptr"],
 )
 def _decode_kernel(
-    q_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, out_ptr, mid_o_ptr, mid_lse_ptr,
-    scale_log2e, v_scale, num_splits, partition_len,
-    stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
-    stride_mo_t, stride_mo_h, stride_mo_s, stride_ml_t, stride_ml_h, v_cache_offset,
-    NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr, SPLIT: tl.constexpr, KV_FP8: tl.constexpr,
-):  # fmt: skip
+    q_ptr,
+    cache_ptr,
+    block_table_ptr,
+    seq_lens_ptr,
+    out_ptr,
+    mid_o_ptr,
+    mid_lse_ptr,
+    scale_log2e,
+    v_scale,
+    num_splits,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_bt,
+    stride_mo_t,
+    stride_mo_h,
+    stride_mo_s,
+    stride_ml_t,
+    stride_ml_h,
+    v_cache_offset,
+    NUM_KV_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    SPLIT: tl.constexpr,
+    KV_FP8: tl.constexpr,
+):
     """Grid (num_seqs, num_kv_heads, num_splits). Program (b, h, s) attends the GROUP query
-    heads of kv head h of request b over partition s of its context (`_partition`). SPLIT:
-    a request with several live partitions writes each one's normalized output and
-    log2-sum-exp to mid_o/mid_lse; one with at most one (or no SPLIT) writes out directly.
+    heads of kv head h of request b over partition s of its context. SPLIT: write the
+    partition's normalized output and log2-sum-exp to mid_o/mid_lse, else straight to out.
     KV_FP8: K/V tiles are e4m3 (k_scale already in scale_log2e, v_scale applied at the end)."""
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
-    start = 0
-    end = seq_len
-    num_live = 1
-    if SPLIT:
-        # From the live seq_len: a grid captured for longer contexts stays correct.
-        split_len, num_live = _partition(seq_len, num_splits, partition_len, BLOCK_N)
-        if split > 0 and split >= num_live:
-            return  # past this context (program 0 writes a 0-length context's zeros)
-        start = split * split_len
-        end = tl.minimum(start + split_len, seq_len)
+    # Partition length is derived from the live seq_len, so a captured grid stays correct.
+    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    start = split * split_len
+    end = tl.minimum(start + split_len, seq_len)
 
     offs_g = tl.arange(0, BLOCK_G)
     offs_n = tl.arange(0, BLOCK_N)
@@ -133,14 +146,14 @@ def _decode_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
 
-    # seq_len 0 leaves l_i == 0: output 0.
+    # An empty partition (or seq_len 0) has l_i == 0: output 0, lse -inf (weight 0 in reduce).
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     o = acc / l_safe[:, None]
     if KV_FP8:
         o = o * v_scale
     out_mask = g_mask[:, None] & d_mask[None, :]
-    if num_live > 1:
-        lse = m_i + tl.log2(l_safe)  # a live partition has l_i > 0
+    if SPLIT:
+        lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(l_safe))
         mid = seq64 * stride_mo_t + heads * stride_mo_h + split * stride_mo_s
         tl.store(mid_o_ptr + mid[:, None] + offs_d[None, :], o, mask=out_mask)
         tl.store(mid_lse_ptr + seq64 * stride_ml_t + heads * stride_ml_h + split, lse, mask=g_mask)
@@ -149,31 +162,40 @@ def _decode_kernel(
         tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
-@triton.jit(do_not_specialize_on_alignment=["seq_lens_ptr"])
+@triton.jit
 def _reduce_kernel(
-    mid_o_ptr, mid_lse_ptr, seq_lens_ptr, out_ptr, num_splits, partition_len,
-    stride_mo_t, stride_mo_h, stride_mo_s, stride_ml_t, stride_ml_h, stride_ot, stride_oh,
-    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr,
+    mid_o_ptr,
+    mid_lse_ptr,
+    out_ptr,
+    num_splits,
+    stride_mo_t,
+    stride_mo_h,
+    stride_mo_s,
+    stride_ml_t,
+    stride_ml_h,
+    stride_ot,
+    stride_oh,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
-):  # fmt: skip
-    """Grid (num_seqs, num_heads): merges the live partitions of one (request, head) by their
-    lse; a request with at most one (written directly by the decode kernel) is skipped."""
+):
+    """Grid (num_seqs, num_heads): merges the partitions of one (request, head) by their lse."""
     seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
-    _, num_live = _partition(tl.load(seq_lens_ptr + seq), num_splits, partition_len, BLOCK_N)
-    if num_live <= 1:
-        return
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
-    s_mask = offs_s < num_live
+    s_mask = offs_s < num_splits
     d_mask = offs_d < HEAD_DIM
     lse = tl.load(
         mid_lse_ptr + seq * stride_ml_t + head * stride_ml_h + offs_s,
         mask=s_mask,
         other=float("-inf"),
     )
-    w = tl.exp2(lse - tl.max(lse, 0))  # [BLOCK_S]; masked partitions weigh 0
+    m = tl.max(lse, 0)
+    m = tl.where(m == float("-inf"), 0.0, m)  # seq_len 0: every partition empty
+    w = tl.exp2(lse - m)  # [BLOCK_S]
     denom = tl.sum(w, 0)
+    denom = tl.where(denom == 0.0, 1.0, denom)
     mid = seq * stride_mo_t + head * stride_mo_h + offs_s * stride_mo_s
     o = tl.load(
         mid_o_ptr + mid[:, None] + offs_d[None, :],
@@ -217,7 +239,6 @@ def decode_attention(
     config: tuple[int, int, int] | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
-    partition_len: int = 0,
 ) -> torch.Tensor:
     """Attention of one query token per request over its paged context; writes and returns out.
 
@@ -225,21 +246,16 @@ def decode_attention(
     block_size, num_kv_heads, head_dim], block_size any power of two. block_tables: [num_seqs,
     max_num_blocks] int32. seq_lens: [num_seqs] int32, context incl. the query token (0 allowed:
     output 0). num_splits > 1 uses mid_o [>= num_seqs, num_heads, >= num_splits, head_dim] and
-    mid_lse [>= num_seqs, num_heads, >= num_splits] float32 scratch. partition_len 0 splits
-    each context evenly in num_splits; > 0 (rounded up to block_n) gives every partition
-    max(partition_len, cdiv(seq_len, num_splits)) tokens (kernels/decode_partition.py). No
-    host syncs and no allocation: CUDA-graph capturable for a fixed plan. config: (block_n,
-    num_warps, num_stages) overrides the per-head_dim table (benchmark sweeps). A
-    float8_e4m3fn kv_cache holds K / k_scale and V / v_scale (store_kv); other caches take
-    scales of 1.0.
+    mid_lse [>= num_seqs, num_heads, >= num_splits] float32 scratch. No host syncs and no
+    allocation: CUDA-graph capturable for a fixed num_splits. config: (block_n, num_warps,
+    num_stages) overrides the per-head_dim table (benchmark sweeps). A float8_e4m3fn kv_cache
+    holds K / k_scale and V / v_scale (store_kv); other caches take scales of 1.0.
     """
     check_paged_attention(q, kv_cache, block_tables, seq_lens, out)
     is_fp8 = check_kv_scales(kv_cache, k_scale, v_scale)
     check_same("seq_lens length", seq_lens.shape[0], "num_seqs", q.shape[0])
     if not 1 <= num_splits <= 256:
         raise ValueError(f"num_splits must be in [1, 256], got {num_splits}")
-    if partition_len < 0:
-        raise ValueError(f"partition_len must be >= 0, got {partition_len}")
     split = num_splits > 1
     if split:
         _check_scratch(mid_o, mid_lse, q, num_splits)
@@ -256,12 +272,11 @@ def decode_attention(
         block_n *= 2  # the same bytes per K/V tile as a 16-bit cache (fastest in the H200 sweep)
     if block_n < 16 or block_n & (block_n - 1):
         raise ValueError(f"block_n must be a power of two >= 16, got {block_n}")
-    partition_len = triton.cdiv(partition_len, block_n) * block_n  # whole tiles per partition
     mo_strides = mid_o.stride()[:3] if split else (0, 0, 0)
     ml_strides = mid_lse.stride()[:2] if split else (0, 0)
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
         q, kv_cache, block_tables, seq_lens, out, mid_o, mid_lse,
-        scale * LOG2E * k_scale, v_scale, num_splits, partition_len,
+        scale * LOG2E * k_scale, v_scale, num_splits,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         *mo_strides, *ml_strides, kv_cache[0].numel(),
         NUM_KV_HEADS=num_kv_heads, GROUP=group, HEAD_DIM=head_dim,
@@ -271,9 +286,9 @@ def decode_attention(
     )  # fmt: skip
     if split:
         _reduce_kernel[(num_seqs, num_heads)](
-            mid_o, mid_lse, seq_lens, out, num_splits, partition_len,
+            mid_o, mid_lse, out, num_splits,
             *mo_strides, *ml_strides, out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, BLOCK_N=block_n, BLOCK_S=triton.next_power_of_2(num_splits),
+            HEAD_DIM=head_dim, BLOCK_S=triton.next_power_of_2(num_splits),
             BLOCK_D=triton.next_power_of_2(head_dim), num_warps=4,
         )  # fmt: skip
     return out

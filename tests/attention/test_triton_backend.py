@@ -8,7 +8,6 @@ import torch
 
 from minivllm.attention.torch_sdpa import TorchSDPABackend
 from minivllm.attention.triton import TritonBackend
-from minivllm.kernels.decode_partition import DEFAULT_POLICY, DecodePlan, DecodePolicy
 from tests.helpers import attn_metadata
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -42,14 +41,14 @@ def make_step(seq_lens, query_lens, num_decodes, num_kv_heads, head_dim, block_s
 
 
 def _compare(seq_lens, query_lens, num_decodes, num_heads, num_kv_heads, head_dim, dtype,
-             block_size=16, policy=DEFAULT_POLICY):  # fmt: skip
+             block_size=16, max_splits=16):  # fmt: skip
     cache, k, v, meta = make_step(
         seq_lens, query_lens, num_decodes, num_kv_heads, head_dim, block_size, dtype
     )
     q = torch.randn(k.shape[0], num_heads, head_dim, generator=torch.Generator().manual_seed(5))
     q = q.to(dtype).to(DEVICE)
     scale = head_dim**-0.5
-    backend = TritonBackend(8, 512, num_heads, head_dim, DEVICE, decode_policy=policy)
+    backend = TritonBackend(8, 512, num_heads, head_dim, DEVICE, max_splits=max_splits)
     ref_cache = cache.clone()
     out = backend.forward(q, k, v, cache, meta, scale)
     expected = TorchSDPABackend().forward(q, k, v, ref_cache, meta, scale)
@@ -76,23 +75,11 @@ def test_mixed_step_matches_sdpa(dtype, num_heads, num_kv_heads, head_dim):
 
 @pytest.mark.parametrize("max_splits", [1, 16])
 def test_decode_only_split_on_and_off(max_splits):
-    policy = DecodePolicy(max_splits=max_splits)
     backend, meta = _compare(
-        [300, 15], [1, 1], 2, 4, 1, 64, torch.float32, block_size=8, policy=policy
+        [300, 15], [1, 1], 2, 4, 1, 64, torch.float32, block_size=8, max_splits=max_splits
     )
     expected_splits = 1 if max_splits == 1 else 2  # 300 tokens -> 2 partitions of >= 256
-    assert backend.decode_plan(meta.num_seqs, 1, meta.max_seq_len) == DecodePlan(expected_splits)
-
-
-# Balanced (fixed-length partition) plan even for a small batch: 64-token partitions.
-BALANCED = DecodePolicy(balance_min_waves=0.0, partition_len=((2, 64), (4, 64)))
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_decode_balanced_partitions_match_sdpa(dtype):
-    seq_lens = [300, 15, 64, 130, 1, 65]  # 5, 1, 1, 3, 1 and 2 partitions
-    backend, meta = _compare(seq_lens, [1] * 6, 6, 4, 2, 64, dtype, block_size=8, policy=BALANCED)
-    assert backend.decode_plan(meta.num_seqs, 2, meta.max_seq_len, 2) == DecodePlan(5, 64)
+    assert backend.num_splits(meta.num_seqs, 1, meta.max_seq_len) == expected_splits
 
 
 def test_prefill_only_step():
@@ -114,24 +101,20 @@ def test_mixed_step_bf16_real_size():
     _compare(seq_lens, query_lens, 4, 16, 8, 128, torch.bfloat16)
 
 
-@pytest.mark.parametrize("policy", [DEFAULT_POLICY, BALANCED], ids=["default", "balanced"])
-def test_graph_state_replays_a_live_decode_batch(policy):
+def test_graph_state_replays_a_live_decode_batch():
     """A batch copied into the backend's static buffers (prepare_replay) and run with the
-    capture metadata gives the live batch's outputs; padding rows write no KV. The capture
-    plan is made for max_model_len (balanced: 8 partitions of 64), more than the batch needs."""
+    capture metadata gives the live batch's outputs; padding rows write no KV."""
     seq_lens, query_lens = [300, 15, 40], [1, 1, 1]
     cache, k, v, live = make_step(seq_lens, query_lens, 3, 1, 64, 8, torch.float32)
     k, v = k[:3], v[:3]  # no padded rows: the static buffers pad
     live.slot_mapping = live.slot_mapping[:3]
     q = torch.randn(3, 4, 64, generator=torch.Generator().manual_seed(1)).to(DEVICE)
-    backend = TritonBackend(8, 512, 4, 64, DEVICE, decode_policy=policy)
+    backend = TritonBackend(8, 512, 4, 64, DEVICE)
     expected = backend.forward(q, k, v, cache.clone(), live, 0.125)
     backend.init_graph_state(max_batch_size=8, max_num_blocks=64)
     backend.prepare_replay(4, live)
     captured = backend.metadata_for_capture(4)
     assert captured.max_seq_len == 512 and captured.num_decode_tokens == 4
-    if policy is BALANCED:
-        assert backend.decode_plan(4, 1, 512, 4) == DecodePlan(8, 64)
     assert captured.slot_mapping.tolist()[3] == -1 and captured.seq_lens.tolist()[3] == 1
     pad = torch.zeros(1, *q.shape[1:], device=DEVICE)
     graph_cache = cache.clone()
