@@ -11,9 +11,9 @@ import os
 from typing import Protocol
 
 import torch
-import torch.distributed as dist
 
 from minivllm.config import EngineConfig, ModelConfig
+from minivllm.distributed.teardown import release_process_group
 from minivllm.engine.model_runner import ModelRunner, StepHandle
 from minivllm.engine.types import RunnerOutput, SchedulerOutput
 
@@ -98,8 +98,7 @@ class TorchrunExecutor(LocalExecutor):
     def shutdown(self) -> None:
         if not self._closed:
             self._closed = True
-            if dist.is_initialized():
-                dist.destroy_process_group()
+            release_process_group()
 
 
 def build_executor(config: EngineConfig, model_config: ModelConfig, max_model_len: int) -> Executor:

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from minivllm.config import EngineConfig, ModelConfig
+from minivllm.distributed.teardown import release_process_group
 from minivllm.engine.model_runner import StepHandle
 from minivllm.engine.shm_broadcast import ShmRing
 from minivllm.engine.step_codec import Op, encode
@@ -96,35 +97,9 @@ def _shutdown(group: WorkerGroup, ring: ShmRing, state: dict) -> None:
             told = True
         except Exception:
             pass  # a worker is gone: reaping below is all that is left
-    # Every rank tears its NCCL communicators down at the same time, as at the end of a
-    # torchrun job: NCCL's teardown waits for its peers, so rank 0 destroying only after the
-    # workers have exited hung forever (seen on two H200s).
-    destroyed = _destroy_process_group_async() if told else None
     group.stop(grace=10.0 if told else 0.0)
     ring.close()
-    if destroyed is None:
-        _abort_process_group()  # NCCL work may still wait for the workers just stopped
-        _destroy_process_group_async().wait(5.0)
-    elif not destroyed.wait(5.0):
-        _abort_process_group()  # a peer left mid-teardown: abort releases what destroy waits on
-
-
-def _destroy_process_group_async() -> threading.Event:
-    """destroy_process_group on a daemon thread; the event is set when it returns. A teardown
-    that never returns (a peer gone) then cannot keep the interpreter from exiting."""
-    done = threading.Event()
-
-    def destroy() -> None:
-        try:
-            if dist.is_initialized():
-                dist.destroy_process_group()
-        except Exception:  # an aborted NCCL group (a worker died) may refuse; it is gone
-            pass
-        finally:
-            done.set()
-
-    threading.Thread(target=destroy, name="minivllm-tp-teardown", daemon=True).start()
-    return done
+    release_process_group()
 
 
 class TPExecutor:

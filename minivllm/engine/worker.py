@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from minivllm.config import EngineConfig, ModelConfig
 from minivllm.distributed.all_reduce import bind_all_reduce, create_symm_buffer
+from minivllm.distributed.teardown import release_process_group
 from minivllm.engine.model_runner import ModelRunner
 from minivllm.engine.shm_broadcast import RingHandle, ShmRing
 from minivllm.engine.step_codec import Op, decode
@@ -169,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
         traceback.print_exc()
     finally:
         ring.close()
-        dist.destroy_process_group()
+        release_process_group()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)  # skip the interpreter's slow teardown of torch: nothing is left
