@@ -160,6 +160,34 @@ def test_engine_error_mid_run_aborts_and_recovers(
     assert token_ids(llm.generate(greedy_prompts(10, 3), GREEDY, use_tqdm=False)) == expected
 
 
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_failure_inside_the_model_runner_ends_only_that_call(
+    tiny_qwen3_dir: str, async_scheduling: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An exception raised inside a forward pass (a step in flight under async scheduling)
+    fails the generate call that was running, frees its blocks, and the next call is exact."""
+    llm = LLM(tiny_qwen3_dir, dtype="float32", device="cpu", block_size=4,
+              num_gpu_blocks_override=64, async_scheduling=async_scheduling)  # fmt: skip
+    expected = token_ids(llm.generate(greedy_prompts(10, 3), GREEDY, use_tqdm=False))
+    runner = llm.engine.executor.runner
+    real_run_model = runner.run_model
+    calls = iter(range(1000))
+
+    def run_model(*args, **kwargs):
+        if next(calls) == 3:
+            raise RuntimeError("injected in the forward pass")
+        return real_run_model(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "run_model", run_model)
+    with pytest.raises(RuntimeError, match="injected in the forward pass"):
+        llm.generate(greedy_prompts(100, 20), GREEDY, use_tqdm=False)
+    monkeypatch.setattr(runner, "run_model", real_run_model)
+    assert_idle(llm)
+    bm = llm.engine.scheduler.block_manager
+    assert bm.num_free_blocks == bm.num_blocks
+    assert token_ids(llm.generate(greedy_prompts(10, 3), GREEDY, use_tqdm=False)) == expected
+
+
 def rss_mb() -> float:
     with open("/proc/self/status") as f:
         line = next(line for line in f if line.startswith("VmRSS:"))
