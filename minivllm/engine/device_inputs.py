@@ -1,10 +1,13 @@
 """Host data to the device through pinned memory, so that copies are asynchronous: a step's
-arrays in two packed copies (int64 and int32), and small lists (sampling parameters)."""
+arrays in one copy through a ring of pinned staging buffers (InputStaging), and small lists
+(penalty and min_tokens id lists)."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
+
+_ALIGN = 8  # bytes: every part starts at a multiple of the widest element (int64)
 
 
 def copy_to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -21,16 +24,75 @@ def list_to_device(data: list, dtype: torch.dtype, device: torch.device) -> torc
     return copy_to_device(torch.tensor(data, dtype=dtype), device)
 
 
-def to_device(
-    arrays: dict[str, np.ndarray], dtype: torch.dtype, device: torch.device
-) -> dict[str, torch.Tensor]:
-    """Packs every array into one buffer of `dtype`, copies it once; returns device views."""
-    np_dtype = np.int64 if dtype == torch.int64 else np.int32
-    flat = [a.reshape(-1).astype(np_dtype, copy=False) for a in arrays.values()]
-    host = torch.from_numpy(np.concatenate(flat) if flat else np.zeros(0, np_dtype))
-    packed = copy_to_device(host, device)
-    out, offset = {}, 0
-    for (name, array), part in zip(arrays.items(), flat):
-        out[name] = packed[offset : offset + part.size].view(array.shape)
-        offset += part.size
-    return out
+class InputStaging:
+    """Copies a step's arrays (any mix of int64 / int32 / float32) to the device in ONE
+    transfer from a pinned buffer that lives across steps.
+
+    On CUDA a step needs no pinned allocation (a miss of the caching host allocator calls
+    cudaHostAlloc, which waits for the device) and no per-dtype copies. The buffers form a
+    ring; each slot's copy records an event that the slot's next use waits on, so a slot is
+    never overwritten while its copy may still read it (with two steps in flight at most, the
+    wait is for a copy that finished long ago). On the CPU the arrays are packed the same way
+    into a fresh buffer (the device views alias it, nothing is copied).
+    """
+
+    def __init__(self, device: torch.device, num_slots: int = 3, capacity: int = 1 << 16) -> None:
+        self.device = torch.device(device)
+        self.is_cuda = self.device.type == "cuda"
+        self._slots: list[torch.Tensor] = []
+        self._events: list[torch.cuda.Event | None] = [None] * num_slots
+        if self.is_cuda:
+            self._slots = [self._pinned(capacity) for _ in range(num_slots)]
+        self._next = 0
+
+    @staticmethod
+    def _pinned(nbytes: int) -> torch.Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+
+    def upload(self, arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        """The arrays on the device, same names, shapes and dtypes (int64, int32 or float32)."""
+        offsets, nbytes = {}, 0
+        for name, array in arrays.items():
+            offsets[name] = nbytes
+            nbytes += -(-array.nbytes // _ALIGN) * _ALIGN
+        host = self._host_buffer(nbytes)
+        host_np = host.numpy()
+        for name, array in arrays.items():
+            start = offsets[name]
+            host_np[start : start + array.nbytes].view(array.dtype)[:] = array.reshape(-1)
+        packed = host[:nbytes].to(self.device, non_blocking=True) if self.is_cuda else host
+        if self.is_cuda:
+            event = torch.cuda.Event()
+            event.record()
+            self._events[self._next] = event
+            self._next = (self._next + 1) % len(self._slots)
+        out = {}
+        for name, array in arrays.items():
+            start = offsets[name]
+            part = packed[start : start + array.nbytes].view(_torch_dtype(array.dtype))
+            out[name] = part.view(array.shape)
+        return out
+
+    def _host_buffer(self, nbytes: int) -> torch.Tensor:
+        if not self.is_cuda:
+            return torch.empty(max(nbytes, _ALIGN), dtype=torch.uint8)
+        event = self._events[self._next]
+        if event is not None:
+            event.synchronize()  # the slot's last copy (two steps ago): long done
+        if self._slots[self._next].numel() < nbytes:
+            # Rare (a step larger than any before): pinned allocation, which may wait.
+            self._slots[self._next] = self._pinned(max(nbytes, 2 * self._slots[self._next].numel()))
+        return self._slots[self._next]
+
+
+_TORCH_DTYPES = {
+    np.dtype(np.int64): torch.int64,
+    np.dtype(np.int32): torch.int32,
+    np.dtype(np.float32): torch.float32,
+}
+
+
+def _torch_dtype(dtype: np.dtype) -> torch.dtype:
+    if dtype not in _TORCH_DTYPES:
+        raise TypeError(f"InputStaging takes int64, int32 and float32 arrays, got {dtype}")
+    return _TORCH_DTYPES[dtype]

@@ -16,7 +16,7 @@ from minivllm.attention.selector import get_attn_backend
 from minivllm.config import EngineConfig, ModelConfig
 from minivllm.engine.block_table import BlockTable
 from minivllm.engine.cuda_graph import CUDAGraphRunner
-from minivllm.engine.device_inputs import to_device
+from minivllm.engine.device_inputs import InputStaging
 from minivllm.engine.input_prep import StepInputs, prepare_inputs
 from minivllm.engine.kv_cache import KVCacheSpec, bind_kv_caches
 from minivllm.engine.profiling import memory_baseline, profile_kv_budget
@@ -94,6 +94,10 @@ class ModelRunner:
                 torch.empty(max_num_seqs, dtype=torch.int64, pin_memory=True) for _ in range(3)
             ]
         self._num_steps = 0
+        # A step's input arrays go to the device in one copy from reused pinned buffers,
+        # sized for the largest step's token arrays (block tables grow them when needed).
+        max_tokens = self.limits.max_num_batched_tokens
+        self._staging = InputStaging(device, capacity=32 * max_tokens + 64 * max_num_seqs)
 
     # ---- KV cache -------------------------------------------------------------------------
 
@@ -224,11 +228,14 @@ class ModelRunner:
         rows = inputs.logits_indices
         if extra_rows is not None:
             rows = np.concatenate([rows, extra_rows])
-        longs = {
+        arrays = {
             "input_ids": inputs.input_ids,
             "positions": inputs.positions,
             "slot_mapping": inputs.slot_mapping,
-            "logits_indices": rows,
+            "logits_indices": rows.astype(np.int64, copy=False),
+            "query_start_loc": inputs.query_start_loc,
+            "seq_lens": inputs.seq_lens,
+            "block_tables": inputs.block_tables,
         }
         placeholder_rows = np.flatnonzero(inputs.input_ids < 0)
         if placeholder_rows.size:
@@ -236,17 +243,15 @@ class ModelRunner:
             assert sched_out is not None and placeholder_rows[-1] < inputs.num_decode_tokens
             prev_sampled, prev_req_ids = self._last_sampled
             prev_row = {req_id: i for i, req_id in enumerate(prev_req_ids)}
-            longs["placeholder_rows"] = placeholder_rows
+            chunks = sched_out.chunks
+            arrays["placeholder_rows"] = placeholder_rows.astype(np.int64, copy=False)
             # Row of each placeholder's token in the previous step's sampled ids.
-            longs["prev_rows"] = np.array(
-                [prev_row[sched_out.chunks[r].req_id] for r in placeholder_rows]
+            arrays["prev_rows"] = np.fromiter(
+                (prev_row[chunks[r].req_id] for r in placeholder_rows.tolist()),
+                np.int64,
+                placeholder_rows.size,
             )
-        ints = {
-            "query_start_loc": inputs.query_start_loc,
-            "seq_lens": inputs.seq_lens,
-            "block_tables": inputs.block_tables,
-        }
-        dev = to_device(longs, torch.int64, self.device) | to_device(ints, torch.int32, self.device)
+        dev = self._staging.upload(arrays)
         if placeholder_rows.size:
             dev["input_ids"][dev["placeholder_rows"]] = prev_sampled[dev["prev_rows"]]
         return dev

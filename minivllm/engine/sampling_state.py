@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 
-from minivllm.engine.device_inputs import list_to_device
+from minivllm.engine.device_inputs import InputStaging, list_to_device
 from minivllm.engine.types import Logprob, LogprobsDict, NewRequestData
 from minivllm.layers.dispatch import use_triton_kernels
 from minivllm.layers.sampler import SamplerOutput, SamplingMetadata, gather_logprobs
@@ -50,6 +51,8 @@ class SamplingState:
         self._step_generator = torch.Generator().manual_seed(seed)
         # (req_ids, metadata) of the last step, when it can be reused as is.
         self._reusable: tuple[tuple[str, ...], SamplingMetadata] | None = None
+        # Up to two uploads a step (parameters when the batch changes, draw keys).
+        self._staging = InputStaging(self.device, num_slots=6, capacity=1 << 14)
 
     def add_request(self, new: NewRequestData) -> None:
         """Registers a request. A req_id already known keeps its state (outputs, generator)."""
@@ -98,16 +101,14 @@ class SamplingState:
     def _draw_tensors(self, states: list[_RequestState]) -> dict[str, torch.Tensor]:
         """This step's draw keys: seeds and offsets [N] int64 (one transfer)."""
         step_seed = int(torch.randint(2**63 - 1, (), generator=self._step_generator))
-        seeds, offsets = [], []
+        n = len(states)
+        seeds = np.full(n, step_seed, np.int64)
+        offsets = np.arange(n, dtype=np.int64) << DRAW_SHIFT
         for row, s in enumerate(states):
-            if s.params.seed is None:
-                seeds.append(step_seed)
-                offsets.append(row << DRAW_SHIFT)
-            else:
-                seeds.append(s.params.seed)  # SamplingParams keeps it in int64
-                offsets.append(s.num_sampled << DRAW_SHIFT)
-        both = list_to_device([seeds, offsets], torch.int64, self.device)  # [2, N]
-        return {"seeds": both[0], "offsets": both[1]}
+            if s.params.seed is not None:
+                seeds[row] = s.params.seed  # SamplingParams keeps it in int64
+                offsets[row] = s.num_sampled << DRAW_SHIFT
+        return self._staging.upload({"seeds": seeds, "offsets": offsets})
 
     def _build_metadata(self, states: list[_RequestState]) -> SamplingMetadata:
         device = self.device
@@ -140,7 +141,7 @@ class SamplingState:
         if is_plain and not random_params:
             draws = torch.zeros(2, len(states), dtype=torch.int64, device=device)
         return SamplingMetadata(
-            **_param_tensors(params, device),
+            **_param_tensors(params, self._staging),
             **no_filters,
             output_token_ids=output_ids,
             prompt_token_ids=prompt_ids,
@@ -213,32 +214,24 @@ def _to_dict(ids: list[int], logprobs: list[float], rank: int, num_logprobs: int
     return entry
 
 
-def _param_tensors(params: list[SamplingParams], device: torch.device) -> dict[str, torch.Tensor]:
-    """The per-row [N] parameter tensors of SamplingMetadata."""
-    # One transfer for all float parameters: [6, N].
-    floats = list_to_device(
-        [
-            [p.temperature for p in params],
-            [p.top_p for p in params],
-            [p.min_p for p in params],
-            [p.presence_penalty for p in params],
-            [p.frequency_penalty for p in params],
-            [p.repetition_penalty for p in params],
-        ],
-        torch.float32,
-        device,
+def _param_tensors(params: list[SamplingParams], staging: InputStaging) -> dict[str, torch.Tensor]:
+    """The per-row [N] parameter tensors of SamplingMetadata, in one transfer."""
+    n = len(params)
+
+    def column(name: str, dtype: type) -> np.ndarray:
+        return np.fromiter((getattr(p, name) for p in params), dtype, n)
+
+    return staging.upload(
+        {
+            "temperature": column("temperature", np.float32),
+            "top_p": column("top_p", np.float32),
+            "min_p": column("min_p", np.float32),
+            "presence_penalties": column("presence_penalty", np.float32),
+            "frequency_penalties": column("frequency_penalty", np.float32),
+            "repetition_penalties": column("repetition_penalty", np.float32),
+            "top_k": column("top_k", np.int64),
+        }
     )
-    names = (
-        "temperature",
-        "top_p",
-        "min_p",
-        "presence_penalties",
-        "frequency_penalties",
-        "repetition_penalties",
-    )
-    tensors = dict(zip(names, floats.unbind(0), strict=True))
-    tensors["top_k"] = list_to_device([p.top_k for p in params], torch.int64, device)
-    return tensors
 
 
 def _suppressed_token_ids(states: list[_RequestState], device: torch.device) -> torch.Tensor | None:
