@@ -216,22 +216,33 @@ def _to_dict(ids: list[int], logprobs: list[float], rank: int, num_logprobs: int
 
 def _param_tensors(params: list[SamplingParams], staging: InputStaging) -> dict[str, torch.Tensor]:
     """The per-row [N] parameter tensors of SamplingMetadata, in one transfer."""
-    n = len(params)
-
-    def column(name: str, dtype: type) -> np.ndarray:
-        return np.fromiter((getattr(p, name) for p in params), dtype, n)
-
-    return staging.upload(
-        {
-            "temperature": column("temperature", np.float32),
-            "top_p": column("top_p", np.float32),
-            "min_p": column("min_p", np.float32),
-            "presence_penalties": column("presence_penalty", np.float32),
-            "frequency_penalties": column("frequency_penalty", np.float32),
-            "repetition_penalties": column("repetition_penalty", np.float32),
-            "top_k": column("top_k", np.int64),
-        }
+    floats = np.array(
+        [
+            (
+                p.temperature,
+                p.top_p,
+                p.min_p,
+                p.presence_penalty,
+                p.frequency_penalty,
+                p.repetition_penalty,
+            )
+            for p in params
+        ],
+        np.float32,
+    ).reshape(len(params), 6)
+    top_k = np.array([p.top_k for p in params], np.int64)
+    dev = staging.upload({"floats": floats.T.copy(), "top_k": top_k})  # floats: [6, N]
+    names = (
+        "temperature",
+        "top_p",
+        "min_p",
+        "presence_penalties",
+        "frequency_penalties",
+        "repetition_penalties",
     )
+    tensors = dict(zip(names, dev["floats"].unbind(0), strict=True))
+    tensors["top_k"] = dev["top_k"]
+    return tensors
 
 
 def _suppressed_token_ids(states: list[_RequestState], device: torch.device) -> torch.Tensor | None:
