@@ -157,6 +157,9 @@ class EngineConfig:
     async_scheduling: bool = True
     # Largest decode batch captured in a CUDA graph.
     max_cuda_graph_batch_size: int = 512
+    # Mixed steps (prefill chunks) of up to this many tokens replay piecewise CUDA graphs:
+    # the model between two attentions is one graph (engine/piecewise_graph.py); 0: eager.
+    max_mixed_graph_tokens: int = 4096
     # Batch-invariant numerics: a request's tokens and logprobs do not depend on its
     # neighbours, chunking, prefix hits or graph padding (docs/determinism.md).
     deterministic: bool = False
@@ -211,6 +214,10 @@ class EngineConfig:
             f"attention_backend must be auto|triton|torch_sdpa, got {self.attention_backend!r}",
         )
         check(self.kv_cache_memory > 0, "kv_cache_memory must be > 0")
+        check(
+            self.max_mixed_graph_tokens >= 0,
+            f"max_mixed_graph_tokens must be >= 0, got {self.max_mixed_graph_tokens}",
+        )
         check(
             self.num_gpu_blocks_override is None or self.num_gpu_blocks_override >= 1,
             "num_gpu_blocks_override must be >= 1",

@@ -19,6 +19,7 @@ from minivllm.engine.cuda_graph import CUDAGraphRunner
 from minivllm.engine.device_inputs import InputStaging
 from minivllm.engine.input_prep import StepInputs, prepare_inputs
 from minivllm.engine.kv_cache import KVCacheSpec, bind_kv_caches
+from minivllm.engine.piecewise_graph import PiecewiseGraphRunner
 from minivllm.engine.profiling import memory_baseline, profile_kv_budget
 from minivllm.engine.prompt_logprobs import PromptLogprobsJob, PromptLogprobsTracker
 from minivllm.engine.sampling_state import SamplingState
@@ -86,6 +87,7 @@ class ModelRunner:
         )
         self.kv_caches: list[torch.Tensor] = []
         self.graphs: CUDAGraphRunner | None = None  # once captured
+        self.mixed_graphs: PiecewiseGraphRunner | None = None  # likewise
         # The last step's sampled ids [num_sampled] on the device, and their req_ids.
         self._last_sampled: tuple[torch.Tensor, list[str]] | None = None
         self._host_ids: list[torch.Tensor] | None = None
@@ -128,6 +130,17 @@ class ModelRunner:
                 self.graphs = self._capture_graphs()
             else:
                 logger.info("attention backend %s runs without CUDA graphs", backend.name)
+            self.mixed_graphs = self._capture_mixed_graphs()
+
+    def _capture_mixed_graphs(self) -> PiecewiseGraphRunner | None:
+        # Attention runs eagerly between the pieces, so every backend can use them. Not in
+        # deterministic mode: its invariance was proven for eager mixed steps only.
+        max_tokens = min(self.limits.max_num_batched_tokens, self.config.max_mixed_graph_tokens)
+        if max_tokens < 1 or self.config.deterministic:
+            return None
+        graphs = PiecewiseGraphRunner(self.model, max_tokens, self.device)
+        graphs.capture()
+        return graphs
 
     def _capture_graphs(self) -> CUDAGraphRunner:
         # A decode step has at most max_num_seqs rows and max_num_batched_tokens tokens.
@@ -217,7 +230,10 @@ class ModelRunner:
             and self.graphs.can_run(inputs.num_tokens, inputs.num_decode_tokens, num_sampled)
         ):
             return self.graphs.run(dev["input_ids"], dev["positions"], meta)
-        hidden = self.model(dev["input_ids"], dev["positions"], meta)
+        if self.mixed_graphs is not None and self.mixed_graphs.can_run(inputs.num_tokens):
+            hidden = self.mixed_graphs.run(dev["input_ids"], dev["positions"], meta)
+        else:
+            hidden = self.model(dev["input_ids"], dev["positions"], meta)
         return self.model.compute_logits(hidden[dev["logits_indices"]])
 
     def to_device(

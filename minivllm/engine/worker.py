@@ -24,7 +24,6 @@ import torch.distributed as dist
 
 from minivllm.config import EngineConfig, ModelConfig
 from minivllm.distributed.all_reduce import bind_all_reduce, create_symm_buffer
-from minivllm.distributed.teardown import release_process_group
 from minivllm.engine.model_runner import ModelRunner
 from minivllm.engine.shm_broadcast import RingHandle, ShmRing
 from minivllm.engine.step_codec import Op, decode
@@ -169,8 +168,9 @@ def main(argv: list[str] | None = None) -> None:
     except BaseException:
         traceback.print_exc()
     finally:
+        # The process group is left as it is: this process ends here (the driver frees what
+        # NCCL held), and aborting it first waited ~10 s on rank 0 at every shutdown.
         ring.close()
-        release_process_group()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)  # skip the interpreter's slow teardown of torch: nothing is left

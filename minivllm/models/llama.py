@@ -67,14 +67,15 @@ class DecoderAttention(nn.Module):
         scale = head_dim**-0.5
         self.attn = Attention(self.num_heads, self.num_kv_heads, head_dim, scale, attn_backend)
 
-    def forward(
-        self, positions: torch.Tensor, hidden: torch.Tensor, attn_meta: AttnMetadata
-    ) -> torch.Tensor:
+    def project(
+        self, positions: torch.Tensor, hidden: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The attention inputs: q [num_tokens, num_heads * head_dim] and k, v [num_tokens,
+        num_kv_heads * head_dim], q and k rotated (and normed first in Qwen3)."""
         qkv = self.qkv_proj(hidden)
-        # q: [num_tokens, num_heads * head_dim]; k, v: [num_tokens, num_kv_heads * head_dim]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q, k = self.rotary_emb(positions, q, k, self.q_norm, self.k_norm)
-        return self.o_proj(self.attn(q, k, v, attn_meta))
+        return q, k, v
 
 
 class DecoderMLP(nn.Module):
@@ -115,12 +116,28 @@ class DecoderLayer(nn.Module):
         residual: torch.Tensor | None,
         attn_meta: AttnMetadata,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        # The residual stream is carried separately so that each norm fuses the add.
+        q, k, v, residual = self.before_attention(positions, hidden, residual)
+        return self.after_attention(self.self_attn.attn(q, k, v, attn_meta), residual)
+
+    # The layer in two halves around attention, so that the runner can replay each stretch
+    # between two attentions as one CUDA graph (engine/piecewise_graph.py).
+
+    def before_attention(
+        self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """-> q, k, v, residual. The residual stream is carried separately so that each norm
+        fuses the add."""
         if residual is None:
             hidden, residual = self.input_layernorm(hidden), hidden
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden, attn_meta)
+        return (*self.self_attn.project(positions, hidden), residual)
+
+    def after_attention(
+        self, attn_out: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """attn_out: [num_tokens, num_heads * head_dim] -> hidden, residual."""
+        hidden = self.self_attn.o_proj(attn_out)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
 
