@@ -16,6 +16,7 @@ def main() -> None:
     parser.add_argument("--model-name", default="qwen3-0.6b")
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--deterministic", action="store_true")
+    parser.add_argument("--max-mixed-graph-tokens", type=int, default=4096, help="0: eager")
     args = parser.parse_args()
 
     from minivllm import LLM, SamplingParams
@@ -28,6 +29,7 @@ def main() -> None:
         enable_prefix_caching=False,
         enforce_eager=args.enforce_eager,
         deterministic=args.deterministic,
+        max_mixed_graph_tokens=args.max_mixed_graph_tokens,
     )
     random.seed(1)
 
@@ -53,6 +55,8 @@ def main() -> None:
                 "bench": "latency",
                 "model": args.model_name,
                 "enforce_eager": args.enforce_eager,
+                "deterministic": args.deterministic,
+                "max_mixed_graph_tokens": args.max_mixed_graph_tokens,
                 "ttft_ms": round(t1 * 1e3, 2),
                 "tpot_ms": round((tf - t1) / 256 * 1e3, 3),
             }

@@ -76,6 +76,7 @@ def main() -> None:
     parser.add_argument(
         "--custom-all-reduce", action="store_true", help="TP: symmetric-memory all-reduce (opt-in)"
     )
+    parser.add_argument("--max-mixed-graph-tokens", type=int, default=None, help="0: eager")
     args = parser.parse_args()
 
     import torch
@@ -94,7 +95,8 @@ def main() -> None:
         "deterministic": args.deterministic,
         "disable_custom_all_reduce": not args.custom_all_reduce,
     }
-    names = ("max_num_seqs", "max_num_batched_tokens", "block_size", "attention_backend")
+    names = ("max_num_seqs", "max_num_batched_tokens", "block_size", "attention_backend",
+             "max_mixed_graph_tokens")  # fmt: skip
     for name in (*names, "kv_cache_dtype"):
         if getattr(args, name) is not None:
             options[name] = getattr(args, name)
@@ -118,6 +120,7 @@ def main() -> None:
         "async_scheduling": not args.no_async_scheduling,
         "deterministic": args.deterministic,
         "kv_cache_dtype": args.kv_cache_dtype,
+        "max_mixed_graph_tokens": llm.config.max_mixed_graph_tokens,
         "tp": args.tensor_parallel_size,
         "custom_all_reduce": args.custom_all_reduce,
         "dp": args.data_parallel_size,
