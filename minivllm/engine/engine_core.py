@@ -17,6 +17,7 @@ from minivllm.engine.scheduler import Scheduler
 from minivllm.engine.scheduler_limits import resolve_scheduler_limits
 from minivllm.engine.stats import EngineStats
 from minivllm.engine.types import EngineOutput
+from minivllm.engine.warm_up import warm_up
 from minivllm.sampling_params import SamplingParams, check_logprobs_limit
 
 logger = logging.getLogger(__name__)
@@ -53,22 +54,30 @@ class EngineCore:
             config.block_size,
             self.num_blocks * config.block_size,
         )
-        block_manager = BlockManager(
-            self.num_blocks, config.block_size, config.enable_prefix_caching
-        )
         # Under TP every rank samples the same ids and fills placeholders from its own copy.
         self.async_scheduling = config.async_scheduling
-        # Async scheduling is a Scheduler that keeps the launched step in flight, fed by an
-        # execute that returns once the step is launched; step() reads the same either way.
+        self._execute = (
+            self.executor.execute_async if self.async_scheduling else self.executor.execute
+        )
+        if config.resolved_device().type == "cuda":
+            vocab_size = self.model_config.vocab_size
+            args = (self._execute, self.executor.execute, vocab_size, self.max_model_len)
+            steps = warm_up(self.new_scheduler(), *args)
+            logger.info("warm-up: %d steps", steps)
+        self.scheduler = self.new_scheduler()
+
+    def new_scheduler(self) -> Scheduler:
+        """A scheduler over an empty KV cache. Async scheduling is a Scheduler that keeps the
+        launched step in flight, fed by an execute that returns once the step is launched;
+        step() reads the same either way."""
         scheduler_class = AsyncScheduler if self.async_scheduling else Scheduler
-        self.scheduler = scheduler_class(
+        return scheduler_class(
             max_num_seqs=self.limits.max_num_seqs,
             max_num_batched_tokens=self.limits.max_num_batched_tokens,
             max_model_len=self.max_model_len,
-            block_manager=block_manager,
-        )
-        self._execute = (
-            self.executor.execute_async if self.async_scheduling else self.executor.execute
+            block_manager=BlockManager(
+                self.num_blocks, self.config.block_size, self.config.enable_prefix_caching
+            ),
         )
 
     def validate_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:

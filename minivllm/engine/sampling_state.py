@@ -100,7 +100,11 @@ class SamplingState:
 
     def _draw_tensors(self, states: list[_RequestState]) -> dict[str, torch.Tensor]:
         """This step's draw keys: seeds and offsets [N] int64 (one transfer)."""
-        step_seed = int(torch.randint(2**63 - 1, (), generator=self._step_generator))
+        # Drawn only when a row needs it: a step of seeded requests leaves the generator as it
+        # was (the engine's warm-up relies on it; engine/warm_up.py).
+        step_seed = 0
+        if any(s.params.seed is None for s in states):
+            step_seed = int(torch.randint(2**63 - 1, (), generator=self._step_generator))
         n = len(states)
         seeds = np.full(n, step_seed, np.int64)
         offsets = np.arange(n, dtype=np.int64) << DRAW_SHIFT

@@ -187,3 +187,18 @@ def test_prompt_logprobs():
         assert entry[token_id] == Logprob(raw[i, token_id].item(), 1 if top == token_id else rank)
         assert entry[top] == Logprob(raw[i, top].item(), 1)
         assert len(entry) == (1 if top == token_id else 2)
+
+
+def test_step_generator_moves_only_for_unseeded_rows():
+    """A step whose sampled rows are all seeded draws nothing from the engine's step generator
+    (the warm-up requests rely on it: engine/warm_up.py); an unseeded row draws once."""
+    state = new_state(
+        ("seeded", [1], SamplingParams(temperature=0.8, seed=5)),
+        ("unseeded", [2], SamplingParams(temperature=0.8)),
+    )
+    before = state._step_generator.get_state().clone()
+    meta = state.build_metadata(["seeded"])
+    assert meta.seeds is not None and meta.seeds.tolist() == [5]
+    assert torch.equal(state._step_generator.get_state(), before)
+    state.build_metadata(["seeded", "unseeded"])
+    assert not torch.equal(state._step_generator.get_state(), before)

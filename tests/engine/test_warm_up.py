@@ -1,0 +1,42 @@
+"""The engine's kernel warm-up (engine/warm_up.py; run at start on CUDA) leaves no trace:
+run by hand on the CPU engine, the next outputs, unseeded sampling included, are those of an
+engine that never warmed up, and the runner holds no state of the warm-up requests."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minivllm import LLM, SamplingParams
+from minivllm.engine.warm_up import warm_up
+
+
+def outputs(llm: LLM) -> list[list[int]]:
+    # The CPU sampler's top-p/top-k path draws unseeded rows from torch's global RNG, which
+    # anything in the process moves; the engine's own step generator is what is checked.
+    torch.manual_seed(0)
+    prompts = [
+        {"prompt_token_ids": [(5 * i + j) % 90 + 3 for j in range(9 + 7 * i)]} for i in range(4)
+    ]
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=6),
+        SamplingParams(temperature=1.0, max_tokens=6),
+    ]
+    outs = llm.generate(prompts * 2, [params[0]] * 4 + [params[1]] * 4, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_warm_up_leaves_no_trace(tiny_qwen3_dir: str, async_scheduling: bool) -> None:
+    options = dict(dtype="float32", device="cpu", block_size=4, num_gpu_blocks_override=512,
+                   max_num_batched_tokens=256, async_scheduling=async_scheduling)  # fmt: skip
+    expected = outputs(LLM(tiny_qwen3_dir, **options))
+    llm = LLM(tiny_qwen3_dir, **options)
+    core = llm.engine
+    vocab_size = core.model_config.vocab_size
+    steps = warm_up(core.new_scheduler(), core._execute, core.executor.execute, vocab_size,
+                    core.max_model_len)  # fmt: skip
+    assert steps >= 3
+    assert core.executor.runner.sampling_state.requests == {}
+    assert core.stats().prefix_cache_queries == 0
+    assert outputs(llm) == expected
