@@ -61,7 +61,8 @@ class EngineCore:
         )
         if config.resolved_device().type == "cuda":
             vocab_size = self.model_config.vocab_size
-            args = (self._execute, self.executor.execute, vocab_size, self.max_model_len)
+            capacity = self.num_blocks * config.block_size
+            args = (self._execute, self.executor.execute, vocab_size, self.max_model_len, capacity)
             steps = warm_up(self.new_scheduler(), *args)
             logger.info("warm-up: %d steps", steps)
         self.scheduler = self.new_scheduler()

@@ -25,12 +25,14 @@ def warm_up(
     execute_sync: Callable[[SchedulerOutput], RunnerOutput],
     vocab_size: int,
     max_model_len: int,
+    kv_capacity: int,
 ) -> int:
     """Runs the warm-up requests to the end on `scheduler` (then dropped) through the
     engine's own execute; returns the number of steps. Every request is seeded, so that the
-    engine's step generator (unseeded sampling) is where it was: outputs do not change."""
+    engine's step generator (unseeded sampling) is where it was: outputs do not change.
+    kv_capacity: tokens the KV cache holds; each request takes at most a quarter of it."""
     rng = random.Random(0)
-    longest = max(1, min(1000, max_model_len - 8))
+    longest = max(1, min(1000, max_model_len - 8, kv_capacity // 4 - 3))
 
     def add(index: int, num_tokens: int, **params) -> None:
         prompt = [rng.randrange(vocab_size) for _ in range(min(num_tokens, longest))]
@@ -46,6 +48,8 @@ def warm_up(
         steps += 1
         if steps == 1:  # a prefill beside the first two's decodes (split-KV next to prefill)
             add(2, 300, temperature=0.0, seed=2)
+        if steps == 10_000:  # cannot happen (each request fits); never hang an engine start
+            scheduler.abort_requests([f"warm-up-{i}" for i in range(3)])
     # An empty step hands the finished ids to the runner, which forgets their state.
     execute_sync(scheduler.schedule())
     return steps

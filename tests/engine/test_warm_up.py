@@ -35,8 +35,18 @@ def test_warm_up_leaves_no_trace(tiny_qwen3_dir: str, async_scheduling: bool) ->
     core = llm.engine
     vocab_size = core.model_config.vocab_size
     steps = warm_up(core.new_scheduler(), core._execute, core.executor.execute, vocab_size,
-                    core.max_model_len)  # fmt: skip
+                    core.max_model_len, core.num_blocks * 4)  # fmt: skip
     assert steps >= 3
     assert core.executor.runner.sampling_state.requests == {}
     assert core.stats().prefix_cache_queries == 0
     assert outputs(llm) == expected
+
+
+def test_warm_up_ends_on_a_small_cache(tiny_qwen3_dir: str) -> None:
+    llm = LLM(
+        tiny_qwen3_dir, dtype="float32", device="cpu", block_size=4, num_gpu_blocks_override=12
+    )
+    core = llm.engine
+    steps = warm_up(core.new_scheduler(), core._execute, core.executor.execute,
+                    core.model_config.vocab_size, core.max_model_len, 48)  # fmt: skip
+    assert 3 <= steps < 100 and core.executor.runner.sampling_state.requests == {}
