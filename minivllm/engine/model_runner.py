@@ -134,9 +134,10 @@ class ModelRunner:
 
     def _capture_mixed_graphs(self) -> PiecewiseGraphRunner | None:
         # Attention runs eagerly between the pieces, so every backend can use them. Not in
-        # deterministic mode: its invariance was proven for eager mixed steps only.
+        # deterministic mode (its invariance was proven for eager mixed steps only) nor under
+        # TP (collectives inside the pieces not yet run on GPUs): docs/architecture.md.
         max_tokens = min(self.limits.max_num_batched_tokens, self.config.max_mixed_graph_tokens)
-        if max_tokens < 1 or self.config.deterministic:
+        if max_tokens < 1 or self.config.deterministic or self.tp_size > 1:
             return None
         graphs = PiecewiseGraphRunner(self.model, max_tokens, self.device)
         graphs.capture()
