@@ -8,6 +8,8 @@ positions); the attention backend owns the static attention metadata (CUDAGraphB
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 from torch import nn
@@ -15,6 +17,18 @@ from torch import nn
 from minivllm.attention.base import AttnMetadata, CUDAGraphBackend
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def capture_graph(
+    pool: tuple | None, fn: Callable[..., T], *args: object
+) -> tuple[torch.cuda.CUDAGraph, T]:
+    """Captures fn(*args) into a new graph that allocates from pool (None: a pool of its own;
+    graph.pool() shares it with the next captures). Returns the graph and fn's result."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = fn(*args)
+    return graph, out
 
 
 def graph_batch_sizes(max_batch_size: int) -> list[int]:
@@ -60,11 +74,8 @@ class CUDAGraphRunner:
         for batch_size in reversed(self.sizes):
             self._forward(batch_size)  # warm-up: compiles kernels outside the capture
             torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                self.logits[batch_size] = self._forward(batch_size)
-            if self.pool is None:
-                self.pool = graph.pool()
+            graph, self.logits[batch_size] = capture_graph(self.pool, self._forward, batch_size)
+            self.pool = self.pool or graph.pool()
             self.graphs[batch_size] = graph
         torch.cuda.synchronize()
         logger.info("captured CUDA graphs for decode batch sizes %s", self.sizes)

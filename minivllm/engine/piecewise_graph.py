@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from minivllm.attention.base import AttnMetadata
+from minivllm.engine.cuda_graph import capture_graph
 
 logger = logging.getLogger(__name__)
 
@@ -92,11 +93,8 @@ class PiecewiseGraphRunner:
             pieces = []
             for index in range(len(self.layers) + 1):
                 self._piece(index, rows)  # warm-up: compiles kernels outside the capture
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self.pool):
-                    self._piece(index, rows)
-                if self.pool is None:
-                    self.pool = graph.pool()
+                graph, _ = capture_graph(self.pool, self._piece, index, rows)
+                self.pool = self.pool or graph.pool()
                 pieces.append(graph)
             self.graphs[rows] = pieces
         torch.cuda.synchronize()
