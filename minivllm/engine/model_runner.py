@@ -21,13 +21,14 @@ from minivllm.engine.input_prep import StepInputs, prepare_inputs
 from minivllm.engine.kv_cache import KVCacheSpec, bind_kv_caches
 from minivllm.engine.piecewise_graph import PiecewiseGraphRunner
 from minivllm.engine.profiling import memory_baseline, profile_kv_budget
-from minivllm.engine.prompt_logprobs import PromptLogprobsJob, PromptLogprobsTracker
+from minivllm.engine.prompt_logprobs import PromptLogprobsTracker
 from minivllm.engine.sampling_state import SamplingState
 from minivllm.engine.scheduler_limits import resolve_scheduler_limits
+from minivllm.engine.step_handle import StepHandle
 from minivllm.engine.types import RunnerOutput, SchedulerOutput
 from minivllm.layers.batch_invariant import use_batch_invariant_ops
 from minivllm.layers.dispatch import use_triton_kernels
-from minivllm.layers.sampler import Sampler, SamplerOutput
+from minivllm.layers.sampler import Sampler
 from minivllm.model_loader import build_model
 
 logger = logging.getLogger(__name__)
@@ -272,43 +273,3 @@ class ModelRunner:
         if placeholder_rows.size:
             dev["input_ids"][dev["placeholder_rows"]] = prev_sampled[dev["prev_rows"]]
         return dev
-
-
-class StepHandle:
-    """A launched step. result() waits for its sampled ids (copied into a pinned host buffer
-    behind the step's kernels), records them in the sampling state and makes the host copies
-    of the step's logprobs."""
-
-    def __init__(
-        self,
-        sampling_state: SamplingState,
-        req_ids: list[str],
-        sampler_out: SamplerOutput | None = None,
-        host_buffer: torch.Tensor | None = None,
-    ) -> None:
-        self.sampling_state = sampling_state
-        self.req_ids = req_ids
-        self.sampler_out = sampler_out
-        # (jobs, their logits [rows, vocab]) when the step scores prompt tokens.
-        self.prompt_logprobs_jobs: tuple[list[PromptLogprobsJob], torch.Tensor] | None = None
-        self.event = None
-        self.host = None if sampler_out is None else sampler_out.sampled_token_ids
-        if host_buffer is not None and req_ids:
-            # host: [num_sampled] int64 slice of a pinned buffer that the runner owns.
-            self.host = host_buffer[: len(req_ids)]
-            self.host.copy_(sampler_out.sampled_token_ids, non_blocking=True)
-            self.event = torch.cuda.Event()
-            self.event.record()
-
-    @torch.inference_mode()
-    def result(self) -> RunnerOutput:
-        if self.event is not None:
-            self.event.synchronize()
-        token_ids = [] if self.host is None else self.host.tolist()
-        self.sampling_state.append_tokens(self.req_ids, token_ids)
-        out = RunnerOutput(req_ids=self.req_ids, sampled_token_ids=token_ids)
-        if self.sampler_out is not None and self.sampler_out.logprobs is not None:
-            out.logprobs = self.sampling_state.to_runner_logprobs(self.sampler_out, self.req_ids)
-        if self.prompt_logprobs_jobs is not None:
-            out.prompt_logprobs = PromptLogprobsTracker.collect(*self.prompt_logprobs_jobs)
-        return out

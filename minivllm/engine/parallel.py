@@ -14,7 +14,8 @@ import torch
 
 from minivllm.config import EngineConfig, ModelConfig
 from minivllm.distributed.teardown import release_process_group
-from minivllm.engine.model_runner import ModelRunner, StepHandle
+from minivllm.engine.model_runner import ModelRunner
+from minivllm.engine.step_handle import StepHandle
 from minivllm.engine.types import RunnerOutput, SchedulerOutput
 
 

@@ -20,9 +20,9 @@ import torch.distributed as dist
 
 from minivllm.config import EngineConfig, ModelConfig
 from minivllm.distributed.teardown import release_process_group
-from minivllm.engine.model_runner import StepHandle
 from minivllm.engine.shm_broadcast import ShmRing
 from minivllm.engine.step_codec import Op, encode
+from minivllm.engine.step_handle import StepHandle
 from minivllm.engine.types import RunnerOutput, SchedulerOutput
 from minivllm.engine.worker import WorkerSpec, init_rank
 from minivllm.engine.worker_group import WorkerGroup
