@@ -56,6 +56,7 @@ class AttentionBackend(Protocol):
         # kv_cache_dtype="fp8": the cache holds K / k_scale and V / v_scale (e4m3); else 1.0.
         k_scale: float = 1.0,
         v_scale: float = 1.0,
+        out: torch.Tensor | None = None,  # written and returned when given
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         ...
 

@@ -55,13 +55,15 @@ class TorchSDPABackend:
         scale: float,
         k_scale: float = 1.0,
         v_scale: float = 1.0,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         store_kv(k, v, kv_cache, meta.slot_mapping, k_scale, v_scale)
         block_size = kv_cache.shape[2]
         # Host lengths: from the metadata's host copies when it has them, else one sync.
         starts = _host_list(meta.query_start_loc_cpu, meta.query_start_loc)
         seq_lens = _host_list(meta.seq_lens_cpu, meta.seq_lens)
-        out = torch.empty_like(q)
+        if out is None:
+            out = torch.empty_like(q)
         group = q.shape[1] // kv_cache.shape[3]
         for i, seq_len in enumerate(seq_lens):
             q_start, q_end = starts[i], starts[i + 1]

@@ -101,9 +101,11 @@ class TritonBackend:
         scale: float,
         k_scale: float = 1.0,  # an fp8 cache holds K / k_scale and V / v_scale
         v_scale: float = 1.0,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         store_kv(k, v, kv_cache, meta.slot_mapping, k_scale, v_scale)
-        out = torch.empty_like(q)
+        if out is None:
+            out = torch.empty_like(q)
         if self.batch_invariant is not None:
             self.batch_invariant.forward(q, kv_cache, meta, scale, out, k_scale, v_scale)
             return out

@@ -7,6 +7,7 @@ positions); the attention backend owns the static attention metadata (CUDAGraphB
 
 from __future__ import annotations
 
+import bisect
 import logging
 from collections.abc import Callable
 from typing import TypeVar
@@ -29,6 +30,11 @@ def capture_graph(
     with torch.cuda.graph(graph, pool=pool):
         out = fn(*args)
     return graph, out
+
+
+def padded_size(sizes: list[int], n: int) -> int:
+    """The smallest captured size (sizes ascending) that holds n rows."""
+    return sizes[bisect.bisect_left(sizes, n)]
 
 
 def graph_batch_sizes(max_batch_size: int) -> list[int]:
@@ -86,7 +92,7 @@ class CUDAGraphRunner:
         """Replays the graph of the next captured size for a decode-only step whose inputs
         are on the device; returns its logits [num_tokens, vocab]."""
         n = input_ids.shape[0]
-        batch_size = next(s for s in self.sizes if s >= n)
+        batch_size = padded_size(self.sizes, n)
         self.input_ids[:n].copy_(input_ids)
         self.positions[:n].copy_(positions)
         self.backend.prepare_replay(batch_size, meta)

@@ -60,10 +60,14 @@ class EngineCore:
             self.executor.execute_async if self.async_scheduling else self.executor.execute
         )
         if config.resolved_device().type == "cuda":
-            vocab_size = self.model_config.vocab_size
-            capacity = self.num_blocks * config.block_size
-            args = (self._execute, self.executor.execute, vocab_size, self.max_model_len, capacity)
-            steps = warm_up(self.new_scheduler(), *args)
+            steps = warm_up(
+                self.new_scheduler(),
+                self._execute,
+                self.executor.execute,
+                self.model_config.vocab_size,
+                self.max_model_len,
+                kv_capacity=self.num_blocks * config.block_size,
+            )
             logger.info("warm-up: %d steps", steps)
         self.scheduler = self.new_scheduler()
 

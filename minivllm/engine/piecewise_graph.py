@@ -15,12 +15,14 @@ nobody reads (every op in a piece is row-wise or a GEMM, so padding rows cannot 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from functools import partial
 
 import torch
 from torch import nn
 
 from minivllm.attention.base import AttnMetadata
-from minivllm.engine.cuda_graph import capture_graph
+from minivllm.engine.cuda_graph import capture_graph, padded_size
 
 logger = logging.getLogger(__name__)
 
@@ -35,16 +37,12 @@ def mixed_graph_sizes(max_tokens: int) -> list[int]:
 
 class PiecewiseGraphRunner:
     """model: a decoder whose `model` has embed_tokens, layers (before_attention,
-    self_attn.attn, after_attention) and norm (models/llama.py). use_graphs=False runs the
-    same pieces as plain calls (CPU tests of everything but the capture)."""
+    self_attn.attn, after_attention) and norm (models/llama.py)."""
 
-    def __init__(
-        self, model: nn.Module, max_tokens: int, device: torch.device, use_graphs: bool = True
-    ) -> None:
+    def __init__(self, model: nn.Module, max_tokens: int, device: torch.device) -> None:
         self.decoder = model.model
         self.layers = list(self.decoder.layers)
         self.sizes = mixed_graph_sizes(max_tokens)
-        self.use_graphs = use_graphs
         rows = self.sizes[-1]
         attn = self.layers[0].self_attn
         hidden_size = self.decoder.embed_tokens.weight.shape[1]
@@ -59,7 +57,8 @@ class PiecewiseGraphRunner:
         self.q, self.k, self.v = buffer(attn.q_size), buffer(attn.kv_size), buffer(attn.kv_size)
         self.attn_out = buffer(attn.q_size)
         self.residual, self.hidden = buffer(hidden_size), buffer(hidden_size)
-        self.graphs: dict[int, list[torch.cuda.CUDAGraph]] = {}
+        # Per bucket, each piece as a call: a graph's replay (or, uncaptured, the piece itself).
+        self.pieces: dict[int, list[Callable[[], None]]] = {}
         self.pool = None
 
     def can_run(self, num_tokens: int) -> bool:
@@ -86,19 +85,24 @@ class PiecewiseGraphRunner:
         self.residual[:rows].copy_(residual)
 
     @torch.inference_mode()
-    def capture(self) -> None:
+    def capture(self, use_graphs: bool = True) -> None:
         """One graph per piece and bucket, largest bucket first, all in one memory pool
-        (replays never overlap, and each piece's temporaries die within it)."""
+        (replays never overlap, and each piece's temporaries die within it). use_graphs=False
+        keeps the pieces as plain calls (CPU tests of everything but the capture)."""
         for rows in reversed(self.sizes):
             pieces = []
             for index in range(len(self.layers) + 1):
+                if not use_graphs:
+                    pieces.append(partial(self._piece, index, rows))
+                    continue
                 self._piece(index, rows)  # warm-up: compiles kernels outside the capture
                 graph, _ = capture_graph(self.pool, self._piece, index, rows)
                 self.pool = self.pool or graph.pool()
-                pieces.append(graph)
-            self.graphs[rows] = pieces
-        torch.cuda.synchronize()
-        logger.info("captured piecewise CUDA graphs for mixed steps of %s tokens", self.sizes)
+                pieces.append(graph.replay)
+            self.pieces[rows] = pieces
+        if use_graphs:
+            torch.cuda.synchronize()
+            logger.info("captured piecewise CUDA graphs for mixed steps of %s tokens", self.sizes)
 
     def run(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttnMetadata
@@ -106,19 +110,11 @@ class PiecewiseGraphRunner:
         """The model's final hidden states [num_tokens, hidden] for a step whose inputs are
         on the device (a view of a static buffer, valid until the next run)."""
         n = input_ids.shape[0]
-        rows = next(s for s in self.sizes if s >= n)
+        pieces = self.pieces[padded_size(self.sizes, n)]
         self.input_ids[:n].copy_(input_ids)
         self.positions[:n].copy_(positions)
-        pieces = self.graphs.get(rows)
-        for index, layer in enumerate(self.layers):
-            self._replay(pieces, index, rows)
-            out = layer.self_attn.attn(self.q[:n], self.k[:n], self.v[:n], meta)
-            self.attn_out[:n].copy_(out)
-        self._replay(pieces, len(self.layers), rows)
+        for piece, layer in zip(pieces, self.layers):
+            piece()
+            layer.self_attn.attn(self.q[:n], self.k[:n], self.v[:n], meta, out=self.attn_out[:n])
+        pieces[-1]()
         return self.hidden[:n]
-
-    def _replay(self, pieces: list[torch.cuda.CUDAGraph] | None, index: int, rows: int) -> None:
-        if self.use_graphs:
-            pieces[index].replay()
-        else:
-            self._piece(index, rows)

@@ -33,13 +33,22 @@ class Attention(nn.Module):
         self.v_scale = 1.0
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttnMetadata
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        meta: AttnMetadata,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        # q: [num_tokens, num_heads * head_dim]; k, v: [num_tokens, num_kv_heads * head_dim]
+        # q, out: [num_tokens, num_heads * head_dim]; k, v: [num_tokens, num_kv_heads * head_dim]
+        # out (contiguous rows): where to write the result (the piecewise graphs' static
+        # buffer), else a new tensor.
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if out is not None:
+            out = out.view(-1, self.num_heads, self.head_dim)
         out = self.backend.forward(
-            q, k, v, self.kv_cache, meta, self.scale, self.k_scale, self.v_scale
+            q, k, v, self.kv_cache, meta, self.scale, self.k_scale, self.v_scale, out
         )
         return out.reshape(-1, self.num_heads * self.head_dim)

@@ -124,3 +124,18 @@ def test_graph_state_replays_a_live_decode_batch():
     expected_cache = cache.clone()
     TorchSDPABackend().forward(q, k, v, expected_cache, live, 0.125)
     torch.testing.assert_close(graph_cache, expected_cache, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("backend_name", ["triton", "torch_sdpa"])
+def test_out_is_written_in_place(backend_name):
+    """`out` (the piecewise graphs' static buffer) gets the same rows a fresh output would."""
+    cache, k, v, meta = make_step(*MIXED[:2], MIXED[2], 2, 64, 16, torch.float32)
+    q = torch.randn(k.shape[0], 4, 64, generator=torch.Generator().manual_seed(5)).to(DEVICE)
+    backend = (
+        TritonBackend(8, 512, 4, 64, DEVICE) if backend_name == "triton" else TorchSDPABackend()
+    )
+    expected = backend.forward(q, k, v, cache.clone(), meta, 0.125)
+    out = torch.full_like(q, float("nan"))
+    assert backend.forward(q, k, v, cache, meta, 0.125, out=out) is out
+    num_real = int(meta.query_start_loc_cpu[-1])
+    torch.testing.assert_close(out[:num_real], expected[:num_real], atol=0, rtol=0)

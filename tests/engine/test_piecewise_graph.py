@@ -49,7 +49,8 @@ def test_pieces_over_padded_buffers_equal_the_plain_forward(
     expected = generate(llm)
 
     runner = llm.engine.executor.runner
-    pieces = PiecewiseGraphRunner(runner.model, 48, torch.device("cpu"), use_graphs=False)
+    pieces = PiecewiseGraphRunner(runner.model, 48, torch.device("cpu"))
+    pieces.capture(use_graphs=False)
     assert pieces.sizes == [16, 32, 48]
     runs = []
     real_run = pieces.run
