@@ -134,11 +134,12 @@ class ModelRunner:
             self.mixed_graphs = self._capture_mixed_graphs()
 
     def _capture_mixed_graphs(self) -> PiecewiseGraphRunner | None:
-        # Attention runs eagerly between the pieces, so every backend can use them. Not in
-        # deterministic mode (its invariance was proven for eager mixed steps only) nor under
-        # TP (collectives inside the pieces not yet run on GPUs): docs/architecture.md.
+        # Attention runs eagerly between the pieces, so every backend can use them. In
+        # deterministic mode too: its GEMMs give a row the same bits whatever M, so padding a
+        # step to its bucket changes no bits. Not under TP (collectives inside the pieces not
+        # yet run on GPUs): docs/architecture.md.
         max_tokens = min(self.limits.max_num_batched_tokens, self.config.max_mixed_graph_tokens)
-        if max_tokens < 1 or self.config.deterministic or self.tp_size > 1:
+        if max_tokens < 1 or self.tp_size > 1:
             return None
         graphs = PiecewiseGraphRunner(self.model, max_tokens, self.device)
         graphs.capture()
