@@ -1,10 +1,13 @@
 """One workload of benchmarks/workloads.py through either engine's vLLM-style API, for
 side-by-side runs on dummy weights. Prints one JSON line (the same fields as bench_throughput).
 
-Usage: [TP=N] [GPU_UTIL=0.9] [KV_CACHE_DTYPE=fp8] python peer_workload_bench.py ENGINE MODEL_DIR
-       WORKLOAD [NUM_REQUESTS]      ENGINE: minivllm | vllm; WORKLOAD: headline|short|long|prefix
+Usage: [TP=N] [GPU_UTIL=0.9] [KV_CACHE_DTYPE=fp8] [DETERMINISTIC=1]
+       python peer_workload_bench.py ENGINE MODEL_DIR WORKLOAD [NUM_REQUESTS]
+            ENGINE: minivllm | vllm; WORKLOAD: headline|short|long|prefix
 Needs only workloads.py beside it (or on PYTHONPATH); vLLM keeps its defaults except what the
 workload needs (max_model_len, temperature 0.6, ignore_eos), as in peer/peer_bench.py.
+DETERMINISTIC=1 turns on minivllm's deterministic mode; vLLM's counterpart is its own
+environment variable, VLLM_BATCH_INVARIANT=1.
 """
 
 from __future__ import annotations
@@ -41,7 +44,8 @@ def build(engine: str, model_dir: str, workload: Workload):
         )
     from minivllm import LLM, SamplingParams
 
-    llm = LLM(model_dir, load_format="dummy", **common)
+    deterministic = os.environ.get("DETERMINISTIC") == "1"
+    llm = LLM(model_dir, load_format="dummy", deterministic=deterministic, **common)
     return llm, lambda n: SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=n)
 
 
@@ -75,6 +79,9 @@ def main(argv: list[str]) -> int:
     generated = sum(len(o.outputs[0].token_ids) for o in outputs)
     result = {"engine": engine, "tp": int(os.environ.get("TP", "1"))}
     result["kv_cache_dtype"] = os.environ.get("KV_CACHE_DTYPE") or "auto"
+    result["deterministic"] = (
+        os.environ.get("DETERMINISTIC" if engine == "minivllm" else "VLLM_BATCH_INVARIANT") == "1"
+    )
     result |= scheduler_limits(engine, llm)
     print(json.dumps(result | result_fields(workload, generated, seconds)), flush=True)
     if engine == "minivllm":
