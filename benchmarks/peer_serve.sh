@@ -27,7 +27,8 @@ bench() {  # name port seed (a new seed per round: no prefix-cache hits from the
     --random-input-len 1000 --random-output-len 200 --ignore-eos
     --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99"
   PYTHONPATH=$VSITE timeout 200 python3 -m vllm.entrypoints.cli.main bench serve $common \
-    --num-prompts 300 --request-rate 10 --seed $3 > "$OUT/serve_${1}_rate10.log" 2>&1
+    --num-prompts 300 --request-rate 10 --seed $3 --save-result --save-detailed \
+    --result-dir "$OUT" --result-filename "serve_${1}_rate10.json" > "$OUT/serve_${1}_rate10.log" 2>&1
   PYTHONPATH=$VSITE timeout 200 python3 -m vllm.entrypoints.cli.main bench serve $common \
     --num-prompts 512 --request-rate inf --max-concurrency 128 --seed $(($3 + 100)) > "$OUT/serve_${1}_c128.log" 2>&1
   for f in rate10 c128; do

@@ -50,3 +50,29 @@ def test_warm_up_ends_on_a_small_cache(tiny_qwen3_dir: str) -> None:
     steps = warm_up(core.new_scheduler(), core._execute, core.executor.execute,
                     core.model_config.vocab_size, core.max_model_len, 48)  # fmt: skip
     assert 3 <= steps < 100 and core.executor.runner.sampling_state.requests == {}
+
+
+def test_late_compiles_are_logged_and_chain_the_hook_set_before(caplog) -> None:
+    import logging
+
+    from triton import knobs
+
+    from minivllm.engine.warm_up import log_late_compiles
+
+    seen = []
+    saved = knobs.runtime.jit_post_compile_hook
+    knobs.runtime.jit_post_compile_hook = lambda **kwargs: seen.append(kwargs["repr"])
+    try:
+        assert log_late_compiles(logging.getLogger("late-compile-test"))
+        with caplog.at_level(logging.WARNING, logger="late-compile-test"):
+            # What Triton's JIT passes after compiling a kernel variant (keywords only).
+            knobs.runtime.jit_post_compile_hook(
+                key="k", repr="_decode_kernel[num_warps=4](num_splits: 16)", fn=None,
+                compile={}, is_manual_warmup=False, already_compiled=False,
+            )  # fmt: skip
+    finally:
+        knobs.runtime.jit_post_compile_hook = saved
+    assert seen == ["_decode_kernel[num_warps=4](num_splits: 16)"]
+    assert "Triton compiled _decode_kernel[num_warps=4](num_splits: 16) after the warm-up" in (
+        caplog.text
+    )
