@@ -19,6 +19,7 @@ from minivllm.kernels.checks import (
     check_same,
     check_tensor,
 )
+from minivllm.kernels.e4m3_asm import check_e4m3_asm, e4m3_to_f16_asm
 from minivllm.kernels.tiling import fit_attention_tiles
 
 MAX_SPLITS = 16
@@ -90,11 +91,13 @@ def _decode_kernel(
     BLOCK_D: tl.constexpr,
     SPLIT: tl.constexpr,
     KV_FP8: tl.constexpr,
+    V_CVT_ASM: tl.constexpr,
 ):
     """Grid (num_seqs, num_kv_heads, num_splits). Program (b, h, s) attends the GROUP query
     heads of kv head h of request b over partition s of its context. SPLIT: write the
     partition's normalized output and log2-sum-exp to mid_o/mid_lse, else straight to out.
-    KV_FP8: K/V tiles are e4m3 (k_scale already in scale_log2e, v_scale applied at the end)."""
+    KV_FP8: K/V tiles are e4m3 (k_scale already in scale_log2e, v_scale applied at the end);
+    V_CVT_ASM: V converted by e4m3_to_f16_asm (q must then be fp16 here)."""
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -141,7 +144,9 @@ def _decode_kernel(
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(rows + v_cache_offset + offs_d[None, :], mask=kv_mask, other=0.0)
-        if KV_FP8:
+        if V_CVT_ASM:
+            v = e4m3_to_f16_asm(v)
+        elif KV_FP8:
             v = v.to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
@@ -239,6 +244,7 @@ def decode_attention(
     config: tuple[int, int, int] | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    v_cvt_asm: bool = False,
 ) -> torch.Tensor:
     """Attention of one query token per request over its paged context; writes and returns out.
 
@@ -250,9 +256,13 @@ def decode_attention(
     allocation: CUDA-graph capturable for a fixed num_splits. config: (block_n, num_warps,
     num_stages) overrides the per-head_dim table (benchmark sweeps). A float8_e4m3fn kv_cache
     holds K / k_scale and V / v_scale (store_kv); other caches take scales of 1.0.
+    v_cvt_asm: convert fp8 V tiles by inline PTX (e4m3_to_f16_asm), an opt-in variant under
+    measurement (benchmarks/bench_fp8_kv.py --variants); same values, CUDA sm_89+ only.
     """
     check_paged_attention(q, kv_cache, block_tables, seq_lens, out)
     is_fp8 = check_kv_scales(kv_cache, k_scale, v_scale)
+    if v_cvt_asm:
+        check_e4m3_asm("v_cvt_asm", q, is_fp8)
     check_same("seq_lens length", seq_lens.shape[0], "num_seqs", q.shape[0])
     if not 1 <= num_splits <= 256:
         raise ValueError(f"num_splits must be in [1, 256], got {num_splits}")
@@ -282,7 +292,7 @@ def decode_attention(
         NUM_KV_HEADS=num_kv_heads, GROUP=group, HEAD_DIM=head_dim,
         BLOCK_SIZE=kv_cache.shape[2], BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_N=block_n, BLOCK_D=triton.next_power_of_2(head_dim), SPLIT=split, KV_FP8=is_fp8,
-        num_warps=num_warps, num_stages=num_stages,
+        V_CVT_ASM=v_cvt_asm, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     if split:
         _reduce_kernel[(num_seqs, num_heads)](
