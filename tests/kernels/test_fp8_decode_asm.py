@@ -36,7 +36,8 @@ def _decode(q, cache, block_tables, seq_lens, num_splits, config=None, v_cvt_asm
                             mid_o, mid_lse, config=config, v_cvt_asm=v_cvt_asm)  # fmt: skip
 
 
-def test_v_cvt_asm_refused_in_the_interpreter():
+def test_v_cvt_asm_refused_in_the_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # set on a CPU already; on a GPU too: refused
     cache, block_tables, seq_lens, _ = _fp8_case([5, 17], 2, 32, 16)
     q = torch.randn(2, 4, 32, dtype=torch.float16, device=DEVICE)
     with pytest.raises(ValueError, match="v_cvt_asm=True is inline PTX: CUDA only"):
