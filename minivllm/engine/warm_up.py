@@ -69,7 +69,11 @@ def log_late_compiles(log: logging.Logger) -> bool:
     previous = runtime.jit_post_compile_hook
 
     def hook(*, repr: str, **kwargs) -> object:
-        log.warning("Triton compiled %s after the warm-up: a step waited for it", repr)
+        log.warning(
+            "Triton compiled %s after the warm-up (or loaded it from its disk cache): a step "
+            "waited for it",
+            repr,
+        )
         return previous(repr=repr, **kwargs) if previous is not None else None
 
     runtime.jit_post_compile_hook = hook

@@ -76,3 +76,4 @@ def test_late_compiles_are_logged_and_chain_the_hook_set_before(caplog) -> None:
     assert "Triton compiled _decode_kernel[num_warps=4](num_splits: 16) after the warm-up" in (
         caplog.text
     )
+    assert caplog.records[0].levelno == logging.WARNING
