@@ -87,19 +87,18 @@ class BlockManager:
         the result; request.num_computed_tokens must already count their tokens. The caller
         records the result in request.block_ids.
         """
-        computed_blocks = computed_blocks or []
         num_tokens = request.num_computed_tokens + num_new_tokens
-        num_required = -(-num_tokens // self.block_size)
-        num_new_blocks = max(num_required - len(request.block_ids) - len(computed_blocks), 0)
-        # A hit on a free cached block takes it out of the free queue too.
-        num_revived = sum(1 for b in computed_blocks if self.ref_counts[b] == 0)
-        if num_new_blocks + num_revived > self.num_free_blocks:
+        num_new_blocks = -(-num_tokens // self.block_size) - len(request.block_ids)
+        if computed_blocks:
+            new_block_ids = self._take_computed_blocks(computed_blocks, num_new_blocks)
+            if new_block_ids is None:
+                return None
+        elif num_new_blocks <= 0:
+            new_block_ids = []  # the common decode step: its block has room
+        elif num_new_blocks > len(self._free_queue):
             return None
-        for block_id in computed_blocks:
-            if self.ref_counts[block_id] == 0:
-                del self._free_queue[block_id]
-            self.ref_counts[block_id] += 1
-        new_block_ids = computed_blocks + [self._pop_free_block() for _ in range(num_new_blocks)]
+        else:
+            new_block_ids = [self._pop_free_block() for _ in range(num_new_blocks)]
         if self.enable_prefix_caching:
             # Full blocks whose tokens are known get cached; their KV is written this step. A
             # pending token (async scheduling) is not known yet: its block waits a step.
@@ -108,6 +107,22 @@ class BlockManager:
                 block_ids = request.block_ids + new_block_ids
                 self._cache_full_blocks(request, block_ids, num_full_blocks)
         return new_block_ids
+
+    def _take_computed_blocks(
+        self, computed_blocks: list[int], num_new_blocks: int
+    ) -> list[int] | None:
+        """References computed_blocks and appends the new blocks beyond them, or returns None,
+        changing nothing, when too few blocks are free."""
+        num_new_blocks = max(num_new_blocks - len(computed_blocks), 0)
+        # A hit on a free cached block takes it out of the free queue too.
+        num_revived = sum(1 for b in computed_blocks if self.ref_counts[b] == 0)
+        if num_new_blocks + num_revived > self.num_free_blocks:
+            return None
+        for block_id in computed_blocks:
+            if self.ref_counts[block_id] == 0:
+                del self._free_queue[block_id]
+            self.ref_counts[block_id] += 1
+        return computed_blocks + [self._pop_free_block() for _ in range(num_new_blocks)]
 
     def free(self, request: Request) -> None:
         """Drops request's references to request.block_ids, tail first so that its tail blocks
