@@ -80,3 +80,16 @@ class Request:
             f"Request({self.req_id!r}, status={self.status.name}, num_tokens={self.num_tokens}, "
             f"num_computed_tokens={self.num_computed_tokens}, block_ids={self.block_ids})"
         )
+
+
+def needs_host_tokens(request: Request) -> bool:
+    """Penalties, min_tokens and logprobs read sampled tokens on the host each step."""
+    p = request.sampling_params
+    return bool(
+        p.presence_penalty
+        or p.frequency_penalty
+        or p.repetition_penalty != 1.0
+        or p.min_tokens
+        or p.logprobs is not None
+        or p.prompt_logprobs is not None
+    )

@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import Iterable
 
 from minivllm.engine.block_manager import BlockManager
-from minivllm.engine.request import Request, RequestStatus
+from minivllm.engine.request import Request, RequestStatus, needs_host_tokens
 from minivllm.engine.stop_checker import check_stop
 from minivllm.engine.types import (
     PLACEHOLDER_TOKEN_ID,
@@ -22,19 +22,6 @@ from minivllm.engine.types import (
     ScheduledChunk,
     SchedulerOutput,
 )
-
-
-def needs_host_tokens(request: Request) -> bool:
-    """Penalties, min_tokens and logprobs read sampled tokens on the host each step."""
-    p = request.sampling_params
-    return bool(
-        p.presence_penalty
-        or p.frequency_penalty
-        or p.repetition_penalty != 1.0
-        or p.min_tokens
-        or p.logprobs is not None
-        or p.prompt_logprobs is not None
-    )
 
 
 class Scheduler:
@@ -133,20 +120,20 @@ class Scheduler:
     ) -> tuple[int, bool]:
         """Schedules running requests in order; returns (budget left, whether any preempted)."""
         preempted = False
+        running = self.running
+        allocate = self.block_manager.allocate_slots
         i = 0
-        while i < len(self.running) and budget > 0:
-            request = self.running[i]
-            num_needed = (
-                request.num_tokens + request.num_pending_tokens - request.num_computed_tokens
-            )
-            if num_needed == 0 or self._finishes_with_pending(request):
+        while i < len(running) and budget > 0:
+            request = running[i]
+            num_pending = request.num_pending_tokens
+            num_needed = len(request.all_token_ids) + num_pending - request.num_computed_tokens
+            if num_needed == 0 or (num_pending and self._finishes_with_pending(request)):
                 i += 1  # nothing to compute until update() applies its pending token
                 continue
             num_new_tokens = min(num_needed, budget)
-            allocate = self.block_manager.allocate_slots
             while (new_block_ids := allocate(request, num_new_tokens)) is None:
                 # Victims come from the tail, which nothing has been scheduled for this step.
-                victim = self.running.pop()
+                victim = running.pop()
                 self._preempt(victim)
                 preempted = True
                 if victim is request:
@@ -213,25 +200,26 @@ class Scheduler:
         """Appends request's chunk to decodes (one sampled token past the prompt) or others,
         and advances the request past it. new_block_ids: the blocks allocated for it this
         step, which the chunk carries to the runner's copy of the block table."""
-        start = request.num_computed_tokens
-        end = start + num_new_tokens
-        token_ids = request.all_token_ids[start:end]
-        if len(token_ids) < num_new_tokens:  # the pending token, not known yet
+        num_computed_tokens = request.num_computed_tokens
+        end = num_computed_tokens + num_new_tokens
+        num_known_tokens = len(request.all_token_ids)
+        token_ids = request.all_token_ids[num_computed_tokens:end]
+        if end > num_known_tokens:  # the pending token, not known yet
             token_ids.append(PLACEHOLDER_TOKEN_ID)
+        sample = end == num_known_tokens + request.num_pending_tokens
+        num_prior_blocks = len(request.block_ids)
+        # Positional: at a thousand chunks a step, keyword arguments cost twice the time.
         chunk = ScheduledChunk(
-            req_id=request.req_id,
-            token_ids=token_ids,
-            num_computed_tokens=start,
-            new_block_ids=new_block_ids,
-            num_prior_blocks=len(request.block_ids),
-            sample=end == request.num_tokens + request.num_pending_tokens,
+            request.req_id, token_ids, num_computed_tokens, new_block_ids, num_prior_blocks, sample
         )
         request.block_ids += new_block_ids
         request.num_computed_tokens = end
-        if chunk.sample:
+        if sample:
             request.num_pending_tokens += 1
-        is_decode = num_new_tokens == 1 and chunk.sample and start >= request.num_prompt_tokens
-        (decodes if is_decode else others).append(chunk)
+        if num_new_tokens == 1 and sample and num_computed_tokens >= len(request.prompt_token_ids):
+            decodes.append(chunk)  # one sampled token past the prompt
+        else:
+            others.append(chunk)
 
     def _finishes_with_pending(self, request: Request) -> bool:
         """Whether the pending token surely ends the request (max_tokens or max_model_len),
@@ -247,30 +235,36 @@ class Scheduler:
     def update(self, sched_out: SchedulerOutput, runner_out: RunnerOutput) -> list[EngineOutput]:
         """Applies one step's results: progress, sampled tokens, stops. One output per
         request that got a token or prompt logprobs this step."""
-        sampled_index = {req_id: i for i, req_id in enumerate(runner_out.req_ids)}
         outputs: list[EngineOutput] = []
+        all_logprobs, all_prompt_logprobs = runner_out.logprobs, runner_out.prompt_logprobs
+        any_running_finished = False
+        i = -1  # the runner samples one token per chunk with sample=True, in chunk order
         for chunk in sched_out.chunks:
+            if chunk.sample:
+                i += 1
             request = self.requests.get(chunk.req_id)
-            if request is None or request.is_finished:
+            if request is None or request.finish_reason is not None:
                 continue  # aborted, or finished by the step before this one
-            prompt_logprobs = runner_out.prompt_logprobs.get(chunk.req_id)
+            prompt_logprobs = all_prompt_logprobs.get(chunk.req_id) if all_prompt_logprobs else None
             if not chunk.sample:
                 if prompt_logprobs is not None:
                     outputs.append(self._make_output(request, [], None, prompt_logprobs))
                 continue
-            i = sampled_index[chunk.req_id]
+            assert runner_out.req_ids[i] == chunk.req_id
             token_id = runner_out.sampled_token_ids[i]
             request.num_pending_tokens -= 1
             request.append_output_token(token_id)
-            was_waiting = request.status == RequestStatus.WAITING
             if check_stop(request, self.max_model_len):
-                if was_waiting:
+                if request.status == RequestStatus.WAITING:
                     self.waiting.remove(request)  # preempted while this token was in flight
+                else:
+                    any_running_finished = True
                 self._finish(request)
-            logprobs = runner_out.logprobs[i] if runner_out.logprobs is not None else None
-            new_logprobs = [logprobs] if logprobs is not None else None
+            new_logprobs = None
+            if all_logprobs is not None and all_logprobs[i] is not None:
+                new_logprobs = [all_logprobs[i]]
             outputs.append(self._make_output(request, [token_id], new_logprobs, prompt_logprobs))
-        if any(r.is_finished for r in self.running):
+        if any_running_finished:
             self.running = [r for r in self.running if not r.is_finished]
         return outputs
 
@@ -288,13 +282,14 @@ class Scheduler:
         new_logprobs: list[LogprobsDict] | None,
         prompt_logprobs: list[LogprobsDict | None] | None,
     ) -> EngineOutput:
+        # Positional: at a thousand outputs a step, keyword arguments cost twice the time.
         return EngineOutput(
-            req_id=request.req_id,
-            new_token_ids=new_token_ids,
-            finished=request.is_finished,
-            finish_reason=request.finish_reason,
-            new_logprobs=new_logprobs,
-            prompt_logprobs=prompt_logprobs,
-            num_cached_tokens=max(request.num_cached_tokens, 0),
-            first_scheduled_time=request.first_scheduled_time,
+            request.req_id,
+            new_token_ids,
+            request.finish_reason is not None,
+            request.finish_reason,
+            new_logprobs,
+            prompt_logprobs,
+            request.num_cached_tokens,  # set at first admission, before any chunk
+            request.first_scheduled_time,
         )

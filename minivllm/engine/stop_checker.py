@@ -12,18 +12,19 @@ def check_stop(request: Request, max_model_len: int) -> bool:
     Stop tokens and EOS count only once min_tokens tokens (this one included) exist.
     """
     params = request.sampling_params
-    token_id = request.output_token_ids[-1]
-    if request.num_output_tokens >= params.min_tokens:
-        if token_id in params.stop_token_ids:
+    num_output_tokens = len(request.output_token_ids)
+    if num_output_tokens >= params.min_tokens:
+        token_id = request.output_token_ids[-1]
+        if token_id in params.stop_token_ids or (
+            not params.ignore_eos and token_id in params.eos_token_ids
+        ):
             _finish(request, RequestStatus.FINISHED_STOPPED, "stop")
             return True
-        if not params.ignore_eos and token_id in params.eos_token_ids:
-            _finish(request, RequestStatus.FINISHED_STOPPED, "stop")
-            return True
-    if params.max_tokens is not None and request.num_output_tokens >= params.max_tokens:
+    max_tokens = params.max_tokens
+    if max_tokens is not None and num_output_tokens >= max_tokens:
         _finish(request, RequestStatus.FINISHED_LENGTH, "length")
         return True
-    if request.num_tokens >= max_model_len:
+    if len(request.all_token_ids) >= max_model_len:
         _finish(request, RequestStatus.FINISHED_LENGTH, "length")
         return True
     return False
