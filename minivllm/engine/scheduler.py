@@ -254,8 +254,9 @@ class Scheduler:
             token_id = runner_out.sampled_token_ids[i]
             request.num_pending_tokens -= 1
             request.append_output_token(token_id)
+            was_waiting = request.status == RequestStatus.WAITING
             if check_stop(request, self.max_model_len):
-                if request.status == RequestStatus.WAITING:
+                if was_waiting:
                     self.waiting.remove(request)  # preempted while this token was in flight
                 else:
                     any_running_finished = True
