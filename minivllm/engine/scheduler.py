@@ -227,9 +227,9 @@ class Scheduler:
         if not request.num_pending_tokens:
             return False
         max_tokens = request.sampling_params.max_tokens
-        num_tokens = request.num_tokens + request.num_pending_tokens
+        num_tokens = len(request.all_token_ids) + request.num_pending_tokens
         return num_tokens >= self.max_model_len or (
-            max_tokens is not None and request.num_output_tokens + 1 >= max_tokens
+            max_tokens is not None and len(request.output_token_ids) + 1 >= max_tokens
         )
 
     def update(self, sched_out: SchedulerOutput, runner_out: RunnerOutput) -> list[EngineOutput]:
