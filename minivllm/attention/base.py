@@ -57,6 +57,8 @@ class AttentionBackend(Protocol):
         k_scale: float = 1.0,
         v_scale: float = 1.0,
         out: torch.Tensor | None = None,  # written and returned when given
+        # False: this step's K/V are in the cache already (the Triton RoPE wrote them).
+        write_kv: bool = True,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         ...
 

@@ -56,8 +56,10 @@ class TorchSDPABackend:
         k_scale: float = 1.0,
         v_scale: float = 1.0,
         out: torch.Tensor | None = None,
+        write_kv: bool = True,
     ) -> torch.Tensor:
-        store_kv(k, v, kv_cache, meta.slot_mapping, k_scale, v_scale)
+        if write_kv:
+            store_kv(k, v, kv_cache, meta.slot_mapping, k_scale, v_scale)
         block_size = kv_cache.shape[2]
         # Host lengths: from the metadata's host copies when it has them, else one sync.
         starts = _host_list(meta.query_start_loc_cpu, meta.query_start_loc)

@@ -102,8 +102,10 @@ class TritonBackend:
         k_scale: float = 1.0,  # an fp8 cache holds K / k_scale and V / v_scale
         v_scale: float = 1.0,
         out: torch.Tensor | None = None,
+        write_kv: bool = True,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
-        store_kv(k, v, kv_cache, meta.slot_mapping, k_scale, v_scale)
+        if write_kv:
+            store_kv(k, v, kv_cache, meta.slot_mapping, k_scale, v_scale)
         if out is None:
             out = torch.empty_like(q)
         if self.batch_invariant is not None:

@@ -9,7 +9,9 @@ step's own metadata, so that graphs never depend on the batch's composition.
 
 The pieces talk through static buffers (input ids, positions, q/k/v, attention output,
 residual, hidden); the rows past the step's tokens up to the bucket are padding whose values
-nobody reads (every op in a piece is row-wise or a GEMM, so padding rows cannot leak).
+nobody reads (every op in a piece is row-wise or a GEMM, so padding rows cannot leak). On the
+Triton path a piece also writes the step's K/V into the cache (the RoPE kernel does), at the
+slots of a static buffer whose padding rows are reset to -1 every step: no write.
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ class PiecewiseGraphRunner:
 
         self.input_ids = torch.zeros(rows, dtype=torch.int64, device=device)
         self.positions = torch.zeros(rows, dtype=torch.int64, device=device)
+        # KV cache slots (the Triton RoPE writes K/V there); -1 on padding rows: no write.
+        self.slot_mapping = torch.full((rows,), -1, dtype=torch.int64, device=device)
         self.q, self.k, self.v = buffer(attn.q_size), buffer(attn.kv_size), buffer(attn.kv_size)
         self.attn_out = buffer(attn.q_size)
         self.residual, self.hidden = buffer(hidden_size), buffer(hidden_size)
@@ -77,7 +81,7 @@ class PiecewiseGraphRunner:
             self.hidden[:rows].copy_(hidden)
             return
         q, k, v, residual = self.layers[index].before_attention(
-            self.positions[:rows], hidden, residual
+            self.positions[:rows], hidden, residual, self.slot_mapping[:rows]
         )
         self.q[:rows].copy_(q)
         self.k[:rows].copy_(k)
@@ -110,9 +114,12 @@ class PiecewiseGraphRunner:
         """The model's final hidden states [num_tokens, hidden] for a step whose inputs are
         on the device (a view of a static buffer, valid until the next run)."""
         n = input_ids.shape[0]
-        pieces = self.pieces[padded_size(self.sizes, n)]
+        rows = padded_size(self.sizes, n)
+        pieces = self.pieces[rows]
         self.input_ids[:n].copy_(input_ids)
         self.positions[:n].copy_(positions)
+        self.slot_mapping[:n].copy_(meta.slot_mapping)
+        self.slot_mapping[n:rows].fill_(-1)  # a padding row must not overwrite a real slot
         for piece, layer in zip(pieces, self.layers):
             piece()
             layer.self_attn.attn(self.q[:n], self.k[:n], self.v[:n], meta, out=self.attn_out[:n])

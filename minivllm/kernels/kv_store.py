@@ -3,6 +3,8 @@ cache it quantizes on the way (x / scale, saturated to +-448, rounded to nearest
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -13,6 +15,19 @@ from minivllm.kernels.checks import (
     check_same,
     check_tensor,
 )
+
+
+class KVWrite(NamedTuple):
+    """Where a kernel other than store_kv writes this step's K/V (RoPE: kernels/rope.py):
+    v [num_tokens, num_kv_heads, head_dim] (k is the kernel's own output), the cache, the
+    slots (-1: skip the row) and an fp8 cache's scales."""
+
+    v: torch.Tensor
+    kv_cache: torch.Tensor
+    slot_mapping: torch.Tensor
+    k_scale: float = 1.0
+    v_scale: float = 1.0
+
 
 E4M3_MAX = tl.constexpr(448.0)  # largest finite float8_e4m3fn (constexpr: a jit global)
 
@@ -34,6 +49,15 @@ def _quantize_e4m3(x, scale):
     sub = (tl.abs(x) + 24576.0) - 24576.0
     sub = (sub.to(tl.int32, bitcast=True) | (bits & -0x80000000)).to(tl.float32, bitcast=True)
     return tl.where(tl.abs(x) < 0.015625, sub, normal).to(tl.float8e4nv)
+
+
+@triton.jit
+def store_rows(dst, x, mask, scale, KV_FP8: tl.constexpr):
+    """Stores a tile of K or V rows into cache slots at dst (KV_FP8: quantized by scale).
+    Shared by the store kernel and the RoPE kernel that writes K/V itself (kernels/rope.py)."""
+    if KV_FP8:
+        x = _quantize_e4m3(x, scale)
+    tl.store(dst, x, mask=mask)
 
 
 # slot_mapping may be a slice of a persistent buffer: no alignment specialization (no recompiles).
@@ -72,11 +96,34 @@ def _store_kv_kernel(
     dst = (
         cache_ptr + slot * (NUM_KV_HEADS * HEAD_DIM) + offs_h[:, None] * HEAD_DIM + offs_d[None, :]
     )
-    if KV_FP8:
-        k = _quantize_e4m3(k, k_scale)
-        v = _quantize_e4m3(v, v_scale)
-    tl.store(dst, k, mask=mask)
-    tl.store(dst + v_cache_offset, v, mask=mask)
+    store_rows(dst, k, mask, k_scale, KV_FP8)
+    store_rows(dst + v_cache_offset, v, mask, v_scale, KV_FP8)
+
+
+def check_store_inputs(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k_scale: float,
+    v_scale: float,
+) -> bool:
+    """store_kv's input checks (also those of RoPE that writes K/V itself); whether the cache
+    is fp8."""
+    check_tensor("k", k, 3)
+    check_tensor("v", v, 3)
+    check_kv_cache(kv_cache)
+    check_tensor("slot_mapping", slot_mapping, 1, (torch.int64, torch.int32), False)
+    check_same("k.shape", tuple(k.shape), "v.shape", tuple(v.shape))
+    check_same("k.shape[1:]", tuple(k.shape[1:]), "kv_cache.shape[3:]", tuple(kv_cache.shape[3:]))
+    is_fp8 = check_kv_scales(kv_cache, k_scale, v_scale)
+    if is_fp8:
+        check_same("k.dtype", k.dtype, "v.dtype", v.dtype)
+    else:
+        check_same("k.dtype", k.dtype, "kv_cache.dtype", kv_cache.dtype)
+        check_same("v.dtype", v.dtype, "kv_cache.dtype", kv_cache.dtype)
+    check_same("slot_mapping length", slot_mapping.shape[0], "num_tokens", k.shape[0])
+    return is_fp8
 
 
 def store_kv(
@@ -95,19 +142,7 @@ def store_kv(
     k / k_scale and v / v_scale, saturated to +-448 (scales must stay 1.0 otherwise).
     slot_mapping: [num_tokens] int64 (int32 accepted), slot = block_id * block_size + offset.
     """
-    check_tensor("k", k, 3)
-    check_tensor("v", v, 3)
-    check_kv_cache(kv_cache)
-    check_tensor("slot_mapping", slot_mapping, 1, (torch.int64, torch.int32), False)
-    check_same("k.shape", tuple(k.shape), "v.shape", tuple(v.shape))
-    check_same("k.shape[1:]", tuple(k.shape[1:]), "kv_cache.shape[3:]", tuple(kv_cache.shape[3:]))
-    is_fp8 = check_kv_scales(kv_cache, k_scale, v_scale)
-    if is_fp8:
-        check_same("k.dtype", k.dtype, "v.dtype", v.dtype)
-    else:
-        check_same("k.dtype", k.dtype, "kv_cache.dtype", kv_cache.dtype)
-        check_same("v.dtype", v.dtype, "kv_cache.dtype", kv_cache.dtype)
-    check_same("slot_mapping length", slot_mapping.shape[0], "num_tokens", k.shape[0])
+    is_fp8 = check_store_inputs(k, v, kv_cache, slot_mapping, k_scale, v_scale)
     num_tokens, num_kv_heads, head_dim = k.shape
     if num_tokens == 0:
         return

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
 from minivllm.attention.base import AttentionBackend, AttnMetadata
+
+if TYPE_CHECKING:
+    from minivllm.kernels.kv_store import KVWrite
 
 
 class Attention(nn.Module):
@@ -18,6 +23,7 @@ class Attention(nn.Module):
         head_dim: int,
         scale: float,
         backend: AttentionBackend,
+        kv_written_by_rope: bool = False,
     ) -> None:
         super().__init__()
         self.num_heads = num_heads
@@ -31,6 +37,16 @@ class Attention(nn.Module):
         # vLLM when the checkpoint has none (docs/kernels.md, "FP8 KV cache").
         self.k_scale = 1.0
         self.v_scale = 1.0
+        # True on the Triton path: the RoPE kernel writes this step's K/V into kv_cache
+        # (kernels/rope.py, with kv_write() as its target), so the backend does not.
+        self.kv_written_by_rope = kv_written_by_rope
+
+    def kv_write(self, v: torch.Tensor, slot_mapping: torch.Tensor) -> KVWrite:
+        """Where the RoPE kernel writes K and v [num_tokens, num_kv_heads * head_dim]."""
+        from minivllm.kernels.kv_store import KVWrite  # Triton path only
+
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        return KVWrite(v, self.kv_cache, slot_mapping, self.k_scale, self.v_scale)
 
     def forward(
         self,
@@ -49,6 +65,7 @@ class Attention(nn.Module):
         if out is not None:
             out = out.view(-1, self.num_heads, self.head_dim)
         out = self.backend.forward(
-            q, k, v, self.kv_cache, meta, self.scale, self.k_scale, self.v_scale, out
-        )
+            q, k, v, self.kv_cache, meta, self.scale, self.k_scale, self.v_scale, out,
+            write_kv=not self.kv_written_by_rope,
+        )  # fmt: skip
         return out.reshape(-1, self.num_heads * self.head_dim)

@@ -6,12 +6,15 @@ Supports rope_type "default" and "llama3"; the inverse frequencies follow HF's f
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from minivllm.layers.norm import RMSNorm
+
+if TYPE_CHECKING:
+    from minivllm.kernels.kv_store import KVWrite
 
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
 
@@ -92,10 +95,13 @@ class RotaryEmbedding(nn.Module):
         k: torch.Tensor,
         q_norm: RMSNorm | None = None,
         k_norm: RMSNorm | None = None,
+        kv_write: KVWrite | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """positions: [num_tokens]; q: [num_tokens, num_heads * head_dim]; k likewise with
         num_kv_heads. With q_norm and k_norm each head is RMS-normalized first (Qwen3).
-        Returns the rotated (q, k) in the same shapes (the Triton path rotates in place)."""
+        Returns the rotated (q, k) in the same shapes (the Triton path rotates in place).
+        kv_write (Triton path only): the same kernel writes the rotated k and kv_write.v
+        into the paged KV cache (Attention.kv_write)."""
         num_tokens = q.shape[0]
         q_heads = q.view(num_tokens, -1, self.head_dim)
         k_heads = k.view(num_tokens, -1, self.head_dim)
@@ -108,8 +114,11 @@ class RotaryEmbedding(nn.Module):
                 None if q_norm is None else q_norm.weight,
                 None if k_norm is None else k_norm.weight,
                 1e-6 if q_norm is None else q_norm.eps,
+                kv_write,
             )
             return q, k
+        if kv_write is not None:
+            raise ValueError("kv_write needs the Triton RoPE kernel (use_triton=True)")
         if q_norm is not None and k_norm is not None:
             q_heads, k_heads = q_norm(q_heads), k_norm(k_heads)
         cos, sin = self.cos_sin_cache[positions].chunk(2, dim=-1)

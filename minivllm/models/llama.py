@@ -65,16 +65,21 @@ class DecoderAttention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
         scale = head_dim**-0.5
-        self.attn = Attention(self.num_heads, self.num_kv_heads, head_dim, scale, attn_backend)
+        self.attn = Attention(
+            self.num_heads, self.num_kv_heads, head_dim, scale, attn_backend,
+            kv_written_by_rope=rotary_emb.use_triton,
+        )  # fmt: skip
 
     def project(
-        self, positions: torch.Tensor, hidden: torch.Tensor
+        self, positions: torch.Tensor, hidden: torch.Tensor, slot_mapping: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The attention inputs: q [num_tokens, num_heads * head_dim] and k, v [num_tokens,
-        num_kv_heads * head_dim], q and k rotated (and normed first in Qwen3)."""
+        num_kv_heads * head_dim], q and k rotated (and normed first in Qwen3). On the Triton
+        path the RoPE kernel also writes k and v into the KV cache at slot_mapping."""
         qkv = self.qkv_proj(hidden)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q, k = self.rotary_emb(positions, q, k, self.q_norm, self.k_norm)
+        kv_write = self.attn.kv_write(v, slot_mapping) if self.attn.kv_written_by_rope else None
+        q, k = self.rotary_emb(positions, q, k, self.q_norm, self.k_norm, kv_write)
         return q, k, v
 
 
@@ -116,22 +121,28 @@ class DecoderLayer(nn.Module):
         residual: torch.Tensor | None,
         attn_meta: AttnMetadata,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        q, k, v, residual = self.before_attention(positions, hidden, residual)
+        q, k, v, residual = self.before_attention(
+            positions, hidden, residual, attn_meta.slot_mapping
+        )
         return self.after_attention(self.self_attn.attn(q, k, v, attn_meta), residual)
 
     # The layer in two halves around attention, so that the runner can replay each stretch
     # between two attentions as one CUDA graph (engine/piecewise_graph.py).
 
     def before_attention(
-        self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None
+        self,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        slot_mapping: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """-> q, k, v, residual. The residual stream is carried separately so that each norm
-        fuses the add."""
+        fuses the add. slot_mapping: the tokens' KV cache slots (-1: padding)."""
         if residual is None:
             hidden, residual = self.input_layernorm(hidden), hidden
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
-        return (*self.self_attn.project(positions, hidden), residual)
+        return (*self.self_attn.project(positions, hidden, slot_mapping), residual)
 
     def after_attention(
         self, attn_out: torch.Tensor, residual: torch.Tensor

@@ -75,3 +75,46 @@ def test_pieces_over_padded_buffers_equal_the_plain_forward(
 def test_max_mixed_graph_tokens_is_validated(tiny_qwen3_dir: str) -> None:
     with pytest.raises(ValueError, match="max_mixed_graph_tokens"):
         LLM(tiny_qwen3_dir, device="cpu", max_mixed_graph_tokens=-1)
+
+
+def test_triton_layers_write_kv_from_the_pieces_and_never_from_padding(
+    tiny_qwen3_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The CUDA path's layers in the interpreter: the RoPE kernel writes K/V into the cache from
+    # inside the pieces (slots from the runner's static buffer), the backend does not. Stale
+    # slots on padding rows would overwrite real tokens' K/V: run() must reset them to -1.
+    import minivllm.attention.selector as selector
+    import minivllm.model_loader as model_loader
+
+    monkeypatch.setattr(model_loader, "use_triton_kernels", lambda device: True)
+    monkeypatch.setattr(selector, "resolve_backend_name", lambda name, device: "triton")
+    options = dict(dtype="float32", device="cpu", block_size=4, num_gpu_blocks_override=128,
+                   max_num_batched_tokens=48, enable_prefix_caching=False)  # fmt: skip
+    llm = LLM(tiny_qwen3_dir, **options)
+    runner = llm.engine.executor.runner
+    assert runner.model.model.layers[0].self_attn.attn.kv_written_by_rope
+    expected = generate(llm)
+
+    pieces = PiecewiseGraphRunner(runner.model, 48, torch.device("cpu"))
+    pieces.capture(use_graphs=False)
+    real_run = pieces.run
+    written: list[torch.Tensor] = []  # slots that hold real tokens' K/V
+
+    def run(ids: torch.Tensor, pos: torch.Tensor, meta) -> torch.Tensor:
+        # Padding rows get a token unlike any real one and, as stale slots, slots that hold
+        # real tokens' K/V: a padding row that wrote would corrupt them.
+        pieces.input_ids.fill_(1)
+        pieces.positions.fill_(0)
+        if written:
+            rows = pieces.slot_mapping.shape[0]
+            stale = torch.cat(written).repeat(rows)[:rows]
+            pieces.slot_mapping.copy_(stale)
+        written.append(meta.slot_mapping.clone())
+        return real_run(ids, pos, meta)
+
+    pieces.run = run
+    runner.mixed_graphs = pieces
+    got = generate(llm)
+    assert [ids for ids, _ in got] == [ids for ids, _ in expected]
+    for (_, lp_got), (_, lp_expected) in zip(got, expected):
+        assert lp_got == pytest.approx(lp_expected, abs=1e-4)

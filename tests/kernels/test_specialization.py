@@ -25,7 +25,7 @@ VARYING = {
     # num_splits (at most MAX_SPLITS values) stays specialized on purpose.
     decode_attention._decode_kernel: ({"stride_bt"}, {"block_table_ptr", "seq_lens_ptr"}),
     kv_store._store_kv_kernel: (set(), {"slot_ptr"}),
-    rope._rope_kernel: (set(), {"positions_ptr"}),
+    rope._rope_kernel: (set(), {"positions_ptr", "slot_ptr"}),
 }
 
 
