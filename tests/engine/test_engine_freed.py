@@ -37,3 +37,18 @@ def test_runner_freed_after_shutdown(tiny_qwen3_dir: str, options: dict) -> None
     for ref in refs:
         assert ref() is None, [type(r) for r in gc.get_referrers(ref())]
     assert outs[0].outputs[0].logprobs  # (keeps `outs` alive through the collection)
+
+
+def test_gc_heap_frozen_while_the_engine_lives_and_a_dropped_engine_still_freed(
+    tiny_qwen3_dir: str,
+) -> None:
+    # EngineCore freezes what exists at its start (the cyclic GC then skips ~200k objects a
+    # full collection) and unfreezes at shutdown, which `del` reaches through LLM.__del__.
+    llm = LLM(tiny_qwen3_dir, dtype="float32", device="cpu", block_size=8)
+    assert gc.get_freeze_count() > 0
+    llm.generate([{"prompt_token_ids": [3, 4, 5]}], PARAMS, use_tqdm=False)
+    ref = weakref.ref(llm.engine.executor.runner.model)
+    del llm  # no shutdown()
+    gc.collect()
+    assert gc.get_freeze_count() == 0
+    assert ref() is None
