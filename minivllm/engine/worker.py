@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import os
 import pickle
 import struct
@@ -157,6 +158,8 @@ def main(argv: list[str] | None = None) -> None:
             spec.init_method,
             spec.rank,
         )
+        gc.collect()
+        gc.freeze()  # as EngineCore does: full collections then skip torch and the model
         _send(status_fd, ("ready", num_blocks))
     except BaseException as e:
         _send(status_fd, ("error", f"{type(e).__name__}: {e}", traceback.format_exc()))
