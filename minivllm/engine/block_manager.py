@@ -95,7 +95,7 @@ class BlockManager:
                 return None
         elif num_new_blocks <= 0:
             new_block_ids = []  # the common decode step: its block has room
-        elif num_new_blocks > len(self._free_queue):
+        elif num_new_blocks > self.num_free_blocks:
             return None
         else:
             new_block_ids = [self._pop_free_block() for _ in range(num_new_blocks)]
