@@ -124,7 +124,8 @@ def rotary_embedding(
     if num_tokens == 0:
         return
     has_norm = q_norm_weight is not None
-    v, kv_cache, slots, k_scale, v_scale = kv_write or (k, k, positions, 1.0, 1.0)  # unused
+    # Without kv_write the kernel reads none of these (STORE_KV off): any tensors will do.
+    v, kv_cache, slots, k_scale, v_scale = kv_write or KVWrite(k, k, positions)
     half = head_dim // 2
     _rope_kernel[(num_tokens,)](
         q, k, positions, cos_sin_cache,
