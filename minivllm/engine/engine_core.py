@@ -18,7 +18,7 @@ from minivllm.engine.scheduler import Scheduler
 from minivllm.engine.scheduler_limits import resolve_scheduler_limits
 from minivllm.engine.stats import EngineStats
 from minivllm.engine.types import EngineOutput
-from minivllm.engine.warm_up import log_late_compiles, warm_up
+from minivllm.engine.warm_up import warm_up
 from minivllm.sampling_params import SamplingParams, check_logprobs_limit
 
 logger = logging.getLogger(__name__)
@@ -70,6 +70,8 @@ class EngineCore:
                 kv_capacity=self.num_blocks * config.block_size,
             )
             logger.info("warm-up: %d steps", steps)
+            from minivllm.kernels.late_compiles import log_late_compiles  # CUDA only
+
             log_late_compiles(logger)
         self.scheduler = self.new_scheduler()
         # What exists now (torch, the model, the tokenizer: ~200k objects) lives as long as the

@@ -9,7 +9,6 @@ server waited up to ~2 s (TTFT p99 2,133 ms at 10 req/s, against 45 ms once warm
 
 from __future__ import annotations
 
-import logging
 import random
 import time
 from collections.abc import Callable
@@ -54,27 +53,3 @@ def warm_up(
     # An empty step hands the finished ids to the runner, which forgets their state.
     execute_sync(scheduler.schedule())
     return steps
-
-
-def log_late_compiles(log: logging.Logger) -> bool:
-    """From now on every Triton compile in this process is logged as a warning: after the
-    warm-up a compile means a step (and the requests in it) waited for it, and the message
-    names the kernel variant the warm-up missed. Chains a hook already set. False where
-    this Triton has no compile hook (before triton.knobs)."""
-    import triton
-
-    runtime = getattr(getattr(triton, "knobs", None), "runtime", None)
-    if runtime is None or not hasattr(runtime, "jit_post_compile_hook"):
-        return False
-    previous = runtime.jit_post_compile_hook
-
-    def hook(*, repr: str, **kwargs) -> object:
-        log.warning(
-            "Triton compiled %s after the warm-up (or loaded it from its disk cache): a step "
-            "waited for it",
-            repr,
-        )
-        return previous(repr=repr, **kwargs) if previous is not None else None
-
-    runtime.jit_post_compile_hook = hook
-    return True

@@ -57,7 +57,7 @@ def test_late_compiles_are_logged_and_chain_the_hook_set_before(caplog) -> None:
 
     from triton import knobs
 
-    from minivllm.engine.warm_up import log_late_compiles
+    from minivllm.kernels.late_compiles import log_late_compiles
 
     seen = []
     saved = knobs.runtime.jit_post_compile_hook
