@@ -1,8 +1,9 @@
-"""An opt-in e4m3 -> fp16 tile conversion by inline PTX (sm_89+), opaque to Triton's compiler,
-and the launcher check that guards it (never in the interpreter, never on a CPU)."""
+"""The e4m3 -> fp16 tile conversion of fp8 decode by inline PTX (sm_89+), opaque to Triton's
+compiler, and the launcher checks that guard it (never in the interpreter, never on a CPU)."""
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -29,14 +30,27 @@ def e4m3_to_f16_asm(x):
     )
 
 
-def check_e4m3_asm(option: str, q: torch.Tensor, is_fp8: bool) -> None:
-    """Raises a ValueError naming `option` unless e4m3_to_f16_asm can run for this launch:
-    CUDA (not TRITON_INTERPRET=1), sm_89 or newer, an fp8 cache and a 16-bit q."""
+def e4m3_asm_unsupported(q: torch.Tensor, is_fp8: bool) -> str | None:
+    """Why e4m3_to_f16_asm cannot run for this launch, or None where it can: CUDA (not
+    TRITON_INTERPRET=1), sm_89 or newer, an fp8 cache and a 16-bit q."""
     if os.environ.get("TRITON_INTERPRET") == "1" or q.device.type != "cuda":
-        raise ValueError(f"{option}=True is inline PTX: CUDA only, not under TRITON_INTERPRET=1")
+        return "is inline PTX: CUDA only, not under TRITON_INTERPRET=1"
     if not is_fp8:
-        raise ValueError(f"{option}=True needs a float8_e4m3fn kv_cache")
+        return "needs a float8_e4m3fn kv_cache"
     if q.dtype == torch.float32:
-        raise ValueError(f"{option}=True needs a float16 or bfloat16 q (the tiles become fp16)")
-    if torch.cuda.get_device_capability(q.device) < (8, 9):
-        raise ValueError(f"{option}=True needs sm_89 or newer (cvt.rn.f16x2.e4m3x2)")
+        return "needs a float16 or bfloat16 q (the tiles become fp16)"
+    if _capability(q.device) < (8, 9):
+        return "needs sm_89 or newer (cvt.rn.f16x2.e4m3x2)"
+    return None
+
+
+@functools.cache
+def _capability(device: torch.device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device)  # once per device: launches ask every step
+
+
+def check_e4m3_asm(option: str, q: torch.Tensor, is_fp8: bool) -> None:
+    """Raises a ValueError naming `option` unless e4m3_to_f16_asm can run for this launch."""
+    reason = e4m3_asm_unsupported(q, is_fp8)
+    if reason is not None:
+        raise ValueError(f"{option}=True {reason}")

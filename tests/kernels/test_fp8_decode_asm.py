@@ -1,6 +1,7 @@
-"""decode_attention's opt-in inline-asm V conversion (v_cvt_asm): refused in the interpreter,
-compiled for sm_90 without a GPU (ptxas accepts the PTX; the default kernel never contains it),
-and on a GPU the same output as the default fp8 path (element order) before it is switched on."""
+"""decode_attention's inline-asm V conversion (v_cvt_asm; by default on wherever it can run):
+refused when asked for in the interpreter and left off there by default, compiled for sm_90
+without a GPU (ptxas accepts the PTX; the plain-cast kernel never contains it), and on a GPU
+the same output as the plain-cast fp8 path (element order) and the one the default takes."""
 
 from __future__ import annotations
 
@@ -42,6 +43,16 @@ def test_v_cvt_asm_refused_in_the_interpreter(monkeypatch):
     q = torch.randn(2, 4, 32, dtype=torch.float16, device=DEVICE)
     with pytest.raises(ValueError, match="v_cvt_asm=True is inline PTX: CUDA only"):
         _decode(q, cache, block_tables, seq_lens, 1, v_cvt_asm=True)
+
+
+def test_v_cvt_asm_left_off_by_default_where_it_cannot_run(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    cache, block_tables, seq_lens, contexts = _fp8_case([5, 17], 2, 32, 16)
+    q = torch.randn(2, 4, 32, dtype=torch.float16, device=DEVICE)
+    auto = _decode(q, cache, block_tables, seq_lens, 1, v_cvt_asm=None)  # no error: plain cast
+    assert torch.equal(auto, _decode(q, cache, block_tables, seq_lens, 1, v_cvt_asm=False))
+    expected = ref_attention(q[1:2].float(), *contexts[1], 32**-0.5)[0]
+    torch.testing.assert_close(auto[1].float().cpu(), expected, atol=2e-2, rtol=2e-2)
 
 
 # Compiles _decode_kernel for sm_90 in a fresh process (the interpreter's triton cannot),
@@ -118,6 +129,7 @@ def test_v_cvt_asm_equals_default_fp8_on_gpu(
     q = torch.randn(len(seq_lens), num_heads, head_dim, generator=gen).to(dtype).to(DEVICE)
     args = (q, cache, block_tables, seq_lens_t, num_splits, config)
     default, asm = _decode(*args), _decode(*args, v_cvt_asm=True)
+    assert torch.equal(_decode(*args, v_cvt_asm=None), asm)  # the default takes the asm here
     # The same cvt on the same bytes: a wrong element order is off by O(output), not by ulps.
     torch.testing.assert_close(asm, default, atol=1e-3, rtol=2**-7)
     for i, (k, v) in enumerate(contexts):
