@@ -5,7 +5,13 @@ clients (sse_client.py: the openai client's own CPU cost per chunk would cap the
 rate), then runs the same prompts through LLM.generate.
 
 python benchmarks/bench_serving.py [--model DIR | --model-name qwen3-0.6b] [--num-prompts 512]
-    [--max-concurrency 128] [--input-len 1000] [--output-len 200] [-- extra engine flags]
+    [--max-concurrency 128] [--request-rate R] [--no-warm-up] [--input-len 1000]
+    [--output-len 200] [--skip-offline] [-- extra engine flags]
+
+--request-rate: requests start at Poisson arrival times of R per second (as `vllm bench serve
+--request-rate`), still at most --max-concurrency at once. --no-warm-up: the measured requests
+are the server's first (a fresh server's first-round stalls show in TTFT p99; the server logs
+every Triton compile after its own warm-up).
 """
 
 from __future__ import annotations
@@ -36,7 +42,8 @@ def _percentile(values: list[float], q: float) -> float:
     return values[min(int(q * len(values)), len(values) - 1)] if values else float("nan")
 
 
-async def _one(port: int, model: str, prompt: list[int], output_len: int, sem) -> dict:
+async def _one(port: int, model: str, prompt: list[int], output_len: int, sem, at: float) -> dict:
+    await asyncio.sleep(at)
     async with sem:
         body = {
             "model": model,
@@ -54,10 +61,19 @@ async def _one(port: int, model: str, prompt: list[int], output_len: int, sem) -
         }
 
 
-async def _drive(port: int, model: str, prompts, output_len: int, concurrency: int) -> dict:
+async def _drive(
+    port: int, model: str, prompts, output_len: int, concurrency: int, rate: float | None = None
+) -> dict:
     sem = asyncio.Semaphore(concurrency)
+    rng = random.Random(1)
+    arrivals, t = [], 0.0
+    for _ in prompts:
+        arrivals.append(t)
+        t += rng.expovariate(rate) if rate else 0.0
     start = time.perf_counter()
-    results = await asyncio.gather(*(_one(port, model, p, output_len, sem) for p in prompts))
+    results = await asyncio.gather(
+        *(_one(port, model, p, output_len, sem, at) for p, at in zip(prompts, arrivals))
+    )
     elapsed = time.perf_counter() - start
     ttfts = [r["ttft"] for r in results]
     itls = [x for r in results for x in r["itl"]]
@@ -68,6 +84,11 @@ async def _drive(port: int, model: str, prompts, output_len: int, concurrency: i
         "itl_p50_ms": 1e3 * _percentile(itls, 0.5),
         "itl_p99_ms": 1e3 * _percentile(itls, 0.99),
         "elapsed_s": elapsed,
+        # (arrival s, TTFT ms) of the slowest first tokens: one stall shows as neighbours.
+        "slowest_ttfts": sorted(
+            ((round(at, 2), round(1e3 * r["ttft"], 1)) for at, r in zip(arrivals, results)),
+            key=lambda x: -x[1],
+        )[:8],
     }
 
 
@@ -117,6 +138,8 @@ def main() -> None:
     parser.add_argument("--model-name", default="qwen3-0.6b")
     parser.add_argument("--num-prompts", type=int, default=512)
     parser.add_argument("--max-concurrency", type=int, default=128)
+    parser.add_argument("--request-rate", type=float, default=None)
+    parser.add_argument("--no-warm-up", action="store_true")
     parser.add_argument("--input-len", type=int, default=1000)
     parser.add_argument("--output-len", type=int, default=200)
     parser.add_argument("--skip-offline", action="store_true")
@@ -136,8 +159,11 @@ def main() -> None:
     port = _free_port()
     proc = _serve(model, port, extra)
     try:
-        asyncio.run(_drive(port, model, prompts[:16], 8, 16))  # warm up
-        served = asyncio.run(_drive(port, model, prompts, args.output_len, args.max_concurrency))
+        if not args.no_warm_up:
+            asyncio.run(_drive(port, model, prompts[:16], 8, 16))
+        served = asyncio.run(
+            _drive(port, model, prompts, args.output_len, args.max_concurrency, args.request_rate)
+        )
     finally:
         proc.terminate()
         proc.wait(60)
@@ -149,6 +175,8 @@ def main() -> None:
         "model": model,
         "num_prompts": args.num_prompts,
         "max_concurrency": args.max_concurrency,
+        "request_rate": args.request_rate,
+        "warm_up": not args.no_warm_up,
         "input_len": args.input_len,
         "output_len": args.output_len,
         "engine_flags": extra,
