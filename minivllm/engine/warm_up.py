@@ -2,9 +2,12 @@
 scheduler, so that the kernels a first real request needs are compiled before it comes.
 
 CUDA graphs compile what they capture, but attention runs eagerly in mixed steps, and its
-tile configurations (small and large prefills, split-KV decodes next to a prefill) and the
-random-sampling kernels compile on first use: on a fresh H200 the first requests to a new
-server waited up to ~2 s (TTFT p99 2,133 ms at 10 req/s, against 45 ms once warm).
+tile configurations (small and large prefills, split-KV decodes next to a prefill), steps
+larger than the piecewise graphs (every kernel, at token counts the graphs never see) and the
+sampling kernels (the plain pass on the model's logits, the float32 draw after filters)
+compile on first use: on a fresh H200 the first requests to a new server waited up to ~2 s
+(TTFT p99 2,133 ms at 10 req/s, against 45 ms once warm). The engine logs every Triton
+compile after the warm-up (kernels/late_compiles.py): each is a variant missing here.
 """
 
 from __future__ import annotations
@@ -30,26 +33,37 @@ def warm_up(
     """Runs the warm-up requests to the end on `scheduler` (then dropped) through the
     engine's own execute; returns the number of steps. Every request is seeded, so that the
     engine's step generator (unseeded sampling) is where it was: outputs do not change.
-    kv_capacity: tokens the KV cache holds; each request takes at most a quarter of it."""
+    kv_capacity: tokens the KV cache holds; the first step's prompts take at most half of it,
+    each request at most a quarter."""
     rng = random.Random(0)
     longest = max(1, min(1000, max_model_len - 8, kv_capacity // 4 - 3))
+    added: list[str] = []
 
-    def add(index: int, num_tokens: int, **params) -> None:
+    def add(num_tokens: int, **params) -> None:
         prompt = [rng.randrange(vocab_size) for _ in range(min(num_tokens, longest))]
-        params = SamplingParams(max_tokens=3, ignore_eos=True, **params)
-        scheduler.add_request(Request(f"warm-up-{index}", prompt, params, time.time()))
+        params = SamplingParams(max_tokens=3, ignore_eos=True, seed=len(added), **params)
+        added.append(f"warm-up-{len(added)}")
+        scheduler.add_request(Request(added[-1], prompt, params, time.time()))
 
-    add(0, 1000, temperature=0.0, seed=0)  # a large prefill
-    add(1, 24, temperature=0.8, top_p=0.9, top_k=20, seed=1)  # a small one, sampled
+    # Step 0: as many prompt tokens as a step takes (the large-prefill tiles; past the
+    # piecewise graphs' sizes, an eager step, at a count off their multiples of 16), all
+    # greedy: the fused sampler's plain pass on the model's logits.
+    first = max(1, min(scheduler.max_num_batched_tokens, kv_capacity // 2))
+    first -= first % 16 == 0 and first > 1
+    while first > 0:
+        add(first, temperature=0.0)
+        first -= longest
     steps = 0
     while scheduler.has_unfinished_requests():
         sched_out = scheduler.schedule()
         scheduler.update(sched_out, execute(sched_out))
         steps += 1
-        if steps == 1:  # a prefill beside the first two's decodes (split-KV next to prefill)
-            add(2, 300, temperature=0.0, seed=2)
+        if steps == 1:  # a small prefill, filtered: the sampler's float32 draw
+            add(24, temperature=0.8, top_p=0.9, top_k=20)
+        if steps == 2:  # a prefill beside decodes (split-KV next to a prefill)
+            add(300, temperature=0.0)
         if steps == 10_000:  # cannot happen (each request fits); never hang an engine start
-            scheduler.abort_requests([f"warm-up-{i}" for i in range(3)])
+            scheduler.abort_requests(added)
     # An empty step hands the finished ids to the runner, which forgets their state.
     execute_sync(scheduler.schedule())
     return steps

@@ -18,13 +18,18 @@ def log_late_compiles(log: logging.Logger) -> bool:
         return False
     previous = runtime.jit_post_compile_hook
 
-    def hook(*, repr: str, **kwargs) -> object:
+    def hook(*, repr: str, key: object = None, **kwargs) -> object:
+        # repr's argument list is garbled on some Triton versions (3.6): the kernel and its
+        # launch options from it, the specialization (types, alignments, constexprs) from key.
         log.warning(
             "Triton compiled %s after the warm-up (or loaded it from its disk cache): a step "
-            "waited for it",
-            repr,
+            "waited for it; specialization %.2000s",
+            repr.split("(", 1)[0],
+            key,
         )
-        return previous(repr=repr, **kwargs) if previous is not None else None
+        if previous is None:
+            return None
+        return previous(repr=repr, key=key, **kwargs)
 
     runtime.jit_post_compile_hook = hook
     return True

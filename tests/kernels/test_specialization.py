@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from minivllm.kernels import decode_attention, kv_store, prefill_attention, rope
+from minivllm.kernels import decode_attention, kv_store, prefill_attention, rope, sampling
 
 
 def _option(kernel, name: str) -> list[str]:
@@ -26,6 +26,8 @@ VARYING = {
     decode_attention._decode_kernel: ({"stride_bt"}, {"block_table_ptr", "seq_lens_ptr"}),
     kv_store._store_kv_kernel: (set(), {"slot_ptr"}),
     rope._rope_kernel: (set(), {"positions_ptr", "slot_ptr"}),
+    # Views into one per-step staging tensor (engine/sampling_state.py).
+    sampling._chunk_max_kernel: (set(), {"temperature_ptr", "seeds_ptr", "offsets_ptr"}),
 }
 
 
