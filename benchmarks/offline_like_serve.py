@@ -3,7 +3,10 @@ token ids and 200 output tokens (ignore_eos), dummy weights. Prints one JSON lin
 server's output tok/s at high concurrency can be set against the engine's offline rate.
 
 Usage: python benchmarks/offline_like_serve.py MODEL_DIR [NUM_PROMPTS] [INPUT_LEN] [OUTPUT_LEN]
-       [MAX_NUM_SEQS]   (e.g. 128: the concurrency the server was driven at; default: the engine's)
+       [MAX_NUM_SEQS] [MAX_NUM_BATCHED_TOKENS]
+MAX_NUM_SEQS: e.g. 128, the concurrency the server was driven at; MAX_NUM_BATCHED_TOKENS: e.g.
+8192, the server's default (the log's "scheduler limits (server)"), so that the comparison is
+the same engine with and without the serving path; both default to the offline engine's.
 """
 
 from __future__ import annotations
@@ -19,7 +22,10 @@ model_dir = sys.argv[1]
 num_prompts = int(sys.argv[2]) if len(sys.argv) > 2 else 512
 input_len = int(sys.argv[3]) if len(sys.argv) > 3 else 1000
 output_len = int(sys.argv[4]) if len(sys.argv) > 4 else 200
-limits = {"max_num_seqs": int(sys.argv[5])} if len(sys.argv) > 5 else {}
+limits = {}
+for index, name in ((5, "max_num_seqs"), (6, "max_num_batched_tokens")):
+    if len(sys.argv) > index:
+        limits[name] = int(sys.argv[index])
 
 llm = LLM(model_dir, load_format="dummy", max_model_len=4096, **limits)
 params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=output_len)
@@ -40,7 +46,7 @@ print(
             "num_prompts": num_prompts,
             "input_len": input_len,
             "output_len": output_len,
-            "max_num_seqs": llm.engine.limits.max_num_seqs,
+            **llm.engine.limits._asdict(),
             "seconds": round(seconds, 3),
             "output_tok_s": round(num_output / seconds, 1),
         }
