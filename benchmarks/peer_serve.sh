@@ -4,10 +4,13 @@
 # random 1,000-token prompts and 200 output tokens (--ignore-eos). Then the same requests offline
 # through minivllm's LLM.generate. Needs vLLM installed in /tmp/vsite (benchmarks/peer_run.sh,
 # ../shared/peer/README.md) and the peer scripts in .whl/peer. Results under $OUT.
-# Usage: bash benchmarks/peer_serve.sh [GPU_INDEX]
+# Usage: bash benchmarks/peer_serve.sh [GPU_INDEX] [all|serve|offline]
+# serve: the two servers only; offline: the offline runs only (for a device call of at most
+# 600 s, the vLLM install and both parts do not fit in one: run them in two calls back to back).
 set -u
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_USE_FLASHINFER_SAMPLER=0
 export CUDA_VISIBLE_DEVICES=${1:-0}
+PART=${2:-all}
 OUT=${OUT:-/tmp/out}
 MODEL=/tmp/q06
 [ -d $MODEL ] || python3 .whl/peer/make_dummy_model.py qwen3-0.6b $MODEL > /dev/null
@@ -44,6 +47,7 @@ stop() {  # pid
   kill -KILL -- "-$1" 2>/dev/null
 }
 
+if [ "$PART" != offline ]; then
 # Both servers stay up on the same GPU (0.42 of it each: the load is 128 sequences at most) and
 # are driven in turn, twice each, so that a claim is a median of alternating runs.
 PYTHONPATH=$VSITE setsid python3 -m vllm.entrypoints.cli.main serve $MODEL --load-format dummy \
@@ -67,6 +71,9 @@ wait $mpid; echo "minivllm serve exit code: $?"
 echo "Triton compiles after minivllm's warm-up: $(grep -c 'Triton compiled' "$OUT/minivllm_serve.log")"
 grep "Triton compiled" "$OUT/minivllm_serve.log" | cut -c1-300 | head -5
 
+fi
+
+if [ "$PART" != serve ]; then
 # The same requests offline, at the server's concurrency (128 in flight): twice with the
 # server's scheduler limits (the same engine without the serving path), once at the offline
 # defaults (max_num_batched_tokens 16,384 instead of the server's 8,192).
@@ -75,3 +82,4 @@ for round in 1 2; do
   PYTHONPATH=$PWD timeout 200 python3 benchmarks/offline_like_serve.py $MODEL 512 1000 200 128 ${limit:-8192} 2>&1 | tail -1
 done
 PYTHONPATH=$PWD timeout 200 python3 benchmarks/offline_like_serve.py $MODEL 512 1000 200 128 2>&1 | tail -1
+fi
