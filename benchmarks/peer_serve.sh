@@ -77,7 +77,7 @@ if [ "$PART" != serve ]; then
 # The same requests offline, at the server's concurrency (128 in flight): twice with the
 # server's scheduler limits (the same engine without the serving path), once at the offline
 # defaults (max_num_batched_tokens 16,384 instead of the server's 8,192).
-limit=$(grep -o "max_num_batched_tokens=[0-9]*" "$OUT/minivllm_serve.log" | head -1 | cut -d= -f2)
+limit=$(grep -so "max_num_batched_tokens=[0-9]*" "$OUT/minivllm_serve.log" | head -1 | cut -d= -f2)
 for round in 1 2; do
   PYTHONPATH=$PWD timeout 200 python3 benchmarks/offline_like_serve.py $MODEL 512 1000 200 128 ${limit:-8192} 2>&1 | tail -1
 done
