@@ -49,7 +49,8 @@ def warm_up(
     # piecewise graphs' sizes, an eager step, at a count off their multiples of 16), all
     # greedy: the fused sampler's plain pass on the model's logits.
     first = max(1, min(scheduler.max_num_batched_tokens, kv_capacity // 2))
-    first -= first % 16 == 0 and first > 1
+    if first % 16 == 0 and first > 1:
+        first -= 1  # a count off the graphs' multiples of 16
     while first > 0:
         add(first, temperature=0.0)
         first -= longest
