@@ -48,38 +48,37 @@ stop() {  # pid
 }
 
 if [ "$PART" != offline ]; then
-# Both servers stay up on the same GPU (0.42 of it each: the load is 128 sequences at most) and
-# are driven in turn, twice each, so that a claim is a median of alternating runs.
-PYTHONPATH=$VSITE setsid python3 -m vllm.entrypoints.cli.main serve $MODEL --load-format dummy \
-  --max-model-len 4096 --port 8011 --gpu-memory-utilization 0.42 --disable-uvicorn-access-log \
-  > "$OUT/vllm_serve.log" 2>&1 &
-vpid=$!
-wait_healthy 8011 240 || tail -5 "$OUT/vllm_serve.log"
-PYTHONPATH=$VSITE:$PWD setsid python3 -m minivllm serve $MODEL --load-format dummy \
-  --max-model-len 4096 --port 8012 --gpu-memory-utilization 0.42 --disable-log-requests \
-  --disable-uvicorn-access-log > "$OUT/minivllm_serve.log" 2>&1 &
-mpid=$!
-wait_healthy 8012 240 || tail -5 "$OUT/minivllm_serve.log"
-for round in 1 2; do
-  bench vllm_$round 8011 $round
-  bench minivllm_$round 8012 $round
-done
-curl -s http://127.0.0.1:8012/metrics | grep -E "^minivllm:(num_preemptions|prefix_cache|generation_tokens|request_success)" | head -12
-stop $vpid
-stop $mpid
-wait $mpid; echo "minivllm serve exit code: $?"
-echo "Triton compiles after minivllm's warm-up: $(grep -c 'Triton compiled' "$OUT/minivllm_serve.log")"
-grep "Triton compiled" "$OUT/minivllm_serve.log" | cut -c1-300 | head -5
-
+  # Both servers stay up on the same GPU (0.42 of it each: the load is 128 sequences at most) and
+  # are driven in turn, twice each, so that a claim is a median of alternating runs.
+  PYTHONPATH=$VSITE setsid python3 -m vllm.entrypoints.cli.main serve $MODEL --load-format dummy \
+    --max-model-len 4096 --port 8011 --gpu-memory-utilization 0.42 --disable-uvicorn-access-log \
+    > "$OUT/vllm_serve.log" 2>&1 &
+  vpid=$!
+  wait_healthy 8011 240 || tail -5 "$OUT/vllm_serve.log"
+  PYTHONPATH=$VSITE:$PWD setsid python3 -m minivllm serve $MODEL --load-format dummy \
+    --max-model-len 4096 --port 8012 --gpu-memory-utilization 0.42 --disable-log-requests \
+    --disable-uvicorn-access-log > "$OUT/minivllm_serve.log" 2>&1 &
+  mpid=$!
+  wait_healthy 8012 240 || tail -5 "$OUT/minivllm_serve.log"
+  for round in 1 2; do
+    bench vllm_$round 8011 $round
+    bench minivllm_$round 8012 $round
+  done
+  curl -s http://127.0.0.1:8012/metrics | grep -E "^minivllm:(num_preemptions|prefix_cache|generation_tokens|request_success)" | head -12
+  stop $vpid
+  stop $mpid
+  wait $mpid; echo "minivllm serve exit code: $?"
+  echo "Triton compiles after minivllm's warm-up: $(grep -c 'Triton compiled' "$OUT/minivllm_serve.log")"
+  grep "Triton compiled" "$OUT/minivllm_serve.log" | cut -c1-300 | head -5
 fi
 
 if [ "$PART" != serve ]; then
-# The same requests offline, at the server's concurrency (128 in flight): twice with the
-# server's scheduler limits (the same engine without the serving path), once at the offline
-# defaults (max_num_batched_tokens 16,384 instead of the server's 8,192).
-limit=$(grep -so "max_num_batched_tokens=[0-9]*" "$OUT/minivllm_serve.log" | head -1 | cut -d= -f2)
-for round in 1 2; do
-  PYTHONPATH=$PWD timeout 200 python3 benchmarks/offline_like_serve.py $MODEL 512 1000 200 128 ${limit:-8192} 2>&1 | tail -1
-done
-PYTHONPATH=$PWD timeout 200 python3 benchmarks/offline_like_serve.py $MODEL 512 1000 200 128 2>&1 | tail -1
+  # The same requests offline, at the server's concurrency (128 in flight): twice with the
+  # server's scheduler limits (the same engine without the serving path), once at the offline
+  # defaults (max_num_batched_tokens 16,384 instead of the server's 8,192).
+  limit=$(grep -so "max_num_batched_tokens=[0-9]*" "$OUT/minivllm_serve.log" | head -1 | cut -d= -f2)
+  for round in 1 2; do
+    PYTHONPATH=$PWD timeout 200 python3 benchmarks/offline_like_serve.py $MODEL 512 1000 200 128 ${limit:-8192} 2>&1 | tail -1
+  done
+  PYTHONPATH=$PWD timeout 200 python3 benchmarks/offline_like_serve.py $MODEL 512 1000 200 128 2>&1 | tail -1
 fi

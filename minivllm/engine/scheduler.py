@@ -222,10 +222,8 @@ class Scheduler:
             others.append(chunk)
 
     def _finishes_with_pending(self, request: Request) -> bool:
-        """Whether the pending token surely ends the request (max_tokens or max_model_len),
-        so that scheduling another token for it would be wasted."""
-        if not request.num_pending_tokens:
-            return False
+        """Whether the pending token (the caller checked there is one) surely ends the request
+        (max_tokens or max_model_len), so that scheduling another token for it would be wasted."""
         max_tokens = request.sampling_params.max_tokens
         num_tokens = len(request.all_token_ids) + request.num_pending_tokens
         return num_tokens >= self.max_model_len or (
