@@ -3,10 +3,16 @@
 The fake core emits one token per open request every --step-ms, so the real HTTP server
 (tokenizer, output processing, SSE, uvicorn) streams as fast as it can; light clients
 (sse_client.py) read the streams. Prints one JSON line: output tok/s, server CPU
-microseconds per token and per chunk (a chunk carries several tokens when the server lags).
+microseconds per token and per chunk (a chunk carries several tokens when the server lags),
+and what the clients saw: time to first chunk and the gaps between chunks (a stalled event
+loop shows there).
 
 python benchmarks/bench_server_cpu.py [--num-prompts 512] [--max-concurrency 128]
-    [--input-len 1000] [--output-len 200] [--step-ms 5] [--profile FILE.prof | --sample]
+    [--input-len 1000] [--output-len 200] [--step-ms 5] [--text-prompts]
+    [--profile FILE.prof | --sample]
+
+--text-prompts: the prompts go as text (random token ids decoded, as `vllm bench serve
+--dataset-name random` sends them), so that the server's tokenization counts; else as ids.
 
 --sample: a sampling profiler (a thread reads the server's main-thread stack every ms, like
 py-spy) prints the functions the event loop spends its time in, self and inclusive, to stderr.
@@ -140,12 +146,11 @@ def run_fake_server(model: str, port: int, step_ms: float, profile: str | None) 
     cProfile.runctx("cli_main(argv)", globals(), {"cli_main": cli_main, "argv": argv}, profile)
 
 
-async def _stream_one(port: int, body: dict, sem: asyncio.Semaphore) -> tuple[int, int]:
-    """(tokens, chunks) of one streamed request; the usage chunk is not counted."""
+async def _stream_one(port: int, body: dict, sem: asyncio.Semaphore):
     async with sem:
         result = await stream_completion(port, body)
     assert result.usage is not None
-    return result.usage["completion_tokens"], result.num_chunks - 1
+    return result
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -166,23 +171,38 @@ def _wait_ready(port: int, proc: subprocess.Popen) -> None:
     raise RuntimeError("the server did not start")
 
 
-async def _drive(args, port: int) -> tuple[int, int]:
-    """(tokens, chunks) streamed to all clients."""
+def _bodies(args) -> list[dict]:
+    """The requests: random prompts of --input-len token ids (or their text)."""
     rng = random.Random(0)
-    sem = asyncio.Semaphore(args.max_concurrency)
-    bodies = [
+    prompts = [
+        [rng.randrange(10, 10000) for _ in range(args.input_len)] for _ in range(args.num_prompts)
+    ]
+    if args.text_prompts:  # as `vllm bench serve --dataset-name random` sends them
+        from transformers import AutoTokenizer
+
+        prompts = AutoTokenizer.from_pretrained(args.model).batch_decode(prompts)
+    return [
         {
             "model": args.model,
-            "prompt": [rng.randrange(10, 10000) for _ in range(args.input_len)],
+            "prompt": prompt,
             "max_tokens": args.output_len,
             "stream": True,
             "ignore_eos": True,
             "stream_options": {"include_usage": True},
         }
-        for _ in range(args.num_prompts)
+        for prompt in prompts
     ]
-    counts = await asyncio.gather(*(_stream_one(port, b, sem) for b in bodies))
-    return sum(t for t, _ in counts), sum(c for _, c in counts)
+
+
+async def _drive(port: int, bodies: list[dict], max_concurrency: int) -> list:
+    """Every client's StreamResult."""
+    sem = asyncio.Semaphore(max_concurrency)
+    return await asyncio.gather(*(_stream_one(port, b, sem) for b in bodies))
+
+
+def _percentile_ms(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return round(1000 * values[min(len(values) - 1, int(q * len(values)))], 2)
 
 
 def main() -> None:
@@ -192,6 +212,7 @@ def main() -> None:
     parser.add_argument("--input-len", type=int, default=1000)
     parser.add_argument("--output-len", type=int, default=200)
     parser.add_argument("--step-ms", type=float, default=5.0)
+    parser.add_argument("--text-prompts", action="store_true", help="text, not token ids")
     parser.add_argument("--profile", default=None, help="cProfile the server into this file")
     parser.add_argument("--sample", action="store_true", help="sampling profile to stderr")
     parser.add_argument("--serve-port", type=int, default=None, help=argparse.SUPPRESS)
@@ -210,12 +231,17 @@ def main() -> None:
     proc = subprocess.Popen(cmd, stderr=None if args.sample else subprocess.DEVNULL)
     try:
         _wait_ready(port, proc)
+        bodies = _bodies(args)
         cpu0, t0 = _cpu_seconds(proc.pid), time.perf_counter()
-        num_tokens, num_chunks = asyncio.run(_drive(args, port))
+        results = asyncio.run(_drive(port, bodies, args.max_concurrency))
         cpu, wall = _cpu_seconds(proc.pid) - cpu0, time.perf_counter() - t0
     finally:
         proc.terminate()
         proc.wait(30)
+    num_tokens = sum(r.usage["completion_tokens"] for r in results)
+    num_chunks = sum(r.num_chunks - 1 for r in results)  # the usage chunk not counted
+    ttfts = [r.text_times[0] - r.start for r in results]
+    gaps = [b - a for r in results for a, b in zip(r.text_times, r.text_times[1:])]
     ideal = args.max_concurrency * 1000 / args.step_ms
     result = {
         "output_tok_per_s": round(num_tokens / wall),
@@ -223,6 +249,12 @@ def main() -> None:
         "server_cpu_us_per_token": round(cpu / num_tokens * 1e6, 1),
         "server_cpu_us_per_chunk": round(cpu / num_chunks * 1e6, 1),
         "server_cpu_util": round(cpu / wall, 2),
+        "wall_s": round(wall, 2),
+        "ttft_p50_ms": _percentile_ms(ttfts, 0.5),
+        "ttft_p99_ms": _percentile_ms(ttfts, 0.99),
+        "chunk_gap_p99_ms": _percentile_ms(gaps, 0.99),
+        "chunk_gap_max_ms": _percentile_ms(gaps, 1.0),
+        "text_prompts": args.text_prompts,
         "tokens": num_tokens,
         "chunks": num_chunks,
     }

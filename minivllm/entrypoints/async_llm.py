@@ -16,6 +16,7 @@ from minivllm.engine.core_client import EngineCoreClient
 from minivllm.engine.dp_core_client import DPCoreClient
 from minivllm.engine.stats import CoreInfo, EngineStats
 from minivllm.engine.types import EngineOutput
+from minivllm.entrypoints.async_tokenizer import AsyncTokenizer
 from minivllm.entrypoints.generation_config import GenerationDefaults, read_generation_defaults
 from minivllm.entrypoints.output_processor import OutputProcessor
 from minivllm.gguf_loader import load_tokenizer
@@ -66,6 +67,7 @@ class AsyncLLM:
         self.config = config
         ModelConfig.from_hf(config.model)  # a bad model directory fails here, in one line
         self.tokenizer = load_tokenizer(config.tokenizer or config.model)  # HF dir or GGUF
+        self.async_tokenizer = AsyncTokenizer(self.tokenizer)  # prompts, off the event loop
         self.generation_defaults = _generation_defaults(config.model, generation_config, self)
         self.output_processor = OutputProcessor(self.tokenizer, stream=True)
         self.observer = observer
@@ -94,6 +96,10 @@ class AsyncLLM:
     def default_sampling(self) -> dict[str, Any]:
         """Sampling defaults from generation_config.json (vLLM applies them the same way)."""
         return dict(self.generation_defaults.sampling)
+
+    async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """A prompt's token ids, as tokenizer.encode gives them, without blocking the loop."""
+        return await self.async_tokenizer.encode(text, add_special_tokens)
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """The core's own checks (EngineCore.validate_request), made here so that a bad
@@ -167,6 +173,7 @@ class AsyncLLM:
         """Fails what is still open and stops the core process."""
         self._fail_all("the server is shutting down")
         self._client.shutdown()
+        self.async_tokenizer.shutdown()
 
     # ---- internals ------------------------------------------------------------------------
 

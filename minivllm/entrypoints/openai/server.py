@@ -26,7 +26,7 @@ from minivllm.entrypoints.openai.protocol import (
     TokenizeRequest,
 )
 from minivllm.entrypoints.openai.serving_chat import create_chat_completion, render_chat
-from minivllm.entrypoints.openai.serving_common import ServerState
+from minivllm.entrypoints.openai.serving_common import ServerState, tokenize_text
 from minivllm.entrypoints.openai.serving_completion import create_completion
 
 logger = logging.getLogger("minivllm.serve")
@@ -140,8 +140,8 @@ def _add_info_routes(app: FastAPI, state: ServerState, metrics: ServerMetrics) -
         check_model(req.model, state.served_model_names)
         tokenizer = state.engine.tokenizer
         if req.messages is not None:
-            tokens = render_chat(
-                tokenizer,
+            tokens = await render_chat(
+                state.engine,
                 state.chat_template,
                 req.messages,
                 req.add_generation_prompt,
@@ -149,7 +149,7 @@ def _add_info_routes(app: FastAPI, state: ServerState, metrics: ServerMetrics) -
                 req.chat_template_kwargs,
             )
         elif req.prompt is not None:
-            tokens = tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+            tokens = await tokenize_text(state.engine, req.prompt, req.add_special_tokens)
         else:
             raise APIError("give prompt or messages", param="prompt")
         strs = tokenizer.convert_ids_to_tokens(tokens) if req.return_token_strs else None

@@ -20,6 +20,7 @@ from minivllm.entrypoints.openai.serving_common import (
     as_api_error,
     collect,
     submit,
+    tokenize_text,
     usage,
 )
 from minivllm.outputs import CompletionOutput, RequestOutput
@@ -54,8 +55,8 @@ def _content_text(message: ChatMessage) -> str:
     return "\n".join(texts)
 
 
-def render_chat(
-    tokenizer,
+async def render_chat(
+    engine,
     chat_template: str | None,
     messages: list[ChatMessage],
     add_generation_prompt: bool,
@@ -63,7 +64,8 @@ def render_chat(
     template_kwargs: dict[str, Any] | None,
 ) -> list[int]:
     """Prompt token ids of a conversation (rendered to text, then tokenized without adding
-    special tokens, as vLLM does)."""
+    special tokens, as vLLM does); engine: the AsyncLLM (its tokenizer)."""
+    tokenizer = engine.tokenizer
     kwargs = dict(template_kwargs or {})
     bad = sorted(set(kwargs) & _RESERVED_KWARGS)
     if bad:
@@ -82,7 +84,7 @@ def render_chat(
         )
     except Exception as e:  # noqa: BLE001 - template errors are the request's fault
         raise APIError(f"the chat template failed on these messages: {e}") from None
-    return tokenizer.encode(text, add_special_tokens=False)
+    return await tokenize_text(engine, text, add_special_tokens=False, param="messages")
 
 
 async def create_chat_completion(state: ServerState, req: ChatCompletionRequest):
@@ -96,8 +98,8 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest)
     if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_LOGPROBS:
         raise APIError(f"top_logprobs must be between 0 and {MAX_LOGPROBS}", param="top_logprobs")
     engine = state.engine
-    token_ids = render_chat(
-        engine.tokenizer,
+    token_ids = await render_chat(
+        engine,
         state.chat_template,
         req.messages,
         req.add_generation_prompt,

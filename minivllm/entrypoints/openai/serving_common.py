@@ -29,6 +29,17 @@ class ServerState:
         return self.served_model_names[0]
 
 
+async def tokenize_text(
+    engine: AsyncLLM, text: str, add_special_tokens: bool = True, param: str = "prompt"
+) -> list[int]:
+    """A request's text as token ids (off the event loop); text the tokenizer cannot take
+    is the request's fault: a 400 naming param."""
+    try:
+        return await engine.encode(text, add_special_tokens)
+    except ValueError as e:
+        raise APIError(str(e), param=param) from None
+
+
 def submit(
     state: ServerState, request_id: str, prompts: list[tuple[str | None, list[int], SamplingParams]]
 ) -> list[AsyncIterator[RequestOutput]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -20,22 +21,24 @@ from minivllm.entrypoints.openai.serving_common import (
     collect,
     merge,
     submit,
+    tokenize_text,
     usage,
 )
 from minivllm.outputs import CompletionOutput, RequestOutput
 
 
-def _prompts(req: CompletionRequest, tokenizer) -> list[tuple[str | None, list[int]]]:
+async def _prompts(req: CompletionRequest, engine) -> list[tuple[str | None, list[int]]]:
     """(text, token ids) per prompt: a string, a list of strings, ids, or a list of id lists."""
     prompt = req.prompt
     if isinstance(prompt, str):
-        return [(prompt, tokenizer.encode(prompt))]
+        return [(prompt, await tokenize_text(engine, prompt))]
     if not prompt:
         raise APIError("prompt is empty", param="prompt")
     if isinstance(prompt[0], int):
         return [(None, list(prompt))]
     if isinstance(prompt[0], str):
-        return [(p, tokenizer.encode(p)) for p in prompt]
+        ids = await asyncio.gather(*(tokenize_text(engine, p) for p in prompt))
+        return list(zip(prompt, ids))
     return [(None, list(p)) for p in prompt]
 
 
@@ -44,7 +47,7 @@ async def create_completion(state: ServerState, req: CompletionRequest):
     if req.suffix:
         raise APIError("suffix is not supported", param="suffix")
     engine = state.engine
-    prompts = _prompts(req, engine.tokenizer)
+    prompts = await _prompts(req, engine)
     echo_logprobs = req.logprobs if req.echo else None
     specs = []
     for text, token_ids in prompts:

@@ -39,6 +39,15 @@ def _check_error(status: int, body, expected: int) -> None:
         ("/v1/chat/completions", {**CHAT, "top_logprobs": 50, "logprobs": True}, "top_logprobs"),
         ("/v1/chat/completions", {**CHAT, "chat_template": "{{ 1 }}"}, "chat_template"),
         ("/v1/chat/completions", {**CHAT, "messages": [{"content": "no role"}]}, None),
+        # A lone surrogate is valid JSON ("\\ud800") but no text the tokenizer can encode.
+        ("/v1/completions", {**COMPLETION, "prompt": "a\ud800b"}, "prompt"),
+        ("/v1/completions", {**COMPLETION, "prompt": ["ok", "a\ud800b"]}, "prompt"),
+        (
+            "/v1/chat/completions",
+            {**CHAT, "messages": [{"role": "user", "content": "\ud800"}]},
+            "messages",
+        ),
+        ("/tokenize", {"model": MODEL_NAME, "prompt": "a\ud800b"}, "prompt"),
     ],
 )
 def test_invalid_params_are_400(server, auth, path, body, param) -> None:
