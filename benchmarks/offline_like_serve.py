@@ -1,6 +1,7 @@
 """The serving benchmark's requests run offline through LLM.generate: N random prompts of 1,000
-token ids and 200 output tokens (ignore_eos), dummy weights. Prints one JSON line, so that the
-server's output tok/s at high concurrency can be set against the engine's offline rate.
+token ids and 200 output tokens (ignore_eos, temperature 1.0 as the server's default), dummy
+weights. Prints one JSON line (output tok/s, TTFT and TPOT medians), so that the server's rate
+at high concurrency can be set against the engine's offline rate.
 
 Usage: python benchmarks/offline_like_serve.py MODEL_DIR [NUM_PROMPTS] [INPUT_LEN] [OUTPUT_LEN]
        [MAX_NUM_SEQS] [MAX_NUM_BATCHED_TOKENS]
@@ -28,7 +29,9 @@ for index, name in ((5, "max_num_seqs"), (6, "max_num_batched_tokens")):
         limits[name] = int(sys.argv[index])
 
 llm = LLM(model_dir, load_format="dummy", max_model_len=4096, **limits)
-params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=output_len)
+# `vllm bench serve` sends no temperature: the server samples at its default, 1.0 (the dummy
+# model has no generation_config sampling defaults). The same here.
+params = SamplingParams(temperature=1.0, ignore_eos=True, max_tokens=output_len)
 rng = random.Random(0)
 prompts = [
     {"prompt_token_ids": [rng.randint(0, 10000) for _ in range(input_len)]}
@@ -39,6 +42,13 @@ start = time.perf_counter()
 outputs = llm.generate(prompts, params, use_tqdm=False)
 seconds = time.perf_counter() - start
 num_output = sum(len(o.outputs[0].token_ids) for o in outputs)
+# Per request, as `vllm bench serve` reports them for the server: TTFT from the call's start
+# (the request's arrival), TPOT over the rest of its tokens.
+ttfts = sorted(o.metrics.first_token_time - o.metrics.arrival_time for o in outputs)
+tpots = sorted(
+    (o.metrics.finished_time - o.metrics.first_token_time) / (len(o.outputs[0].token_ids) - 1)
+    for o in outputs
+)
 print(
     json.dumps(
         {
@@ -49,6 +59,8 @@ print(
             **llm.engine.limits._asdict(),
             "seconds": round(seconds, 3),
             "output_tok_s": round(num_output / seconds, 1),
+            "ttft_p50_ms": round(1000 * ttfts[len(ttfts) // 2], 2),
+            "tpot_p50_ms": round(1000 * tpots[len(tpots) // 2], 3),
         }
     )
 )

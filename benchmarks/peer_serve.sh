@@ -4,9 +4,10 @@
 # random 1,000-token prompts and 200 output tokens (--ignore-eos). Then the same requests offline
 # through minivllm's LLM.generate. Needs vLLM installed in /tmp/vsite (benchmarks/peer_run.sh,
 # ../shared/peer/README.md) and the peer scripts in .whl/peer. Results under $OUT.
-# Usage: bash benchmarks/peer_serve.sh [GPU_INDEX] [all|serve|offline]
+# Usage: bash benchmarks/peer_serve.sh [GPU_INDEX] [all|serve|offline|c128]
 # serve: the two servers only; offline: the offline runs only (for a device call of at most
-# 600 s, the vLLM install and both parts do not fit in one: run them in two calls back to back).
+# 600 s, the vLLM install and both parts do not fit in one: run them in two calls back to back);
+# c128: both servers at 128 clients only (no 10 req/s rounds), then the offline runs.
 set -u
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_USE_FLASHINFER_SAMPLER=0
 export CUDA_VISIBLE_DEVICES=${1:-0}
@@ -29,12 +30,15 @@ bench() {  # name port seed (a new seed per round: no prefix-cache hits from the
   local common="--backend openai --base-url http://127.0.0.1:$2 --model $MODEL --dataset-name random
     --random-input-len 1000 --random-output-len 200 --ignore-eos
     --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99"
-  PYTHONPATH=$VSITE timeout 200 python3 -m vllm.entrypoints.cli.main bench serve $common \
-    --num-prompts 300 --request-rate 10 --seed $3 --save-result --save-detailed \
-    --result-dir "$OUT" --result-filename "serve_${1}_rate10.json" > "$OUT/serve_${1}_rate10.log" 2>&1
+  if [ "$PART" != c128 ]; then
+    PYTHONPATH=$VSITE timeout 200 python3 -m vllm.entrypoints.cli.main bench serve $common \
+      --num-prompts 300 --request-rate 10 --seed $3 --save-result --save-detailed \
+      --result-dir "$OUT" --result-filename "serve_${1}_rate10.json" > "$OUT/serve_${1}_rate10.log" 2>&1
+  fi
   PYTHONPATH=$VSITE timeout 200 python3 -m vllm.entrypoints.cli.main bench serve $common \
     --num-prompts 512 --request-rate inf --max-concurrency 128 --seed $(($3 + 100)) > "$OUT/serve_${1}_c128.log" 2>&1
   for f in rate10 c128; do
+    [ -f "$OUT/serve_${1}_$f.log" ] || continue
     echo "== $1 $f"
     grep -E "Successful|Failed|throughput|TTFT|TPOT|ITL|E2EL" "$OUT/serve_${1}_$f.log" | grep -v "^--" | head -20
   done
