@@ -61,6 +61,13 @@ print(
             "output_tok_s": round(num_output / seconds, 1),
             "ttft_p50_ms": round(1000 * ttfts[len(ttfts) // 2], 2),
             "tpot_p50_ms": round(1000 * tpots[len(tpots) // 2], 3),
+            # Requests in the engine (scheduled, not yet finished), averaged over the run:
+            # set against the server's sampled num_requests_running (peer_serve.sh).
+            "mean_running": round(
+                sum(o.metrics.finished_time - o.metrics.first_scheduled_time for o in outputs)
+                / seconds,
+                1,
+            ),
         }
     )
 )

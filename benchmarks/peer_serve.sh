@@ -26,6 +26,13 @@ wait_healthy() {  # port, seconds
   return 1
 }
 
+sample_running() {  # port file: every 50 ms, the server's num_requests_running (vLLM's name,
+  # ours under the minivllm: prefix) into file, until killed
+  while sleep 0.05; do
+    curl -s "http://127.0.0.1:$1/metrics" | grep -E "^(vllm|minivllm):num_requests_running" | awk '{print $NF}'
+  done > "$2"
+}
+
 bench() {  # name port seed (a new seed per round: no prefix-cache hits from the round before)
   local common="--backend openai --base-url http://127.0.0.1:$2 --model $MODEL --dataset-name random
     --random-input-len 1000 --random-output-len 200 --ignore-eos
@@ -35,8 +42,13 @@ bench() {  # name port seed (a new seed per round: no prefix-cache hits from the
       --num-prompts 300 --request-rate 10 --seed $3 --save-result --save-detailed \
       --result-dir "$OUT" --result-filename "serve_${1}_rate10.json" > "$OUT/serve_${1}_rate10.log" 2>&1
   fi
+  sample_running "$2" "$OUT/running_${1}_c128.txt" &
+  local sampler=$!
   PYTHONPATH=$VSITE timeout 200 python3 -m vllm.entrypoints.cli.main bench serve $common \
     --num-prompts 512 --request-rate inf --max-concurrency 128 --seed $(($3 + 100)) > "$OUT/serve_${1}_c128.log" 2>&1
+  kill $sampler
+  # Mean of the samples while requests ran (the idle ones before and after left out).
+  awk '$1 > 0 {s += $1; n++} END {if (n) printf "running requests at 128 clients: mean %.1f over %d samples\n", s / n, n}' "$OUT/running_${1}_c128.txt"
   for f in rate10 c128; do
     [ -f "$OUT/serve_${1}_$f.log" ] || continue
     echo "== $1 $f"
