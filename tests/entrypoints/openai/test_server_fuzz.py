@@ -8,12 +8,22 @@ from conftest import MODEL_NAME
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+# Text with lone surrogates mixed in: valid in JSON ("\\ud800"), but no text a tokenizer takes.
+_CHARS = st.characters(exclude_categories=()) | st.characters(
+    min_codepoint=0xD800, max_codepoint=0xDFFF, exclude_categories=()
+)
+
+
+def _text(max_size: int) -> st.SearchStrategy[str]:
+    return st.text(alphabet=_CHARS, max_size=max_size)
+
+
 _SCALARS = st.one_of(
     st.none(),
     st.booleans(),
     st.integers(min_value=-(2**70), max_value=2**70),
     st.floats(allow_nan=True, allow_infinity=True),
-    st.text(max_size=20),
+    _text(20),
 )
 _JUNK = st.recursive(
     _SCALARS,
@@ -44,9 +54,9 @@ _FIELDS = {
     "ignore_eos": st.booleans(),
 }
 _PROMPT = st.one_of(
-    st.text(max_size=40),
+    _text(40),
     st.lists(st.integers(min_value=-5, max_value=600), max_size=40),
-    st.lists(st.text(max_size=10), max_size=3),
+    st.lists(_text(10), max_size=3),
     _JUNK,
 )
 _MESSAGES = st.one_of(
