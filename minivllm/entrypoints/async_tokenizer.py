@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
 
+from minivllm.entrypoints.processing import check_unicode
+
 
 class AsyncTokenizer:
     """`await encode(text)` gives what `tokenizer.encode(text)` gives, from a worker thread;
@@ -81,10 +83,10 @@ class AsyncTokenizer:
         results: list = []
         for text in texts:
             try:
-                text.encode("utf-8")  # a lone surrogate ("\ud800" in JSON) is no text
+                check_unicode(text, "the text")
                 results.append(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
-            except UnicodeEncodeError as e:
-                results.append(ValueError(f"the text is not valid Unicode: {e}"))
+            except ValueError as e:
+                results.append(e)
             except Exception as e:  # noqa: BLE001 - handed to the request that sent it
                 results.append(ValueError(f"the text could not be tokenized: {e}"))
         return results

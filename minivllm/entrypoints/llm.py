@@ -17,6 +17,7 @@ from minivllm.config import EngineConfig, ModelConfig
 from minivllm.engine.dp_engine import make_engine
 from minivllm.entrypoints.generation_config import read_generation_defaults
 from minivllm.entrypoints.output_processor import OutputProcessor
+from minivllm.entrypoints.processing import check_unicode
 from minivllm.gguf_loader import load_tokenizer
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
@@ -90,6 +91,9 @@ class LLM:
         conversations = [messages] if isinstance(messages[0], dict) else messages
         prompts = []
         for conversation in conversations:
+            for message in conversation:
+                if isinstance(message, dict) and isinstance(message.get("content"), str):
+                    check_unicode(message["content"], "a message's content")
             token_ids = self.tokenizer.apply_chat_template(
                 conversation,
                 add_generation_prompt=add_generation_prompt,
@@ -125,11 +129,13 @@ class LLM:
 
     def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
+            check_unicode(prompt)
             return prompt, self.tokenizer.encode(prompt)
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:
                 return prompt.get("prompt"), list(prompt["prompt_token_ids"])
             if "prompt" in prompt:
+                check_unicode(prompt["prompt"])
                 return prompt["prompt"], self.tokenizer.encode(prompt["prompt"])
             raise ValueError(
                 f"a prompt dict needs 'prompt' or 'prompt_token_ids', got {sorted(prompt)}"

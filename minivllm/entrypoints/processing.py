@@ -1,4 +1,5 @@
-"""Text-side output processing: incremental detokenization, stop strings, logprob text.
+"""Text-side processing: prompt text checks, incremental detokenization, stop strings,
+logprob text.
 
 Pure Python over a HF tokenizer; never touches tensors.
 """
@@ -18,6 +19,15 @@ _NUM_CONTEXT_TOKENS = 5
 _REPLACEMENT_CHAR = "\ufffd"
 # Any one of these makes a directory loadable by AutoTokenizer (fast, SentencePiece, BPE...).
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model", "vocab.txt")
+
+
+def check_unicode(text: str, what: str = "the prompt") -> None:
+    """ValueError unless text is valid Unicode: a lone surrogate ("\\ud800" in JSON, or a
+    file read with errors="surrogateescape") is a Python str but no text a tokenizer takes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{what} is not valid Unicode: {e}") from None
 
 
 def check_tokenizer_files(path: str) -> None:

@@ -46,6 +46,17 @@ def test_empty_prompt(llm: LLM) -> None:
     still_serves(llm)
 
 
+def test_text_that_is_not_unicode(llm: LLM) -> None:
+    """A lone surrogate is a Python str but no UTF-8: a ValueError naming it, not the
+    tokenizer's TypeError."""
+    for prompt in ("a\ud800b", {"prompt": "\udcff"}):
+        with pytest.raises(ValueError, match="not valid Unicode"):
+            llm.generate(prompt, GREEDY, use_tqdm=False)
+    with pytest.raises(ValueError, match="not valid Unicode"):
+        llm.chat([{"role": "user", "content": "hi \ud800"}], GREEDY, use_tqdm=False)
+    still_serves(llm)
+
+
 def test_token_outside_vocab(llm: LLM) -> None:
     vocab = llm.engine.model_config.vocab_size
     with pytest.raises(ValueError, match=str(vocab + 5)):
