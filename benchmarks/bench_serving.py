@@ -147,7 +147,11 @@ def main() -> None:
     args = parser.parse_args()
     extra = [a for a in args.extra if a != "--"]
     model = args.model or dummy_model_dir(args.model_name)
-    if args.model is None and "--load-format" not in extra:
+    has_weights = args.model is not None and (
+        os.path.isfile(model)  # a .gguf file
+        or any(name.endswith(".safetensors") for name in os.listdir(model))
+    )
+    if not has_weights and "--load-format" not in extra:  # a weightless directory (dummy)
         extra += ["--load-format", "dummy"]
     with open(os.path.join(model, "config.json")) as f:
         vocab_size = json.load(f)["vocab_size"]
