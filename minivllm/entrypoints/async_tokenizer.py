@@ -1,13 +1,6 @@
-"""Prompt tokenization off the server's event loop, batched.
-
-Encoding a 1,000-token prompt takes about a millisecond. Done on the event loop, 128 prompts
-that arrive together (a wave of closed-loop clients) stall every open stream and the hand-off
-of new requests to the engine core for a tenth of a second. Here a request only queues its
-text and awaits the ids; one worker thread takes everything queued since its last call and
-encodes it with one batched call, which the Rust tokenizer runs on several cores with the GIL
-released. One thread, not a pool: HF fast tokenizers keep truncation and padding state that
-concurrent calls would share.
-"""
+"""Prompt tokenization off the server's event loop: queued texts are encoded in batches by one
+worker thread (a 1,000-token prompt takes ~1 ms; on the loop, a wave of them stalls every
+stream). docs/serving.md has the figures."""
 
 from __future__ import annotations
 
@@ -23,6 +16,8 @@ class AsyncTokenizer:
 
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
+        # One thread, not a pool: an HF fast tokenizer's truncation and padding state is shared
+        # by concurrent calls. A batch still runs on several cores (Rust, GIL released).
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer")
         # (text, add_special_tokens, future) waiting for the next batch, and whether the
         # task that drains them is running.
