@@ -31,8 +31,20 @@ def error_body(message: str, status: int = 400, param: str | None = None) -> dic
     return {"error": {"message": message, "type": err_type, "param": param, "code": status}}
 
 
-def error_response(error: APIError) -> JSONResponse:
-    return JSONResponse(error_body(error.message, error.status, error.param), error.status)
+class ErrorResponse(JSONResponse):
+    """A JSON error, ASCII-escaped: its message may quote request text (a model name), and a
+    lone surrogate in it ("\\ud800" in the request's JSON) has no UTF-8 encoding."""
+
+    def render(self, content: object) -> bytes:
+        return json.dumps(content, separators=(",", ":")).encode()
+
+
+def error_json(message: str, status: int = 400, param: str | None = None) -> ErrorResponse:
+    return ErrorResponse(error_body(message, status, param), status)
+
+
+def error_response(error: APIError) -> ErrorResponse:
+    return error_json(error.message, error.status, error.param)
 
 
 def sse_error(error: APIError) -> str:

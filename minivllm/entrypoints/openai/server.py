@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from minivllm.entrypoints.openai.errors import APIError, error_body, error_response
+from minivllm.entrypoints.openai.errors import APIError, error_json, error_response
 from minivllm.entrypoints.openai.metrics import ServerMetrics
 from minivllm.entrypoints.openai.params import check_model, read_body
 from minivllm.entrypoints.openai.protocol import (
@@ -61,16 +61,16 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, e: RequestValidationError) -> JSONResponse:
-        return JSONResponse(error_body(f"invalid request: {e.errors()[:3]}", 400), 400)
+        return error_json(f"invalid request: {e.errors()[:3]}", 400)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, e: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse(error_body(str(e.detail), e.status_code), e.status_code)
+        return error_json(str(e.detail), e.status_code)
 
     @app.exception_handler(Exception)
     async def internal_error(_: Request, e: Exception) -> JSONResponse:
         logger.exception("unhandled error")
-        return JSONResponse(error_body(f"internal error: {type(e).__name__}", 500), 500)
+        return error_json(f"internal error: {type(e).__name__}", 500)
 
 
 def _add_api_key_check(app: FastAPI, api_key: str) -> None:
@@ -94,8 +94,8 @@ class _APIKeyCheck:
             given = dict(scope["headers"]).get(b"authorization", b"")
             # Constant time: the comparison does not reveal how much of the key matched.
             if not hmac.compare_digest(given, self.expected):
-                body = error_body("Unauthorized: missing or wrong API key", 401)
-                await JSONResponse(body, 401)(scope, receive, send)
+                response = error_json("Unauthorized: missing or wrong API key", 401)
+                await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
@@ -106,7 +106,7 @@ def _add_info_routes(app: FastAPI, state: ServerState, metrics: ServerMetrics) -
     @app.get("/health")
     async def health() -> Response:
         if state.engine.is_dead:
-            return JSONResponse(error_body(f"engine dead: {state.engine.dead_reason}", 503), 503)
+            return error_json(f"engine dead: {state.engine.dead_reason}", 503)
         return Response(status_code=200)
 
     @app.get("/version")

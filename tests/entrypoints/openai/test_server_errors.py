@@ -71,6 +71,12 @@ def test_unknown_model_is_404_and_unknown_fields_are_ignored(server, auth) -> No
     _check_error(
         *server.request("POST", "/v1/completions", {**COMPLETION, "model": "x"}, auth), 404
     )
+    # The message quotes the name; a lone surrogate in it is escaped, not a 500.
+    status, body = server.request(
+        "POST", "/v1/completions", {**COMPLETION, "model": "\ud800"}, auth
+    )
+    _check_error(status, body, 404)
+    assert "\ud800" in body["error"]["message"]
     status, body = server.request(
         "POST", "/v1/completions", {**COMPLETION, "frobnicate": [1, {"a": 2}]}, auth
     )
