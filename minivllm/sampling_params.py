@@ -47,6 +47,9 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
+    # token id -> a number added to its logit before penalties, temperature and filters
+    # (OpenAI's logit_bias; +-100 effectively forces or bans a token).
+    logit_bias: dict[int, float] | None = None
     # Filled by the engine from the tokenizer / generation_config.json, not by users.
     eos_token_ids: list[int] = field(default_factory=list)
 
@@ -55,6 +58,7 @@ class SamplingParams:
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
+        self.logit_bias = dict(self.logit_bias) if self.logit_bias else None
         if self.top_k == -1:
             self.top_k = 0
         if self.seed == -1:  # vLLM: -1 means unseeded
@@ -84,6 +88,13 @@ class SamplingParams:
         ):
             if not all(isinstance(v, kind) and not isinstance(v, bool) for v in values):
                 raise TypeError(f"{name} must be a list of {kind.__name__}, got {values!r}")
+        for token_id, bias in (self.logit_bias or {}).items():
+            if not _is_int(token_id) or not _is_real(bias):
+                raise TypeError(
+                    f"logit_bias must map token ids to numbers, got {self.logit_bias!r}"
+                )
+            if not math.isfinite(bias):
+                raise ValueError(f"logit_bias values must be finite, got {bias} for {token_id}")
 
     def _validate_ranges(self) -> None:
         def check(ok: bool, message: str) -> None:
@@ -133,9 +144,15 @@ def _is_real(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def check_logprobs_limit(params: SamplingParams, max_logprobs: int, vocab_size: int) -> None:
-    """vLLM's cap on logprobs and prompt_logprobs: ValueError above the engine option
-    max_logprobs (-1: the vocabulary size)."""
+def check_engine_limits(params: SamplingParams, max_logprobs: int, vocab_size: int) -> None:
+    """The checks that need the engine (ValueError): logit_bias token ids inside the
+    vocabulary; vLLM's cap on logprobs and prompt_logprobs, the engine option max_logprobs
+    (-1: the vocabulary size)."""
+    for token_id in params.logit_bias or {}:
+        if not 0 <= token_id < vocab_size:
+            raise ValueError(
+                f"logit_bias token id {token_id} is outside the vocabulary [0, {vocab_size})"
+            )
     limit = vocab_size if max_logprobs == -1 else max_logprobs
     for name in ("logprobs", "prompt_logprobs"):
         value = getattr(params, name)

@@ -19,7 +19,7 @@ from minivllm.engine.scheduler_limits import resolve_scheduler_limits
 from minivllm.engine.stats import EngineStats
 from minivllm.engine.types import EngineOutput
 from minivllm.engine.warm_up import warm_up
-from minivllm.sampling_params import SamplingParams, check_logprobs_limit
+from minivllm.sampling_params import SamplingParams, check_engine_limits
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ class EngineCore:
                 raise ValueError(
                     f"prompt token id {token_id!r} is outside the vocabulary [0, {vocab_size})"
                 )
-        check_logprobs_limit(params, self.config.max_logprobs, vocab_size)
+        check_engine_limits(params, self.config.max_logprobs, vocab_size)
         if num_prompt >= self.max_model_len:
             raise ValueError(
                 f"the prompt has {num_prompt} tokens but max_model_len is {self.max_model_len}: "

@@ -128,6 +128,7 @@ class SamplingState:
             _padded([s.prompt_token_ids for s in states], device) if has_repetition else None
         )
         suppressed_ids = _suppressed_token_ids(states, device)
+        bias_ids, bias_values = _logit_bias(params, device)
         no_filters = {
             "no_top_k": all(p.top_k == 0 for p in random_params),
             "no_top_p": all(p.top_p == 1.0 for p in random_params),
@@ -136,6 +137,7 @@ class SamplingState:
         is_plain = (
             no_penalties
             and suppressed_ids is None
+            and bias_ids is None
             and not num_logprobs
             and all(no_filters.values())
         )
@@ -160,6 +162,8 @@ class SamplingState:
             no_penalties=no_penalties,
             max_top_k=max((p.top_k for p in random_params), default=0),
             max_num_logprobs=max(num_logprobs) if num_logprobs else None,
+            logit_bias_ids=bias_ids,
+            logit_bias_values=bias_values,
             is_plain=is_plain,
             seeds=None if draws is None else draws[0],
             offsets=None if draws is None else draws[1],
@@ -260,6 +264,21 @@ def _suppressed_token_ids(states: list[_RequestState], device: torch.device) -> 
                 banned += s.params.eos_token_ids
         rows.append(banned)
     return _padded(rows, device) if any(rows) else None
+
+
+def _logit_bias(
+    params: list[SamplingParams], device: torch.device
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """[N, max_num_biased] ids (int64) and values (float32) of the rows' logit_bias, padded
+    with id 0 and value 0.0 (adding 0 changes nothing); (None, None) when no row has one."""
+    if not any(p.logit_bias for p in params):
+        return None, None
+    width = max(len(p.logit_bias or {}) for p in params)
+    rows = [list((p.logit_bias or {}).items()) for p in params]
+    rows = [r + [(0, 0.0)] * (width - len(r)) for r in rows]
+    ids = list_to_device([[t for t, _ in r] for r in rows], torch.int64, device)
+    values = list_to_device([[b for _, b in r] for r in rows], torch.float32, device)
+    return ids, values
 
 
 def _padded(rows: list[list[int]], device: torch.device) -> torch.Tensor:

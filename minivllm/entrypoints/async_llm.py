@@ -21,7 +21,7 @@ from minivllm.entrypoints.generation_config import GenerationDefaults, read_gene
 from minivllm.entrypoints.output_processor import OutputProcessor
 from minivllm.gguf_loader import load_tokenizer
 from minivllm.outputs import RequestOutput
-from minivllm.sampling_params import SamplingParams, check_logprobs_limit
+from minivllm.sampling_params import SamplingParams, check_engine_limits
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ class AsyncLLM:
                 raise ValueError(
                     f"prompt token id {token_id!r} is outside the vocabulary [0, {info.vocab_size})"
                 )
-        check_logprobs_limit(params, self.config.max_logprobs, info.vocab_size)
+        check_engine_limits(params, self.config.max_logprobs, info.vocab_size)
         if len(prompt_token_ids) >= info.max_model_len:
             raise ValueError(
                 f"This model's maximum context length is {info.max_model_len} tokens, and the "

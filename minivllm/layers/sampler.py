@@ -43,6 +43,10 @@ class SamplingMetadata:
     no_min_p: bool
     max_top_k: int  # the largest top_k among random rows (0 when no_top_k)
     max_num_logprobs: int | None = None
+    # logit_bias: [N, max_num_biased] int64 ids and float32 values added to their logits (padded
+    # with id 0 and value 0.0); None when no row has one.
+    logit_bias_ids: torch.Tensor | None = None
+    logit_bias_values: torch.Tensor | None = None
     # Plain: every row greedy or temperature-only (no filters, penalties, suppression or
     # logprobs): a Triton sampler samples it in one fused pass (kernels/sampling.py).
     is_plain: bool = False
@@ -88,10 +92,15 @@ class Sampler(nn.Module):
         if meta.max_num_logprobs is not None:
             raw_logprobs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
         needs_edit = (
-            meta.suppressed_token_ids is not None or not meta.no_penalties or not meta.all_greedy
+            meta.suppressed_token_ids is not None
+            or meta.logit_bias_ids is not None
+            or not meta.no_penalties
+            or not meta.all_greedy
         )
         # One float32 copy, then everything below works in place on it.
         logits = logits.to(torch.float32, copy=needs_edit)
+        if meta.logit_bias_ids is not None:
+            logits.scatter_add_(1, meta.logit_bias_ids, meta.logit_bias_values)
         if meta.suppressed_token_ids is not None:
             logits.masked_fill_(token_mask(meta.suppressed_token_ids, logits.shape[1]), -torch.inf)
         if not meta.no_penalties:

@@ -18,7 +18,9 @@ PROMPTS = [{"prompt_token_ids": [5, 17, 42, 99, 3]}, {"prompt_token_ids": list(r
 PARAMS = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 RICH = [
     SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=2, prompt_logprobs=1),
-    SamplingParams(temperature=0.9, max_tokens=6, ignore_eos=True, seed=7, logprobs=1),
+    SamplingParams(
+        temperature=0.9, max_tokens=6, ignore_eos=True, seed=7, logprobs=1, logit_bias={5: 2.0}
+    ),
 ]
 
 
@@ -68,7 +70,8 @@ def test_tp2_matches_tp1_llama(tiny_llama_dir: str) -> None:
 
 def test_tp2_logprobs_and_two_llms_in_one_process(tiny_qwen3_dir: str) -> None:
     """Every rank runs the same execute path: prompt_logprobs (extra LM head rows on every
-    rank) and seeded sampling work; a second TP LLM in the same process works too."""
+    rank) and seeded sampling with a logit_bias work; a second TP LLM in the same process
+    works too."""
     base = run(tiny_qwen3_dir, 1, params=RICH)
     for _ in range(2):
         split = run(tiny_qwen3_dir, 2, params=RICH)

@@ -108,6 +108,19 @@ def test_stop_string_spanning_tokens(llm: LLM) -> None:
     assert kept.text == full.text[: first + len(stop)]
 
 
+def test_logit_bias_forces_and_bans_tokens(llm: LLM) -> None:
+    full = tokens(llm.generate(PROMPT, GREEDY, use_tqdm=False))[0]
+    forced = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logit_bias={7: 100})
+    assert tokens(llm.generate(PROMPT, forced, use_tqdm=False))[0] == [7] * 6
+    banned = SamplingParams(
+        temperature=0.0, max_tokens=6, ignore_eos=True, logit_bias={full[0]: -100}
+    )
+    out = tokens(llm.generate(PROMPT, banned, use_tqdm=False))[0]
+    assert full[0] not in out
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        llm.generate(PROMPT, SamplingParams(logit_bias={10**6: 1.0}), use_tqdm=False)
+
+
 def test_stop_token_ids_and_min_tokens(llm: LLM) -> None:
     full = tokens(llm.generate(PROMPT, GREEDY, use_tqdm=False))[0]
     stop_id = full[3]

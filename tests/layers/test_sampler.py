@@ -225,6 +225,34 @@ def test_min_tokens_suppression_is_sampled_not_only_greedy():
     assert set(sampled.tolist()) == {0, 1}
 
 
+def test_logit_bias_is_added_before_sampling_and_logprobs_stay_raw():
+    torch.manual_seed(1)
+    logits = torch.randn(4, 30)
+    top = logits.argmax(-1)
+    params = [
+        SamplingParams(temperature=0.0, logit_bias={7: 100.0}, logprobs=1),  # forced
+        SamplingParams(temperature=0.0, logit_bias={int(top[1]): -100.0}),  # banned
+        SamplingParams(temperature=0.0),  # no bias in the same batch
+        SamplingParams(temperature=1.0, logit_bias={3: 100.0, 4: 0.5}),  # random row, forced
+    ]
+    meta = make_meta(params)
+    assert not meta.is_plain and meta.logit_bias_ids.shape == (4, 2)
+    out = Sampler()(logits, meta)
+    sampled = out.sampled_token_ids.tolist()
+    biased_second = logits[1].clone()
+    biased_second[top[1]] -= 100.0
+    assert sampled == [7, int(biased_second.argmax()), int(top[2]), 3]
+    raw = torch.log_softmax(logits[0], -1)
+    assert torch.allclose(out.logprobs[0, 0], raw[7])  # the sampled token, scored raw
+
+
+def test_logit_bias_values_are_checked():
+    with pytest.raises(ValueError, match="finite"):
+        SamplingParams(logit_bias={1: math.inf})
+    with pytest.raises(TypeError, match="token ids to numbers"):
+        SamplingParams(logit_bias={"1": 2.0})
+
+
 @pytest.mark.parametrize(
     ("params", "is_plain"),
     [
@@ -238,6 +266,7 @@ def test_min_tokens_suppression_is_sampled_not_only_greedy():
         (SamplingParams(temperature=0.0, repetition_penalty=1.1), False),
         (SamplingParams(temperature=0.0, eos_token_ids=[2], min_tokens=1), False),
         (SamplingParams(temperature=0.0, logprobs=0), False),
+        (SamplingParams(temperature=0.8, logit_bias={1: 2.0}), False),
     ],
 )
 def test_plain_flag(params, is_plain):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -30,6 +31,7 @@ _SAMPLING_FIELDS = (
     "frequency_penalty",
 )
 _MAX_SEED = 2**63 - 1 - MAX_N  # n samples use seed + index
+_MAX_LOGIT_BIAS = 1024  # entries a request may bias (each one a column the sampler adds to)
 
 
 async def read_body(request: Request, model_cls: type[ModelT]) -> ModelT:
@@ -96,10 +98,32 @@ def sampling_params(
             prompt_logprobs=prompt_logprobs,
             skip_special_tokens=req.skip_special_tokens,
             include_stop_str_in_output=req.include_stop_str_in_output,
+            logit_bias=_logit_bias(req.logit_bias),
             **values,
         )
     except (ValueError, TypeError) as e:
         raise APIError(str(e)) from None
+
+
+def _logit_bias(logit_bias: dict[str, float] | None) -> dict[int, float] | None:
+    """OpenAI's {"token id": bias} as {id: bias}, each bias clamped to [-100, 100] as the
+    OpenAI API (and vLLM) do; keys that are not token ids are a 400."""
+    if not logit_bias:
+        return None
+    if len(logit_bias) > _MAX_LOGIT_BIAS:
+        raise APIError(f"at most {_MAX_LOGIT_BIAS} logit_bias entries", param="logit_bias")
+    result = {}
+    for key, bias in logit_bias.items():
+        try:
+            token_id = int(key)
+        except ValueError:
+            raise APIError(
+                f"logit_bias keys must be token ids, got {key!r}", param="logit_bias"
+            ) from None
+        if not math.isfinite(bias):
+            raise APIError(f"logit_bias values must be finite, got {bias}", param="logit_bias")
+        result[token_id] = min(100.0, max(-100.0, float(bias)))
+    return result
 
 
 def _check_limits(req: Any, logprobs: int | None) -> None:
@@ -118,10 +142,5 @@ def _check_limits(req: Any, logprobs: int | None) -> None:
         )
     if req.seed is not None and not 0 <= req.seed <= _MAX_SEED:
         raise APIError(f"seed must be between 0 and {_MAX_SEED}, got {req.seed}", param="seed")
-    if req.logit_bias:
-        raise APIError(
-            "logit_bias is not supported by minivllm's sampler yet; leave it out",
-            param="logit_bias",
-        )
     if req.stop_token_ids and len(req.stop_token_ids) > MAX_STOP_STRINGS:
         raise APIError(f"at most {MAX_STOP_STRINGS} stop_token_ids", param="stop_token_ids")

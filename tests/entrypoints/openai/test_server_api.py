@@ -40,6 +40,18 @@ def test_completion_matches_offline(client, offline) -> None:
     assert out.usage.prompt_tokens == len(PROMPT_IDS) and out.usage.completion_tokens == 16
 
 
+def test_logit_bias_matches_offline(client, offline) -> None:
+    # Keys are token ids as strings; biases are clamped to [-100, 100] as in the OpenAI API.
+    bias = {"7": 500.0, "9": -3.5}
+    out = client.completions.create(model=MODEL_NAME, prompt=PROMPT_IDS, logit_bias=bias, **GREEDY)
+    params = SamplingParams(
+        temperature=0.0, max_tokens=16, ignore_eos=True, logit_bias={7: 100.0, 9: -3.5}
+    )
+    ref = offline.generate({"prompt_token_ids": PROMPT_IDS}, params, use_tqdm=False)[0].outputs[0]
+    assert ref.token_ids == [7] * 16
+    assert out.choices[0].text == ref.text
+
+
 def test_chat_logprobs_match_offline(client, offline) -> None:
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     out = client.chat.completions.create(
