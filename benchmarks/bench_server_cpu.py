@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 
-from common import dummy_model_dir
+from common import dummy_model_dir, percentile
 from sse_client import stream_completion
 
 
@@ -201,8 +201,7 @@ async def _drive(port: int, bodies: list[dict], max_concurrency: int) -> list:
 
 
 def _percentile_ms(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return round(1000 * values[min(len(values) - 1, int(q * len(values)))], 2)
+    return round(1000 * percentile(values, q), 2)
 
 
 def main() -> None:

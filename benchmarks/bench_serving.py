@@ -27,7 +27,7 @@ import sys
 import time
 import urllib.request
 
-from common import dummy_model_dir
+from common import dummy_model_dir, percentile
 from sse_client import stream_completion
 
 
@@ -35,11 +35,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _percentile(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(int(q * len(values)), len(values) - 1)] if values else float("nan")
 
 
 async def _one(port: int, model: str, prompt: list[int], output_len: int, sem, at: float) -> dict:
@@ -79,10 +74,10 @@ async def _drive(
     itls = [x for r in results for x in r["itl"]]
     return {
         "output_tok_s": len(prompts) * output_len / elapsed,
-        "ttft_p50_ms": 1e3 * _percentile(ttfts, 0.5),
-        "ttft_p99_ms": 1e3 * _percentile(ttfts, 0.99),
-        "itl_p50_ms": 1e3 * _percentile(itls, 0.5),
-        "itl_p99_ms": 1e3 * _percentile(itls, 0.99),
+        "ttft_p50_ms": 1e3 * percentile(ttfts, 0.5),
+        "ttft_p99_ms": 1e3 * percentile(ttfts, 0.99),
+        "itl_p50_ms": 1e3 * percentile(itls, 0.5),
+        "itl_p99_ms": 1e3 * percentile(itls, 0.99),
         "elapsed_s": elapsed,
         # (arrival s, TTFT ms) of the slowest first tokens: one stall shows as neighbours.
         "slowest_ttfts": sorted(

@@ -14,6 +14,12 @@ def dummy_model_dir(name: str) -> str:
     return make_dummy_model_dir(name, os.path.join(tempfile.gettempdir(), f"minivllm-dummy-{name}"))
 
 
+def percentile(values: list[float], q: float) -> float:
+    """The q-quantile (0..1) of values by nearest rank below (nan when empty)."""
+    values = sorted(values)
+    return values[min(int(q * len(values)), len(values) - 1)] if values else float("nan")
+
+
 def headline_workload(num_seqs: int = 256, seed: int = 0) -> tuple[list[list[int]], list[int]]:
     """The headline workload (docs/performance.md): prompts of 100-1024 random ids in [0, 10000],
     outputs of 100-1024."""

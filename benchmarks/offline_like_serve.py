@@ -17,6 +17,8 @@ import random
 import sys
 import time
 
+from common import percentile  # benchmarks/, this script's directory
+
 from minivllm import LLM, SamplingParams
 
 model_dir = sys.argv[1]
@@ -44,11 +46,11 @@ seconds = time.perf_counter() - start
 num_output = sum(len(o.outputs[0].token_ids) for o in outputs)
 # Per request, as `vllm bench serve` reports them for the server: TTFT from the call's start
 # (the request's arrival), TPOT over the rest of its tokens.
-ttfts = sorted(o.metrics.first_token_time - o.metrics.arrival_time for o in outputs)
-tpots = sorted(
+ttfts = [o.metrics.first_token_time - o.metrics.arrival_time for o in outputs]
+tpots = [
     (o.metrics.finished_time - o.metrics.first_token_time) / (len(o.outputs[0].token_ids) - 1)
     for o in outputs
-)
+]
 print(
     json.dumps(
         {
@@ -59,8 +61,8 @@ print(
             **llm.engine.limits._asdict(),
             "seconds": round(seconds, 3),
             "output_tok_s": round(num_output / seconds, 1),
-            "ttft_p50_ms": round(1000 * ttfts[len(ttfts) // 2], 2),
-            "tpot_p50_ms": round(1000 * tpots[len(tpots) // 2], 3),
+            "ttft_p50_ms": round(1000 * percentile(ttfts, 0.5), 2),
+            "tpot_p50_ms": round(1000 * percentile(tpots, 0.5), 3),
             # Requests in the engine (scheduled, not yet finished), averaged over the run:
             # set against the server's sampled num_requests_running (peer_serve.sh).
             "mean_running": round(
