@@ -26,14 +26,21 @@ wait_healthy() {  # port, seconds
   return 1
 }
 
-sample_running() {  # port file: every 50 ms, the server's num_requests_running (vLLM's name,
-  # ours under the minivllm: prefix) into file, until killed
-  while sleep 0.05; do
-    curl -s "http://127.0.0.1:$1/metrics" | grep -E "^(vllm|minivllm):num_requests_running" | awk '{print $NF}'
-  done > "$2"
+thread_ticks() {  # pid: CPU ticks (utime + stime) of the process's main thread; for a server,
+  # its event loop; for the load generator, its asyncio loop
+  sed 's/.*) //' "/proc/$1/task/$1/stat" 2>/dev/null | awk '{print $12 + $13}'
 }
 
-bench() {  # name port seed (a new seed per round: no prefix-cache hits from the round before)
+sample_running() {  # port server_pid client_pid file: every 50 ms, the server's
+  # num_requests_running (vLLM's name, ours under the minivllm: prefix) and the CPU ticks of the
+  # server's and the client's main threads, until killed
+  while sleep 0.05; do
+    running=$(curl -s "http://127.0.0.1:$1/metrics" | grep -E "^(vllm|minivllm):num_requests_running" | awk '{print $NF}')
+    echo "$(date +%s.%N) ${running:-0} $(thread_ticks "$2") $(thread_ticks "$3")"
+  done > "$4"
+}
+
+bench() {  # name port seed server_pid (a new seed per round: no prefix-cache hits from the round before)
   local common="--backend openai --base-url http://127.0.0.1:$2 --model $MODEL --dataset-name random
     --random-input-len 1000 --random-output-len 200 --ignore-eos
     --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99"
@@ -42,13 +49,20 @@ bench() {  # name port seed (a new seed per round: no prefix-cache hits from the
       --num-prompts 300 --request-rate 10 --seed $3 --save-result --save-detailed \
       --result-dir "$OUT" --result-filename "serve_${1}_rate10.json" > "$OUT/serve_${1}_rate10.log" 2>&1
   fi
-  sample_running "$2" "$OUT/running_${1}_c128.txt" &
-  local sampler=$!
   PYTHONPATH=$VSITE timeout 200 python3 -m vllm.entrypoints.cli.main bench serve $common \
-    --num-prompts 512 --request-rate inf --max-concurrency 128 --seed $(($3 + 100)) > "$OUT/serve_${1}_c128.log" 2>&1
+    --num-prompts 512 --request-rate inf --max-concurrency 128 --seed $(($3 + 100)) > "$OUT/serve_${1}_c128.log" 2>&1 &
+  local timer=$!
+  sleep 0.5
+  sample_running "$2" "$4" "$(pgrep -P $timer | head -1)" "$OUT/running_${1}_c128.txt" &
+  local sampler=$!
+  wait $timer
   kill $sampler
-  # Mean of the samples while requests ran (the idle ones before and after left out).
-  awk '$1 > 0 {s += $1; n++} END {if (n) printf "running requests at 128 clients: mean %.1f over %d samples\n", s / n, n}' "$OUT/running_${1}_c128.txt"
+  # While requests ran (the idle samples before and after left out): the mean number running,
+  # and how busy each main thread was (1.0: a saturated core, the loop is the bound).
+  awk -v hz="$(getconf CLK_TCK)" '$2 > 0 && NF == 5 {
+      if (n) { dt += $1 - t; ds += $4 - s; dc += $5 - c }
+      t = $1; s = $4; c = $5; r += $2; n++ }
+    END { if (n > 1) printf "at 128 clients: running requests mean %.1f over %d samples; main thread busy: server %.2f, client %.2f\n", r / n, n, ds / hz / dt, dc / hz / dt }' "$OUT/running_${1}_c128.txt"
   for f in rate10 c128; do
     [ -f "$OUT/serve_${1}_$f.log" ] || continue
     echo "== $1 $f"
@@ -77,8 +91,8 @@ if [ "$PART" != offline ]; then
   mpid=$!
   wait_healthy 8012 240 || tail -5 "$OUT/minivllm_serve.log"
   for round in 1 2; do
-    bench vllm_$round 8011 $round
-    bench minivllm_$round 8012 $round
+    bench vllm_$round 8011 $round $vpid
+    bench minivllm_$round 8012 $round $mpid
   done
   curl -s http://127.0.0.1:8012/metrics | grep -E "^minivllm:(num_preemptions|prefix_cache|generation_tokens|request_success)" | head -12
   stop $vpid
