@@ -6,12 +6,17 @@ rate), then runs the same prompts through LLM.generate.
 
 python benchmarks/bench_serving.py [--model DIR | --model-name qwen3-0.6b] [--num-prompts 512]
     [--max-concurrency 128] [--request-rate R] [--no-warm-up] [--input-len 1000]
-    [--output-len 200] [--skip-offline] [-- extra engine flags]
+    [--output-len 200] [--skip-offline] [--text-prompts] [--temperature T] [--port P] [--seed S]
+    [-- extra engine flags]
 
 --request-rate: requests start at Poisson arrival times of R per second (as `vllm bench serve
 --request-rate`), still at most --max-concurrency at once. --no-warm-up: the measured requests
 are the server's first (a fresh server's first-round stalls show in TTFT p99; the server logs
-every Triton compile after its own warm-up).
+every Triton compile after its own warm-up). --text-prompts: the prompts go as text (random
+token ids decoded, as `vllm bench serve --dataset-name random` sends them), so that the
+server's tokenization counts. --temperature: 0 (greedy) unless given; `vllm bench serve` sends
+none, so its requests sample at the server's default, 1.0. --port: drive a server already
+running there (no offline run unless --model is given and --skip-offline is not).
 """
 
 from __future__ import annotations
@@ -37,14 +42,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-async def _one(port: int, model: str, prompt: list[int], output_len: int, sem, at: float) -> dict:
+async def _one(
+    port: int, model: str, prompt, output_len: int, temperature: float, sem, at: float
+) -> dict:
     await asyncio.sleep(at)
     async with sem:
         body = {
             "model": model,
             "prompt": prompt,
             "max_tokens": output_len,
-            "temperature": 0.0,
+            "temperature": temperature,
             "stream": True,
             "ignore_eos": True,
         }
@@ -57,7 +64,13 @@ async def _one(port: int, model: str, prompt: list[int], output_len: int, sem, a
 
 
 async def _drive(
-    port: int, model: str, prompts, output_len: int, concurrency: int, rate: float | None = None
+    port: int,
+    model: str,
+    prompts,
+    output_len: int,
+    concurrency: int,
+    rate: float | None = None,
+    temperature: float = 0.0,
 ) -> dict:
     sem = asyncio.Semaphore(concurrency)
     rng = random.Random(1)
@@ -67,7 +80,10 @@ async def _drive(
         t += rng.expovariate(rate) if rate else 0.0
     start = time.perf_counter()
     results = await asyncio.gather(
-        *(_one(port, model, p, output_len, sem, at) for p, at in zip(prompts, arrivals))
+        *(
+            _one(port, model, p, output_len, temperature, sem, at)
+            for p, at in zip(prompts, arrivals)
+        )
     )
     elapsed = time.perf_counter() - start
     ttfts = [r["ttft"] for r in results]
@@ -103,11 +119,11 @@ def _serve(model: str, port: int, flags: list[str]) -> subprocess.Popen:
     raise RuntimeError("the server did not start")
 
 
-def _offline(model: str, prompts, output_len: int, flags: dict) -> float:
+def _offline(model: str, prompts, output_len: int, temperature: float, flags: dict) -> float:
     from minivllm import LLM, SamplingParams
 
     llm = LLM(model, **flags)
-    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
+    params = SamplingParams(temperature=temperature, max_tokens=output_len, ignore_eos=True)
     llm.generate([{"prompt_token_ids": p} for p in prompts[:8]], params, use_tqdm=False)
     start = time.perf_counter()
     llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
@@ -138,6 +154,10 @@ def main() -> None:
     parser.add_argument("--input-len", type=int, default=1000)
     parser.add_argument("--output-len", type=int, default=200)
     parser.add_argument("--skip-offline", action="store_true")
+    parser.add_argument("--text-prompts", action="store_true", help="text, not token ids")
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--port", type=int, default=None, help="a server already running")
+    parser.add_argument("--seed", type=int, default=0, help="of the random prompts")
     parser.add_argument("extra", nargs=argparse.REMAINDER, help="engine flags, after --")
     args = parser.parse_args()
     extra = [a for a in args.extra if a != "--"]
@@ -150,25 +170,44 @@ def main() -> None:
         extra += ["--load-format", "dummy"]
     with open(os.path.join(model, "config.json")) as f:
         vocab_size = json.load(f)["vocab_size"]
-    rng = random.Random(0)
+    rng = random.Random(args.seed)
     prompts = [
         [rng.randrange(10, min(vocab_size, 10000)) for _ in range(args.input_len)]
         for _ in range(args.num_prompts)
     ]
-    port = _free_port()
-    proc = _serve(model, port, extra)
+    sent = prompts
+    if args.text_prompts:  # as `vllm bench serve --dataset-name random` sends them
+        from transformers import AutoTokenizer
+
+        sent = AutoTokenizer.from_pretrained(model).batch_decode(prompts)
+    port = args.port or _free_port()
+    proc = None if args.port else _serve(model, port, extra)
     try:
         if not args.no_warm_up:
-            asyncio.run(_drive(port, model, prompts[:16], 8, 16))
+            asyncio.run(_drive(port, model, sent[:16], 8, 16))
         served = asyncio.run(
-            _drive(port, model, prompts, args.output_len, args.max_concurrency, args.request_rate)
+            _drive(
+                port,
+                model,
+                sent,
+                args.output_len,
+                args.max_concurrency,
+                args.request_rate,
+                args.temperature,
+            )
         )
     finally:
-        proc.terminate()
-        proc.wait(60)
+        if proc is not None:
+            proc.terminate()
+            proc.wait(60)
     # Offline gets the same concurrency as the clients (no more seats than they fill).
     flags = {"max_num_seqs": args.max_concurrency, **_engine_flags(extra)}
-    offline = None if args.skip_offline else _offline(model, prompts, args.output_len, flags)
+    skip_offline = args.skip_offline or (args.port is not None and args.model is None)
+    offline = (
+        None
+        if skip_offline
+        else _offline(model, prompts, args.output_len, args.temperature, flags)
+    )
     result = {
         "bench": "serving",
         "model": model,
@@ -179,6 +218,8 @@ def main() -> None:
         "input_len": args.input_len,
         "output_len": args.output_len,
         "engine_flags": extra,
+        "text_prompts": args.text_prompts,
+        "temperature": args.temperature,
         "served": served,
         "offline_output_tok_s": offline,
         "served_over_offline": None if offline is None else served["output_tok_s"] / offline,

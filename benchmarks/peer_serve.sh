@@ -4,10 +4,13 @@
 # random 1,000-token prompts and 200 output tokens (--ignore-eos). Then the same requests offline
 # through minivllm's LLM.generate. Needs vLLM installed in /tmp/vsite (benchmarks/peer_run.sh,
 # ../shared/peer/README.md) and the peer scripts in .whl/peer. Results under $OUT.
-# Usage: bash benchmarks/peer_serve.sh [GPU_INDEX] [all|serve|offline|c128]
+# Usage: bash benchmarks/peer_serve.sh [GPU_INDEX] [all|serve|offline|c128|clients]
 # serve: the two servers only; offline: the offline runs only (for a device call of at most
 # 600 s, the vLLM install and both parts do not fit in one: run them in two calls back to back);
 # c128: both servers at 128 clients only (no 10 req/s rounds), then the offline runs.
+# clients: minivllm's server alone at 128 clients, driven in turn by `vllm bench serve` and by
+# bench_serving.py's light client (token ids, then text), twice each, then the offline runs:
+# whether the load generator or the server's text path bounds the served rate.
 set -u
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_USE_FLASHINFER_SAMPLER=0
 export CUDA_VISIBLE_DEVICES=${1:-0}
@@ -32,12 +35,35 @@ thread_ticks() {  # pid: CPU ticks (utime + stime) of the process's main thread;
 }
 
 sample_running() {  # port server_pid client_pid file: every 50 ms, the server's
-  # num_requests_running (vLLM's name, ours under the minivllm: prefix) and the CPU ticks of the
-  # server's and the client's main threads, until killed
+  # num_requests_running and num_requests_waiting (vLLM's names, ours under the minivllm:
+  # prefix) and the CPU ticks of the server's and the client's main threads, until killed
   while sleep 0.05; do
-    running=$(curl -s "http://127.0.0.1:$1/metrics" | grep -E "^(vllm|minivllm):num_requests_running" | awk '{print $NF}')
-    echo "$(date +%s.%N) ${running:-0} $(thread_ticks "$2") $(thread_ticks "$3")"
+    counts=$(curl -s "http://127.0.0.1:$1/metrics" | awk '
+      /^(vllm|minivllm):num_requests_running/ {r = $NF} /^(vllm|minivllm):num_requests_waiting/ {w = $NF}
+      END {print r + 0, w + 0}')
+    echo "$(date +%s.%N) $counts $(thread_ticks "$2") $(thread_ticks "$3")"
   done > "$4"
+}
+
+summarize_samples() {  # file: while requests ran (the idle samples before and after left out),
+  # the mean numbers running and waiting, and how busy each main thread was (1.0: a saturated
+  # core, that loop is the bound)
+  awk -v hz="$(getconf CLK_TCK)" '$2 > 0 && NF == 5 {
+      if (n) { dt += $1 - t; ds += $4 - s; dc += $5 - c }
+      t = $1; s = $4; c = $5; r += $2; w += $3; n++ }
+    END { if (n > 1) printf "at 128 clients: running mean %.1f, waiting mean %.1f, over %d samples; main thread busy: server %.2f, client %.2f\n", r / n, w / n, n, ds / hz / dt, dc / hz / dt }' "$1"
+}
+
+server_latency() {  # port: "ttft_sum ttft_count queue_sum queue_count", the server's own
+  # histograms (TTFT from the request's arrival at the engine, after tokenization)
+  curl -s "http://127.0.0.1:$1/metrics" | awk '
+    $1 ~ /time_to_first_token_seconds_sum/ {a = $NF} $1 ~ /time_to_first_token_seconds_count/ {b = $NF}
+    $1 ~ /request_queue_time_seconds_sum/ {c = $NF} $1 ~ /request_queue_time_seconds_count/ {d = $NF}
+    END {print a + 0, b + 0, c + 0, d + 0}'
+}
+
+print_server_latency() {  # before after: the means over the requests between the two scrapes
+  echo "$1 $2" | awk '{n = $6 - $2; q = $8 - $4; if (n > 0 && q > 0) printf "server view: TTFT mean %.1f ms, queue mean %.1f ms over %d requests\n", 1000 * ($5 - $1) / n, 1000 * ($7 - $3) / q, n}'
 }
 
 bench() {  # name port seed server_pid (a new seed per round: no prefix-cache hits from the round before)
@@ -49,6 +75,8 @@ bench() {  # name port seed server_pid (a new seed per round: no prefix-cache hi
       --num-prompts 300 --request-rate 10 --seed $3 --save-result --save-detailed \
       --result-dir "$OUT" --result-filename "serve_${1}_rate10.json" > "$OUT/serve_${1}_rate10.log" 2>&1
   fi
+  local before
+  before=$(server_latency "$2")
   PYTHONPATH=$VSITE timeout 200 python3 -m vllm.entrypoints.cli.main bench serve $common \
     --num-prompts 512 --request-rate inf --max-concurrency 128 --seed $(($3 + 100)) > "$OUT/serve_${1}_c128.log" 2>&1 &
   local timer=$!
@@ -57,12 +85,8 @@ bench() {  # name port seed server_pid (a new seed per round: no prefix-cache hi
   local sampler=$!
   wait $timer
   kill $sampler
-  # While requests ran (the idle samples before and after left out): the mean number running,
-  # and how busy each main thread was (1.0: a saturated core, the loop is the bound).
-  awk -v hz="$(getconf CLK_TCK)" '$2 > 0 && NF == 5 {
-      if (n) { dt += $1 - t; ds += $4 - s; dc += $5 - c }
-      t = $1; s = $4; c = $5; r += $2; n++ }
-    END { if (n > 1) printf "at 128 clients: running requests mean %.1f over %d samples; main thread busy: server %.2f, client %.2f\n", r / n, n, ds / hz / dt, dc / hz / dt }' "$OUT/running_${1}_c128.txt"
+  summarize_samples "$OUT/running_${1}_c128.txt"
+  print_server_latency "$before" "$(server_latency "$2")"
   for f in rate10 c128; do
     [ -f "$OUT/serve_${1}_$f.log" ] || continue
     echo "== $1 $f"
@@ -77,7 +101,29 @@ stop() {  # pid
   kill -KILL -- "-$1" 2>/dev/null
 }
 
-if [ "$PART" != offline ]; then
+if [ "$PART" = clients ]; then
+  PYTHONPATH=$VSITE:$PWD setsid python3 -m minivllm serve $MODEL --load-format dummy \
+    --max-model-len 4096 --port 8012 --disable-log-requests --disable-uvicorn-access-log \
+    > "$OUT/minivllm_serve.log" 2>&1 &
+  mpid=$!
+  wait_healthy 8012 240 || tail -5 "$OUT/minivllm_serve.log"
+  for round in 1 2; do
+    bench minivllm_$round 8012 $round $mpid
+    # The light client: token ids (no tokenization), then the same prompts as text; sampling
+    # at 1.0, as the server samples `vllm bench serve`'s requests (they send no temperature).
+    for how in ids text; do
+      flag=""; [ $how = text ] && flag=--text-prompts
+      before=$(server_latency 8012)
+      echo "== light client, $how, round $round"
+      PYTHONPATH=$VSITE:$PWD timeout 120 python3 benchmarks/bench_serving.py --port 8012 \
+        --model $MODEL --skip-offline --num-prompts 512 --max-concurrency 128 --temperature 1.0 \
+        --no-warm-up --seed $((round * 10 + ${#how})) $flag 2>&1 | tail -1 | cut -c1-600
+      print_server_latency "$before" "$(server_latency 8012)"
+    done
+  done
+  stop $mpid
+  wait $mpid; echo "minivllm serve exit code: $?"
+elif [ "$PART" != offline ]; then
   # Both servers stay up on the same GPU (0.42 of it each: the load is 128 sequences at most) and
   # are driven in turn, twice each, so that a claim is a median of alternating runs.
   PYTHONPATH=$VSITE setsid python3 -m vllm.entrypoints.cli.main serve $MODEL --load-format dummy \
