@@ -4,13 +4,16 @@
 # random 1,000-token prompts and 200 output tokens (--ignore-eos). Then the same requests offline
 # through minivllm's LLM.generate. Needs vLLM installed in /tmp/vsite (benchmarks/peer_run.sh,
 # ../shared/peer/README.md) and the peer scripts in .whl/peer. Results under $OUT.
-# Usage: bash benchmarks/peer_serve.sh [GPU_INDEX] [all|serve|offline|c128|clients]
+# Usage: bash benchmarks/peer_serve.sh [GPU_INDEX] [all|serve|offline|c128|clients|alone]
 # serve: the two servers only; offline: the offline runs only (for a device call of at most
 # 600 s, the vLLM install and both parts do not fit in one: run them in two calls back to back);
 # c128: both servers at 128 clients only (no 10 req/s rounds), then the offline runs.
 # clients: minivllm's server alone at 128 clients, driven in turn by `vllm bench serve` and by
 # bench_serving.py's light client (token ids, then text), twice each, then the offline runs:
 # whether the load generator or the server's text path bounds the served rate.
+# alone: minivllm's server alone on the GPU (as a user runs it, and as the offline runs run),
+# `vllm bench serve` at 128 clients twice, then the offline runs: served vs offline with no
+# second server beside either.
 set -u
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_USE_FLASHINFER_SAMPLER=0
 export CUDA_VISIBLE_DEVICES=${1:-0}
@@ -70,7 +73,7 @@ bench() {  # name port seed server_pid (a new seed per round: no prefix-cache hi
   local common="--backend openai --base-url http://127.0.0.1:$2 --model $MODEL --dataset-name random
     --random-input-len 1000 --random-output-len 200 --ignore-eos
     --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99"
-  if [ "$PART" != c128 ]; then
+  if [ "$PART" = all ] || [ "$PART" = serve ]; then
     PYTHONPATH=$VSITE timeout 200 python3 -m vllm.entrypoints.cli.main bench serve $common \
       --num-prompts 300 --request-rate 10 --seed $3 --save-result --save-detailed \
       --result-dir "$OUT" --result-filename "serve_${1}_rate10.json" > "$OUT/serve_${1}_rate10.log" 2>&1
@@ -101,7 +104,7 @@ stop() {  # pid
   kill -KILL -- "-$1" 2>/dev/null
 }
 
-if [ "$PART" = clients ]; then
+if [ "$PART" = clients ] || [ "$PART" = alone ]; then
   PYTHONPATH=$VSITE:$PWD setsid python3 -m minivllm serve $MODEL --load-format dummy \
     --max-model-len 4096 --port 8012 --disable-log-requests --disable-uvicorn-access-log \
     > "$OUT/minivllm_serve.log" 2>&1 &
@@ -109,6 +112,7 @@ if [ "$PART" = clients ]; then
   wait_healthy 8012 240 || tail -5 "$OUT/minivllm_serve.log"
   for round in 1 2; do
     bench minivllm_$round 8012 $round $mpid
+    [ "$PART" = alone ] && continue
     # The light client: token ids (no tokenization), then the same prompts as text; sampling
     # at 1.0, as the server samples `vllm bench serve`'s requests (they send no temperature).
     for how in ids text; do

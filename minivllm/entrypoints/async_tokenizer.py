@@ -1,87 +1,75 @@
-"""Prompt tokenization off the server's event loop: queued texts are encoded in batches by one
-worker thread (a 1,000-token prompt takes ~1 ms; on the loop, a wave of them stalls every
-stream). docs/serving.md has the figures."""
+"""Prompt tokenization off the server's event loop, on several cores at once.
+
+A 1,000-token prompt takes ~1 ms to encode; on the loop, a wave of them stalls every stream.
+So texts go to a pool of worker threads. Each calls the Rust tokenizer behind the HF one
+(`backend_tokenizer.encode_batch([text])`, which releases the GIL), so a burst of 128 prompts
+is encoded on as many cores as the pool has threads. docs/serving.md has the figures.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 from minivllm.entrypoints.processing import check_unicode
+
+# A text that exercises what may differ between the HF wrapper and its Rust backend (special
+# tokens, spaces, digits, non-ASCII): the backend is used only if both agree on it.
+_PROBE = "Hello, world!  It's 2026: 12 345 tokens \u00fcber alles \u4f60\u597d \n\tend"
 
 
 class AsyncTokenizer:
     """`await encode(text)` gives what `tokenizer.encode(text)` gives, from a worker thread;
     a text the tokenizer cannot encode raises ValueError."""
 
-    def __init__(self, tokenizer) -> None:
+    def __init__(self, tokenizer, num_threads: int | None = None) -> None:
         self.tokenizer = tokenizer
-        # One thread, not a pool: an HF fast tokenizer's truncation and padding state is shared
-        # by concurrent calls. A batch still runs on several cores (Rust, GIL released).
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer")
-        # (text, add_special_tokens, future) waiting for the next batch, and whether the
-        # task that drains them is running.
-        self._queue: list[tuple[str, bool, asyncio.Future]] = []
-        self._draining = False
+        self._backend = _stateless_backend(tokenizer)
+        # The Rust backend is stateless here and thread-safe: one thread a core (up to 8).
+        # Without it, one thread: an HF tokenizer's truncation and padding state is shared by
+        # concurrent calls.
+        if self._backend is None:
+            self.num_threads = 1
+        else:
+            self.num_threads = num_threads or min(8, os.cpu_count() or 1)
+        self._executor = ThreadPoolExecutor(self.num_threads, thread_name_prefix="tokenizer")
 
     async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        self._queue.append((text, bool(add_special_tokens), future))
-        if not self._draining:
-            self._draining = True
-            loop.create_task(self._drain(loop))
+        try:
+            future = loop.run_in_executor(self._executor, self._encode, text, add_special_tokens)
+        except RuntimeError as e:  # the executor was shut down: fail, never leave waiting
+            raise RuntimeError(f"the tokenizer is shut down ({e})") from None
         return await future
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
-    async def _drain(self, loop: asyncio.AbstractEventLoop) -> None:
+    def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        check_unicode(text, "the text")
         try:
-            while self._queue:
-                batch, self._queue = self._queue, []
-                for add_special in (True, False):
-                    items = [item for item in batch if item[1] is add_special]
-                    if items:
-                        await self._encode_items(loop, items, add_special)
-        finally:
-            self._draining = False
+            if self._backend is not None:
+                return self._backend.encode_batch([text], add_special_tokens=add_special_tokens)[
+                    0
+                ].ids
+            return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        except Exception as e:  # noqa: BLE001 - the request's fault: its own 400
+            raise ValueError(f"the text could not be tokenized: {e}") from None
 
-    async def _encode_items(self, loop, items: list, add_special: bool) -> None:
-        texts = [text for text, _, _ in items]
-        try:
-            results = await loop.run_in_executor(
-                self._executor, self._encode_batch, texts, add_special
-            )
-        except asyncio.CancelledError:  # the loop is closing: so are the requests waiting
-            for _, _, future in items:
-                future.cancel()
-            raise
-        except RuntimeError as e:  # the executor was shut down: fail, never leave waiting
-            results = [RuntimeError(f"the tokenizer is shut down ({e})")] * len(items)
-        for (_, _, future), result in zip(items, results):
-            if future.done():  # its request was cancelled (the client went away)
-                continue
-            if isinstance(result, Exception):
-                future.set_exception(result)
-            else:
-                future.set_result(result)
 
-    def _encode_batch(self, texts: list[str], add_special_tokens: bool) -> list:
-        """Token ids per text; where the batch fails, each text alone, so that a bad text
-        fails only its own request (a ValueError in its place)."""
-        try:
-            if len(texts) > 1:
-                return self.tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"]
-        except Exception:  # noqa: BLE001 - retried one by one below
-            pass
-        results: list = []
-        for text in texts:
-            try:
-                check_unicode(text, "the text")
-                results.append(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
-            except ValueError as e:
-                results.append(e)
-            except Exception as e:  # noqa: BLE001 - handed to the request that sent it
-                results.append(ValueError(f"the text could not be tokenized: {e}"))
-        return results
+def _stateless_backend(tokenizer):
+    """The HF fast tokenizer's Rust tokenizer when calling it directly gives what
+    tokenizer.encode gives (no truncation or padding configured, same ids on a probe text
+    with and without special tokens); else None."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or backend.truncation is not None or backend.padding is not None:
+        return None
+    try:
+        for add_special in (True, False):
+            direct = backend.encode_batch([_PROBE], add_special_tokens=add_special)[0].ids
+            if direct != tokenizer.encode(_PROBE, add_special_tokens=add_special):
+                return None
+    except Exception:  # noqa: BLE001 - anything unexpected: the wrapper, one thread
+        return None
+    return backend

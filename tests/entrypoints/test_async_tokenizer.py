@@ -1,4 +1,4 @@
-"""AsyncTokenizer: the server's prompts tokenized in one worker thread, batched, off the loop."""
+"""AsyncTokenizer: the server's prompts tokenized off the loop, by a pool of worker threads."""
 
 from __future__ import annotations
 
@@ -15,29 +15,15 @@ TEXTS = [
 ]
 
 
-class CountingTokenizer:
-    """A real tokenizer that records the size of every batched call."""
-
-    def __init__(self, tokenizer) -> None:
-        self.tokenizer = tokenizer
-        self.batch_sizes: list[int] = []
-
-    def __call__(self, texts, add_special_tokens=True):
-        self.batch_sizes.append(len(texts))
-        return self.tokenizer(texts, add_special_tokens=add_special_tokens)
-
-    def encode(self, text, add_special_tokens=True):
-        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
-
-
 @pytest.fixture(scope="module")
 def tokenizer(tiny_qwen3_dir: str):
     return load_tokenizer(tiny_qwen3_dir)
 
 
-def test_equals_encode_and_batches(tokenizer) -> None:
-    counting = CountingTokenizer(tokenizer)
-    async_tokenizer = AsyncTokenizer(counting)
+def test_equals_encode_through_the_rust_backend_on_several_threads(tokenizer) -> None:
+    async_tokenizer = AsyncTokenizer(tokenizer, num_threads=4)
+    assert async_tokenizer._backend is tokenizer.backend_tokenizer
+    assert async_tokenizer.num_threads == 4
 
     async def run():
         return await asyncio.gather(
@@ -50,7 +36,59 @@ def test_equals_encode_and_batches(tokenizer) -> None:
         async_tokenizer.shutdown()
     for i, (text, ids) in enumerate(zip(TEXTS, results)):
         assert ids == tokenizer.encode(text, add_special_tokens=i % 3 != 0)
-    assert max(counting.batch_sizes) > 1  # concurrent requests share a batched call
+
+
+class _Encoding:
+    def __init__(self, ids: list[int]) -> None:
+        self.ids = ids
+
+
+class SlowBackend:
+    """A Rust-like backend whose encode takes 0.2 s without holding the GIL."""
+
+    truncation = padding = None
+
+    def encode_batch(self, texts, add_special_tokens=True):
+        time.sleep(0.2)
+        return [_Encoding([len(t)]) for t in texts]
+
+
+class SlowFastTokenizer:
+    backend_tokenizer = SlowBackend()
+
+    def encode(self, text, add_special_tokens=True):
+        return [len(text)]
+
+
+def test_a_burst_is_encoded_in_parallel() -> None:
+    async_tokenizer = AsyncTokenizer(SlowFastTokenizer(), num_threads=4)
+
+    async def run():
+        return await asyncio.gather(*(async_tokenizer.encode("x" * n) for n in range(1, 5)))
+
+    start = time.perf_counter()
+    try:
+        ids = asyncio.run(run())
+    finally:
+        async_tokenizer.shutdown()
+    assert ids == [[1], [2], [3], [4]]
+    assert time.perf_counter() - start < 0.6  # one thread: 0.8 s
+
+
+def test_a_backend_with_truncation_is_not_called_directly(tiny_qwen3_dir: str) -> None:
+    tokenizer = load_tokenizer(tiny_qwen3_dir)
+    tokenizer.backend_tokenizer.enable_truncation(4)  # state the HF wrapper resets per call
+    async_tokenizer = AsyncTokenizer(tokenizer, num_threads=4)
+    assert async_tokenizer._backend is None and async_tokenizer.num_threads == 1
+
+    async def run():
+        return await async_tokenizer.encode(TEXTS[5])
+
+    try:
+        ids = asyncio.run(run())
+    finally:
+        async_tokenizer.shutdown()
+    assert ids == tokenizer.encode(TEXTS[5]) and len(ids) > 4
 
 
 def test_a_bad_text_fails_only_its_own_request(tokenizer) -> None:
@@ -71,12 +109,11 @@ def test_a_bad_text_fails_only_its_own_request(tokenizer) -> None:
 
 
 class SlowTokenizer:
-    def __call__(self, texts, add_special_tokens=True):
-        time.sleep(0.3)
-        return {"input_ids": [[len(t)] for t in texts]}
+    """No Rust backend: encoded through encode(), on one thread."""
 
     def encode(self, text, add_special_tokens=True):
-        return self(["x"])["input_ids"][0]
+        time.sleep(0.3)
+        return [len(text)]
 
 
 def test_the_event_loop_runs_while_it_encodes() -> None:
