@@ -26,10 +26,16 @@ class FakeEngineCore:
 
     def __init__(self, config) -> None:
         from minivllm.config import ModelConfig
+        from minivllm.engine.stats import CoreInfo
 
         self.model_config = ModelConfig.from_hf(config.model)
-        self.max_model_len = config.max_model_len or 4096
-        self.num_blocks = 1 << 20
+        self.info = CoreInfo(
+            max_model_len=config.max_model_len or 4096,
+            vocab_size=self.model_config.vocab_size,
+            num_blocks=1 << 20,
+            block_size=config.block_size,
+            pid=os.getpid(),
+        )
         self.max_num_seqs = config.max_num_seqs or 256
         self.step_s = float(os.environ.get("FAKE_CORE_STEP_MS", "0")) / 1000
         self.waiting: dict[str, int] = {}

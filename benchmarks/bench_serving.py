@@ -204,9 +204,7 @@ def main() -> None:
     flags = {"max_num_seqs": args.max_concurrency, **_engine_flags(extra)}
     skip_offline = args.skip_offline or (args.port is not None and args.model is None)
     offline = (
-        None
-        if skip_offline
-        else _offline(model, prompts, args.output_len, args.temperature, flags)
+        None if skip_offline else _offline(model, prompts, args.output_len, args.temperature, flags)
     )
     result = {
         "bench": "serving",

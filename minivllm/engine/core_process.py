@@ -23,7 +23,6 @@ import traceback
 from multiprocessing.connection import Connection
 
 from minivllm.engine.engine_core import EngineCore
-from minivllm.engine.stats import CoreInfo  # not defined here: this module runs as __main__
 
 logger = logging.getLogger("minivllm.core")
 
@@ -98,14 +97,7 @@ def serve(conn: Connection) -> int:
             logger.exception("engine core failed to start")
         conn.send(("failed", is_user_error, f"{type(e).__name__}: {e}"))
         return 1
-    info = CoreInfo(
-        max_model_len=core.max_model_len,
-        vocab_size=core.model_config.vocab_size,
-        num_blocks=core.num_blocks,
-        block_size=config.block_size,
-        pid=os.getpid(),
-    )
-    conn.send(("ready", info))
+    conn.send(("ready", core.info))
     try:
         run_loop(core, conn)
     except (_Shutdown, EOFError, BrokenPipeError, ConnectionResetError):

@@ -12,6 +12,7 @@ import queue
 from minivllm.config import EngineConfig, ModelConfig
 from minivllm.engine.dp_core_client import DPCoreClient, replica_env
 from minivllm.engine.engine_core import EngineCore
+from minivllm.engine.request_checks import check_request
 from minivllm.engine.types import EngineOutput
 from minivllm.sampling_params import SamplingParams
 
@@ -27,9 +28,6 @@ class DPEngine:
     """The EngineCore interface the LLM frontend drives (validate_request, add_request,
     abort_requests, has_unfinished_requests, step, shutdown) over N replica processes."""
 
-    # The same checks as one core: they read config, model_config, max_model_len, num_blocks.
-    validate_request = EngineCore.validate_request
-
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.model_config = ModelConfig.from_hf(config.model)
@@ -38,6 +36,11 @@ class DPEngine:
         self.client = DPCoreClient(config, self._inbox.put)
         self.balancer = self.client.balancer
         self.num_blocks = self.client.info.num_blocks
+        self.info = self.client.info  # the smallest replica's KV cache
+
+    def validate_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """The same checks as one core (request_checks)."""
+        check_request(prompt_token_ids, params, self.info, self.config.max_logprobs)
 
     def add_request(
         self,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import time
 
 from minivllm.config import EngineConfig, ModelConfig
@@ -14,12 +15,13 @@ from minivllm.engine.async_scheduler import AsyncScheduler
 from minivllm.engine.block_manager import BlockManager
 from minivllm.engine.parallel import build_executor
 from minivllm.engine.request import Request
+from minivllm.engine.request_checks import check_request
 from minivllm.engine.scheduler import Scheduler
 from minivllm.engine.scheduler_limits import resolve_scheduler_limits
-from minivllm.engine.stats import EngineStats
+from minivllm.engine.stats import CoreInfo, EngineStats
 from minivllm.engine.types import EngineOutput
 from minivllm.engine.warm_up import warm_up
-from minivllm.sampling_params import SamplingParams, check_engine_limits
+from minivllm.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +46,14 @@ class EngineCore:
         )
         self.executor = build_executor(config, self.model_config, self.max_model_len)
         self.num_blocks = self.executor.num_blocks
+        # What a frontend needs to validate requests without the engine at hand.
+        self.info = CoreInfo(
+            max_model_len=self.max_model_len,
+            vocab_size=self.model_config.vocab_size,
+            num_blocks=self.num_blocks,
+            block_size=config.block_size,
+            pid=os.getpid(),
+        )
         if self.num_blocks < 1:
             raise ValueError(
                 "no KV cache blocks fit in the memory budget; raise gpu_memory_utilization "
@@ -96,30 +106,8 @@ class EngineCore:
         )
 
     def validate_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """Raises ValueError for a request the engine could never serve."""
-        num_prompt = len(prompt_token_ids)
-        if num_prompt == 0:
-            raise ValueError("the prompt is empty: give at least one token")
-        vocab_size = self.model_config.vocab_size
-        for token_id in prompt_token_ids:
-            if not isinstance(token_id, int) or not 0 <= token_id < vocab_size:
-                raise ValueError(
-                    f"prompt token id {token_id!r} is outside the vocabulary [0, {vocab_size})"
-                )
-        check_engine_limits(params, self.config.max_logprobs, vocab_size)
-        if num_prompt >= self.max_model_len:
-            raise ValueError(
-                f"the prompt has {num_prompt} tokens but max_model_len is {self.max_model_len}: "
-                "it must be shorter, to leave room for at least one generated token"
-            )
-        max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len
-        worst_case = min(num_prompt + max_tokens, self.max_model_len)
-        blocks_needed = -(-worst_case // self.config.block_size)
-        if blocks_needed > self.num_blocks:
-            raise ValueError(
-                f"the request needs up to {worst_case} tokens ({blocks_needed} KV blocks) but "
-                f"the KV cache holds only {self.num_blocks} blocks of {self.config.block_size}"
-            )
+        """Raises ValueError for a request the engine could never serve (request_checks)."""
+        check_request(prompt_token_ids, params, self.info, self.config.max_logprobs)
 
     def add_request(
         self,

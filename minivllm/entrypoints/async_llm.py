@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from minivllm.config import EngineConfig, ModelConfig
 from minivllm.engine.core_client import EngineCoreClient
 from minivllm.engine.dp_core_client import DPCoreClient
+from minivllm.engine.request_checks import check_request
 from minivllm.engine.stats import CoreInfo, EngineStats
 from minivllm.engine.types import EngineOutput
 from minivllm.entrypoints.async_tokenizer import AsyncTokenizer
@@ -21,7 +22,7 @@ from minivllm.entrypoints.generation_config import GenerationDefaults, read_gene
 from minivllm.entrypoints.output_processor import OutputProcessor
 from minivllm.gguf_loader import load_tokenizer
 from minivllm.outputs import RequestOutput
-from minivllm.sampling_params import SamplingParams, check_engine_limits
+from minivllm.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -102,31 +103,9 @@ class AsyncLLM:
         return await self.async_tokenizer.encode(text, add_special_tokens)
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """The core's own checks (EngineCore.validate_request), made here so that a bad
-        request is a 400 before anything is sent to the core."""
-        info = self.info
-        if not prompt_token_ids:
-            raise ValueError("the prompt is empty: give at least one token")
-        for token_id in prompt_token_ids:
-            if not isinstance(token_id, int) or not 0 <= token_id < info.vocab_size:
-                raise ValueError(
-                    f"prompt token id {token_id!r} is outside the vocabulary [0, {info.vocab_size})"
-                )
-        check_engine_limits(params, self.config.max_logprobs, info.vocab_size)
-        if len(prompt_token_ids) >= info.max_model_len:
-            raise ValueError(
-                f"This model's maximum context length is {info.max_model_len} tokens, and the "
-                f"prompt has {len(prompt_token_ids)} tokens: it must be shorter, to leave room "
-                "for at least one generated token"
-            )
-        max_tokens = params.max_tokens or info.max_model_len
-        worst_case = min(len(prompt_token_ids) + max_tokens, info.max_model_len)
-        blocks_needed = -(-worst_case // info.block_size)
-        if blocks_needed > info.num_blocks:
-            raise ValueError(
-                f"the request needs up to {worst_case} tokens ({blocks_needed} KV blocks) but "
-                f"the KV cache holds only {info.num_blocks} blocks of {info.block_size}"
-            )
+        """The core's own checks (engine/request_checks.py), made here so that a bad request
+        is a 400 before anything is sent to the core."""
+        check_request(prompt_token_ids, params, self.info, self.config.max_logprobs)
 
     def add_request(
         self,
