@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -19,6 +18,7 @@ from minivllm.entrypoints.openai.serving_common import (
     SSEChunks,
     as_api_error,
     collect,
+    response_head,
     submit,
     tokenize_text,
     usage,
@@ -131,13 +131,7 @@ class _ChatResponse:
     ) -> None:
         self.req = req
         self.top = top
-        self.head = {
-            "id": request_id,
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": state.model_name,
-            "system_fingerprint": None,
-        }
+        self.head = response_head(request_id, "chat.completion", state.model_name)
 
     def _logprobs(self, choice: CompletionOutput, start: int) -> dict | None:
         if not self.req.logprobs:

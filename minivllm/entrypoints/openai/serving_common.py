@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -132,6 +133,17 @@ def as_api_error(e: Exception) -> APIError:
         return APIError(str(e))
     logger.exception("request failed")
     return APIError(f"internal error: {type(e).__name__}", status=500)
+
+
+def response_head(request_id: str, object_name: str, model: str) -> dict:
+    """The fields every response body and stream chunk of one request starts with."""
+    return {
+        "id": request_id,
+        "object": object_name,
+        "created": int(time.time()),
+        "model": model,
+        "system_fingerprint": None,
+    }
 
 
 def usage(outputs: list[RequestOutput | None]) -> dict:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from collections.abc import AsyncIterator
 
@@ -20,6 +19,7 @@ from minivllm.entrypoints.openai.serving_common import (
     as_api_error,
     collect,
     merge,
+    response_head,
     submit,
     tokenize_text,
     usage,
@@ -78,13 +78,7 @@ class _Response:
         self.req = req
         self.tokenizer = state.engine.tokenizer
         self.texts = texts
-        self.head = {
-            "id": request_id,
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": state.model_name,
-            "system_fingerprint": None,
-        }
+        self.head = response_head(request_id, "text_completion", state.model_name)
 
     def _prompt_text(self, index: int, output: RequestOutput) -> str:
         text = self.texts[index]
