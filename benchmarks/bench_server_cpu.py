@@ -8,7 +8,7 @@ and what the clients saw: time to first chunk and the gaps between chunks (a sta
 loop shows there).
 
 python benchmarks/bench_server_cpu.py [--num-prompts 512] [--max-concurrency 128]
-    [--input-len 1000] [--output-len 200] [--step-ms 5] [--text-prompts]
+    [--input-len 1000] [--output-len 200] [--step-ms 5] [--text-prompts] [--stream-interval N]
     [--profile FILE.prof | --sample]
 
 --text-prompts: the prompts go as text (random token ids decoded, as `vllm bench serve
@@ -122,7 +122,9 @@ class StackSampler:
         return "\n".join(lines)
 
 
-def run_fake_server(model: str, port: int, step_ms: float, profile: str | None) -> None:
+def run_fake_server(
+    model: str, port: int, step_ms: float, profile: str | None, stream_interval: int = 1
+) -> None:
     """The server process: `minivllm serve` with the fake core patched in."""
     import minivllm.entrypoints.async_llm as async_llm
     from minivllm.entrypoints.cli import main as cli_main
@@ -131,6 +133,7 @@ def run_fake_server(model: str, port: int, step_ms: float, profile: str | None) 
     async_llm.EngineCoreClient = FakeCoreClient
     argv = ["serve", model, "--port", str(port), "--disable-log-requests"]
     argv += ["--disable-uvicorn-access-log", "--load-format", "dummy"]
+    argv += ["--stream-interval", str(stream_interval)]
     if profile == "sample":
         sampler = StackSampler(threading.get_ident())
         try:
@@ -214,17 +217,21 @@ def main() -> None:
     parser.add_argument("--text-prompts", action="store_true", help="text, not token ids")
     parser.add_argument("--profile", default=None, help="cProfile the server into this file")
     parser.add_argument("--sample", action="store_true", help="sampling profile to stderr")
+    parser.add_argument("--stream-interval", type=int, default=1, help="the server's option")
     parser.add_argument("--serve-port", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--model", default=None)
     args = parser.parse_args()
     args.model = args.model or dummy_model_dir("qwen3-0.6b")
     if args.serve_port is not None:
-        run_fake_server(args.model, args.serve_port, args.step_ms, args.profile)
+        run_fake_server(
+            args.model, args.serve_port, args.step_ms, args.profile, args.stream_interval
+        )
         return
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cmd = [sys.executable, __file__, "--serve-port", str(port), "--step-ms", str(args.step_ms)]
+    cmd += ["--stream-interval", str(args.stream_interval)]
     profile = "sample" if args.sample else args.profile
     cmd += ["--model", args.model] + (["--profile", profile] if profile else [])
     proc = subprocess.Popen(cmd, stderr=None if args.sample else subprocess.DEVNULL)
@@ -254,6 +261,7 @@ def main() -> None:
         "chunk_gap_p99_ms": _percentile_ms(gaps, 0.99),
         "chunk_gap_max_ms": _percentile_ms(gaps, 1.0),
         "text_prompts": args.text_prompts,
+        "stream_interval": args.stream_interval,
         "tokens": num_tokens,
         "chunks": num_chunks,
     }

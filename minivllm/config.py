@@ -173,6 +173,11 @@ class EngineConfig:
     # off by default because a TP=2 process using it did not exit after its work on the H200s
     # (docs/parallelism.md).
     disable_custom_all_reduce: bool = True
+    # Streaming (the server; vLLM's option): a stream is sent a request's new tokens once at
+    # least this many have come since its last chunk (its first and last tokens at once).
+    # 1 sends every token as it comes; more cuts the server's work per token (fewer chunks,
+    # wake-ups and socket writes) at high concurrency, at the cost of burstier streams.
+    stream_interval: int = 1
     # Which defaults the auto limits take (vLLM's usage context); `minivllm serve` sets "server".
     usage_context: Literal["offline", "server"] = "offline"
 
@@ -238,6 +243,9 @@ class EngineConfig:
         check(
             self.kv_cache_dtype in ("auto", "fp8", "fp8_e4m3"),
             f"kv_cache_dtype must be auto|fp8|fp8_e4m3, got {self.kv_cache_dtype!r}",
+        )
+        check(
+            self.stream_interval >= 1, f"stream_interval must be >= 1, got {self.stream_interval}"
         )
         check(
             self.usage_context in ("offline", "server"),

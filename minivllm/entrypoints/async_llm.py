@@ -50,6 +50,9 @@ class _Mailbox:
     event: asyncio.Event = field(default_factory=asyncio.Event)
     latest: RequestOutput | None = None
     error: Exception | None = None
+    # Tokens (of its longest sample) in the output the consumer was last woken for: with
+    # stream_interval > 1 the consumer is woken only every stream_interval tokens.
+    num_woken_tokens: int = 0
 
 
 class AsyncLLM:
@@ -200,14 +203,22 @@ class AsyncLLM:
         self.stats = stats
         outputs, to_abort = self.output_processor.process(engine_outputs)
         self._client.abort_requests(to_abort)
+        interval = self.config.stream_interval
         for output in outputs:
             mailbox = self._mailboxes.get(output.request_id)
             if mailbox is None:
                 continue
             mailbox.latest = output
-            mailbox.event.set()
             if output.finished:
+                mailbox.event.set()
                 del self._mailboxes[output.request_id]
+            elif interval == 1:
+                mailbox.event.set()
+            else:  # vLLM's stream_interval: the first tokens at once, then every interval
+                longest = max(len(c.token_ids) for c in output.outputs)
+                if not mailbox.num_woken_tokens or longest - mailbox.num_woken_tokens >= interval:
+                    mailbox.num_woken_tokens = longest
+                    mailbox.event.set()
         if self.observer is not None:
             self.observer.on_step(engine_outputs, outputs, stats)
 
