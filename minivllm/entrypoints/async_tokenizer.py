@@ -49,11 +49,10 @@ class AsyncTokenizer:
     def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
         check_unicode(text, "the text")
         try:
-            if self._backend is not None:
-                return self._backend.encode_batch([text], add_special_tokens=add_special_tokens)[
-                    0
-                ].ids
-            return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+            if self._backend is None:
+                return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+            (encoding,) = self._backend.encode_batch([text], add_special_tokens=add_special_tokens)
+            return encoding.ids
         except Exception as e:  # noqa: BLE001 - the request's fault: its own 400
             raise ValueError(f"the text could not be tokenized: {e}") from None
 
