@@ -4,7 +4,7 @@
 # random 1,000-token prompts and 200 output tokens (--ignore-eos). Then the same requests offline
 # through minivllm's LLM.generate. Needs vLLM installed in /tmp/vsite (benchmarks/peer_run.sh,
 # ../shared/peer/README.md) and the peer scripts in .whl/peer. Results under $OUT.
-# Usage: bash benchmarks/peer_serve.sh [GPU_INDEX] [all|serve|offline|c128|clients|alone]
+# Usage: bash benchmarks/peer_serve.sh [GPU_INDEX] [all|serve|offline|c128|clients|alone|each-alone]
 # serve: the two servers only; offline: the offline runs only (for a device call of at most
 # 600 s, the vLLM install and both parts do not fit in one: run them in two calls back to back);
 # c128: both servers at 128 clients only (no 10 req/s rounds), then the offline runs.
@@ -14,6 +14,9 @@
 # alone: minivllm's server alone on the GPU (as a user runs it, and as the offline runs run),
 # `vllm bench serve` at 128 clients twice, then the offline runs: served vs offline with no
 # second server beside either.
+# each-alone: the two servers at 128 clients, alternating, each started alone on the GPU for
+# its round and stopped after it (twice each: ~6 minutes, vLLM's start-up is ~95 s), then the
+# offline runs. No server shares the GPU with the other, as in `alone`.
 set -u
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_USE_FLASHINFER_SAMPLER=0
 export CUDA_VISIBLE_DEVICES=${1:-0}
@@ -104,12 +107,34 @@ stop() {  # pid
   kill -KILL -- "-$1" 2>/dev/null
 }
 
-if [ "$PART" = clients ] || [ "$PART" = alone ]; then
+start_vllm() {  # [memory fraction]: starts `vllm serve` on port 8011, sets vpid
+  PYTHONPATH=$VSITE setsid python3 -m vllm.entrypoints.cli.main serve $MODEL --load-format dummy \
+    --max-model-len 4096 --port 8011 --gpu-memory-utilization "${1:-0.9}" \
+    --disable-uvicorn-access-log > "$OUT/vllm_serve.log" 2>&1 &
+  vpid=$!
+  wait_healthy 8011 240 || tail -5 "$OUT/vllm_serve.log"
+}
+
+start_minivllm() {  # [memory fraction]: starts `minivllm serve` on port 8012, sets mpid
   PYTHONPATH=$VSITE:$PWD setsid python3 -m minivllm serve $MODEL --load-format dummy \
-    --max-model-len 4096 --port 8012 --disable-log-requests --disable-uvicorn-access-log \
-    > "$OUT/minivllm_serve.log" 2>&1 &
+    --max-model-len 4096 --port 8012 --gpu-memory-utilization "${1:-0.9}" \
+    --disable-log-requests --disable-uvicorn-access-log > "$OUT/minivllm_serve.log" 2>&1 &
   mpid=$!
   wait_healthy 8012 240 || tail -5 "$OUT/minivllm_serve.log"
+}
+
+if [ "$PART" = each-alone ]; then
+  for round in 1 2; do
+    start_vllm
+    bench vllm_$round 8011 $round $vpid
+    stop $vpid
+    start_minivllm
+    bench minivllm_$round 8012 $round $mpid
+    stop $mpid
+    wait $mpid; echo "minivllm serve exit code: $?"
+  done
+elif [ "$PART" = clients ] || [ "$PART" = alone ]; then
+  start_minivllm
   for round in 1 2; do
     bench minivllm_$round 8012 $round $mpid
     [ "$PART" = alone ] && continue
@@ -130,16 +155,8 @@ if [ "$PART" = clients ] || [ "$PART" = alone ]; then
 elif [ "$PART" != offline ]; then
   # Both servers stay up on the same GPU (0.42 of it each: the load is 128 sequences at most) and
   # are driven in turn, twice each, so that a claim is a median of alternating runs.
-  PYTHONPATH=$VSITE setsid python3 -m vllm.entrypoints.cli.main serve $MODEL --load-format dummy \
-    --max-model-len 4096 --port 8011 --gpu-memory-utilization 0.42 --disable-uvicorn-access-log \
-    > "$OUT/vllm_serve.log" 2>&1 &
-  vpid=$!
-  wait_healthy 8011 240 || tail -5 "$OUT/vllm_serve.log"
-  PYTHONPATH=$VSITE:$PWD setsid python3 -m minivllm serve $MODEL --load-format dummy \
-    --max-model-len 4096 --port 8012 --gpu-memory-utilization 0.42 --disable-log-requests \
-    --disable-uvicorn-access-log > "$OUT/minivllm_serve.log" 2>&1 &
-  mpid=$!
-  wait_healthy 8012 240 || tail -5 "$OUT/minivllm_serve.log"
+  start_vllm 0.42
+  start_minivllm 0.42
   for round in 1 2; do
     bench vllm_$round 8011 $round $vpid
     bench minivllm_$round 8012 $round $mpid
