@@ -50,9 +50,9 @@ class _Mailbox:
     event: asyncio.Event = field(default_factory=asyncio.Event)
     latest: RequestOutput | None = None
     error: Exception | None = None
-    # Tokens (of its longest sample) in the output the consumer was last woken for: with
-    # stream_interval > 1 the consumer is woken only every stream_interval tokens.
-    num_woken_tokens: int = 0
+    # With stream_interval > 1: tokens (of its longest sample) in the output the consumer last
+    # read; it is woken again once stream_interval more have come.
+    num_read_tokens: int = 0
 
 
 class AsyncLLM:
@@ -170,6 +170,8 @@ class AsyncLLM:
                 output = mailbox.latest
                 assert output is not None
                 finished = output.finished
+                if self.config.stream_interval > 1:
+                    mailbox.num_read_tokens = _longest(output)
                 yield output
                 if finished:
                     return
@@ -214,11 +216,11 @@ class AsyncLLM:
                 del self._mailboxes[output.request_id]
             elif interval == 1:
                 mailbox.event.set()
-            else:  # vLLM's stream_interval: the first tokens at once, then every interval
-                longest = max(len(c.token_ids) for c in output.outputs)
-                if not mailbox.num_woken_tokens or longest - mailbox.num_woken_tokens >= interval:
-                    mailbox.num_woken_tokens = longest
-                    mailbox.event.set()
+            # vLLM's stream_interval: the first tokens at once, then every interval tokens.
+            elif not mailbox.num_read_tokens or (
+                _longest(output) - mailbox.num_read_tokens >= interval
+            ):
+                mailbox.event.set()
         if self.observer is not None:
             self.observer.on_step(engine_outputs, outputs, stats)
 
@@ -240,6 +242,11 @@ class AsyncLLM:
             mailbox.error = EngineDeadError(reason)
             mailbox.event.set()
         self._mailboxes.clear()
+
+
+def _longest(output: RequestOutput) -> int:
+    """Tokens generated so far by the request's longest sample."""
+    return max(len(c.token_ids) for c in output.outputs)
 
 
 def _generation_defaults(
