@@ -116,14 +116,18 @@ class AsyncLLM:
         prompt: str | None,
         prompt_token_ids: list[int],
         params: SamplingParams,
+        *,
+        validated: bool = False,
     ) -> AsyncIterator[RequestOutput]:
-        """Validates and submits a request now (ValueError if it is bad, EngineDeadError if
-        the engine is gone); returns the iterator of its outputs. Not iterating it to the
-        end leaks nothing only if you call abort(request_id)."""
+        """Validates (unless the caller just ran validate() on the same prompt and params)
+        and submits a request now (ValueError if it is bad, EngineDeadError if the engine is
+        gone); returns the iterator of its outputs. Not iterating it to the end leaks nothing
+        only if you call abort(request_id)."""
         if self.dead_reason is not None:
             raise EngineDeadError(self.dead_reason)
         params = replace(params, eos_token_ids=list(self.generation_defaults.eos_token_ids))
-        self.validate(prompt_token_ids, params)
+        if not validated:
+            self.validate(prompt_token_ids, params)
         arrival = time.time()
         children = self.output_processor.add_request(
             request_id, prompt, prompt_token_ids, params, arrival

@@ -35,12 +35,18 @@ _MAX_LOGIT_BIAS = 1024  # entries a request may bias (each one a column the samp
 
 
 async def read_body(request: Request, model_cls: type[ModelT]) -> ModelT:
-    """Reads at most MAX_BODY_BYTES, parses JSON, validates; every failure is a 400."""
+    """Reads at most MAX_BODY_BYTES, parses JSON, validates; every failure is a 400. A
+    1,000-id prompt's body takes about half the time in model_validate_json as in
+    json.loads + model_validate (the error path still uses those)."""
     body = bytearray()
     async for chunk in request.stream():
         body += chunk
         if len(body) > MAX_BODY_BYTES:
             raise APIError(f"the request body is larger than {MAX_BODY_BYTES} bytes")
+    try:  # a valid body, the common case: parsed and validated in one pass (pydantic's Rust)
+        return model_cls.model_validate_json(body)
+    except ValidationError:
+        pass  # parsed again below, to say precisely what is wrong
     try:
         data = json.loads(body)
     except (ValueError, RecursionError) as e:  # bad JSON, bad UTF-8, absurd nesting

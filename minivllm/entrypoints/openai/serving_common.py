@@ -55,7 +55,7 @@ def submit(
     try:
         for i, (text, token_ids, params) in enumerate(prompts):
             sub_id = request_id if len(prompts) == 1 else f"{request_id}-{i}"
-            iterators.append(engine.add_request(sub_id, text, token_ids, params))
+            iterators.append(engine.add_request(sub_id, text, token_ids, params, validated=True))
             if state.log_requests:
                 logger.info(
                     "request %s: %d prompt tokens, %s", sub_id, len(token_ids), _brief(params)
