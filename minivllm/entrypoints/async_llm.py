@@ -116,26 +116,42 @@ class AsyncLLM:
         prompt: str | None,
         prompt_token_ids: list[int],
         params: SamplingParams,
-        *,
-        validated: bool = False,
     ) -> AsyncIterator[RequestOutput]:
-        """Validates (unless the caller just ran validate() on the same prompt and params)
-        and submits a request now (ValueError if it is bad, EngineDeadError if the engine is
-        gone); returns the iterator of its outputs. Not iterating it to the end leaks nothing
-        only if you call abort(request_id)."""
+        """Validates and submits a request now (ValueError if it is bad, EngineDeadError if
+        the engine is gone); returns the iterator of its outputs. Not iterating it to the
+        end leaks nothing only if you call abort(request_id)."""
+        return self.add_requests([(request_id, prompt, prompt_token_ids, params)])[0]
+
+    def add_requests(
+        self, requests: list[tuple[str, str | None, list[int], SamplingParams]]
+    ) -> list[AsyncIterator[RequestOutput]]:
+        """add_request for several (request_id, prompt, prompt_token_ids, params) at once:
+        all are validated before any is submitted, so a bad one submits nothing; if a
+        submission fails, those already made are aborted."""
         if self.dead_reason is not None:
             raise EngineDeadError(self.dead_reason)
-        params = replace(params, eos_token_ids=list(self.generation_defaults.eos_token_ids))
-        if not validated:
+        for _, _, prompt_token_ids, params in requests:
             self.validate(prompt_token_ids, params)
-        arrival = time.time()
-        children = self.output_processor.add_request(
-            request_id, prompt, prompt_token_ids, params, arrival
-        )
-        mailbox = _Mailbox()
-        self._mailboxes[request_id] = mailbox
-        self._client.add_requests([(cid, prompt_token_ids, p, arrival) for cid, p in children])
-        return self._outputs(request_id, mailbox)
+        eos = self.generation_defaults.eos_token_ids
+        iterators: list[AsyncIterator[RequestOutput]] = []
+        try:
+            for request_id, prompt, prompt_token_ids, params in requests:
+                params = replace(params, eos_token_ids=list(eos))
+                arrival = time.time()
+                children = self.output_processor.add_request(
+                    request_id, prompt, prompt_token_ids, params, arrival
+                )
+                mailbox = _Mailbox()
+                self._mailboxes[request_id] = mailbox
+                self._client.add_requests(
+                    [(cid, prompt_token_ids, p, arrival) for cid, p in children]
+                )
+                iterators.append(self._outputs(request_id, mailbox))
+        except BaseException:
+            for request_id, *_ in requests[: len(iterators)]:
+                self.abort(request_id)
+            raise
+        return iterators
 
     async def generate(
         self,

@@ -44,28 +44,21 @@ async def tokenize_text(
 def submit(
     state: ServerState, request_id: str, prompts: list[tuple[str | None, list[int], SamplingParams]]
 ) -> list[AsyncIterator[RequestOutput]]:
-    """Validates every prompt, then submits them all (so a bad one submits nothing)."""
-    engine = state.engine
+    """Submits every prompt of a request (AsyncLLM.add_requests: a bad one submits nothing);
+    a bad prompt is a 400, a dead engine a 503."""
+    requests = [
+        (request_id if len(prompts) == 1 else f"{request_id}-{i}", text, token_ids, params)
+        for i, (text, token_ids, params) in enumerate(prompts)
+    ]
     try:
-        for _, token_ids, params in prompts:
-            engine.validate(token_ids, params)
+        iterators = state.engine.add_requests(requests)
     except ValueError as e:
         raise APIError(str(e)) from None
-    iterators = []
-    try:
-        for i, (text, token_ids, params) in enumerate(prompts):
-            sub_id = request_id if len(prompts) == 1 else f"{request_id}-{i}"
-            iterators.append(engine.add_request(sub_id, text, token_ids, params, validated=True))
-            if state.log_requests:
-                logger.info(
-                    "request %s: %d prompt tokens, %s", sub_id, len(token_ids), _brief(params)
-                )
     except EngineDeadError as e:
         raise APIError(f"the engine is dead: {e}", status=503) from None
-    except BaseException:
-        for i in range(len(iterators)):
-            engine.abort(request_id if len(prompts) == 1 else f"{request_id}-{i}")
-        raise
+    if state.log_requests:
+        for sub_id, _, token_ids, params in requests:
+            logger.info("request %s: %d prompt tokens, %s", sub_id, len(token_ids), _brief(params))
     return iterators
 
 
