@@ -147,8 +147,8 @@ class AsyncLLM:
                     [(cid, prompt_token_ids, p, arrival) for cid, p in children]
                 )
                 iterators.append(self._outputs(request_id, mailbox))
-        except BaseException:
-            for request_id, *_ in requests[: len(iterators)]:
+        except BaseException:  # abort those added, and the one half added (abort forgives)
+            for request_id, *_ in requests[: len(iterators) + 1]:
                 self.abort(request_id)
             raise
         return iterators
