@@ -2,7 +2,8 @@
 
 Prints one JSON line per case: time, achieved TB/s or TFLOP/s, and the ratio to a torch
 reference timed in the same run (speedup = reference time / kernel time). A failing case
-prints an error line and the run goes on. Usage: python benchmarks/bench_kernels.py [--quick]
+prints an error line and the run goes on.
+Usage: python benchmarks/bench_kernels.py [--quick] [--only NAME_PREFIX, e.g. long_ or tail_]
 """
 
 from __future__ import annotations
@@ -277,11 +278,31 @@ def cases(quick: bool):
             f"sweep_prefill_1000_{cfg}",
             lambda c=cfg: prefill_case([1000], 16, 8, 128, quick, c),
         )
+    # The `long` workload's steps: one 16k-token prompt a step, then ~16 decodes at 16k.
+    for cfg in (None, (128, 128, 8, 2), (128, 64, 4, 3), (128, 32, 8, 4), (64, 64, 4, 3)):
+        yield (
+            f"long_prefill_16384_{cfg}",
+            lambda c=cfg: prefill_case([16384], 16, 8, 128, quick, c),
+        )
+    for splits in (None, 1, 2, 4, 8, 16):
+        yield (
+            f"long_decode_b16_ctx16384_splits{splits}",
+            lambda s=splits: decode_case(16, 16384, 16, 8, 128, s, quick),
+        )
+    # The headline's tail: the batch shrinks as requests finish (programs = batch * kv heads
+    # around one wave of SMs).
+    for batch in (8, 16, 17, 24, 32, 48, 64, 128):
+        for splits in (None, 1, 2, 4):
+            yield (
+                f"tail_decode_b{batch}_ctx1500_splits{splits}",
+                lambda b=batch, s=splits: decode_case(b, 1500, 16, 8, 128, s, quick),
+            )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="the five headline cases, fewer reps")
+    parser.add_argument("--only", default="", help="run the cases whose name starts with this")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_kernels.py needs a CUDA GPU")
@@ -291,7 +312,9 @@ def main() -> None:
         "triton": triton.__version__,
         "torch": torch.__version__,
     }
-    for name, run in cases(args.quick):
+    for name, run in cases(args.quick and not args.only):
+        if not name.startswith(args.only):
+            continue
         try:
             result = run()
             print(json.dumps({"case": name, **result, **meta}), flush=True)

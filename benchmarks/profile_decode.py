@@ -18,6 +18,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--context", type=int, default=1000)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--no-async-scheduling", action="store_true")
     # Under TP the profile shows rank 0's kernels; the workers run the same ones.
     parser.add_argument("--tensor-parallel-size", type=int, default=1)
@@ -33,7 +34,7 @@ def main() -> None:
     llm = LLM(
         model_dir,
         load_format="dummy",
-        max_model_len=4096,
+        max_model_len=max(args.max_model_len, args.context + 2600),
         async_scheduling=not args.no_async_scheduling,
         tensor_parallel_size=args.tensor_parallel_size,
         deterministic=args.deterministic,
