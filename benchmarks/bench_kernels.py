@@ -292,7 +292,7 @@ def cases(quick: bool):
     # The headline's tail: the batch shrinks as requests finish (programs = batch * kv heads
     # around one wave of SMs).
     for batch in (8, 16, 17, 24, 32, 48, 64, 128):
-        for splits in (None, 1, 2, 4):
+        for splits in (None, 1, 2, 3, 4, 5, 8):
             yield (
                 f"tail_decode_b{batch}_ctx1500_splits{splits}",
                 lambda b=batch, s=splits: decode_case(b, 1500, 16, 8, 128, s, quick),

@@ -23,7 +23,14 @@ def main() -> None:
     # Under TP the profile shows rank 0's kernels; the workers run the same ones.
     parser.add_argument("--tensor-parallel-size", type=int, default=1)
     parser.add_argument("--deterministic", action="store_true")
+    parser.add_argument("--kv-cache-dtype", default="auto")
+    # Split-KV partitions for every decode step (graphs included) instead of the launcher's rule.
+    parser.add_argument("--num-splits", type=int, default=None)
     args = parser.parse_args()
+    if args.num_splits is not None:
+        from minivllm.attention.triton import TritonBackend
+
+        TritonBackend.num_splits = lambda self, *_: args.num_splits
 
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -38,6 +45,7 @@ def main() -> None:
         async_scheduling=not args.no_async_scheduling,
         tensor_parallel_size=args.tensor_parallel_size,
         deterministic=args.deterministic,
+        kv_cache_dtype=args.kv_cache_dtype,
     )
     engine = llm.engine
     params = SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=10_000 // 4)
@@ -72,6 +80,8 @@ def main() -> None:
                 "async_scheduling": not args.no_async_scheduling,
                 "tp": args.tensor_parallel_size,
                 "deterministic": args.deterministic,
+                "kv_cache_dtype": args.kv_cache_dtype,
+                "num_splits": args.num_splits,
                 "wall_ms_per_step_profiled": round(wall * 1e3, 3),
                 "gpu_kernel_ms_per_step": round(gpu_ms, 3),
                 "top_kernels_ms_per_step": {k: round(v, 3) for k, v in top},
