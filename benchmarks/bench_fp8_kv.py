@@ -2,8 +2,8 @@
 bandwidth against the bytes it actually reads, next to a plain device copy of as many bytes.
 
 Prints one JSON line per case. Usage: python benchmarks/bench_fp8_kv.py [--quick] [--variants]
---variants: decode kernel variants (fp8_convert modes, tiles, stages) on the same cache values,
-each checked against the plain-cast fp8 output; exits 1 on a mismatch.
+--variants: decode kernel variants (inline-asm V conversion, tiles, stages) on the same cache
+values, each checked against the default fp8 output; exits 1 on a mismatch.
 """
 
 from __future__ import annotations
@@ -153,23 +153,20 @@ def cases(quick: bool):
 # --variants: decode shapes (batch, ctx) at 16/8 heads, head_dim 128, and the tiles to try.
 DECODE_SHAPES = ((256, 1000), (64, 4000), (4, 8000))
 VARIANT_CONFIGS = tuple((bn, nw, ns) for bn in (64, 128) for nw in (4, 8) for ns in (3, 5))
-ASM_MODES = ("cvt", "bits_v", "bits")  # decode_attention's inline-PTX fp8_convert modes
 
 
-def variants() -> Iterator[tuple[str, str, str, tuple[int, int, int] | None]]:
-    """(name, kv, fp8_convert, config). fp8_cast_default first: every row is compared with it; each
-    asm row has a plain-cast twin at the same config (its name with the mode replaced by
-    "cast")."""
-    yield "fp8_cast_default", "fp8", "cast", None
-    yield "bf16_default", "auto", "cast", None
-    for mode in ASM_MODES:
-        yield f"fp8_{mode}_default", "fp8", mode, None
+def variants() -> Iterator[tuple[str, str, bool, tuple[int, int, int] | None]]:
+    """(name, kv, v_cvt_asm, config). fp8_default first: every row is compared with it; each
+    asm row has a plain-cast twin at the same config (its name without "asm_")."""
+    yield "fp8_default", "fp8", False, None
+    yield "bf16_default", "auto", False, None
+    yield "fp8_asm_default", "fp8", True, None
     for bn, nw, ns in VARIANT_CONFIGS:
-        for mode in ("cast", *ASM_MODES):
-            yield f"fp8_{mode}_bn{bn}_w{nw}_s{ns}", "fp8", mode, (bn, nw, ns)
+        yield f"fp8_bn{bn}_w{nw}_s{ns}", "fp8", False, (bn, nw, ns)
+        yield f"fp8_asm_bn{bn}_w{nw}_s{ns}", "fp8", True, (bn, nw, ns)
 
 
-def run_variant(args: tuple, splits: int, mode: str, config, quick: bool) -> tuple[float, object]:
+def run_variant(args: tuple, splits: int, asm: bool, config, quick: bool) -> tuple[float, object]:
     """(median ms, the output of one clean call) of decode_attention over args."""
     q, cache, block_tables, seq_lens, scale = args
     out = torch.empty_like(q)
@@ -178,7 +175,7 @@ def run_variant(args: tuple, splits: int, mode: str, config, quick: bool) -> tup
 
     def call():
         decode_attention(q, cache, block_tables, seq_lens, scale, out, splits, mid_o, mid_lse,
-                         config=config, fp8_convert=mode)  # fmt: skip
+                         config=config, v_cvt_asm=asm)  # fmt: skip
 
     call()
     result = out.clone()
@@ -187,7 +184,7 @@ def run_variant(args: tuple, splits: int, mode: str, config, quick: bool) -> tup
 
 def variant_rows(batch: int, ctx: int, quick: bool) -> Iterator[dict]:
     """One row per variant, then a summary row. Both caches hold the same numbers (e4m3 values
-    are exact in bf16), so every output is compared with fp8_cast_default's."""
+    are exact in bf16), so every output is compared with fp8_default's."""
     num_heads, num_kv_heads, head_dim = 16, 8, 128
     fp8_cache, block_tables, seq_lens = paged_cache(batch, ctx, num_kv_heads, head_dim, FP8)
     caches = {"fp8": fp8_cache, "auto": fp8_cache.to(torch.bfloat16)}
@@ -197,12 +194,12 @@ def variant_rows(batch: int, ctx: int, quick: bool) -> Iterator[dict]:
     splits = choose_num_splits(batch, num_kv_heads, ctx, sms)
     case = f"variants_decode_b{batch}_ctx{ctx}"
     outs, times, copy_rates, mismatches = {}, {}, {}, []
-    for name, kv, mode, config in variants():
-        row = {"case": case, "variant": name, "kv_cache_dtype": kv, "fp8_convert": mode,
+    for name, kv, asm, config in variants():
+        row = {"case": case, "variant": name, "kv_cache_dtype": kv, "v_cvt_asm": asm,
                "config": config, "num_splits": splits}  # fmt: skip
         try:
             args = (q, caches[kv], block_tables, seq_lens, head_dim**-0.5)
-            times[name], outs[name] = run_variant(args, splits, mode, config, quick)
+            times[name], outs[name] = run_variant(args, splits, asm, config, quick)
         except Exception as e:  # noqa: BLE001 - one failing variant must not hide the others
             traceback.print_exc()
             yield {**row, "error": repr(e)}
@@ -214,24 +211,24 @@ def variant_rows(batch: int, ctx: int, quick: bool) -> Iterator[dict]:
         row |= {"ms": round(times[name], 4), "bytes_read": bytes_read,
                 "tb_per_s": round(bytes_read / times[name] / 1e9, 3),
                 "copy_tb_per_s": copy_rates[bytes_read],
-                **compare(name, kv, mode, outs, times, ref)}  # fmt: skip
+                **compare(name, kv, asm, outs, times, ref)}  # fmt: skip
         mismatches += [name] if row.get("check") == "MISMATCH" else []
         yield row
     yield summary_row(case, times, mismatches)
 
 
-def compare(name: str, kv: str, mode: str, outs: dict, times: dict, ref) -> dict:
-    """Errors against fp32 and fp8_cast_default. An fp8 output further than 2 bf16 ulps of the
-    largest output from fp8_cast_default's is a MISMATCH (a wrong asm element order is O(output));
+def compare(name: str, kv: str, asm: bool, outs: dict, times: dict, ref) -> dict:
+    """Errors against fp32 and fp8_default. An fp8 output further than 2 bf16 ulps of the
+    largest output from fp8_default's is a MISMATCH (a wrong asm element order is O(output));
     an asm row also says whether it is bit-equal to its plain-cast twin, and how much faster."""
     out = outs[name].float()
     row = {"max_abs_err_vs_fp32": (out - ref).abs().max().item()}
-    if "fp8_cast_default" not in outs:
-        return row | {"check": "no fp8_cast_default output to compare with"}
-    base = outs["fp8_cast_default"].float()
+    if "fp8_default" not in outs:
+        return row | {"check": "no fp8_default output to compare with"}
+    base = outs["fp8_default"].float()
     row["max_abs_diff_vs_fp8_default"] = diff = (out - base).abs().max().item()
-    twin = name.replace(f"_{mode}_", "_cast_")
-    if mode != "cast" and twin in outs:
+    twin = name.replace("asm_", "")
+    if asm and twin in outs:
         row["bitwise_equal_to_twin"] = torch.equal(outs[name], outs[twin])
         row["speedup_vs_twin"] = round(times[twin] / times[name], 3)
     if kv == "fp8":
@@ -243,10 +240,10 @@ def summary_row(case: str, times: dict, mismatches: list) -> dict:
     """Speedups over bf16: the numbers that decide whether fp8 + asm becomes the default."""
     bf16 = times.get("bf16_default", float("nan"))
     fp8 = {n: t for n, t in times.items() if n.startswith("fp8_") and n not in mismatches}
-    asm = {n: t for n, t in fp8.items() if any(f"_{m}_" in n for m in ASM_MODES)}
+    asm = {n: t for n, t in fp8.items() if "asm_" in n}
     row = {"case": f"{case}_summary", "bf16_ms": round(bf16, 4), "mismatches": mismatches,
-           "fp8_cast_speedup_vs_bf16": round(bf16 / fp8["fp8_cast_default"], 3)
-           if "fp8_cast_default" in fp8 else None}  # fmt: skip
+           "fp8_default_speedup_vs_bf16": round(bf16 / fp8["fp8_default"], 3)
+           if "fp8_default" in fp8 else None}  # fmt: skip
     for label, group in (("best_fp8", fp8), ("best_asm", asm)):
         best = min(group, key=group.get, default=None)
         row[label] = best

@@ -19,23 +19,10 @@ from minivllm.kernels.checks import (
     check_same,
     check_tensor,
 )
-from minivllm.kernels.e4m3_asm import (
-    BITS_SCALE,
-    check_e4m3_asm,
-    e4m3_asm_unsupported,
-    e4m3_to_f16_asm,
-    e4m3_to_f16_scaled_asm,
-)
+from minivllm.kernels.e4m3_asm import check_e4m3_asm, e4m3_asm_unsupported, e4m3_to_f16_asm
 from minivllm.kernels.tiling import fit_attention_tiles
 
 MAX_SPLITS = 16
-# How an fp8 tile becomes fp16 (decode_attention's fp8_convert): a plain cast, the hardware
-# cvt by inline PTX, or bit moves by inline PTX (x * 2**-8, the factor folded into the scales).
-CAST, CVT, BITS = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)  # constexpr: jit globals
-# fp8_convert -> (K, V) conversion; "cvt" converts only V by asm (K's cast is not moved).
-FP8_CONVERTS = {"cast": (CAST, CAST), "cvt": (CAST, CVT), "bits_v": (CAST, BITS),
-                "bits": (BITS, BITS)}  # fmt: skip
-DEFAULT_FP8_CONVERT = "cvt"
 # head_dim bound -> (BLOCK_N tokens per iteration, num_warps, num_stages)
 _CONFIGS = ((64, (64, 4, 3)), (128, (64, 4, 3)), (256, (32, 8, 2)))
 
@@ -104,14 +91,13 @@ def _decode_kernel(
     BLOCK_D: tl.constexpr,
     SPLIT: tl.constexpr,
     KV_FP8: tl.constexpr,
-    K_CVT: tl.constexpr,
-    V_CVT: tl.constexpr,
+    V_CVT_ASM: tl.constexpr,
 ):
     """Grid (num_seqs, num_kv_heads, num_splits). Program (b, h, s) attends the GROUP query
     heads of kv head h of request b over partition s of its context. SPLIT: write the
     partition's normalized output and log2-sum-exp to mid_o/mid_lse, else straight to out.
     KV_FP8: K/V tiles are e4m3 (k_scale already in scale_log2e, v_scale applied at the end);
-    K_CVT / V_CVT: CAST, CVT or BITS (scales already include BITS_SCALE)."""
+    V_CVT_ASM: V converted by e4m3_to_f16_asm (q must then be fp16 here)."""
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -149,9 +135,7 @@ def _decode_kernel(
         rows = cache_ptr + slots[:, None] * (NUM_KV_HEADS * HEAD_DIM) + kv_head * HEAD_DIM
         kv_mask = valid[:, None] & d_mask[None, :]
         k = tl.load(rows + offs_d[None, :], mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
-        if K_CVT == BITS:
-            k = e4m3_to_f16_scaled_asm(k)
-        elif KV_FP8:
+        if KV_FP8:
             k = k.to(q.dtype)
         s = tl.dot(q, tl.trans(k)) * scale_log2e  # [BLOCK_G, BLOCK_N]
         s = tl.where(valid[None, :], s, float("-inf"))
@@ -160,9 +144,7 @@ def _decode_kernel(
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(rows + v_cache_offset + offs_d[None, :], mask=kv_mask, other=0.0)
-        if V_CVT == BITS:
-            v = e4m3_to_f16_scaled_asm(v)
-        elif V_CVT == CVT:
+        if V_CVT_ASM:
             v = e4m3_to_f16_asm(v)
         elif KV_FP8:
             v = v.to(q.dtype)
@@ -262,7 +244,7 @@ def decode_attention(
     config: tuple[int, int, int] | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
-    fp8_convert: str | None = None,
+    v_cvt_asm: bool | None = None,
 ) -> torch.Tensor:
     """Attention of one query token per request over its paged context; writes and returns out.
 
@@ -274,25 +256,16 @@ def decode_attention(
     allocation: CUDA-graph capturable for a fixed num_splits. config: (block_n, num_warps,
     num_stages) overrides the per-head_dim table (benchmark sweeps). A float8_e4m3fn kv_cache
     holds K / k_scale and V / v_scale (store_kv); other caches take scales of 1.0.
-    fp8_convert: how fp8 K/V tiles become fp16 (FP8_CONVERTS): "cast" (plain casts), "cvt"
-    (V by the hardware cvt in inline PTX: 1.25x the casts at b256 on an H200), "bits_v" / "bits"
-    (V / K and V by bit moves in inline PTX, e4m3_to_f16_scaled_asm). None (the default) takes
-    DEFAULT_FP8_CONVERT wherever inline PTX can run (an fp8 cache, a 16-bit q, CUDA sm_89+),
-    else "cast"; an asm mode where it cannot run is a ValueError.
+    v_cvt_asm: convert fp8 V tiles by inline PTX (e4m3_to_f16_asm); None (the default) does
+    wherever it can run (an fp8 cache, a 16-bit q, CUDA sm_89+): 1.25x the plain cast's speed
+    at b256 on an H200. True insists (ValueError where it cannot), False is the plain cast.
     """
     check_paged_attention(q, kv_cache, block_tables, seq_lens, out)
     is_fp8 = check_kv_scales(kv_cache, k_scale, v_scale)
-    if fp8_convert is None:
-        fp8_convert = DEFAULT_FP8_CONVERT if e4m3_asm_unsupported(q, is_fp8) is None else "cast"
-    elif fp8_convert not in FP8_CONVERTS:
-        raise ValueError(f"fp8_convert must be one of {sorted(FP8_CONVERTS)}, got {fp8_convert!r}")
-    elif fp8_convert != "cast":
-        check_e4m3_asm(f"fp8_convert={fp8_convert!r}", q, is_fp8)
-    k_cvt, v_cvt = FP8_CONVERTS[fp8_convert] if is_fp8 else (CAST, CAST)
-    if k_cvt == BITS:
-        k_scale *= BITS_SCALE
-    if v_cvt == BITS:
-        v_scale *= BITS_SCALE
+    if v_cvt_asm is None:
+        v_cvt_asm = e4m3_asm_unsupported(q, is_fp8) is None
+    elif v_cvt_asm:
+        check_e4m3_asm("v_cvt_asm", q, is_fp8)
     check_same("seq_lens length", seq_lens.shape[0], "num_seqs", q.shape[0])
     if not 1 <= num_splits <= 256:
         raise ValueError(f"num_splits must be in [1, 256], got {num_splits}")
@@ -322,7 +295,7 @@ def decode_attention(
         NUM_KV_HEADS=num_kv_heads, GROUP=group, HEAD_DIM=head_dim,
         BLOCK_SIZE=kv_cache.shape[2], BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_N=block_n, BLOCK_D=triton.next_power_of_2(head_dim), SPLIT=split, KV_FP8=is_fp8,
-        K_CVT=k_cvt.value, V_CVT=v_cvt.value, num_warps=num_warps, num_stages=num_stages,
+        V_CVT_ASM=v_cvt_asm, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     if split:
         _reduce_kernel[(num_seqs, num_heads)](
