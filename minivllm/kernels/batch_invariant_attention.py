@@ -228,7 +228,9 @@ def _bi_attention_kernel(
         tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=io_mask)
 
 
-@triton.jit
+# seq_lens may be a slice of the step's packed inputs: no alignment specialization, or a split
+# decode beside a prefill would compile a second variant mid-run (seen on the H200).
+@triton.jit(do_not_specialize_on_alignment=["seq_lens_ptr"])
 def _fold_kernel(
     part_acc_ptr, part_m_ptr, part_l_ptr, seq_lens_ptr, out_ptr, v_scale,
     stride_pa_t, stride_pa_h, stride_pa_s, stride_pm_t, stride_pm_h, stride_ot, stride_oh,

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from minivllm.kernels import decode_attention, kv_store, prefill_attention, rope, sampling
+from minivllm.kernels import (
+    batch_invariant_attention,
+    decode_attention,
+    kv_store,
+    prefill_attention,
+    rope,
+    sampling,
+)
 
 
 def _option(kernel, name: str) -> list[str]:
@@ -24,6 +31,11 @@ VARYING = {
     ),
     # num_splits (at most MAX_SPLITS values) stays specialized on purpose.
     decode_attention._decode_kernel: ({"stride_bt"}, {"block_table_ptr", "seq_lens_ptr"}),
+    batch_invariant_attention._bi_attention_kernel: (
+        {"num_seqs", "start_row", "stride_bt"},
+        {"block_table_ptr", "seq_lens_ptr", "query_start_loc_ptr"},
+    ),
+    batch_invariant_attention._fold_kernel: (set(), {"seq_lens_ptr"}),
     kv_store._store_kv_kernel: (set(), {"slot_ptr"}),
     rope._rope_kernel: (set(), {"positions_ptr", "slot_ptr"}),
     # Views into one per-step staging tensor (engine/sampling_state.py).
