@@ -237,13 +237,14 @@ def sample_plain_case(batch: int, vocab_size: int, quick: bool) -> dict:
     return result
 
 
-def cases(quick: bool):
+def cases(quick: bool, every_case: bool = False):
+    """(name, run) pairs; quick: fewer repetitions, and only the first five unless every_case."""
     yield "decode_b256_ctx1000", lambda: decode_case(256, 1000, 16, 8, 128, None, quick)
     yield "decode_b4_ctx8000_split", lambda: decode_case(4, 8000, 16, 8, 128, None, quick)
     yield "decode_b4_ctx8000_nosplit", lambda: decode_case(4, 8000, 16, 8, 128, 1, quick)
     yield "prefill_4096", lambda: prefill_case([4096], 16, 8, 128, quick)
     yield "sample_plain_b256_v151936", lambda: sample_plain_case(256, 151936, quick)
-    if quick:
+    if quick and not every_case:
         return
     yield "decode_b1_ctx1000", lambda: decode_case(1, 1000, 16, 8, 128, None, quick)
     yield "decode_b64_ctx2000", lambda: decode_case(64, 2000, 16, 8, 128, None, quick)
@@ -313,7 +314,7 @@ def main() -> None:
         "triton": triton.__version__,
         "torch": torch.__version__,
     }
-    for name, run in cases(args.quick and not args.only):
+    for name, run in cases(args.quick, every_case=bool(args.only)):
         if not name.startswith(args.only):
             continue
         try:
