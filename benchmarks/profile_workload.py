@@ -22,6 +22,7 @@ KINDS = (
     ("_decode_kernel", "decode_attention"),
     ("_reduce_kernel", "reduce_split_kv_or_sampler"),  # both modules name one so
     ("gemm", "gemm"),
+    ("splitkreduce", "gemm"),  # cuBLAS's split-K reduce, part of a GEMM
     ("nvjet", "gemm"),
     ("cutlass", "gemm"),
     ("xmma", "gemm"),

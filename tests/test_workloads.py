@@ -1,5 +1,5 @@
 """benchmarks/workloads.py: the throughput workload shapes are seeded, sized as documented, and
-the headline is exactly PERF.md's."""
+the headline is exactly PERF.md's; benchmarks/profile_workload.py's runs and kernel kinds."""
 
 from __future__ import annotations
 
@@ -73,3 +73,50 @@ def test_result_fields(workloads) -> None:
     assert fields["prompt_tokens"] == 4 and fields["output_tokens"] == 16
     assert fields["output_tok_s"] == 8.0 and fields["total_tok_s"] == 10.0
     assert fields["workload"] == "t" and fields["num_requests"] == 2
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module_path():
+    # profile_workload.py imports its neighbours (common, workloads) as a script does.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(_PATH.parent))
+        yield
+
+
+@pytest.fixture(scope="module")
+def profile_workload(monkeypatch_module_path):
+    return SimpleNamespace(**runpy.run_path(str(_PATH.parent / "profile_workload.py"),
+                                            run_name="bench_profile_workload"))  # fmt: skip
+
+
+def test_profile_runs_never_share_a_prompt(workloads, profile_workload) -> None:
+    """Its warm-up, timed and profiled runs take the workload with shifted ids: a run must not
+    find the previous run's prompts in the prefix cache, and prefixes shared within a run stay
+    shared (the prefix workload is about them)."""
+    w = workloads.make_workload("prefix", 64)
+    runs = [profile_workload.shifted(w.prompts, s) for s in (1, 2, 3)]
+    ids = [[r["prompt_token_ids"] for r in run] for run in runs]
+    for a, b in ((0, 1), (1, 2), (0, 2)):
+        assert all(x[0] != y[0] for x, y in zip(ids[a], ids[b]))  # not even the first block
+    for run in ids:
+        assert [len(p) for p in run] == [len(p) for p in w.prompts]
+        assert all(0 <= t <= workloads.MAX_TOKEN_ID for p in run for t in p)
+        assert len({tuple(p[:2048]) for p in run}) == len({tuple(p[:2048]) for p in w.prompts})
+
+
+@pytest.mark.parametrize(
+    "name,kind",
+    [
+        ("_prefill_kernel", "prefill_attention"),
+        ("_decode_kernel", "decode_attention"),
+        ("nvjet_sm90_tst_64x8_64x16_4x1_v_bz_TNT", "gemm"),
+        ("void cublasLt::splitKreduce_kernel<32, 16, int, float, __nv_bfloat16>", "gemm"),
+        ("_rope_kernel", "rope_kv_store"),
+        ("_rmsnorm_kernel", "norm"),
+        ("_silu_and_mul_kernel", "activation"),
+        ("_chunk_max_kernel", "sampler"),
+        ("Memcpy HtoD (Pinned -> Device)", "other"),
+    ],
+)
+def test_profile_kernel_kinds(profile_workload, name, kind) -> None:
+    assert profile_workload.kind_of(name) == kind
