@@ -20,7 +20,7 @@ from workloads import MAX_TOKEN_ID, WORKLOADS, make_workload
 KINDS = (
     ("_prefill_kernel", "prefill_attention"),
     ("_decode_kernel", "decode_attention"),
-    ("_reduce_kernel", "reduce_split_kv_or_sampler"),  # both modules name one so
+    ("_reduce_kernel", "reduce_split_kv_or_sampler"),  # both modules have a kernel of this name
     ("gemm", "gemm"),
     ("splitkreduce", "gemm"),  # cuBLAS's split-K reduce, part of a GEMM
     ("nvjet", "gemm"),
