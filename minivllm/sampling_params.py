@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field
 
 # vLLM's default VLLM_MAX_N_SEQUENCES: each sample is a request of its own.
 MAX_N = 16384
+logger = logging.getLogger(__name__)
+
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+# vLLM's floor for a nonzero temperature: logits / 1e-40 overflow float32 (NaN probabilities),
+# and 1e-300 rounds to a float32 0 that the sampler would not treat as greedy.
+MIN_TEMPERATURE = 1e-2
 _FLOAT_FIELDS = (
     "temperature",
     "top_p",
@@ -24,9 +30,10 @@ _OPTIONAL_INT_FIELDS = ("seed", "max_tokens", "logprobs", "prompt_logprobs")
 class SamplingParams:
     """How to sample one request. Names and meanings follow vLLM.
 
-    temperature 0 is greedy; top_k 0 or -1 means off; penalties of 0 (presence, frequency)
-    and 1 (repetition) are off. `logprobs=k` returns the sampled token plus the top k for
-    each generated token; `prompt_logprobs=k` the same for prompt tokens.
+    temperature 0 is greedy (one in (0, 0.01) becomes 0.01, as in vLLM); top_k 0 or -1 means
+    off; penalties of 0 (presence, frequency) and 1 (repetition) are off. `logprobs=k` returns
+    the sampled token plus the top k for each generated token; `prompt_logprobs=k` the same
+    for prompt tokens.
     """
 
     n: int = 1
@@ -65,6 +72,12 @@ class SamplingParams:
             self.seed = None
         self._validate_types()
         self._validate_ranges()
+        if 0.0 < self.temperature < MIN_TEMPERATURE:
+            logger.warning(
+                "temperature %s is below %s, where float32 logits overflow; using %s (as vLLM)",
+                self.temperature, MIN_TEMPERATURE, MIN_TEMPERATURE,
+            )  # fmt: skip
+            self.temperature = MIN_TEMPERATURE
 
     def _validate_types(self) -> None:
         """Every number a finite float or an int64 (the sampler's tensors hold them)."""

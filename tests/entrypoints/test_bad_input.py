@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
+import warnings
 
 import pytest
 
@@ -118,6 +120,46 @@ def test_extreme_seeds_run(llm: LLM) -> None:
         params = SamplingParams(n=2, seed=seed, temperature=1.0, max_tokens=3)
         out = llm.generate({"prompt_token_ids": [1, 2, 3]}, params, use_tqdm=False)
         assert [len(c.token_ids) for c in out[0].outputs] == [3, 3]
+    still_serves(llm)
+
+
+def test_tiny_temperature_is_raised_to_vllms_floor(caplog) -> None:
+    """As in vLLM, a temperature in (0, 0.01) becomes 0.01 with a warning: below it float32
+    logits / temperature overflow (1e-40 gave NaN probabilities and token 0 every step) or
+    the temperature itself rounds to a float32 0 (1e-300 was then sampled at 1.0)."""
+    with caplog.at_level("WARNING", logger="minivllm.sampling_params"):
+        assert SamplingParams(temperature=1e-40).temperature == 0.01
+    assert "temperature 1e-40 is below 0.01" in caplog.text
+    assert SamplingParams(temperature=0.0).temperature == 0.0  # greedy stays greedy
+    assert SamplingParams(temperature=0.01).temperature == 0.01
+
+
+def test_extreme_temperatures_and_penalties_run(llm: LLM) -> None:
+    """Any finite value SamplingParams takes reaches the sampler as a float32 that computes:
+    no overflow in the cast (numpy's warning is an error here), no NaN logits. A near-zero
+    temperature samples like greedy on this model; a huge one like any temperature (valid
+    tokens, finite logprobs)."""
+    prompt = {"prompt_token_ids": [1, 2, 3]}
+    greedy = llm.generate(prompt, GREEDY, use_tqdm=False)[0].outputs[0].token_ids
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        for temperature in (1e-40, 1e-300):
+            params = SamplingParams(temperature=temperature, max_tokens=4, ignore_eos=True, seed=0)
+            out = llm.generate(prompt, params, use_tqdm=False)[0].outputs[0]
+            assert out.token_ids == greedy, temperature
+        vocab = llm.engine.model_config.vocab_size
+        for kwargs in (
+            {"temperature": 1e300},
+            {"temperature": 0.7, "repetition_penalty": 1e300},
+            {"temperature": 0.0, "repetition_penalty": 1e300},
+            {"temperature": 0.0, "repetition_penalty": 1e-300},
+            {"temperature": 0.7, "top_k": 3, "repetition_penalty": 1e-300},
+        ):
+            params = SamplingParams(max_tokens=4, ignore_eos=True, seed=0, logprobs=1, **kwargs)
+            out = llm.generate(prompt, params, use_tqdm=False)[0].outputs[0]
+            assert len(out.token_ids) == 4 and all(0 <= t < vocab for t in out.token_ids)
+            chosen = [entry[t].logprob for entry, t in zip(out.logprobs, out.token_ids)]
+            assert all(math.isfinite(lp) or lp == float("-inf") for lp in chosen), kwargs
     still_serves(llm)
 
 
