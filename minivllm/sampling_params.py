@@ -55,7 +55,8 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     # token id -> a number added to its logit before penalties, temperature and filters
-    # (OpenAI's logit_bias; +-100 effectively forces or bans a token).
+    # (OpenAI's logit_bias; +-100 effectively forces or bans a token; clamped to [-100, 100]
+    # as the OpenAI API and vLLM's server do: 1e300 would be an inf logit, NaN probabilities).
     logit_bias: dict[int, float] | None = None
     # Filled by the engine from the tokenizer / generation_config.json, not by users.
     eos_token_ids: list[int] = field(default_factory=list)
@@ -72,6 +73,8 @@ class SamplingParams:
             self.seed = None
         self._validate_types()
         self._validate_ranges()
+        if self.logit_bias:
+            self.logit_bias = {t: min(100.0, max(-100.0, b)) for t, b in self.logit_bias.items()}
         if 0.0 < self.temperature < MIN_TEMPERATURE:
             logger.warning(
                 "temperature %s is below %s, where float32 logits overflow; using %s (as vLLM)",

@@ -154,12 +154,19 @@ def test_extreme_temperatures_and_penalties_run(llm: LLM) -> None:
             {"temperature": 0.0, "repetition_penalty": 1e300},
             {"temperature": 0.0, "repetition_penalty": 1e-300},
             {"temperature": 0.7, "top_k": 3, "repetition_penalty": 1e-300},
+            {"temperature": 0.7, "logit_bias": {7: -1e300}},
         ):
             params = SamplingParams(max_tokens=4, ignore_eos=True, seed=0, logprobs=1, **kwargs)
             out = llm.generate(prompt, params, use_tqdm=False)[0].outputs[0]
             assert len(out.token_ids) == 4 and all(0 <= t < vocab for t in out.token_ids)
             chosen = [entry[t].logprob for entry, t in zip(out.logprobs, out.token_ids)]
             assert all(math.isfinite(lp) or lp == float("-inf") for lp in chosen), kwargs
+        # A bias of 1e300 forces its token, as +100 does (it was an inf logit: NaN
+        # probabilities and token 0 every step).
+        params = SamplingParams(temperature=0.7, max_tokens=4, ignore_eos=True, seed=0,
+                                logit_bias={42: 1e300})  # fmt: skip
+        assert params.logit_bias == {42: 100.0}
+        assert llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids == [42] * 4
     still_serves(llm)
 
 

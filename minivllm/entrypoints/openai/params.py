@@ -111,9 +111,9 @@ def sampling_params(
 
 
 def _logit_bias(logit_bias: dict[str, float] | None) -> dict[int, float] | None:
-    """OpenAI's {"token id": bias} as {id: bias}, each bias clamped to [-100, 100] as the
-    OpenAI API (and vLLM) do; keys that are not token ids are a 400. (Non-finite biases never
-    get here: the request models reject NaN and infinities.)"""
+    """OpenAI's {"token id": bias} as {id: bias} (SamplingParams clamps each bias to
+    [-100, 100], as the OpenAI API does); keys that are not token ids are a 400. (Non-finite
+    biases never get here: the request models reject NaN and infinities.)"""
     if not logit_bias:
         return None
     if len(logit_bias) > _MAX_LOGIT_BIAS:
@@ -126,7 +126,7 @@ def _logit_bias(logit_bias: dict[str, float] | None) -> dict[int, float] | None:
             raise APIError(
                 f"logit_bias keys must be token ids, got {key!r}", param="logit_bias"
             ) from None
-        result[token_id] = min(100.0, max(-100.0, float(bias)))
+        result[token_id] = float(bias)
     return result
 
 
