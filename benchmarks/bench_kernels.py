@@ -280,8 +280,17 @@ def cases(quick: bool, every_case: bool = False):
             lambda c=cfg: prefill_case([1000], 16, 8, 128, quick, c),
         )
     # The `long` workload's steps: one 16k-token prompt a step, then ~16 decodes at 16k.
-    for cfg in (None, (128, 128, 8, 2), (128, 64, 4, 3), (128, 32, 8, 4), (64, 64, 4, 3),
-                (128, 64, 8, 4), (128, 64, 8, 2), (256, 64, 8, 2), (64, 128, 4, 3)):
+    for cfg in (
+        None,
+        (128, 128, 8, 2),
+        (128, 64, 4, 3),
+        (128, 32, 8, 4),
+        (64, 64, 4, 3),
+        (128, 64, 8, 4),
+        (128, 64, 8, 2),
+        (256, 64, 8, 2),
+        (64, 128, 4, 3),
+    ):
         yield (
             f"long_prefill_16384_{cfg}",
             lambda c=cfg: prefill_case([16384], 16, 8, 128, quick, c),

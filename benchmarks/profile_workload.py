@@ -70,8 +70,7 @@ def main() -> None:
         kv_cache_dtype=args.kv_cache_dtype,
     )
     params = [
-        SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=n)
-        for n in workload.output_lens
+        SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=n) for n in workload.output_lens
     ]
     # Three runs of the same shape (warm-up, timed, profiled) on shifted token ids, so that no
     # run finds the previous run's prompts in the prefix cache.

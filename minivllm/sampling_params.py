@@ -14,6 +14,9 @@ _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 # vLLM's floor for a nonzero temperature: logits / 1e-40 overflow float32 (NaN probabilities),
 # and 1e-300 rounds to a float32 0 that the sampler would not treat as greedy.
 MIN_TEMPERATURE = 1e-2
+# float32's largest and smallest normal: the sampler holds temperature and repetition penalty
+# in float32, where 1e300 would be inf and 1e-300 a 0 (0 / 0: a NaN logit).
+_F32_MAX, _F32_TINY = 3.4028234663852886e38, 1.1754943508222875e-38
 _FLOAT_FIELDS = (
     "temperature",
     "top_p",
@@ -81,6 +84,8 @@ class SamplingParams:
                 self.temperature, MIN_TEMPERATURE, MIN_TEMPERATURE,
             )  # fmt: skip
             self.temperature = MIN_TEMPERATURE
+        self.temperature = min(self.temperature, _F32_MAX)
+        self.repetition_penalty = min(max(self.repetition_penalty, _F32_TINY), _F32_MAX)
 
     def _validate_types(self) -> None:
         """Every number a finite float or an int64 (the sampler's tensors hold them)."""

@@ -86,3 +86,27 @@ def prefill_logits(model: nn.Module, prompts: list[list[int]], block_size: int =
     )
     logits = model.compute_logits(model(input_ids, positions, meta))
     return list(logits.split(seq_lens))
+
+
+def rank1(entry: dict) -> tuple[int, float]:
+    """(token, logprob) of the rank-1 entry of a prompt_logprobs position."""
+    return next((token, lp.logprob) for token, lp in entry.items() if lp.rank == 1)
+
+
+def top1_figures(reference: list[torch.Tensor], ours: list[list[tuple[int, float]]]) -> dict:
+    """Teacher-forced agreement of our (top-1 token, logprob) rows with reference
+    log-probabilities [positions, vocab] per prompt: the fraction of positions whose top-1
+    equals the reference argmax, and the chosen token's logprob error."""
+    agree, errors = [], []
+    for ref, row in zip(reference, ours, strict=True):
+        assert len(row) == ref.shape[0]
+        for pos, (token, logprob) in enumerate(row):
+            agree.append(token == int(ref[pos].argmax()))
+            errors.append(abs(logprob - float(ref[pos, token])))
+    errors_t = torch.tensor(errors)
+    return {
+        "positions": len(agree),
+        "top1_vs_hf_fp32": round(sum(agree) / len(agree), 4),
+        "chosen_logprob_abs_err_mean": round(errors_t.mean().item(), 4),
+        "chosen_logprob_abs_err_max": round(errors_t.max().item(), 4),
+    }

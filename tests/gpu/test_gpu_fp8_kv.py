@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from tests.gpu.conftest import prompts
+from tests.helpers import rank1, top1_figures
 
 pytestmark = [
     pytest.mark.gpu,
@@ -122,10 +123,6 @@ def _hf_fp32(model_dir: str, teacher: list[list[int]]) -> list[torch.Tensor]:
     return logprobs
 
 
-def _rank1(entry: dict) -> tuple[int, float]:
-    return next((token, lp.logprob) for token, lp in entry.items() if lp.rank == 1)
-
-
 def _ours(model_dir: str, teacher: list[list[int]], kv_cache_dtype: str, backend: str) -> dict:
     """Our top-1 token and its logprob at every teacher position, and the KV block count."""
     from minivllm import LLM, SamplingParams
@@ -143,7 +140,7 @@ def _ours(model_dir: str, teacher: list[list[int]], kv_cache_dtype: str, backend
             SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1),
             use_tqdm=False,
         )
-        top1 = [[_rank1(entry) for entry in o.prompt_logprobs[1:]] for o in outs]
+        top1 = [[rank1(entry) for entry in o.prompt_logprobs[1:]] for o in outs]
         return {"top1": top1, "num_blocks": num_blocks}
     finally:
         llm.shutdown()
@@ -163,19 +160,7 @@ def test_engine_fp8_kv_top1_vs_hf_fp32(model_dir: str) -> None:
     for name, kv, backend in (("auto", "auto", "triton"), ("fp8", "fp8", "triton"),
                               ("fp8_torch", "fp8", "torch_sdpa")):  # fmt: skip
         ours = _ours(model_dir, teacher, kv, backend)
-        agree, errors = [], []
-        for ref, row in zip(hf, ours["top1"]):
-            for pos, (token, logprob) in enumerate(row):
-                agree.append(token == int(ref[pos].argmax()))
-                errors.append(abs(logprob - float(ref[pos, token])))
-        errors = torch.tensor(errors)
-        figures[name] = {
-            "top1_vs_hf_fp32": round(sum(agree) / len(agree), 4),
-            "chosen_logprob_abs_err_mean": round(errors.mean().item(), 4),
-            "chosen_logprob_abs_err_max": round(errors.max().item(), 4),
-            "num_kv_blocks": ours["num_blocks"],
-            "positions": len(agree),
-        }
+        figures[name] = top1_figures(hf, ours["top1"]) | {"num_kv_blocks": ours["num_blocks"]}
     print("GPU-FP8-KV-PARITY", json.dumps(figures))
     fp8, oracle = figures["fp8"], figures["fp8_torch"]
     assert fp8["top1_vs_hf_fp32"] >= oracle["top1_vs_hf_fp32"] - 0.01

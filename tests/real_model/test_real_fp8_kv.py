@@ -12,6 +12,7 @@ import json
 import torch
 
 from minivllm import LLM, SamplingParams
+from tests.helpers import rank1, top1_figures
 from tests.real_model.conftest import KV_CACHE_MEMORY
 
 TEXTS = [
@@ -30,10 +31,6 @@ TEXTS = [
 ]
 
 
-def _rank1(entry: dict) -> tuple[int, float]:
-    return next((token, lp.logprob) for token, lp in entry.items() if lp.rank == 1)
-
-
 def _our_top1(converted_dir: str, teacher: list[list[int]], kv_cache_dtype: str) -> list:
     llm = LLM(converted_dir, dtype="float32", device="cpu", kv_cache_memory=KV_CACHE_MEMORY,
               kv_cache_dtype=kv_cache_dtype)  # fmt: skip
@@ -46,7 +43,7 @@ def _our_top1(converted_dir: str, teacher: list[list[int]], kv_cache_dtype: str)
             SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1),
             use_tqdm=False,
         )
-        return [[_rank1(entry) for entry in o.prompt_logprobs[1:]] for o in outs]
+        return [[rank1(entry) for entry in o.prompt_logprobs[1:]] for o in outs]
     finally:
         llm.shutdown()
 
@@ -58,21 +55,9 @@ def test_fp8_kv_top1_on_real_weights_within_half_a_percent(converted_dir, hf_mod
     tokenizer = AutoTokenizer.from_pretrained(converted_dir)
     teacher = [tokenizer.encode(text) for text in TEXTS]
     hf = [hf_model(torch.tensor([p])).logits[0, :-1].log_softmax(-1) for p in teacher]
-    figures = {}
-    for kv in ("auto", "fp8"):
-        agree, errors = [], []
-        for ref, row in zip(hf, _our_top1(converted_dir, teacher, kv), strict=True):
-            assert len(row) == ref.shape[0]
-            for pos, (token, logprob) in enumerate(row):
-                agree.append(token == int(ref[pos].argmax()))
-                errors.append(abs(logprob - float(ref[pos, token])))
-        errors_t = torch.tensor(errors)
-        figures[kv] = {
-            "positions": len(agree),
-            "top1_vs_hf_fp32": round(sum(agree) / len(agree), 4),
-            "chosen_logprob_abs_err_mean": round(errors_t.mean().item(), 4),
-            "chosen_logprob_abs_err_max": round(errors_t.max().item(), 4),
-        }
+    figures = {
+        kv: top1_figures(hf, _our_top1(converted_dir, teacher, kv)) for kv in ("auto", "fp8")
+    }
     print("REAL-FP8-KV", json.dumps(figures))
     full, fp8 = figures["auto"], figures["fp8"]
     assert full["positions"] >= 150
