@@ -31,6 +31,9 @@ class AttnMetadata:
     # Host copies, so that a backend that loops over requests never syncs to learn lengths.
     query_start_loc_cpu: np.ndarray | None = None
     seq_lens_cpu: np.ndarray | None = None
+    # [num_decode_tokens] int32: the decode requests, longest context first (stable), the
+    # order in which the decode kernel starts their programs; None: row order.
+    decode_order: torch.Tensor | None = None
 
     @property
     def num_seqs(self) -> int:

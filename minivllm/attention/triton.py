@@ -156,4 +156,5 @@ class TritonBackend:
             self.mid_lse,
             k_scale=k_scale,
             v_scale=v_scale,
+            order=meta.decode_order,
         )

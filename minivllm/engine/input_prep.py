@@ -27,6 +27,7 @@ class StepInputs:
     sample_req_ids: list[str]  # aligned with logits_indices
     max_seq_len: int
     num_decode_tokens: int
+    decode_order: np.ndarray  # [num_decode_tokens] int32, longest context first (stable)
 
     @property
     def num_tokens(self) -> int:
@@ -61,6 +62,8 @@ def prepare_inputs(
     input_ids = np.fromiter(
         itertools.chain.from_iterable(c.token_ids for c in chunks), np.int64, num_tokens
     )
+    num_decodes = sched_out.num_decode_chunks
+    decode_order = np.argsort(-seq_lens[:num_decodes], kind="stable").astype(np.int32)
     sampled = [i for i, c in enumerate(chunks) if c.sample]
     logits_indices = query_start_loc[1:][sampled].astype(np.int64) - 1
     return StepInputs(
@@ -73,5 +76,6 @@ def prepare_inputs(
         logits_indices=logits_indices,
         sample_req_ids=[chunks[i].req_id for i in sampled],
         max_seq_len=int(seq_lens.max()),
-        num_decode_tokens=sched_out.num_decode_chunks,
+        num_decode_tokens=num_decodes,
+        decode_order=decode_order,
     )

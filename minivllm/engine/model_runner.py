@@ -225,6 +225,7 @@ class ModelRunner:
             num_decode_tokens=inputs.num_decode_tokens,
             query_start_loc_cpu=inputs.query_start_loc,
             seq_lens_cpu=inputs.seq_lens,
+            decode_order=dev["decode_order"],
         )
         num_sampled = len(inputs.sample_req_ids)
         if (
@@ -255,6 +256,7 @@ class ModelRunner:
             "query_start_loc": inputs.query_start_loc,
             "seq_lens": inputs.seq_lens,
             "block_tables": inputs.block_tables,
+            "decode_order": inputs.decode_order,
         }
         placeholder_rows = np.flatnonzero(inputs.input_ids < 0)
         if placeholder_rows.size:

@@ -126,6 +126,27 @@ def test_graph_state_replays_a_live_decode_batch():
     torch.testing.assert_close(graph_cache, expected_cache, atol=0, rtol=0)
 
 
+def test_graph_state_launch_order_puts_padded_rows_last():
+    """The live batch's decode_order, then the padded rows in row order, whatever an earlier,
+    larger batch left in the buffer; no order given: row order."""
+    backend = TritonBackend(8, 512, 4, 64, DEVICE)
+    backend.init_graph_state(max_batch_size=8, max_num_blocks=4)
+    tables = torch.zeros(3, 4, dtype=torch.int32)
+
+    def live(order, n):
+        meta = attn_metadata(list(range(n + 1)), [5] * n, tables[:n], [-1] * n, n, DEVICE)
+        if order is not None:
+            meta.decode_order = torch.tensor(order, dtype=torch.int32, device=DEVICE)
+        return meta
+
+    backend.prepare_replay(8, live([2, 0, 1], 3))
+    assert backend.metadata_for_capture(8).decode_order.tolist() == [2, 0, 1, 3, 4, 5, 6, 7]
+    backend.prepare_replay(4, live([1, 0], 2))
+    assert backend.metadata_for_capture(4).decode_order.tolist() == [1, 0, 2, 3]
+    backend.prepare_replay(4, live(None, 3))
+    assert backend.metadata_for_capture(4).decode_order.tolist() == [0, 1, 2, 3]
+
+
 @pytest.mark.parametrize("backend_name", ["triton", "torch_sdpa"])
 def test_out_is_written_in_place(backend_name):
     """`out` (the piecewise graphs' static buffer) gets the same rows a fresh output would."""

@@ -30,7 +30,10 @@ VARYING = {
         {"block_table_ptr", "seq_lens_ptr", "query_start_loc_ptr"},
     ),
     # num_splits (at most MAX_SPLITS values) stays specialized on purpose.
-    decode_attention._decode_kernel: ({"stride_bt"}, {"block_table_ptr", "seq_lens_ptr"}),
+    decode_attention._decode_kernel: (
+        {"stride_bt"},
+        {"block_table_ptr", "seq_lens_ptr", "order_ptr"},
+    ),
     batch_invariant_attention._bi_attention_kernel: (
         {"num_seqs", "start_row", "stride_bt"},
         {"block_table_ptr", "seq_lens_ptr", "query_start_loc_ptr"},
