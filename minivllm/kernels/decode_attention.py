@@ -1,8 +1,9 @@
 """Decode attention (one query token per request) over the paged KV cache, with split-KV.
 
 Each program reads a K/V tile once for all query heads of its GQA group (`tl.dot` with the
-group padded to 16 rows). Split-KV (flash-decoding) adds a partition grid axis and a reduce. Requests can be launched
-longest first (`order`), so that the short ones fill the SMs at the end of the kernel.
+group padded to 16 rows). Split-KV (flash-decoding) adds a partition grid axis and a reduce.
+Requests can be launched longest first (`order`), so that the short ones fill the SMs at the
+end of the kernel.
 An fp8 cache is converted to q's dtype tile by tile; its scales are folded into the softmax
 scale (K) and the output (V).
 """
@@ -99,8 +100,9 @@ def _decode_kernel(
     """Grid (num_kv_heads, num_seqs, num_splits). Program (h, i, s) attends the GROUP query
     heads of kv head h of request b = order[i] (HAS_ORDER; else b = i) over partition s of its
     context. Programs start in grid order, heads fastest: with the requests longest first, the
-    last programs to start are the shortest, and no SM is left with a long one at the end. SPLIT: write the
-    partition's normalized output and log2-sum-exp to mid_o/mid_lse, else straight to out.
+    last programs to start are the shortest, and no SM is left with a long one at the end.
+    SPLIT: write the partition's normalized output and log2-sum-exp to mid_o/mid_lse, else
+    straight to out.
     KV_FP8: K/V tiles are e4m3 (k_scale already in scale_log2e, v_scale applied at the end);
     V_CVT_ASM: V converted by e4m3_to_f16_asm (q must then be fp16 here)."""
     kv_head = tl.program_id(0)

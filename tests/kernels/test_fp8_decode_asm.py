@@ -65,7 +65,8 @@ from triton.compiler import ASTSource
 from minivllm.kernels.decode_attention import _decode_kernel
 
 const = {"num_splits": 1, "NUM_KV_HEADS": 8, "GROUP": 2, "HEAD_DIM": 128, "BLOCK_SIZE": 16,
-         "BLOCK_G": 16, "BLOCK_N": 128, "BLOCK_D": 128, "SPLIT": False, "KV_FP8": True}
+         "BLOCK_G": 16, "BLOCK_N": 128, "BLOCK_D": 128, "SPLIT": False, "KV_FP8": True,
+         "HAS_ORDER": True}
 types = {"q_ptr": "*bf16", "cache_ptr": "*fp8e4nv", "out_ptr": "*bf16", "mid_o_ptr": "*fp32",
          "mid_lse_ptr": "*fp32", "scale_log2e": "fp32", "v_scale": "fp32"}
 found = {}
