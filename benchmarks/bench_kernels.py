@@ -3,7 +3,7 @@
 Prints one JSON line per case: time, achieved TB/s or TFLOP/s, and the ratio to a torch
 reference timed in the same run (speedup = reference time / kernel time). A failing case
 prints an error line and the run goes on.
-Usage: python benchmarks/bench_kernels.py [--quick] [--only NAME_PREFIX, e.g. long_ or tail_]
+Usage: python benchmarks/bench_kernels.py [--quick] [--only NAME_PREFIX: long_, tail_, mixed_...]
 """
 
 from __future__ import annotations
@@ -99,6 +99,39 @@ def decode_case(batch: int, ctx: int, num_heads: int, num_kv_heads: int, head_di
         "speedup_vs_ref": round(ref_ms / ms, 3),
         "max_abs_err": err,
     }
+
+
+def mixed_decode_case(batch: int, ctx: int, quick: bool) -> dict:
+    """Decode over contexts of mixed lengths (uniform in [ctx / 4, ctx], seeded), requests in
+    row order and longest first (the engine's decode_order); 16/8 heads, head_dim 128."""
+    gen = torch.Generator().manual_seed(batch + ctx)
+    lens = torch.randint(ctx // 4, ctx + 1, (batch,), generator=gen).tolist()
+    cache, block_tables, seq_lens = paged_cache(lens, 8, 128)
+    q = torch.randn(batch, 16, 128, device="cuda", dtype=DTYPE)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    splits = choose_num_splits(batch, 8, ctx, sms)
+    mid_o = torch.empty(batch, 16, MAX_SPLITS, 128, device="cuda", dtype=torch.float32)
+    mid_lse = torch.empty(batch, 16, MAX_SPLITS, device="cuda", dtype=torch.float32)
+    longest_first = torch.argsort(seq_lens, descending=True, stable=True).to(torch.int32)
+    kv_bytes = 2 * sum(lens) * 8 * 128 * cache.element_size()
+    row = {"kernel": "decode_attention", "batch": batch, "ctx": f"{ctx // 4}-{ctx}",
+           "num_splits": splits}  # fmt: skip
+    outs = {}
+    for name, order in (("row_order", None), ("longest_first", longest_first)):
+        out = torch.empty_like(q)
+
+        def call(out=out, order=order):
+            decode_attention(q, cache, block_tables, seq_lens, 128**-0.5, out, splits, mid_o,
+                             mid_lse, order=order)  # fmt: skip
+
+        call()
+        outs[name] = out.clone()
+        ms = bench(call, quick)
+        row[f"{name}_ms"] = round(ms, 4)
+        row[f"{name}_tb_per_s"] = round(kv_bytes / ms / 1e9, 3)
+    row["speedup"] = round(row["row_order_ms"] / row["longest_first_ms"], 3)
+    row["outputs_equal"] = torch.equal(outs["row_order"], outs["longest_first"])
+    return row
 
 
 def prefill_case(
@@ -299,6 +332,12 @@ def cases(quick: bool, every_case: bool = False):
         yield (
             f"long_decode_b16_ctx16384_splits{splits}",
             lambda s=splits: decode_case(16, 16384, 16, 8, 128, s, quick),
+        )
+    # The headline's decode steps: contexts of mixed lengths, row order vs longest first.
+    for batch, ctx in ((256, 1000), (256, 2000), (128, 1500), (96, 2000), (64, 4000)):
+        yield (
+            f"mixed_decode_b{batch}_ctx{ctx}",
+            lambda b=batch, c=ctx: mixed_decode_case(b, c, quick),
         )
     # The headline's tail: the batch shrinks as requests finish (programs = batch * kv heads
     # around one wave of SMs).
