@@ -25,6 +25,7 @@ from minivllm.kernels.e4m3_asm import check_e4m3_asm, e4m3_asm_unsupported, e4m3
 from minivllm.kernels.tiling import fit_attention_tiles
 
 MAX_SPLITS = 16
+_MAX_GRID_Y = 65535  # CUDA's limit on the grid's second axis, the requests'
 # head_dim bound -> (BLOCK_N tokens per iteration, num_warps, num_stages)
 _CONFIGS = ((64, (64, 4, 3)), (128, (64, 4, 3)), (256, (32, 8, 2)))
 
@@ -271,8 +272,8 @@ def decode_attention(
     wherever it can run (an fp8 cache, a 16-bit q, CUDA sm_89+): 1.25x the plain cast's speed
     at b256 on an H200. True insists (ValueError where it cannot), False is the plain cast.
     order: [num_seqs] int32, a permutation of the requests: the order their programs start in.
-    Longest context first balances the SMs over a batch of mixed lengths (1.05-1.2x at b96-256
-    on an H200); None: row order.
+    Longest context first balances the SMs over a batch of mixed lengths (1.04-1.16x at
+    b96-256 on an H200, `bench_kernels.py --only mixed_`); None: row order.
     """
     check_paged_attention(q, kv_cache, block_tables, seq_lens, out)
     is_fp8 = check_kv_scales(kv_cache, k_scale, v_scale)
@@ -296,6 +297,8 @@ def decode_attention(
     num_seqs, num_heads, head_dim = q.shape
     if num_seqs == 0:
         return out
+    if num_seqs > _MAX_GRID_Y:
+        raise ValueError(f"at most {_MAX_GRID_Y} requests per launch (grid y), got {num_seqs}")
     num_kv_heads = kv_cache.shape[3]
     group = num_heads // num_kv_heads
     elem_size = max(q.element_size(), kv_cache.element_size())  # fp8 tiles become q's dtype

@@ -74,6 +74,16 @@ def test_decode_takes_its_rows_from_order():
     assert torch.isnan(out[:2]).all()  # rows 0 and 1 were never launched
 
 
+def test_decode_rejects_more_requests_than_the_grid_holds(monkeypatch):
+    import minivllm.kernels.decode_attention as module
+
+    monkeypatch.setattr(module, "_MAX_GRID_Y", 2)  # CUDA's 65,535, scaled down
+    case = make_paged_case([5, 6, 7], 2, 64, BLOCK, torch.float32)
+    q = torch.randn(3, 4, 64, device=DEVICE)
+    with pytest.raises(ValueError, match="at most 2 requests"):
+        decode_attention(q, case.kv_cache, case.block_tables, case.seq_lens, 1.0, q.clone())
+
+
 def test_decode_more_splits_than_tiles():
     # 16 partitions over 20 tokens: most partitions are empty and must weigh 0.
     _run([20, 1], 2, 1, 64, 8, torch.float32, 16)
