@@ -45,14 +45,16 @@ def _every_fp16_value() -> torch.Tensor:
 )
 def test_store_kv_fp8_bytes_match_torch(dtype, k_scale, v_scale):
     values = _every_fp16_value().to(dtype)
-    num_kv_heads, head_dim = 2, 32
-    values = values[: values.numel() // 64 * 64].view(-1, num_kv_heads, head_dim)
+    # 1,024 values a token (zeros pad the last): 63 programs in the interpreter, not 992.
+    num_kv_heads, head_dim = 8, 128
+    values = torch.cat([values, values.new_zeros(-values.numel() % 1024)])
+    values = values.view(-1, num_kv_heads, head_dim)
     k, v = values, values.flip(0)
     num_tokens = k.shape[0]
     slots = torch.randperm(num_tokens + 8, generator=torch.Generator().manual_seed(0))
     slots = slots[:num_tokens].clone()
     slots[::7] = -1  # padded rows: nothing written
-    shape = (2, (num_tokens + 8) // 4, 4, num_kv_heads, head_dim)
+    shape = (2, -(-(num_tokens + 8) // 4), 4, num_kv_heads, head_dim)
     cache = torch.zeros(shape, dtype=FP8, device=DEVICE)
     store_kv(k.to(DEVICE), v.to(DEVICE), cache, slots.to(DEVICE), k_scale, v_scale)
     flat = cache.cpu().view(torch.uint8).view(2, -1, num_kv_heads, head_dim)
