@@ -3,8 +3,8 @@ CPU, with K (after RoPE) and V rounded to a format before every attention and no
 changed, against the same model unrounded. Teacher-forced top-1 agreement and the error of
 the reference token's logprob, one JSON line per format.
 
-The model is the GPU tests' random parity model (tests/gpu/conftest.py: Qwen3-0.6B's shape,
-random weights, embeddings x 8); issue 12 sets its fp8 accuracy bar on it.
+The model is the GPU tests' random parity model (minivllm.tiny_model.make_parity_model_dir:
+Qwen3-0.6B's shape, random weights, embeddings x 8); issue 12 sets its fp8 accuracy bar on it.
 
 Usage: python benchmarks/kv_format_accuracy.py [--prompts 4] [--length 256]
 """
@@ -42,22 +42,6 @@ FORMATS = {
 }
 
 
-def parity_model(out_dir: str) -> str:
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from minivllm.tiny_model import make_dummy_model_dir
-
-    make_dummy_model_dir("qwen3-0.6b", out_dir)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(
-        AutoConfig.from_pretrained(out_dir), dtype=torch.bfloat16
-    )
-    with torch.no_grad():
-        model.model.embed_tokens.weight.mul_(8.0)
-    model.save_pretrained(out_dir)
-    return out_dir
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--prompts", type=int, default=4)
@@ -66,6 +50,8 @@ def main() -> None:
     from transformers import AttentionInterface, AutoModelForCausalLM
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    from minivllm.tiny_model import make_parity_model_dir
+
     rounding = {"format": None}
 
     def rounded_attention(module, query, key, value, *rest, **kwargs):
@@ -73,7 +59,9 @@ def main() -> None:
         return sdpa_attention_forward(module, query, f(key), f(value), *rest, **kwargs)
 
     AttentionInterface.register("kv_rounded", rounded_attention)
-    model_dir = parity_model(os.path.join(tempfile.gettempdir(), "minivllm-kv-format-parity"))
+    model_dir = make_parity_model_dir(
+        "qwen3-0.6b", os.path.join(tempfile.gettempdir(), "minivllm-kv-format-parity")
+    )
     model = AutoModelForCausalLM.from_pretrained(
         model_dir, dtype=torch.float32, attn_implementation="kv_rounded"
     )

@@ -140,6 +140,26 @@ def build_tiny_model(
     return out_dir
 
 
+def make_parity_model_dir(name: str, out_dir: str, seed: int = 0) -> str:
+    """make_dummy_model_dir plus random bf16 weights (torch seed `seed`) with the embeddings
+    (tied: also the LM head) scaled by 8: the GPU tests' parity model. Default init makes
+    next-token logits nearly flat (std ~0.6 over 151,936 tokens): the top two differ by less
+    than bf16 rounding, so any two bf16 implementations disagree on ties; sharper logits make
+    agreement measure correctness rather than tie-breaking."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    make_dummy_model_dir(name, out_dir)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(
+        AutoConfig.from_pretrained(out_dir), dtype=torch.bfloat16
+    )
+    with torch.no_grad():
+        model.model.embed_tokens.weight.mul_(8.0)
+    model.save_pretrained(out_dir)
+    return out_dir
+
+
 def default_tiny_model_dir() -> str:
     """~/.cache/minivllm/tiny-qwen3, built on first use."""
     out_dir = os.path.join(os.path.expanduser("~"), ".cache", "minivllm", "tiny-qwen3")
