@@ -237,7 +237,7 @@ def sample_plain_case(batch: int, vocab_size: int, quick: bool) -> dict:
     """The fused plain sampler vs the torch path (same metadata marked non-plain), through
     Sampler as the runner calls it: temperature 0.8 rows, and all-greedy rows."""
     logits = torch.randn(batch, vocab_size, device="cuda", dtype=DTYPE) * 3
-    sampler = Sampler()
+    sampler = Sampler(use_triton=True)  # the plain path is the fused kernel only when asked
     result = {"kernel": "sample_plain", "batch": batch, "vocab_size": vocab_size}
     for name, temperature in (("random", 0.8), ("greedy", 0.0)):
         state = SamplingState("cuda")
@@ -286,6 +286,7 @@ def cases(quick: bool, every_case: bool = False):
     yield "prefill_8x512", lambda: prefill_case([512] * 8, 16, 8, 128, quick)
     yield "prefill_4096_32_8", lambda: prefill_case([4096], 32, 8, 128, quick)
     yield "fused_ops_8192", lambda: fused_ops_case(8192, 1024, 3072, quick)
+    yield "sample_plain_b1024_v151936", lambda: sample_plain_case(1024, 151936, quick)
     # Config sweeps for the tables in decode_attention.py / prefill_attention.py.
     for cfg in ((32, 4, 2), (64, 4, 2), (64, 8, 3), (128, 4, 2), (128, 8, 3)):
         yield (

@@ -7,6 +7,8 @@ Two stages: vocab chunks in parallel, then a reduce over the chunks.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -20,6 +22,51 @@ U_MIN = 1e-12
 U_MAX = 1.0 - 2.0**-24
 
 
+@triton.jit
+def _fast_log2(x, FAST: tl.constexpr):
+    """log2(x) of positive finite x: one `lg2.approx` (a few ulp) on a GPU, where tl.log2 is a
+    ~25-instruction polynomial; tl.log2 in the interpreter, which cannot run PTX."""
+    if FAST:
+        return tl.inline_asm_elementwise(
+            "lg2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
+        )
+    else:
+        return tl.log2(x)
+
+
+@triton.jit
+def _word_scores(logits_row, ids, vocab_size, scale, u, RANDOM: tl.constexpr, U_MIN: tl.constexpr,
+                 U_MAX: tl.constexpr, FAST_LOG: tl.constexpr):  # fmt: skip
+    """Scores of one philox word's ids [BLOCK // 4] (u: their uniforms); -inf past the vocab.
+    In log2 units: x * log2(e) / T - log2(-log2(u)) is log2(e) * (x / T + g) minus a constant,
+    so its argmax is the Gumbel-max token."""
+    score = tl.load(logits_row + ids, mask=ids < vocab_size, other=-float("inf")).to(tl.float32)
+    if RANDOM:
+        u = tl.minimum(tl.maximum(u, U_MIN), U_MAX)
+        score = score * scale - _fast_log2(-_fast_log2(u, FAST_LOG), FAST_LOG)
+    return score
+
+
+@triton.jit
+def _chunk_best(logits_row, ids, vocab_size, scale, u0, u1, u2, u3, RANDOM: tl.constexpr,
+                U_MIN: tl.constexpr, U_MAX: tl.constexpr, FAST_LOG: tl.constexpr):  # fmt: skip
+    """The best (score, lowest id) of the chunk: ids 4k + j take word j (u_j). The four words'
+    scores are merged elementwise, then reduced once."""
+    best = _word_scores(logits_row, ids, vocab_size, scale, u0, RANDOM, U_MIN, U_MAX, FAST_LOG)
+    best_id = ids
+    for j in tl.static_range(1, 4):
+        u = u1 if j == 1 else (u2 if j == 2 else u3)
+        score = _word_scores(logits_row, ids + j, vocab_size, scale, u, RANDOM, U_MIN, U_MAX,
+                             FAST_LOG)  # fmt: skip
+        take = score > best  # on a tie the earlier word keeps it: its id is lower
+        best = tl.where(take, score, best)
+        best_id = tl.where(take, ids + j, best_id)
+    top = tl.max(best, 0)
+    # Ties go to the lowest id, as in torch.argmax; padding is -inf, so a real id wins. A chunk
+    # of padding or NaNs falls back to the last id, which keeps the id in range.
+    return top, tl.min(tl.where((best == top) & (best_id < vocab_size), best_id, vocab_size - 1), 0)
+
+
 # The per-row parameter tensors are views into one staging transfer (e.g. seeds and offsets as
 # rows of one [2, N] tensor), so their alignment changes with the batch size: not specialized
 # on it, or an odd batch would compile a second variant mid-run (a fresh server's first request
@@ -28,32 +75,31 @@ U_MAX = 1.0 - 2.0**-24
 def _chunk_max_kernel(
     logits_ptr, temperature_ptr, seeds_ptr, offsets_ptr, chunk_scores_ptr, chunk_ids_ptr,
     stride_logits, vocab_size, num_chunks,
-    BLOCK: tl.constexpr, U_MIN: tl.constexpr, U_MAX: tl.constexpr,
+    BLOCK: tl.constexpr, U_MIN: tl.constexpr, U_MAX: tl.constexpr, FAST_LOG: tl.constexpr,
 ):  # fmt: skip
-    """Grid (num_rows, num_chunks): the best (score, token id) of one BLOCK-wide vocab chunk."""
+    """Grid (num_rows, num_chunks): the best (score, token id) of one BLOCK-wide vocab chunk.
+    Philox counter k of the chunk gives 4 words, the uniforms of ids 4k, ..., 4k + 3 (one philox
+    call, most of this kernel's cost, serves 4). Each word's ids are loaded and scored as their
+    own vector (a stride-4 load): a [BLOCK / 4, 4] tile with the words picked by tl.where cost
+    layout shuffles through shared memory."""
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
-    # The chunk as [BLOCK // 4, 4]: id = 4 * k + j takes word j of philox counter k, so one
-    # philox call (the cost of this kernel) serves 4 ids.
-    k = tl.arange(0, BLOCK // 4)[:, None]
-    j = tl.arange(0, 4)[None, :]
-    ids = chunk * BLOCK + 4 * k + j
-    mask = ids < vocab_size
-    x = tl.load(logits_ptr + row * stride_logits + ids, mask=mask, other=-float("inf"))
-    score = x.to(tl.float32)
+    QUARTER: tl.constexpr = BLOCK // 4
+    k = tl.arange(0, QUARTER)
+    ids = chunk * BLOCK + 4 * k
+    logits_row = logits_ptr + row * stride_logits
     temperature = tl.load(temperature_ptr + row)
     if temperature > 0.0:
+        scale = 1.4426950408889634 / temperature  # log2(e) / T
         seed = tl.load(seeds_ptr + row)
         # int64 counters: philox takes them as (low, high) 32-bit words, so offsets never wrap.
-        counters = tl.load(offsets_ptr + row) + chunk * (BLOCK // 4) + k
+        counters = tl.load(offsets_ptr + row) + chunk * QUARTER + k
         u0, u1, u2, u3 = tl.rand4x(seed, counters)
-        u = tl.where(j == 0, u0, tl.where(j == 1, u1, tl.where(j == 2, u2, u3)))
-        u = tl.minimum(tl.maximum(u, U_MIN), U_MAX)
-        score = score / temperature - tl.log(-tl.log(u))
-    best = tl.max(tl.max(score, 1), 0)
-    # Ties go to the lowest id, as in torch.argmax; padding is -inf, so a real id wins. The
-    # clamp keeps a NaN row's id in range.
-    best_id = tl.min(tl.min(tl.where(score == best, ids, vocab_size - 1), 1), 0)
+        best, best_id = _chunk_best(logits_row, ids, vocab_size, scale, u0, u1, u2, u3, True,
+                                    U_MIN, U_MAX, FAST_LOG)  # fmt: skip
+    else:
+        best, best_id = _chunk_best(logits_row, ids, vocab_size, 1.0, k, k, k, k, False, U_MIN,
+                                    U_MAX, FAST_LOG)  # fmt: skip
     tl.store(chunk_scores_ptr + row * num_chunks + chunk, best)
     tl.store(chunk_ids_ptr + row * num_chunks + chunk, best_id)
 
@@ -72,6 +118,11 @@ def _reduce_kernel(
     _, best_chunk = tl.max(scores, 0, return_indices=True, return_indices_tie_break_left=True)
     token_id = tl.load(chunk_ids_ptr + row * num_chunks + best_chunk)
     tl.store(out_ptr + row, token_id.to(tl.int64))
+
+
+def _runs_ptx(t: torch.Tensor) -> bool:
+    """Whether inline PTX can run on t: CUDA and not Triton's interpreter."""
+    return t.device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
 
 
 def sample_plain(
@@ -117,7 +168,8 @@ def sample_plain(
     _chunk_max_kernel[(num_rows, num_chunks)](
         logits, temperature, seeds, offsets, chunk_scores, chunk_ids,
         logits.stride(0), vocab_size, num_chunks,
-        BLOCK=block, U_MIN=U_MIN, U_MAX=U_MAX, num_warps=min(max(block // 512, 1), 8),
+        BLOCK=block, U_MIN=U_MIN, U_MAX=U_MAX, FAST_LOG=_runs_ptx(logits),
+        num_warps=min(max(block // 512, 1), 8),
     )  # fmt: skip
     _reduce_kernel[(num_rows,)](
         chunk_scores, chunk_ids, out, num_chunks,
