@@ -21,6 +21,7 @@ from minivllm.engine.scheduler_limits import resolve_scheduler_limits
 from minivllm.engine.stats import CoreInfo, EngineStats
 from minivllm.engine.types import EngineOutput
 from minivllm.engine.warm_up import warm_up
+from minivllm.kernels.late_compiles import engine_starting, log_late_compiles
 from minivllm.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -44,45 +45,45 @@ class EngineCore:
             config.usage_context,
             *self.limits,
         )
-        self.executor = build_executor(config, self.model_config, self.max_model_len)
-        self.num_blocks = self.executor.num_blocks
-        # What a frontend needs to validate requests without the engine at hand.
-        self.info = CoreInfo(
-            max_model_len=self.max_model_len,
-            vocab_size=self.model_config.vocab_size,
-            num_blocks=self.num_blocks,
-            block_size=config.block_size,
-            pid=os.getpid(),
-        )
-        if self.num_blocks < 1:
-            raise ValueError(
-                "no KV cache blocks fit in the memory budget; raise gpu_memory_utilization "
-                "(CUDA) or kv_cache_memory (CPU), or lower max_num_batched_tokens"
+        with engine_starting():  # its compiles are expected, not late (kernels/late_compiles)
+            self.executor = build_executor(config, self.model_config, self.max_model_len)
+            self.num_blocks = self.executor.num_blocks
+            # What a frontend needs to validate requests without the engine at hand.
+            self.info = CoreInfo(
+                max_model_len=self.max_model_len,
+                vocab_size=self.model_config.vocab_size,
+                num_blocks=self.num_blocks,
+                block_size=config.block_size,
+                pid=os.getpid(),
             )
-        logger.info(
-            "KV cache: %d blocks of %d tokens (%d tokens)",
-            self.num_blocks,
-            config.block_size,
-            self.num_blocks * config.block_size,
-        )
-        # Under TP every rank samples the same ids and fills placeholders from its own copy.
-        self.async_scheduling = config.async_scheduling
-        self._execute = (
-            self.executor.execute_async if self.async_scheduling else self.executor.execute
-        )
+            if self.num_blocks < 1:
+                raise ValueError(
+                    "no KV cache blocks fit in the memory budget; raise gpu_memory_utilization "
+                    "(CUDA) or kv_cache_memory (CPU), or lower max_num_batched_tokens"
+                )
+            logger.info(
+                "KV cache: %d blocks of %d tokens (%d tokens)",
+                self.num_blocks,
+                config.block_size,
+                self.num_blocks * config.block_size,
+            )
+            # Under TP every rank samples the same ids and fills placeholders from its own copy.
+            self.async_scheduling = config.async_scheduling
+            self._execute = (
+                self.executor.execute_async if self.async_scheduling else self.executor.execute
+            )
+            if config.resolved_device().type == "cuda":
+                steps = warm_up(
+                    self.new_scheduler(),
+                    self._execute,
+                    self.executor.execute,
+                    self.model_config.vocab_size,
+                    self.max_model_len,
+                    kv_capacity=self.num_blocks * config.block_size,
+                )
+                logger.info("warm-up: %d steps", steps)
         if config.resolved_device().type == "cuda":
-            steps = warm_up(
-                self.new_scheduler(),
-                self._execute,
-                self.executor.execute,
-                self.model_config.vocab_size,
-                self.max_model_len,
-                kv_capacity=self.num_blocks * config.block_size,
-            )
-            logger.info("warm-up: %d steps", steps)
-            from minivllm.kernels.late_compiles import log_late_compiles  # CUDA only
-
-            log_late_compiles(logger)
+            log_late_compiles(logger)  # imports triton: CUDA only
         self.scheduler = self.new_scheduler()
         # What exists now (torch, the model, the tokenizer: ~200k objects) lives as long as the
         # engine. Frozen, the cyclic GC stops walking it: a full collection cost ~100 ms and came

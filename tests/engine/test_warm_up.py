@@ -100,3 +100,45 @@ def test_late_compiles_are_logged_and_chain_the_hook_set_before(caplog) -> None:
     assert "Triton compiled _decode_kernel[num_warps=4] after the warm-up" in caplog.text
     assert caplog.text.rstrip().endswith("specialization k")
     assert caplog.records[0].levelno == logging.WARNING
+
+
+def _compile_event(hook, name: str) -> None:
+    """What Triton's JIT passes to its post-compile hook (keywords only)."""
+    hook(key="k", repr=f"{name}[num_warps=4](x: 1)", fn=None, compile={},
+         is_manual_warmup=False, already_compiled=False)  # fmt: skip
+
+
+def test_one_late_compile_hook_per_process_paused_while_an_engine_starts(caplog) -> None:
+    # Several engines in one process (notebooks, the GPU option matrix): a second engine adds
+    # no second hook (every compile would be logged twice), and its own start-up compiles are
+    # not "late" although the first engine's hook is set.
+    import logging
+
+    from triton import knobs
+
+    from minivllm.kernels.late_compiles import engine_starting, log_late_compiles
+
+    seen = []
+    saved = knobs.runtime.jit_post_compile_hook
+    knobs.runtime.jit_post_compile_hook = lambda **kwargs: seen.append(kwargs["repr"])
+    log = logging.getLogger("late-compile-test")
+    try:
+        with engine_starting():  # no hook of ours yet: nothing to pause
+            pass
+        assert log_late_compiles(log)
+        first = knobs.runtime.jit_post_compile_hook
+        assert log_late_compiles(log)  # the second engine
+        assert knobs.runtime.jit_post_compile_hook is first
+        with caplog.at_level(logging.WARNING, logger="late-compile-test"):
+            with engine_starting():
+                with engine_starting():  # nested (an engine built while another starts)
+                    _compile_event(first, "_starting_kernel")
+                _compile_event(first, "_still_starting_kernel")
+            _compile_event(first, "_late_kernel")
+    finally:
+        knobs.runtime.jit_post_compile_hook = saved
+    names = ("_starting_kernel", "_still_starting_kernel", "_late_kernel")
+    assert seen == [f"{name}[num_warps=4](x: 1)" for name in names]  # the chained hook: all
+    assert [r.getMessage().split(" after")[0] for r in caplog.records] == [
+        "Triton compiled _late_kernel[num_warps=4]"
+    ]
