@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import tempfile
 import time
 
@@ -50,7 +49,7 @@ def main() -> None:
     from transformers import AttentionInterface, AutoModelForCausalLM
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from minivllm.tiny_model import make_parity_model_dir
+    from minivllm.tiny_model import make_parity_model_dir, parity_prompts
 
     rounding = {"format": None}
 
@@ -65,10 +64,7 @@ def main() -> None:
     model = AutoModelForCausalLM.from_pretrained(
         model_dir, dtype=torch.float32, attn_implementation="kv_rounded"
     )
-    rng = random.Random(0)  # tests/gpu/conftest.py: prompts()
-    prompts = [
-        [rng.randint(2, 150000) for _ in range(args.length - 7 * i)] for i in range(args.prompts)
-    ]
+    prompts = parity_prompts(args.prompts, args.length)
 
     def logprobs() -> list[torch.Tensor]:
         with torch.no_grad():

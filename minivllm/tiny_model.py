@@ -160,6 +160,15 @@ def make_parity_model_dir(name: str, out_dir: str, seed: int = 0) -> str:
     return out_dir
 
 
+def parity_prompts(num: int, length: int, seed: int = 0) -> list[list[int]]:
+    """num seeded prompts of random token ids in [2, 150000], lengths length, length - 7, ...:
+    the parity model's teacher-forced inputs (GPU tests, kv_format_accuracy.py)."""
+    import random
+
+    rng = random.Random(seed)
+    return [[rng.randint(2, 150000) for _ in range(length - 7 * i)] for i in range(num)]
+
+
 def default_tiny_model_dir() -> str:
     """~/.cache/minivllm/tiny-qwen3, built on first use."""
     out_dir = os.path.join(os.path.expanduser("~"), ".cache", "minivllm", "tiny-qwen3")

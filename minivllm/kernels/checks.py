@@ -3,6 +3,8 @@ garbage) and the attention kernels' LOG2E."""
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -89,3 +91,9 @@ def check_kv_scales(kv_cache: torch.Tensor, k_scale: float, v_scale: float) -> b
         if not is_fp8 and value != 1.0:
             raise ValueError(f"{name}={value}: KV scales apply to an fp8 cache only")
     return is_fp8
+
+
+def runs_inline_ptx(t: torch.Tensor) -> bool:
+    """Whether a kernel launched on t can run inline PTX: CUDA, and not Triton's interpreter
+    (TRITON_INTERPRET=1), which cannot."""
+    return t.device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"

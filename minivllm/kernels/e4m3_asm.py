@@ -4,11 +4,12 @@ compiler, and the launcher checks that guard it (never in the interpreter, never
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
+
+from minivllm.kernels.checks import runs_inline_ptx
 
 
 @triton.jit
@@ -33,7 +34,7 @@ def e4m3_to_f16_asm(x):
 def e4m3_asm_unsupported(q: torch.Tensor, is_fp8: bool) -> str | None:
     """Why e4m3_to_f16_asm cannot run for this launch, or None where it can: CUDA (not
     TRITON_INTERPRET=1), sm_89 or newer, an fp8 cache and a 16-bit q."""
-    if os.environ.get("TRITON_INTERPRET") == "1" or q.device.type != "cuda":
+    if not runs_inline_ptx(q):
         return "is inline PTX: CUDA only, not under TRITON_INTERPRET=1"
     if not is_fp8:
         return "needs a float8_e4m3fn kv_cache"

@@ -7,13 +7,11 @@ Two stages: vocab chunks in parallel, then a reduce over the chunks.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-from minivllm.kernels.checks import check_same, check_tensor
+from minivllm.kernels.checks import check_same, check_tensor, runs_inline_ptx
 
 # 1024-2048 measured best on an H200 (batch 256, vocab 151,936), greedy and random rows alike.
 DEFAULT_BLOCK = 2048
@@ -120,11 +118,6 @@ def _reduce_kernel(
     tl.store(out_ptr + row, token_id.to(tl.int64))
 
 
-def _runs_ptx(t: torch.Tensor) -> bool:
-    """Whether inline PTX can run on t: CUDA and not Triton's interpreter."""
-    return t.device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
-
-
 def sample_plain(
     logits: torch.Tensor,
     temperature: torch.Tensor,
@@ -168,7 +161,7 @@ def sample_plain(
     _chunk_max_kernel[(num_rows, num_chunks)](
         logits, temperature, seeds, offsets, chunk_scores, chunk_ids,
         logits.stride(0), vocab_size, num_chunks,
-        BLOCK=block, U_MIN=U_MIN, U_MAX=U_MAX, FAST_LOG=_runs_ptx(logits),
+        BLOCK=block, U_MIN=U_MIN, U_MAX=U_MAX, FAST_LOG=runs_inline_ptx(logits),
         num_warps=min(max(block // 512, 1), 8),
     )  # fmt: skip
     _reduce_kernel[(num_rows,)](

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import random
-
 import pytest
+
+from minivllm.tiny_model import parity_prompts as prompts  # noqa: F401  (the tests import it)
 
 
 @pytest.fixture(scope="session")
@@ -14,8 +14,3 @@ def model_dir(tmp_path_factory) -> str:
     from minivllm.tiny_model import make_parity_model_dir
 
     return make_parity_model_dir("qwen3-0.6b", str(tmp_path_factory.mktemp("qwen3-0.6b-random")))
-
-
-def prompts(num: int, length: int, seed: int = 0) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randint(2, 150000) for _ in range(length - 7 * i)] for i in range(num)]
