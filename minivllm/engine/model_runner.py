@@ -191,6 +191,7 @@ class ModelRunner:
         """Forgets finished requests and registers new ones in the sampling state."""
         for req_id in sched_out.finished_req_ids:
             self.sampling_state.remove(req_id)
+        self.prompt_logprobs.forget(sched_out.finished_req_ids)
         for new in sched_out.new_requests:
             self.sampling_state.add_request(new)
 

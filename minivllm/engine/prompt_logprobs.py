@@ -32,11 +32,14 @@ class PromptLogprobsTracker:
     def __init__(self) -> None:
         self.num_done: dict[str, int] = {}
 
+    def forget(self, req_ids: list[str]) -> None:
+        """Drops finished requests (every step, empty ones too: a reused id starts over)."""
+        for req_id in req_ids:
+            self.num_done.pop(req_id, None)
+
     def plan(
         self, sched_out: SchedulerOutput, query_start_loc: np.ndarray, state: SamplingState
     ) -> list[PromptLogprobsJob]:
-        for req_id in sched_out.finished_req_ids:
-            self.num_done.pop(req_id, None)
         jobs = []
         for i, chunk in enumerate(sched_out.chunks):
             request = state.requests.get(chunk.req_id)

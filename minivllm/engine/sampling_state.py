@@ -169,21 +169,25 @@ class SamplingState:
             offsets=None if draws is None else draws[1],
         )
 
-    def to_runner_logprobs(
-        self, sampler_out: SamplerOutput, req_ids: list[str]
-    ) -> list[LogprobsDict | None]:
-        """Per row: {token_id: Logprob} (sampled token + top params.logprobs), or None."""
-        assert sampler_out.logprobs is not None, "the step was built without logprobs"
-        rows = _logprobs_to_host(
-            sampler_out.logprob_token_ids, sampler_out.logprobs, sampler_out.ranks
-        )
-        result: list[LogprobsDict | None] = []
-        for req_id, (ids, logprobs, rank) in zip(req_ids, rows, strict=True):
-            num_logprobs = self.requests[req_id].params.logprobs
-            result.append(
-                None if num_logprobs is None else _to_dict(ids, logprobs, rank, num_logprobs)
-            )
-        return result
+    def num_logprobs(self, req_ids: list[str]) -> list[int | None]:
+        """Per row: how many top logprobs the request asked for (None: no logprobs)."""
+        return [self.requests[req_id].params.logprobs for req_id in req_ids]
+
+
+def to_runner_logprobs(
+    sampler_out: SamplerOutput, num_logprobs: list[int | None]
+) -> list[LogprobsDict | None]:
+    """Per row: {token_id: Logprob} (sampled token + top num_logprobs[row]), or None.
+
+    num_logprobs is taken when the step is launched: the requests may have ended (and left
+    the sampling state) by the time the step's results are read.
+    """
+    assert sampler_out.logprobs is not None, "the step was built without logprobs"
+    rows = _logprobs_to_host(sampler_out.logprob_token_ids, sampler_out.logprobs, sampler_out.ranks)
+    return [
+        None if k is None else _to_dict(ids, logprobs, rank, k)
+        for k, (ids, logprobs, rank) in zip(num_logprobs, rows, strict=True)
+    ]
 
 
 def prompt_logprobs_for(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from minivllm.engine.prompt_logprobs import PromptLogprobsJob, PromptLogprobsTracker
-from minivllm.engine.sampling_state import SamplingState
+from minivllm.engine.sampling_state import SamplingState, to_runner_logprobs
 from minivllm.engine.types import RunnerOutput
 from minivllm.layers.sampler import SamplerOutput
 
@@ -14,7 +14,12 @@ from minivllm.layers.sampler import SamplerOutput
 class StepHandle:
     """A launched step. result() waits for its sampled ids (copied into a pinned host buffer
     behind the step's kernels), records them in the sampling state and makes the host copies
-    of the step's logprobs."""
+    of the step's logprobs.
+
+    Everything result() needs about the step's requests is taken at launch: under async
+    scheduling a request can end (stop string, abort) while its step is in flight, and the
+    next step's launch removes it from the sampling state before this step is read.
+    """
 
     def __init__(
         self,
@@ -26,6 +31,9 @@ class StepHandle:
         self.sampling_state = sampling_state
         self.req_ids = req_ids
         self.sampler_out = sampler_out
+        self.num_logprobs: list[int | None] | None = None
+        if sampler_out is not None and sampler_out.logprobs is not None:
+            self.num_logprobs = sampling_state.num_logprobs(req_ids)
         # (jobs, their logits [rows, vocab]) when the step scores prompt tokens.
         self.prompt_logprobs_jobs: tuple[list[PromptLogprobsJob], torch.Tensor] | None = None
         self.event = None
@@ -44,8 +52,8 @@ class StepHandle:
         token_ids = [] if self.host is None else self.host.tolist()
         self.sampling_state.append_tokens(self.req_ids, token_ids)
         out = RunnerOutput(req_ids=self.req_ids, sampled_token_ids=token_ids)
-        if self.sampler_out is not None and self.sampler_out.logprobs is not None:
-            out.logprobs = self.sampling_state.to_runner_logprobs(self.sampler_out, self.req_ids)
+        if self.num_logprobs is not None:
+            out.logprobs = to_runner_logprobs(self.sampler_out, self.num_logprobs)
         if self.prompt_logprobs_jobs is not None:
             out.prompt_logprobs = PromptLogprobsTracker.collect(*self.prompt_logprobs_jobs)
         return out

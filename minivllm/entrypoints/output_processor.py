@@ -68,7 +68,9 @@ class OutputProcessor:
         children: dict[str, _Child] = {}
         for index in range(params.n):
             child_id = request_id if params.n == 1 else f"{index}_{request_id}"
-            child_params = replace(params, n=1)
+            # The prompt is scored once, by the first sample (the parent reports it once).
+            prompt_logprobs = params.prompt_logprobs if index == 0 else None
+            child_params = replace(params, n=1, prompt_logprobs=prompt_logprobs)
             if params.seed is not None:
                 # Each sample its own seed stream (so that n > 1 with a seed differs per
                 # sample), wrapped into int64. Set after replace(): -1 must stay a seed.

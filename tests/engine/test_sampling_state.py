@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from minivllm.engine.sampling_state import DRAW_SHIFT, SamplingState, prompt_logprobs_for
+from minivllm.engine.sampling_state import (
+    DRAW_SHIFT,
+    SamplingState,
+    prompt_logprobs_for,
+    to_runner_logprobs,
+)
 from minivllm.engine.types import Logprob, NewRequestData
 from minivllm.layers.sampler import Sampler
 from minivllm.sampling_params import SamplingParams
@@ -160,7 +165,10 @@ def test_to_runner_logprobs():
     logits = torch.randn(3, 12)
     req_ids = ["a", "b", "c"]
     out = Sampler()(logits, state.build_metadata(req_ids))
-    result = state.to_runner_logprobs(out, req_ids)
+    num_logprobs = state.num_logprobs(req_ids)
+    for req_id in req_ids:  # the requests may end before their step is read
+        state.remove(req_id)
+    result = to_runner_logprobs(out, num_logprobs)
     raw = torch.log_softmax(logits, dim=-1)
     sampled = out.sampled_token_ids.tolist()
     assert result[1] is None
