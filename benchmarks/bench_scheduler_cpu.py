@@ -21,10 +21,10 @@ import pstats
 import random
 import time
 
-from minivllm.engine.async_scheduler import AsyncScheduler
-from minivllm.engine.block_manager import BlockManager
-from minivllm.engine.request import Request
-from minivllm.engine.scheduler import Scheduler
+from minivllm.engine.sched.async_scheduler import AsyncScheduler
+from minivllm.engine.sched.block_manager import BlockManager
+from minivllm.engine.sched.request import Request
+from minivllm.engine.sched.scheduler import Scheduler
 from minivllm.engine.types import RunnerOutput
 from minivllm.sampling_params import SamplingParams
 

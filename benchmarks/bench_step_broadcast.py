@@ -12,8 +12,8 @@ import multiprocessing as mp
 import pickle
 import time
 
-from minivllm.engine.shm_broadcast import ShmRing
-from minivllm.engine.step_codec import Op, decode, encode
+from minivllm.engine.executor.shm_ring import ShmRing
+from minivllm.engine.executor.step_codec import Op, decode, encode
 from minivllm.engine.types import ScheduledChunk, SchedulerOutput
 
 

@@ -64,7 +64,7 @@ class PhaseTimer:
 
 def instrument(engine, timer: PhaseTimer, per_op: bool) -> None:
     """Times the phases of EngineCore.step (see the module docstring)."""
-    import minivllm.engine.model_runner as mr
+    import minivllm.engine.runner.model_runner as mr
 
     runner = engine.executor.runner
     timer.wrap(engine.scheduler, "schedule", "schedule")

@@ -138,7 +138,7 @@ class EngineConfig:
     data_parallel_size: int = 1
     max_model_len: int | None = None
     # None: chosen at engine build from the device's memory and usage_context
-    # (engine/scheduler_limits.py; 1024 and 16384 offline on an H200).
+    # (engine/sched/limits.py; 1024 and 16384 offline on an H200).
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     block_size: int = 16
@@ -158,7 +158,7 @@ class EngineConfig:
     # Largest decode batch captured in a CUDA graph.
     max_cuda_graph_batch_size: int = 512
     # Mixed steps (prefill chunks) of up to this many tokens replay piecewise CUDA graphs:
-    # the model between two attentions is one graph (engine/piecewise_graph.py); 0: eager.
+    # the model between two attentions is one graph (engine/runner/piecewise_graph.py); 0: eager.
     max_mixed_graph_tokens: int = 4096
     # Batch-invariant numerics: a request's tokens and logprobs do not depend on its
     # neighbours, chunking, prefix hits or graph padding (docs/determinism.md).

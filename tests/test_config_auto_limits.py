@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from minivllm.config import EngineConfig
-from minivllm.engine.scheduler_limits import (
+from minivllm.engine.sched.limits import (
     SchedulerLimits,
     auto_scheduler_limits,
     resolve_scheduler_limits,

@@ -219,8 +219,8 @@ def bind_all_reduce(model: nn.Module, symm: SymmBuffer) -> int:
     many. Deterministic mode's rank-ordered sum (layers/batch_invariant.py) is replaced
     only at two ranks, where one-shot gives its bits exactly (one rounding of x0 + x1);
     beyond two the one-shot adds in bf16 step by step, not in float32."""
+    from minivllm.distributed.parallel_state import all_reduce
     from minivllm.layers.batch_invariant import all_reduce_ordered
-    from minivllm.layers.parallel_state import all_reduce
 
     bound = 0
     for module in model.modules():

@@ -11,13 +11,13 @@ import os
 import time
 
 from minivllm.config import EngineConfig, ModelConfig
-from minivllm.engine.async_scheduler import AsyncScheduler
-from minivllm.engine.block_manager import BlockManager
-from minivllm.engine.parallel import build_executor
-from minivllm.engine.request import Request
+from minivllm.engine.executor.build import build_executor
 from minivllm.engine.request_checks import check_request
-from minivllm.engine.scheduler import Scheduler
-from minivllm.engine.scheduler_limits import resolve_scheduler_limits
+from minivllm.engine.sched.async_scheduler import AsyncScheduler
+from minivllm.engine.sched.block_manager import BlockManager
+from minivllm.engine.sched.limits import resolve_scheduler_limits
+from minivllm.engine.sched.request import Request
+from minivllm.engine.sched.scheduler import Scheduler
 from minivllm.engine.stats import CoreInfo, EngineStats
 from minivllm.engine.types import EngineOutput
 from minivllm.engine.warm_up import warm_up

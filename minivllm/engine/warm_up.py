@@ -16,8 +16,8 @@ import random
 import time
 from collections.abc import Callable
 
-from minivllm.engine.request import Request
-from minivllm.engine.scheduler import Scheduler
+from minivllm.engine.sched.request import Request
+from minivllm.engine.sched.scheduler import Scheduler
 from minivllm.engine.types import RunnerOutput, SchedulerOutput
 from minivllm.sampling_params import SamplingParams
 

@@ -1,6 +1,6 @@
 """AsyncLLM: the server's engine. Tokenizer and output processing here, EngineCore in its own
-process (engine/core_client.py; N replica processes under data parallelism,
-engine/dp_core_client.py), outputs routed to one mailbox per request."""
+process (engine/client/core_client.py; N replica processes under data parallelism,
+engine/client/dp_core_client.py), outputs routed to one mailbox per request."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from minivllm.config import EngineConfig, ModelConfig
-from minivllm.engine.core_client import EngineCoreClient
-from minivllm.engine.dp_core_client import DPCoreClient
+from minivllm.engine.client.core_client import EngineCoreClient
+from minivllm.engine.client.dp_core_client import DPCoreClient
 from minivllm.engine.request_checks import check_request
 from minivllm.engine.stats import CoreInfo, EngineStats
 from minivllm.engine.types import EngineOutput

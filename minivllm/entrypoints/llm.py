@@ -14,7 +14,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from minivllm.config import EngineConfig, ModelConfig
-from minivllm.engine.dp_engine import make_engine
+from minivllm.engine.client.dp_engine import make_engine
 from minivllm.entrypoints.generation_config import read_generation_defaults
 from minivllm.entrypoints.output_processor import OutputProcessor
 from minivllm.entrypoints.processing import check_unicode

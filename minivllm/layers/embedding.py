@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minivllm.distributed.parallel_state import all_gather_last_dim, all_reduce, get_tp_rank_size
 from minivllm.layers.linear import copy_checked
-from minivllm.layers.parallel_state import all_gather_last_dim, all_reduce, get_tp_rank_size
 
 VOCAB_PADDING = 64
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minivllm.layers.parallel_state import all_reduce, divide, get_tp_rank_size
+from minivllm.distributed.parallel_state import all_reduce, divide, get_tp_rank_size
 
 
 def copy_checked(dst: torch.Tensor, src: torch.Tensor) -> None:

@@ -14,10 +14,10 @@ from minivllm.distributed.all_reduce import (
     message_fits,
     pick_method,
 )
+from minivllm.distributed.parallel_state import all_reduce
 from minivllm.layers.batch_invariant import all_reduce_ordered
 from minivllm.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from minivllm.layers.linear import RowParallelLinear
-from minivllm.layers.parallel_state import all_reduce
 
 
 class FakeSymm:

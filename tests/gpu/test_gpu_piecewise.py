@@ -1,4 +1,4 @@
-"""GPU: mixed steps replayed as piecewise CUDA graphs (engine/piecewise_graph.py) against the
+"""GPU: mixed steps replayed as piecewise CUDA graphs (engine/runner/piecewise_graph.py) against the
 same steps run eagerly, on a random-weight Qwen3-0.6B-shaped model in float32 (so that the
 padded GEMM shapes of a bucket cannot flip a near-tie)."""
 

@@ -157,7 +157,7 @@ def test_symm_mem_all_reduce_equals_nccl_eager_and_in_graphs() -> None:
     to NCCL and this test says why in the log)."""
     import multiprocessing as mp
 
-    from minivllm.engine.tp_executor import free_port
+    from minivllm.engine.executor.tp_executor import free_port
 
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")

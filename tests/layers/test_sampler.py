@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from minivllm.engine.sampling_state import SamplingState
+from minivllm.engine.runner.sampling_state import SamplingState
 from minivllm.engine.types import NewRequestData
 from minivllm.layers.sampler import (
     Sampler,

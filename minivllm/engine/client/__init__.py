@@ -1,0 +1,1 @@
+"""Engine clients: the engine-core process and its client, data-parallel replicas."""

@@ -1,0 +1,172 @@
+"""EngineCoreClient: starts the engine-core process and talks to it over one socket pair.
+
+Transport: pickle over a Unix socket pair framed by multiprocessing.connection.Connection
+(stdlib; pyzmq and msgspec are not dependencies). EngineOutput and SamplingParams are plain
+dataclasses, so pickle moves them as they are; one message per step keeps the per-message
+cost (tens of microseconds, see docs/serving.md) far below a step's time.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+from minivllm.config import EngineConfig
+from minivllm.engine.stats import CoreInfo
+from minivllm.engine.types import EngineOutput
+
+logger = logging.getLogger(__name__)
+
+# Large socket buffers, so that a burst of adds or one big step of outputs rarely blocks.
+_SOCKET_BUFFER_BYTES = 4 << 20
+_STOP = object()
+
+
+class EngineCoreError(RuntimeError):
+    """The engine core failed to start, or died."""
+
+
+class EngineCoreClient:
+    """Owns the core process. add/abort never block (a writer thread sends them, batched);
+    a reader thread hands every message from the core to on_message, and a final
+    ("dead", reason) when the core goes away without being asked to."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        on_message: Callable[[tuple], None],
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self._on_message = on_message
+        parent_sock, child_sock = socket.socketpair()
+        for sock in (parent_sock, child_sock):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SOCKET_BUFFER_BYTES)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _SOCKET_BUFFER_BYTES)
+        fd = child_sock.fileno()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "minivllm.engine.client.core_process", "--fd", str(fd)],
+            pass_fds=(fd,),
+            env=env,  # None: this process's environment
+        )
+        child_sock.close()  # the child's end lives only in the child: its death is our EOF
+        self._conn = Connection(parent_sock.detach())
+        self._closing = False
+        try:
+            self._conn.send(("config", config))
+            self.info = self._wait_ready()
+        except BaseException:
+            self._kill()
+            self._conn.close()
+            raise
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._writer = threading.Thread(target=self._write_loop, name="core-writer", daemon=True)
+        self._reader = threading.Thread(target=self._read_loop, name="core-reader", daemon=True)
+        self._writer.start()
+        self._reader.start()
+
+    def add_requests(self, requests: list[tuple[str, list[int], Any, float]]) -> None:
+        """requests: (req_id, prompt_token_ids, SamplingParams, arrival_time) tuples."""
+        self._outbox.put(("add", requests))
+
+    def abort_requests(self, req_ids: list[str]) -> None:
+        if req_ids:
+            self._outbox.put(("abort", list(req_ids)))
+
+    @property
+    def is_alive(self) -> bool:
+        return self.process.poll() is None
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Asks the core to stop, waits for it, kills it if it does not; idempotent."""
+        if self._closing:
+            return
+        self._closing = True
+        self._outbox.put(("shutdown",))
+        self._outbox.put(_STOP)
+        self._writer.join(timeout)
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            logger.warning("engine core did not stop in %.0f s: killing it", timeout)
+        self._kill()
+        self._reader.join(timeout)  # it sees EOF once the process is gone
+        self._conn.close()
+
+    # ---- internals ------------------------------------------------------------------------
+
+    def _wait_ready(self) -> CoreInfo:
+        while not self._conn.poll(1.0):
+            if self.process.poll() is not None:
+                raise EngineCoreError(
+                    f"the engine core process exited with code {self.process.returncode} "
+                    "while starting (see its log above)"
+                )
+        msg = self._conn.recv()
+        if msg[0] == "failed":
+            _, is_user_error, message = msg
+            # A bad option or model stays a ValueError, which the CLI prints in one line.
+            raise (ValueError if is_user_error else EngineCoreError)(
+                f"the engine core failed to start: {message}"
+            )
+        return msg[1]
+
+    def _write_loop(self) -> None:
+        """Sends queued messages; consecutive adds (or aborts) go as one message."""
+        while True:
+            item = self._outbox.get()
+            if item is _STOP:
+                return
+            pending = [item]
+            while not self._outbox.empty() and len(pending) < 1024:
+                pending.append(self._outbox.get())
+            for msg in _merge(pending):
+                if msg is _STOP:
+                    return
+                try:
+                    self._conn.send(msg)
+                except OSError:
+                    return  # the core is gone; the reader reports it
+
+    def _read_loop(self) -> None:
+        while True:
+            try:
+                msg = self._conn.recv()
+            except (EOFError, OSError):
+                break
+            if msg[0] == "outputs":
+                msg = ("outputs", [EngineOutput(*fields) for fields in msg[1]], msg[2])
+            self._on_message(msg)
+            if msg[0] == "dead":
+                return
+        if not self._closing:
+            code = self.process.wait()
+            self._on_message(("dead", f"the engine core process exited (code {code})"))
+
+    def _kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+def _merge(messages: list) -> list:
+    """Joins runs of consecutive "add" (or "abort") messages, keeping the order."""
+    merged: list = []
+    for msg in messages:
+        if (
+            merged
+            and msg is not _STOP
+            and merged[-1] is not _STOP
+            and msg[0] in ("add", "abort")
+            and merged[-1][0] == msg[0]
+        ):
+            merged[-1] = (msg[0], merged[-1][1] + msg[1])
+        else:
+            merged.append(msg)
+    return merged

@@ -1,0 +1,139 @@
+"""DPCoreClient: EngineCoreClient's interface over data_parallel_size engine-core processes
+(replicas, each on its own tensor_parallel_size GPUs); new requests go to the replica with
+the fewest outstanding tokens (LoadBalancer). Used by DPEngine (LLM) and AsyncLLM (server)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import fields, replace
+from typing import Any
+
+import minivllm
+from minivllm.config import EngineConfig, ModelConfig
+from minivllm.engine.client.core_client import EngineCoreClient
+from minivllm.engine.client.load_balancer import LoadBalancer
+from minivllm.engine.stats import EngineStats
+
+
+def replica_env(config: EngineConfig, index: int) -> dict[str, str]:
+    """The environment of replica `index`: its own tensor_parallel_size GPUs (of the ones
+    this process sees), and this very minivllm on the import path."""
+    env = dict(os.environ)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(minivllm.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    if config.resolved_device().type == "cuda":
+        import torch
+
+        visible = env.get("CUDA_VISIBLE_DEVICES")
+        count = torch.cuda.device_count()
+        devices = visible.split(",") if visible else [str(i) for i in range(count)]
+        tp = config.tensor_parallel_size
+        needed = config.data_parallel_size * tp
+        if len(devices) < needed:
+            raise ValueError(
+                f"data_parallel_size x tensor_parallel_size = {needed} GPUs, but only "
+                f"{len(devices)} are visible"
+            )
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(devices[index * tp : (index + 1) * tp])
+    return env
+
+
+class DPCoreClient:
+    """Owns N EngineCoreClients. Their reader threads call on_message with the replica's
+    messages after the balancer has seen them: outputs of open requests only, with the
+    stats summed over replicas; one ("dead", reason) when any replica dies."""
+
+    def __init__(self, config: EngineConfig, on_message: Callable[[tuple], None]) -> None:
+        self._on_message = on_message
+        self._lock = threading.Lock()  # the balancer: reader threads vs add/abort callers
+        self._dead = False
+        size = config.data_parallel_size
+        max_model_len = config.resolved_max_model_len(ModelConfig.from_hf(config.model))
+        self.balancer = LoadBalancer(size, max_model_len)
+        self._stats = [EngineStats() for _ in range(size)]
+        envs = [replica_env(config, i) for i in range(size)]
+        replica_config = replace(config, data_parallel_size=1)
+        # Replicas start side by side (model load, KV profiling, graph capture).
+        with ThreadPoolExecutor(size) as pool:
+            futures = [
+                pool.submit(EngineCoreClient, replica_config, self._handler(i), env=env)
+                for i, env in enumerate(envs)
+            ]
+        errors = [f.exception() for f in futures if f.exception() is not None]
+        self.replicas: list[EngineCoreClient] = [f.result() for f in futures if not f.exception()]
+        self._finalizer = weakref.finalize(self, _shutdown_replicas, self.replicas)
+        if errors:
+            self.shutdown()
+            raise errors[0]
+        first = self.replicas[0].info
+        num_blocks = min(r.info.num_blocks for r in self.replicas)
+        self.info = replace(first, num_blocks=num_blocks)  # pid: replica 0's
+
+    def add_requests(self, requests: list[tuple[str, list[int], Any, float]]) -> None:
+        """requests: (req_id, prompt_token_ids, SamplingParams, arrival_time) tuples."""
+        by_replica: dict[int, list[tuple]] = {}
+        with self._lock:
+            for request in requests:
+                req_id, prompt_token_ids, params, _ = request
+                index = self.balancer.assign(req_id, len(prompt_token_ids), params.max_tokens)
+                by_replica.setdefault(index, []).append(request)
+        for index, batch in by_replica.items():
+            self.replicas[index].add_requests(batch)
+
+    def abort_requests(self, req_ids: list[str]) -> None:
+        if not req_ids:
+            return
+        with self._lock:
+            by_replica = self.balancer.split_by_replica(req_ids)
+        for index, ids in by_replica.items():
+            self.replicas[index].abort_requests(ids)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.balancer.replica_of)
+
+    def shutdown(self) -> None:
+        """Stops every replica (side by side); idempotent."""
+        self._finalizer()
+
+    # ---- internals ------------------------------------------------------------------------
+
+    def _handler(self, index: int) -> Callable[[tuple], None]:
+        return lambda msg: self._on_replica_message(index, msg)
+
+    def _on_replica_message(self, index: int, msg: tuple) -> None:
+        kind = msg[0]
+        with self._lock:
+            if kind == "outputs":
+                self._stats[index] = msg[2]
+                msg = ("outputs", self.balancer.update(index, msg[1]), _sum_stats(self._stats))
+            elif kind == "rejected":
+                self.balancer.forget(msg[1])
+            elif kind == "dead":
+                if self._dead:
+                    return
+                self._dead = True
+                msg = ("dead", f"data-parallel replica {index}: {msg[1]}")
+        self._on_message(msg)
+
+
+def _sum_stats(stats: list[EngineStats]) -> EngineStats:
+    """The replicas' stats as one engine's: counts add up, the cache usage is the mean
+    (replicas have equal caches, up to profiling noise)."""
+    names = [f.name for f in fields(EngineStats)]
+    total = EngineStats(**{name: sum(getattr(s, name) for s in stats) for name in names})
+    total.kv_cache_usage = total.kv_cache_usage / len(stats)
+    return total
+
+
+def _shutdown_replicas(replicas: list[EngineCoreClient]) -> None:
+    """Stops every replica, side by side. A weakref finalizer: it also runs at interpreter
+    exit, while the clients' threads still run (a __del__ during teardown may be too late)."""
+    threads = [threading.Thread(target=replica.shutdown) for replica in replicas]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()

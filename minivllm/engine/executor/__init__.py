@@ -1,0 +1,1 @@
+"""Executors: where a step runs (one device, tensor-parallel ranks) and how it gets there."""

@@ -1,0 +1,279 @@
+"""ModelRunner: owns the model, the KV cache and the sampler on one device (one TP rank).
+
+Its interface to the engine core: `execute(SchedulerOutput) -> RunnerOutput` (waits for the
+tokens) and `execute_async(SchedulerOutput) -> StepHandle` (returns once the step is launched).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+from minivllm.attention.base import AttnMetadata
+from minivllm.attention.selector import get_attn_backend
+from minivllm.config import EngineConfig, ModelConfig
+from minivllm.engine.runner.block_table import BlockTable
+from minivllm.engine.runner.cuda_graph import CUDAGraphRunner
+from minivllm.engine.runner.device_inputs import InputStaging
+from minivllm.engine.runner.input_prep import StepInputs, prepare_inputs
+from minivllm.engine.runner.kv_cache import KVCacheSpec, bind_kv_caches
+from minivllm.engine.runner.piecewise_graph import PiecewiseGraphRunner
+from minivllm.engine.runner.profiling import memory_baseline, profile_kv_budget
+from minivllm.engine.runner.prompt_logprobs import PromptLogprobsTracker
+from minivllm.engine.runner.sampling_state import SamplingState
+from minivllm.engine.runner.step_handle import StepHandle
+from minivllm.engine.sched.limits import resolve_scheduler_limits
+from minivllm.engine.types import RunnerOutput, SchedulerOutput
+from minivllm.layers.batch_invariant import use_batch_invariant_ops
+from minivllm.layers.dispatch import use_triton_kernels
+from minivllm.layers.sampler import Sampler
+from minivllm.model_loader import build_model
+
+logger = logging.getLogger(__name__)
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        config: EngineConfig,
+        model_config: ModelConfig,
+        device: torch.device,
+        dtype: torch.dtype,
+        max_model_len: int,
+        tp_size: int = 1,
+    ) -> None:
+        self.config = config
+        self.model_config = model_config
+        self.device = device
+        self.dtype = dtype
+        self.max_model_len = max_model_len
+        self.tp_size = tp_size
+        self.block_size = config.block_size
+        self.limits = resolve_scheduler_limits(config, device)
+        max_num_seqs = self.limits.max_num_seqs
+        self.memory_baseline = 0
+        if device.type == "cuda":
+            self.memory_baseline = memory_baseline(device, config.gpu_memory_utilization)
+        tp_heads = model_config.num_attention_heads // tp_size
+        self.attn_backend = get_attn_backend(
+            config.attention_backend,
+            device,
+            num_heads=tp_heads,
+            head_dim=model_config.head_dim,
+            max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len,
+            num_kv_heads=max(1, model_config.num_key_value_heads // tp_size),
+            deterministic=config.deterministic,
+        )
+        self.model = build_model(
+            model_config,
+            self.attn_backend,
+            dtype=dtype,
+            device=device,
+            model_dir=config.model,
+            load_format=config.load_format,
+            seed=config.seed,
+        )
+        if config.deterministic:
+            use_batch_invariant_ops(self.model)
+        self.sampler = Sampler(use_triton_kernels(device))
+        self.sampling_state = SamplingState(device, seed=config.seed)
+        self.prompt_logprobs = PromptLogprobsTracker()
+        self.block_table = BlockTable(-(-max_model_len // self.block_size), max_num_seqs)
+        kv_dtype = config.resolved_kv_cache_dtype(dtype)
+        self.kv_spec = KVCacheSpec.for_model(
+            model_config, self.block_size, kv_dtype, device, tp_size
+        )
+        self.kv_caches: list[torch.Tensor] = []
+        self.graphs: CUDAGraphRunner | None = None  # once captured
+        self.mixed_graphs: PiecewiseGraphRunner | None = None  # likewise
+        # The last step's sampled ids [num_sampled] on the device, and their req_ids.
+        self._last_sampled: tuple[torch.Tensor, list[str]] | None = None
+        self._host_ids: list[torch.Tensor] | None = None
+        if device.type == "cuda":
+            self._host_ids = [
+                torch.empty(max_num_seqs, dtype=torch.int64, pin_memory=True) for _ in range(3)
+            ]
+        self._num_steps = 0
+        # A step's input arrays go to the device in one copy from reused pinned buffers,
+        # sized for the largest step's token arrays (block tables grow them when needed).
+        max_tokens = self.limits.max_num_batched_tokens
+        self._staging = InputStaging(device, capacity=32 * max_tokens + 64 * max_num_seqs)
+
+    # ---- KV cache -------------------------------------------------------------------------
+
+    def determine_num_blocks(self) -> int:
+        """How many KV blocks fit: an override, a byte budget on the CPU, profiling on CUDA."""
+        if self.config.num_gpu_blocks_override is not None:
+            return self.config.num_gpu_blocks_override
+        if self.device.type != "cuda":
+            return self.kv_spec.num_blocks_for(self.config.kv_cache_memory)
+        budget = profile_kv_budget(
+            self.run_model,
+            self.model.attention_layers(),
+            self.kv_spec,
+            self.limits.max_num_batched_tokens,
+            self.limits.max_num_seqs,
+            self.max_model_len,
+            self.config.gpu_memory_utilization,
+            self.memory_baseline,
+        )
+        return self.kv_spec.num_blocks_for(budget)
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        self.kv_caches = self.kv_spec.allocate(num_blocks)
+        bind_kv_caches(self.model.attention_layers(), self.kv_caches)
+        backend = self.attn_backend
+        if self.device.type == "cuda" and not self.config.enforce_eager:
+            if backend.supports_cuda_graphs:
+                self.graphs = self._capture_graphs()
+            else:
+                logger.info("attention backend %s runs without CUDA graphs", backend.name)
+            self.mixed_graphs = self._capture_mixed_graphs()
+
+    def _capture_mixed_graphs(self) -> PiecewiseGraphRunner | None:
+        # Attention runs eagerly between the pieces, so every backend can use them. In
+        # deterministic mode too: its GEMMs give a row the same bits whatever M, so padding a
+        # step to its bucket changes no bits. Not under TP (collectives inside the pieces not
+        # yet run on GPUs): docs/architecture.md.
+        max_tokens = min(self.limits.max_num_batched_tokens, self.config.max_mixed_graph_tokens)
+        if max_tokens < 1 or self.tp_size > 1:
+            return None
+        graphs = PiecewiseGraphRunner(self.model, max_tokens, self.device)
+        graphs.capture()
+        return graphs
+
+    def _capture_graphs(self) -> CUDAGraphRunner:
+        # A decode step has at most max_num_seqs rows and max_num_batched_tokens tokens.
+        max_batch_size = min(*self.limits, self.config.max_cuda_graph_batch_size)
+        graphs = CUDAGraphRunner(
+            self.model,
+            self.attn_backend,
+            max_batch_size=max_batch_size,
+            max_num_blocks=-(-self.max_model_len // self.block_size),
+            device=self.device,
+        )
+        graphs.capture()
+        return graphs
+
+    # ---- one step -------------------------------------------------------------------------
+
+    def execute(self, sched_out: SchedulerOutput) -> RunnerOutput:
+        """Runs one step and waits for its tokens."""
+        return self.execute_async(sched_out).result()
+
+    @torch.inference_mode()
+    def execute_async(self, sched_out: SchedulerOutput) -> StepHandle:
+        """Launches one step and returns at once; the handle's result() waits for its tokens
+        (and its logprobs, whose host copies it makes)."""
+        self._update_requests(sched_out)
+        if sched_out.is_empty:
+            self.block_table.update(sched_out)  # forget finished requests
+            return StepHandle(self.sampling_state, [])
+        inputs = prepare_inputs(sched_out, self.block_size, self.block_table)
+        jobs = self.prompt_logprobs.plan(sched_out, inputs.query_start_loc, self.sampling_state)
+        extra_rows = np.concatenate([job.rows for job in jobs]) if jobs else None
+        logits = self.run_model(inputs, sched_out, extra_rows)
+        req_ids = inputs.sample_req_ids
+        num_sampled = len(req_ids)
+        sampling_meta = self.sampling_state.build_metadata(req_ids)
+        sampler_out = self.sampler(logits[:num_sampled], sampling_meta)
+        # The next step's placeholders (async scheduling) are filled from these.
+        self._last_sampled = (sampler_out.sampled_token_ids, req_ids)
+        handle = StepHandle(self.sampling_state, req_ids, sampler_out, self._next_host_buffer())
+        if jobs:
+            handle.prompt_logprobs_jobs = (jobs, logits[num_sampled:])
+        return handle
+
+    def _update_requests(self, sched_out: SchedulerOutput) -> None:
+        """Forgets finished requests and registers new ones in the sampling state."""
+        for req_id in sched_out.finished_req_ids:
+            self.sampling_state.remove(req_id)
+        self.prompt_logprobs.forget(sched_out.finished_req_ids)
+        for new in sched_out.new_requests:
+            self.sampling_state.add_request(new)
+
+    def _next_host_buffer(self) -> torch.Tensor | None:
+        """The next pinned buffer of the ring the sampled ids are copied into (CUDA only).
+
+        Steps in flight at once are at most two (launched, and being applied): a ring of three
+        is never overwritten before it is read, and no step allocates pinned memory
+        (cudaHostAlloc synchronizes the device).
+        """
+        if self._host_ids is None:
+            return None
+        self._num_steps += 1
+        return self._host_ids[self._num_steps % len(self._host_ids)]
+
+    @torch.inference_mode()
+    def run_model(
+        self,
+        inputs: StepInputs,
+        sched_out: SchedulerOutput | None = None,
+        extra_rows: np.ndarray | None = None,
+    ) -> torch.Tensor:
+        """Runs the model over the step's tokens; returns logits [num_sampled (+ extra), vocab]
+        for the sampled rows, then for extra_rows (prompt logprobs)."""
+        dev = self.to_device(inputs, sched_out, extra_rows)
+        meta = AttnMetadata(
+            query_start_loc=dev["query_start_loc"],
+            seq_lens=dev["seq_lens"],
+            block_tables=dev["block_tables"],
+            slot_mapping=dev["slot_mapping"],
+            max_seq_len=inputs.max_seq_len,
+            num_decode_tokens=inputs.num_decode_tokens,
+            query_start_loc_cpu=inputs.query_start_loc,
+            seq_lens_cpu=inputs.seq_lens,
+            decode_order=dev["decode_order"],
+        )
+        num_sampled = len(inputs.sample_req_ids)
+        if (
+            extra_rows is None
+            and self.graphs is not None
+            and self.graphs.can_run(inputs.num_tokens, inputs.num_decode_tokens, num_sampled)
+        ):
+            return self.graphs.run(dev["input_ids"], dev["positions"], meta)
+        if self.mixed_graphs is not None and self.mixed_graphs.can_run(inputs.num_tokens):
+            hidden = self.mixed_graphs.run(dev["input_ids"], dev["positions"], meta)
+        else:
+            hidden = self.model(dev["input_ids"], dev["positions"], meta)
+        return self.model.compute_logits(hidden[dev["logits_indices"]])
+
+    def to_device(
+        self, inputs: StepInputs, sched_out: SchedulerOutput | None, extra_rows: np.ndarray | None
+    ) -> dict[str, torch.Tensor]:
+        """The step's inputs on the device, with placeholder tokens (sampled by the previous,
+        still running step) filled in from that step's sampled ids."""
+        rows = inputs.logits_indices
+        if extra_rows is not None:
+            rows = np.concatenate([rows, extra_rows])
+        arrays = {
+            "input_ids": inputs.input_ids,
+            "positions": inputs.positions,
+            "slot_mapping": inputs.slot_mapping,
+            "logits_indices": rows.astype(np.int64, copy=False),
+            "query_start_loc": inputs.query_start_loc,
+            "seq_lens": inputs.seq_lens,
+            "block_tables": inputs.block_tables,
+            "decode_order": inputs.decode_order,
+        }
+        placeholder_rows = np.flatnonzero(inputs.input_ids < 0)
+        if placeholder_rows.size:
+            # Placeholders only stand for decode tokens, whose row is their chunk's index.
+            assert sched_out is not None and placeholder_rows[-1] < inputs.num_decode_tokens
+            prev_sampled, prev_req_ids = self._last_sampled
+            prev_row = {req_id: i for i, req_id in enumerate(prev_req_ids)}
+            chunks = sched_out.chunks
+            arrays["placeholder_rows"] = placeholder_rows.astype(np.int64, copy=False)
+            # Row of each placeholder's token in the previous step's sampled ids.
+            arrays["prev_rows"] = np.fromiter(
+                (prev_row[chunks[r].req_id] for r in placeholder_rows.tolist()),
+                np.int64,
+                placeholder_rows.size,
+            )
+        dev = self._staging.upload(arrays)
+        if placeholder_rows.size:
+            dev["input_ids"][dev["placeholder_rows"]] = prev_sampled[dev["prev_rows"]]
+        return dev

@@ -1,0 +1,109 @@
+"""Sizes the KV cache on CUDA: a dummy forward at the largest token budget, peak memory read,
+and `gpu_memory_utilization` of the card minus what this engine uses otherwise given to the
+cache (vLLM's meaning: the fraction is this engine's share, other processes do not shrink it)."""
+
+from __future__ import annotations
+
+import gc
+import logging
+from collections.abc import Callable, Sequence
+
+import torch
+
+from minivllm.engine.runner.block_table import BlockTable
+from minivllm.engine.runner.input_prep import StepInputs, prepare_inputs
+from minivllm.engine.runner.kv_cache import KVCacheSpec, bind_kv_caches
+from minivllm.engine.types import ScheduledChunk, SchedulerOutput
+from minivllm.layers.attention import Attention
+
+logger = logging.getLogger(__name__)
+
+
+def dummy_step(
+    num_tokens: int, num_seqs: int, max_model_len: int, block_size: int
+) -> SchedulerOutput:
+    """num_tokens prompt tokens over num_seqs sequences, each on its own blocks, all sampled."""
+    num_seqs = max(num_seqs, -(-num_tokens // max_model_len))
+    base, extra = divmod(num_tokens, num_seqs)
+    chunks, next_block = [], 0
+    for i in range(num_seqs):
+        n = base + (1 if i < extra else 0)
+        num_blocks = -(-n // block_size)
+        block_ids = list(range(next_block, next_block + num_blocks))
+        chunks.append(ScheduledChunk(f"profile-{i}", [0] * n, 0, block_ids, 0, True))
+        next_block += num_blocks
+    return SchedulerOutput(chunks=[c for c in chunks if c.token_ids], num_decode_chunks=0)
+
+
+def memory_baseline(device: torch.device, gpu_memory_utilization: float) -> int:
+    """Bytes in use on `device` before this engine loads anything (other processes, engines
+    already alive in this one). The engine's share must be free now: else a clear error, as
+    in vLLM, rather than a KV cache that turns out empty."""
+    # An engine dropped just before this one may still sit in a reference cycle: collect it.
+    gc.collect()
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info(device)
+    wanted = int(total * gpu_memory_utilization)
+    if free < wanted:
+        raise ValueError(
+            f"free memory on {device} ({free / 2**30:.1f} of {total / 2**30:.1f} GiB) is less"
+            f" than gpu_memory_utilization={gpu_memory_utilization} asks for"
+            f" ({wanted / 2**30:.1f} GiB): lower gpu_memory_utilization or free the GPU"
+        )
+    return total - free
+
+
+def profile_kv_budget(
+    run_model: Callable[[StepInputs], torch.Tensor],
+    attention_layers: Sequence[Attention],
+    kv_spec: KVCacheSpec,
+    max_num_batched_tokens: int,
+    max_num_seqs: int,
+    max_model_len: int,
+    gpu_memory_utilization: float,
+    baseline_used: int,
+) -> int:
+    """Returns the bytes the KV cache may take on this rank's GPU.
+
+    run_model runs the model over a step's inputs (ModelRunner.run_model); the layers get a
+    throwaway cache just large enough for the dummy step, unbound again afterwards.
+    baseline_used: memory_baseline() taken before the weights were loaded.
+    """
+    num_seqs = min(max_num_seqs, max_num_batched_tokens)
+    sched_out = dummy_step(max_num_batched_tokens, num_seqs, max_model_len, kv_spec.block_size)
+    num_blocks = sum(len(c.new_block_ids) for c in sched_out.chunks)
+    max_blocks = -(-max_model_len // kv_spec.block_size)
+    inputs = prepare_inputs(sched_out, kv_spec.block_size, BlockTable(max_blocks, num_seqs))
+
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    free_before, total = torch.cuda.mem_get_info()
+    allocated_before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    caches = kv_spec.allocate(num_blocks)
+    cache_bytes = num_blocks * kv_spec.bytes_per_block
+    bind_kv_caches(attention_layers, caches)
+    logits = run_model(inputs)
+    torch.cuda.synchronize()
+    # Top-p sorting and softmax take a few float32 copies of the logits on top.
+    sampler_bytes = 4 * logits.shape[0] * logits.shape[1] * 4
+    peak_activation = (
+        torch.cuda.max_memory_allocated() - allocated_before - cache_bytes + sampler_bytes
+    )
+    bind_kv_caches(attention_layers, [torch.empty(0)] * len(caches))
+    del caches, logits
+    torch.cuda.empty_cache()
+
+    # used_by_engine: weights and whatever else this engine allocated since the baseline.
+    used_by_engine = total - free_before - baseline_used
+    budget = int(total * gpu_memory_utilization) - used_by_engine - peak_activation
+    logger.info(
+        "memory profile: total %.1f GiB, in use by others %.2f GiB, by this engine %.2f GiB,"
+        " activation peak %.2f GiB -> KV cache %.2f GiB",
+        total / 2**30,
+        baseline_used / 2**30,
+        used_by_engine / 2**30,
+        peak_activation / 2**30,
+        budget / 2**30,
+    )
+    return max(budget, 0)

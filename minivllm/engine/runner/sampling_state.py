@@ -1,0 +1,291 @@
+"""The runner's per-request sampling state: params, output ids, seeded generators.
+
+It turns a step's rows into SamplingMetadata for the Sampler (with the per-step keys of the
+Triton sampler's draws) and the sampler's logprob tensors back into plain LogprobsDicts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from minivllm.engine.runner.device_inputs import InputStaging, list_to_device
+from minivllm.engine.types import Logprob, LogprobsDict, NewRequestData
+from minivllm.layers.dispatch import use_triton_kernels
+from minivllm.layers.sampler import SamplerOutput, SamplingMetadata, gather_logprobs
+from minivllm.sampling_params import SamplingParams
+
+# A draw of a row uses philox counters [k << DRAW_SHIFT, (k << DRAW_SHIFT) + vocab_size): a
+# stride of 2**32 > any vocab size keeps draws disjoint without knowing the vocab size.
+DRAW_SHIFT = 32
+
+
+@dataclass
+class _RequestState:
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    output_token_ids: list[int]
+    generator: torch.Generator | None
+    # Rows built for it so far (= tokens sampled). Counted at build time: with async
+    # scheduling, output_token_ids can lag a step behind.
+    num_sampled: int = 0
+
+
+class SamplingState:
+    """What the runner remembers per request to sample it; keyed by req_id.
+
+    Randomness of the Triton sampler (on CUDA: every batch with random rows): a row's draw
+    depends only on its key (seed, offset). A seeded request uses (params.seed, num_sampled <<
+    32), so it repeats its tokens alone or in any batch. Unseeded rows share one fresh 63-bit
+    seed per step, drawn on the CPU from a generator seeded with `seed`, and use offset row <<
+    32 (distinct per row). The torch sampler (CPU) uses per-request torch generators for seeded
+    rows; plain batches get keys there too (the Triton sampler in tests).
+    """
+
+    def __init__(self, device: torch.device | str, seed: int = 0) -> None:
+        self.device = torch.device(device)
+        self.keyed_draws = use_triton_kernels(self.device)
+        self.requests: dict[str, _RequestState] = {}
+        self._step_generator = torch.Generator().manual_seed(seed)
+        # (req_ids, metadata) of the last step, when it can be reused as is.
+        self._reusable: tuple[tuple[str, ...], SamplingMetadata] | None = None
+        # Up to two uploads a step (parameters when the batch changes, draw keys).
+        self._staging = InputStaging(self.device, num_slots=6, capacity=1 << 14)
+
+    def add_request(self, new: NewRequestData) -> None:
+        """Registers a request. A req_id already known keeps its state (outputs, generator)."""
+        if new.req_id in self.requests:
+            return
+        params = new.sampling_params
+        generator = None
+        if params.seed is not None:
+            generator = torch.Generator(device=self.device)
+            generator.manual_seed(params.seed)
+        self.requests[new.req_id] = _RequestState(list(new.prompt_token_ids), params, [], generator)
+
+    def remove(self, req_id: str) -> None:
+        self.requests.pop(req_id, None)
+
+    def append_tokens(self, req_ids: list[str], token_ids: list[int]) -> None:
+        """Records a step's tokens; requests removed meanwhile (async scheduling) are skipped."""
+        for req_id, token_id in zip(req_ids, token_ids, strict=True):
+            state = self.requests.get(req_id)
+            if state is not None:
+                state.output_token_ids.append(token_id)
+
+    def build_metadata(self, req_ids: list[str]) -> SamplingMetadata:
+        """SamplingMetadata for rows req_ids (one row per sampled request, in order).
+
+        Each call is one sampled token per row: it advances the rows' num_sampled.
+        """
+        key = tuple(req_ids)
+        states = [self.requests[req_id] for req_id in req_ids]
+        if self._reusable is not None and self._reusable[0] == key:
+            meta = self._reusable[1]
+        else:
+            meta = self._build_metadata(states)
+            # Without penalties or suppressed tokens nothing in it changes while the batch
+            # stays, except the draw keys (seeds and offsets, replaced below).
+            static = meta.no_penalties and meta.suppressed_token_ids is None
+            self._reusable = (key, meta) if static else None
+        # The Triton sampler draws every batch with keyed noise (plain or not), so that a
+        # seeded request's tokens do not depend on its neighbours' sampling options.
+        if (meta.is_plain or self.keyed_draws) and not meta.all_greedy:
+            meta = replace(meta, **self._draw_tensors(states))
+        for s in states:
+            s.num_sampled += 1
+        return meta
+
+    def _draw_tensors(self, states: list[_RequestState]) -> dict[str, torch.Tensor]:
+        """This step's draw keys: seeds and offsets [N] int64 (one transfer)."""
+        # Drawn only when a row needs it: a step of seeded requests leaves the generator as it
+        # was (the engine's warm-up relies on it; engine/warm_up.py).
+        step_seed = 0
+        if any(s.params.seed is None for s in states):
+            step_seed = int(torch.randint(2**63 - 1, (), generator=self._step_generator))
+        n = len(states)
+        seeds = np.full(n, step_seed, np.int64)
+        offsets = np.arange(n, dtype=np.int64) << DRAW_SHIFT
+        for row, s in enumerate(states):
+            if s.params.seed is not None:
+                seeds[row] = s.params.seed  # SamplingParams keeps it in int64
+                offsets[row] = s.num_sampled << DRAW_SHIFT
+        return self._staging.upload({"seeds": seeds, "offsets": offsets})
+
+    def _build_metadata(self, states: list[_RequestState]) -> SamplingMetadata:
+        device = self.device
+        params = [s.params for s in states]
+        random_params = [p for p in params if not p.is_greedy]
+        has_repetition = any(p.repetition_penalty != 1.0 for p in params)
+        no_penalties = not has_repetition and all(
+            p.presence_penalty == 0.0 and p.frequency_penalty == 0.0 for p in params
+        )
+        num_logprobs = [p.logprobs for p in params if p.logprobs is not None]
+        output_ids = None if no_penalties else _padded([s.output_token_ids for s in states], device)
+        prompt_ids = (
+            _padded([s.prompt_token_ids for s in states], device) if has_repetition else None
+        )
+        suppressed_ids = _suppressed_token_ids(states, device)
+        bias_ids, bias_values = _logit_bias(params, device)
+        no_filters = {
+            "no_top_k": all(p.top_k == 0 for p in random_params),
+            "no_top_p": all(p.top_p == 1.0 for p in random_params),
+            "no_min_p": all(p.min_p == 0.0 for p in random_params),
+        }
+        is_plain = (
+            no_penalties
+            and suppressed_ids is None
+            and bias_ids is None
+            and not num_logprobs
+            and all(no_filters.values())
+        )
+        # Greedy rows never draw, so an all-greedy batch keeps zeros; for the others
+        # build_metadata puts in each step's seeds and offsets.
+        draws = None
+        if is_plain and not random_params:
+            draws = torch.zeros(2, len(states), dtype=torch.int64, device=device)
+        return SamplingMetadata(
+            **_param_tensors(params, self._staging),
+            **no_filters,
+            output_token_ids=output_ids,
+            prompt_token_ids=prompt_ids,
+            suppressed_token_ids=suppressed_ids,
+            generators={
+                row: s.generator
+                for row, s in enumerate(states)
+                if s.generator is not None and not s.params.is_greedy
+            },
+            all_greedy=not random_params,
+            all_random=len(random_params) == len(params),
+            no_penalties=no_penalties,
+            max_top_k=max((p.top_k for p in random_params), default=0),
+            max_num_logprobs=max(num_logprobs) if num_logprobs else None,
+            logit_bias_ids=bias_ids,
+            logit_bias_values=bias_values,
+            is_plain=is_plain,
+            seeds=None if draws is None else draws[0],
+            offsets=None if draws is None else draws[1],
+        )
+
+    def num_logprobs(self, req_ids: list[str]) -> list[int | None]:
+        """Per row: how many top logprobs the request asked for (None: no logprobs)."""
+        return [self.requests[req_id].params.logprobs for req_id in req_ids]
+
+
+def to_runner_logprobs(
+    sampler_out: SamplerOutput, num_logprobs: list[int | None]
+) -> list[LogprobsDict | None]:
+    """Per row: {token_id: Logprob} (sampled token + top num_logprobs[row]), or None.
+
+    num_logprobs is taken when the step is launched: the requests may have ended (and left
+    the sampling state) by the time the step's results are read.
+    """
+    assert sampler_out.logprobs is not None, "the step was built without logprobs"
+    rows = _logprobs_to_host(sampler_out.logprob_token_ids, sampler_out.logprobs, sampler_out.ranks)
+    return [
+        None if k is None else _to_dict(ids, logprobs, rank, k)
+        for k, (ids, logprobs, rank) in zip(num_logprobs, rows, strict=True)
+    ]
+
+
+def prompt_logprobs_for(
+    logits: torch.Tensor, next_token_ids: torch.Tensor | list[int], num_logprobs: int
+) -> list[LogprobsDict]:
+    """Prompt logprobs: entry i scores next_token_ids[i] (prompt token i + 1) from logits[i].
+
+    logits: [P, V] raw model logits; next_token_ids: [P]. Each entry holds the scored token
+    (with its rank) plus the top num_logprobs tokens.
+    """
+    logprobs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)  # [P, V]
+    token_ids = torch.as_tensor(next_token_ids, dtype=torch.int64, device=logits.device)
+    rows = _logprobs_to_host(*gather_logprobs(logprobs, token_ids, num_logprobs))
+    return [_to_dict(ids, values, rank, num_logprobs) for ids, values, rank in rows]
+
+
+def _logprobs_to_host(
+    token_ids: torch.Tensor, logprobs: torch.Tensor, ranks: torch.Tensor
+) -> list[tuple[list[int], list[float], int]]:
+    """[N, k+1] ids, [N, k+1] logprobs, [N] ranks -> per row (ids, logprobs, rank), one sync."""
+    width = token_ids.shape[1]
+    # float64 holds int ids (< 2**53) and float32 logprobs exactly, so one tensor moves all.
+    packed = torch.cat([token_ids.double(), logprobs.double(), ranks.double().unsqueeze(1)], 1)
+    return [
+        ([int(t) for t in row[:width]], row[width : 2 * width], int(row[-1]))
+        for row in packed.tolist()
+    ]
+
+
+def _to_dict(ids: list[int], logprobs: list[float], rank: int, num_logprobs: int) -> LogprobsDict:
+    # The sampled/scored token first; if it is also in the top k, that entry (same logprob)
+    # replaces it, as in vLLM.
+    entry = {ids[0]: Logprob(logprobs[0], rank)}
+    for j in range(1, min(num_logprobs, len(ids) - 1) + 1):
+        entry[ids[j]] = Logprob(logprobs[j], j)
+    return entry
+
+
+def _param_tensors(params: list[SamplingParams], staging: InputStaging) -> dict[str, torch.Tensor]:
+    """The per-row [N] parameter tensors of SamplingMetadata, in one transfer."""
+    floats = np.array(
+        [
+            (
+                p.temperature,
+                p.top_p,
+                p.min_p,
+                p.presence_penalty,
+                p.frequency_penalty,
+                p.repetition_penalty,
+            )
+            for p in params
+        ],
+        np.float32,  # SamplingParams keeps every one inside float32's range
+    ).reshape(len(params), 6)
+    top_k = np.array([p.top_k for p in params], np.int64)
+    dev = staging.upload({"floats": floats.T.copy(), "top_k": top_k})  # floats: [6, N]
+    names = (
+        "temperature",
+        "top_p",
+        "min_p",
+        "presence_penalties",
+        "frequency_penalties",
+        "repetition_penalties",
+    )
+    tensors = dict(zip(names, dev["floats"].unbind(0), strict=True))
+    tensors["top_k"] = dev["top_k"]
+    return tensors
+
+
+def _suppressed_token_ids(states: list[_RequestState], device: torch.device) -> torch.Tensor | None:
+    """[N, max_num_suppressed] ids banned this step by min_tokens, or None when none are."""
+    rows: list[list[int]] = []
+    for s in states:
+        banned: list[int] = []
+        if len(s.output_token_ids) < s.params.min_tokens:
+            banned = list(s.params.stop_token_ids)
+            if not s.params.ignore_eos:
+                banned += s.params.eos_token_ids
+        rows.append(banned)
+    return _padded(rows, device) if any(rows) else None
+
+
+def _logit_bias(
+    params: list[SamplingParams], device: torch.device
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """[N, max_num_biased] ids (int64) and values (float32) of the rows' logit_bias, padded
+    with id 0 and value 0.0 (adding 0 changes nothing); (None, None) when no row has one."""
+    if not any(p.logit_bias for p in params):
+        return None, None
+    width = max(len(p.logit_bias or {}) for p in params)
+    rows = [list((p.logit_bias or {}).items()) for p in params]
+    rows = [r + [(0, 0.0)] * (width - len(r)) for r in rows]
+    ids = list_to_device([[t for t, _ in r] for r in rows], torch.int64, device)
+    values = list_to_device([[b for _, b in r] for r in rows], torch.float32, device)
+    return ids, values
+
+
+def _padded(rows: list[list[int]], device: torch.device) -> torch.Tensor:
+    """Ragged id lists -> [N, max_len] int64 padded with -1."""
+    width = max((len(r) for r in rows), default=0)
+    return list_to_device([r + [-1] * (width - len(r)) for r in rows], torch.int64, device)

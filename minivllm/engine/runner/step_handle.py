@@ -1,0 +1,59 @@
+"""StepHandle: a step the runner launched, whose sampled ids and logprobs come to the host
+when the engine asks for them (async scheduling keeps one in flight)."""
+
+from __future__ import annotations
+
+import torch
+
+from minivllm.engine.runner.prompt_logprobs import PromptLogprobsJob, PromptLogprobsTracker
+from minivllm.engine.runner.sampling_state import SamplingState, to_runner_logprobs
+from minivllm.engine.types import RunnerOutput
+from minivllm.layers.sampler import SamplerOutput
+
+
+class StepHandle:
+    """A launched step. result() waits for its sampled ids (copied into a pinned host buffer
+    behind the step's kernels), records them in the sampling state and makes the host copies
+    of the step's logprobs.
+
+    Everything result() needs about the step's requests is taken at launch: under async
+    scheduling a request can end (stop string, abort) while its step is in flight, and the
+    next step's launch removes it from the sampling state before this step is read.
+    """
+
+    def __init__(
+        self,
+        sampling_state: SamplingState,
+        req_ids: list[str],
+        sampler_out: SamplerOutput | None = None,
+        host_buffer: torch.Tensor | None = None,
+    ) -> None:
+        self.sampling_state = sampling_state
+        self.req_ids = req_ids
+        self.sampler_out = sampler_out
+        self.num_logprobs: list[int | None] | None = None
+        if sampler_out is not None and sampler_out.logprobs is not None:
+            self.num_logprobs = sampling_state.num_logprobs(req_ids)
+        # (jobs, their logits [rows, vocab]) when the step scores prompt tokens.
+        self.prompt_logprobs_jobs: tuple[list[PromptLogprobsJob], torch.Tensor] | None = None
+        self.event = None
+        self.host = None if sampler_out is None else sampler_out.sampled_token_ids
+        if host_buffer is not None and req_ids:
+            # host: [num_sampled] int64 slice of a pinned buffer that the runner owns.
+            self.host = host_buffer[: len(req_ids)]
+            self.host.copy_(sampler_out.sampled_token_ids, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+
+    @torch.inference_mode()
+    def result(self) -> RunnerOutput:
+        if self.event is not None:
+            self.event.synchronize()
+        token_ids = [] if self.host is None else self.host.tolist()
+        self.sampling_state.append_tokens(self.req_ids, token_ids)
+        out = RunnerOutput(req_ids=self.req_ids, sampled_token_ids=token_ids)
+        if self.num_logprobs is not None:
+            out.logprobs = to_runner_logprobs(self.sampler_out, self.num_logprobs)
+        if self.prompt_logprobs_jobs is not None:
+            out.prompt_logprobs = PromptLogprobsTracker.collect(*self.prompt_logprobs_jobs)
+        return out

@@ -1,0 +1,1 @@
+"""Scheduling: which tokens of which requests each step computes, KV blocks, stops."""

@@ -1,0 +1,52 @@
+"""AsyncScheduler: async scheduling, step N scheduled and launched before step N - 1's tokens
+are applied, so that the host work of one step overlaps the device work of the other."""
+
+from __future__ import annotations
+
+from minivllm.engine.sched.scheduler import Scheduler
+from minivllm.engine.types import EngineOutput, PendingRunnerOutput, RunnerOutput, SchedulerOutput
+
+
+class AsyncScheduler(Scheduler):
+    """A Scheduler that keeps one launched step in flight.
+
+    update(sched_out, pending) applies the step in flight (N - 1) and keeps `pending` (step N,
+    from `execute_async`) in flight instead: a step's outputs come out of the next update().
+    The tokens step N samples enter step N + 1 as placeholders (see Scheduler). A step in
+    flight whose requests were all aborted is simply applied (to nothing) by the next update.
+
+    While some request reads sampled tokens on the host (penalties, min_tokens, logprobs:
+    can_schedule_ahead is False), schedule() first applies the step in flight, so that the
+    next step starts from every token, as a synchronous step does.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._in_flight: tuple[SchedulerOutput, PendingRunnerOutput] | None = None
+        # Outputs of the step that schedule() applied early; the next update() returns them.
+        self._early_outputs: list[EngineOutput] = []
+
+    def schedule(self, now: float | None = None) -> SchedulerOutput:
+        if not self.can_schedule_ahead:
+            self._early_outputs += self._apply_in_flight()
+        return super().schedule(now)
+
+    def update(
+        self, sched_out: SchedulerOutput, runner_out: RunnerOutput | PendingRunnerOutput
+    ) -> list[EngineOutput]:
+        """Applies the step in flight and keeps this one in flight; a RunnerOutput (a step
+        already finished) or an empty step is applied at once."""
+        outputs, self._early_outputs = self._early_outputs, []
+        outputs += self._apply_in_flight()
+        if isinstance(runner_out, RunnerOutput):
+            outputs += super().update(sched_out, runner_out)
+        elif not sched_out.is_empty:  # an empty step only handed finished ids to the runner
+            self._in_flight = (sched_out, runner_out)
+        return outputs
+
+    def _apply_in_flight(self) -> list[EngineOutput]:
+        if self._in_flight is None:
+            return []
+        sched_out, pending = self._in_flight
+        self._in_flight = None
+        return super().update(sched_out, pending.result())

@@ -1,0 +1,294 @@
+"""Scheduler: phase-free continuous batching with chunked prefill and preemption by recompute.
+
+Each step gives every request the tokens it still needs (num_tokens - num_computed_tokens)
+within a token budget and a seat limit; running requests first, then waiting ones (FIFO).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterable
+
+from minivllm.engine.sched.block_manager import BlockManager
+from minivllm.engine.sched.request import Request, RequestStatus, needs_host_tokens
+from minivllm.engine.sched.stop_checker import check_stop
+from minivllm.engine.types import (
+    PLACEHOLDER_TOKEN_ID,
+    EngineOutput,
+    LogprobsDict,
+    NewRequestData,
+    RunnerOutput,
+    ScheduledChunk,
+    SchedulerOutput,
+)
+
+
+class Scheduler:
+    """Decides which tokens of which requests each step computes, and applies the results.
+
+    schedule() advances num_computed_tokens; a chunk that samples leaves one pending token.
+    update() applies a step's sampled tokens. Synchronous use calls update() right after its
+    schedule(); async scheduling calls schedule() for step N before update() of step N - 1,
+    and the pending token enters step N as a placeholder the runner fills on the device.
+    A finished request stays reachable through get_request until the next schedule().
+    """
+
+    def __init__(
+        self,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        block_manager: BlockManager,
+    ) -> None:
+        for name, value in (
+            ("max_num_seqs", max_num_seqs),
+            ("max_num_batched_tokens", max_num_batched_tokens),
+            ("max_model_len", max_model_len),
+        ):
+            if value < 1:
+                raise ValueError(f"{name} must be at least 1, got {value}")
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.block_manager = block_manager
+        self.requests: dict[str, Request] = {}
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []  # in admission order: the last one is preempted first
+        self._finished_req_ids: list[str] = []
+        # Unfinished requests whose sampling reads earlier sampled tokens on the host.
+        self.num_host_dependent = 0
+        # Monotonic counters for metrics: preemptions, prompt tokens looked up in the
+        # prefix cache at admission and how many of them hit.
+        self.num_preemptions = 0
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
+
+    def add_request(self, request: Request) -> None:
+        if request.req_id in self.requests:
+            raise ValueError(f"request id {request.req_id!r} is already in use")
+        self.requests[request.req_id] = request
+        self.waiting.append(request)
+        self.num_host_dependent += needs_host_tokens(request)
+
+    @property
+    def can_schedule_ahead(self) -> bool:
+        """Whether async scheduling is safe: no request samples from host-side token history."""
+        return self.num_host_dependent == 0
+
+    def get_request(self, req_id: str) -> Request | None:
+        return self.requests.get(req_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def abort_requests(self, req_ids: Iterable[str]) -> None:
+        """Finishes the given requests now; unknown and finished ids are ignored."""
+        for req_id in req_ids:
+            request = self.requests.get(req_id)
+            if request is None or request.is_finished:
+                continue
+            if request.status == RequestStatus.RUNNING:
+                self.running.remove(request)
+            else:
+                self.waiting.remove(request)
+            request.status = RequestStatus.FINISHED_ABORTED
+            request.finish_reason = "abort"
+            self._finish(request)
+
+    def schedule(self, now: float | None = None) -> SchedulerOutput:
+        now = time.time() if now is None else now
+        for req_id in self._finished_req_ids:
+            self.requests.pop(req_id, None)
+        finished_req_ids, self._finished_req_ids = self._finished_req_ids, []
+        decodes: list[ScheduledChunk] = []
+        others: list[ScheduledChunk] = []
+        budget, preempted = self._schedule_running(self.max_num_batched_tokens, decodes, others)
+        new_requests: list[NewRequestData] = []
+        # After a preemption memory is short: admitting now would only cause more of them.
+        if not preempted:
+            self._schedule_waiting(budget, decodes, others, new_requests, now)
+        return SchedulerOutput(
+            chunks=decodes + others,
+            num_decode_chunks=len(decodes),
+            new_requests=new_requests,
+            finished_req_ids=finished_req_ids,
+        )
+
+    def _schedule_running(
+        self, budget: int, decodes: list[ScheduledChunk], others: list[ScheduledChunk]
+    ) -> tuple[int, bool]:
+        """Schedules running requests in order; returns (budget left, whether any preempted)."""
+        preempted = False
+        running = self.running
+        allocate = self.block_manager.allocate_slots
+        i = 0
+        while i < len(running) and budget > 0:
+            request = running[i]
+            num_pending = request.num_pending_tokens
+            num_needed = len(request.all_token_ids) + num_pending - request.num_computed_tokens
+            if num_needed == 0 or (num_pending and self._finishes_with_pending(request)):
+                i += 1  # nothing to compute until update() applies its pending token
+                continue
+            num_new_tokens = min(num_needed, budget)
+            while (new_block_ids := allocate(request, num_new_tokens)) is None:
+                # Victims come from the tail, which nothing has been scheduled for this step.
+                victim = running.pop()
+                self._preempt(victim)
+                preempted = True
+                if victim is request:
+                    return budget, preempted
+            self._add_chunk(request, num_new_tokens, new_block_ids, decodes, others)
+            budget -= num_new_tokens
+            i += 1
+        return budget, preempted
+
+    def _schedule_waiting(
+        self,
+        budget: int,
+        decodes: list[ScheduledChunk],
+        others: list[ScheduledChunk],
+        new_requests: list[NewRequestData],
+        now: float,
+    ) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            request = self.waiting[0]
+            if request.num_pending_tokens:
+                return  # preempted with a token in flight: admit it once update() has it
+            computed_blocks, num_cached_tokens = self.block_manager.get_computed_blocks(request)
+            num_new_tokens = min(request.num_tokens - num_cached_tokens, budget)
+            request.num_computed_tokens = num_cached_tokens
+            new_block_ids = self.block_manager.allocate_slots(
+                request, num_new_tokens, computed_blocks
+            )
+            if new_block_ids is None:
+                request.num_computed_tokens = 0
+                return
+            self.waiting.popleft()
+            self.prefix_cache_queries += request.num_tokens
+            self.prefix_cache_hits += num_cached_tokens
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            if request.first_scheduled_time is None:
+                request.first_scheduled_time = now
+                request.num_cached_tokens = num_cached_tokens
+                new_requests.append(
+                    NewRequestData(
+                        request.req_id, request.prompt_token_ids, request.sampling_params
+                    )
+                )
+            self._add_chunk(request, num_new_tokens, new_block_ids, decodes, others)
+            budget -= num_new_tokens
+
+    def _preempt(self, request: Request) -> None:
+        self.block_manager.free(request)
+        request.block_ids = []
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.WAITING
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    def _add_chunk(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        new_block_ids: list[int],
+        decodes: list[ScheduledChunk],
+        others: list[ScheduledChunk],
+    ) -> None:
+        """Appends request's chunk to decodes (one sampled token past the prompt) or others,
+        and advances the request past it. new_block_ids: the blocks allocated for it this
+        step, which the chunk carries to the runner's copy of the block table."""
+        num_computed_tokens = request.num_computed_tokens
+        end = num_computed_tokens + num_new_tokens
+        num_known_tokens = len(request.all_token_ids)
+        token_ids = request.all_token_ids[num_computed_tokens:end]
+        if end > num_known_tokens:  # the pending token, not known yet
+            token_ids.append(PLACEHOLDER_TOKEN_ID)
+        sample = end == num_known_tokens + request.num_pending_tokens
+        num_prior_blocks = len(request.block_ids)
+        # Positional: at a thousand chunks a step, keyword arguments cost twice the time.
+        chunk = ScheduledChunk(
+            request.req_id, token_ids, num_computed_tokens, new_block_ids, num_prior_blocks, sample
+        )
+        request.block_ids += new_block_ids
+        request.num_computed_tokens = end
+        if sample:
+            request.num_pending_tokens += 1
+        if num_new_tokens == 1 and sample and num_computed_tokens >= len(request.prompt_token_ids):
+            decodes.append(chunk)  # one sampled token past the prompt
+        else:
+            others.append(chunk)
+
+    def _finishes_with_pending(self, request: Request) -> bool:
+        """Whether the pending token (the caller checked there is one) surely ends the request
+        (max_tokens or max_model_len), so that scheduling another token for it would be wasted."""
+        max_tokens = request.sampling_params.max_tokens
+        num_tokens = len(request.all_token_ids) + request.num_pending_tokens
+        return num_tokens >= self.max_model_len or (
+            max_tokens is not None and len(request.output_token_ids) + 1 >= max_tokens
+        )
+
+    def update(self, sched_out: SchedulerOutput, runner_out: RunnerOutput) -> list[EngineOutput]:
+        """Applies one step's results: progress, sampled tokens, stops. One output per
+        request that got a token or prompt logprobs this step."""
+        outputs: list[EngineOutput] = []
+        all_logprobs, all_prompt_logprobs = runner_out.logprobs, runner_out.prompt_logprobs
+        any_running_finished = False
+        i = -1  # the runner samples one token per chunk with sample=True, in chunk order
+        for chunk in sched_out.chunks:
+            if chunk.sample:
+                i += 1
+            request = self.requests.get(chunk.req_id)
+            if request is None or request.finish_reason is not None:
+                continue  # aborted, or finished by the step before this one
+            prompt_logprobs = all_prompt_logprobs.get(chunk.req_id) if all_prompt_logprobs else None
+            if not chunk.sample:
+                if prompt_logprobs is not None:
+                    outputs.append(self._make_output(request, [], None, prompt_logprobs))
+                continue
+            assert runner_out.req_ids[i] == chunk.req_id
+            token_id = runner_out.sampled_token_ids[i]
+            request.num_pending_tokens -= 1
+            request.append_output_token(token_id)
+            was_waiting = request.status == RequestStatus.WAITING
+            if check_stop(request, self.max_model_len):
+                if was_waiting:
+                    self.waiting.remove(request)  # preempted while this token was in flight
+                else:
+                    any_running_finished = True
+                self._finish(request)
+            new_logprobs = None
+            if all_logprobs is not None and all_logprobs[i] is not None:
+                new_logprobs = [all_logprobs[i]]
+            outputs.append(self._make_output(request, [token_id], new_logprobs, prompt_logprobs))
+        if any_running_finished:
+            self.running = [r for r in self.running if not r.is_finished]
+        return outputs
+
+    def _finish(self, request: Request) -> None:
+        """Releases a request whose status is already final (it may still be in running)."""
+        self.block_manager.free(request)
+        request.block_ids = []
+        self.num_host_dependent -= needs_host_tokens(request)
+        self._finished_req_ids.append(request.req_id)
+
+    @staticmethod
+    def _make_output(
+        request: Request,
+        new_token_ids: list[int],
+        new_logprobs: list[LogprobsDict] | None,
+        prompt_logprobs: list[LogprobsDict | None] | None,
+    ) -> EngineOutput:
+        # Positional: at a thousand outputs a step, keyword arguments cost twice the time.
+        return EngineOutput(
+            request.req_id,
+            new_token_ids,
+            request.finish_reason is not None,
+            request.finish_reason,
+            new_logprobs,
+            prompt_logprobs,
+            request.num_cached_tokens,  # set at first admission, before any chunk
+            request.first_scheduled_time,
+        )

@@ -1,0 +1,212 @@
+"""SamplingState: per-request bookkeeping, metadata flags and tensors, logprob dicts."""
+
+from __future__ import annotations
+
+import torch
+
+from minivllm.engine.runner.sampling_state import (
+    DRAW_SHIFT,
+    SamplingState,
+    prompt_logprobs_for,
+    to_runner_logprobs,
+)
+from minivllm.engine.types import Logprob, NewRequestData
+from minivllm.layers.sampler import Sampler
+from minivllm.sampling_params import SamplingParams
+
+
+def new_state(*requests: tuple[str, list[int], SamplingParams]) -> SamplingState:
+    state = SamplingState("cpu")
+    for req_id, prompt, params in requests:
+        state.add_request(NewRequestData(req_id, prompt, params))
+    return state
+
+
+def test_add_append_remove():
+    state = new_state(("a", [1, 2], SamplingParams(seed=3)), ("b", [4], SamplingParams()))
+    state.append_tokens(["a"], [7])
+    # A request sent again (e.g. after preemption) keeps its outputs and generator.
+    generator = state.requests["a"].generator
+    state.add_request(NewRequestData("a", [1, 2], SamplingParams(seed=3)))
+    assert state.requests["a"].output_token_ids == [7]
+    assert state.requests["a"].generator is generator
+    assert state.requests["b"].generator is None
+    state.remove("a")
+    state.remove("missing")  # finished requests the runner never saw are fine
+    assert list(state.requests) == ["b"]
+
+
+def test_generator_is_seeded():
+    state = new_state(("a", [1], SamplingParams(seed=11)))
+    expected = torch.empty(5).exponential_(generator=torch.Generator().manual_seed(11))
+    actual = torch.empty(5).exponential_(generator=state.requests["a"].generator)
+    assert torch.equal(actual, expected)
+
+
+def test_metadata_plain_batch_builds_nothing_extra():
+    state = new_state(
+        ("g", [1], SamplingParams(temperature=0.0, top_k=5, seed=1)),
+        ("r", [2], SamplingParams(temperature=0.5)),
+    )
+    meta = state.build_metadata(["r", "g"])
+    assert not meta.all_greedy and not meta.all_random
+    # The greedy row's top_k and seed do not matter: flags look at random rows only.
+    assert meta.no_top_k and meta.no_top_p and meta.no_min_p and meta.no_penalties
+    assert meta.max_top_k == 0 and meta.generators == {}
+    assert meta.output_token_ids is None and meta.prompt_token_ids is None
+    assert meta.suppressed_token_ids is None and meta.max_num_logprobs is None
+    torch.testing.assert_close(meta.temperature, torch.tensor([0.5, 0.0]))
+    assert meta.top_k.tolist() == [0, 5]
+    # Only the fused sampler's per-row draw keys: the unseeded row uses the step seed.
+    assert meta.is_plain and meta.seeds.dtype == meta.offsets.dtype == torch.int64
+    assert 0 <= meta.seeds[0].item() < 2**63 and meta.offsets[0].item() == 0
+
+
+def test_draw_keys_per_step():
+    state = new_state(
+        ("u", [1], SamplingParams(temperature=1.0)),
+        ("s", [2], SamplingParams(temperature=0.7, seed=-(2**63))),
+        ("g", [3], SamplingParams(temperature=0.0)),
+    )
+    req_ids = ["u", "s", "g"]
+    metas = [state.build_metadata(req_ids) for _ in range(3)]
+    # Parameters are reused while the batch stays; only the draw keys are new each step.
+    assert all(m.temperature is metas[0].temperature for m in metas)
+    step_seeds = [m.seeds[0].item() for m in metas]
+    assert len(set(step_seeds)) == 3
+    for step, meta in enumerate(metas):
+        assert meta.seeds[1].item() == -(2**63)  # any int64 seed, as is
+        assert meta.offsets[:2].tolist() == [0, step << DRAW_SHIFT]
+    # The step seeds come from the state's own generator: reproducible, not global.
+    torch.manual_seed(99)
+    again = new_state(("u", [1], SamplingParams(temperature=1.0)))
+    assert [again.build_metadata(["u"]).seeds[0].item() for _ in range(3)] == step_seeds
+    other = SamplingState("cpu", seed=1)
+    other.add_request(NewRequestData("u", [1], SamplingParams(temperature=1.0)))
+    assert other.build_metadata(["u"]).seeds[0].item() != step_seeds[0]
+
+
+def test_num_sampled_counts_builds_not_appends():
+    state = new_state(("s", [1], SamplingParams(temperature=1.0, seed=4)))
+    state.build_metadata(["s"])
+    # Async scheduling: step 2 is built before step 1's token is appended.
+    meta = state.build_metadata(["s"])
+    assert state.requests["s"].output_token_ids == []
+    assert meta.offsets.tolist() == [1 << DRAW_SHIFT]
+    state.append_tokens(["s", "s"], [5, 6])
+    # A non-plain step counts too, so later plain steps keep their place in the stream.
+    state.add_request(NewRequestData("t", [1], SamplingParams(top_p=0.5)))
+    assert not state.build_metadata(["s", "t"]).is_plain
+    assert state.build_metadata(["s"]).offsets.tolist() == [3 << DRAW_SHIFT]
+
+
+def test_all_greedy_plain_metadata_is_reused_whole():
+    state = new_state(("a", [1], SamplingParams(temperature=0.0, seed=3)))
+    meta = state.build_metadata(["a"])
+    assert meta.is_plain and meta.all_greedy and meta.seeds.tolist() == [0]
+    assert state.build_metadata(["a"]) is meta
+
+
+def test_seeded_request_repeats_in_any_plain_batch():
+    """Through the fused kernel (Triton interpreter on CPU): same seed, same tokens."""
+    from minivllm.kernels.sampling import sample_plain
+
+    def tokens(batch_with_others: bool) -> list[int]:
+        target = ("t", [1], SamplingParams(temperature=1.0, seed=21))
+        others = [("a", [2], SamplingParams(temperature=0.5)), ("b", [3], SamplingParams())]
+        requests = [others[0], target, others[1]] if batch_with_others else [target]
+        state = new_state(*requests)
+        req_ids = [r[0] for r in requests]
+        logits = torch.zeros(len(req_ids), 300)  # uniform: every token is as likely
+        result = []
+        for _ in range(4):
+            meta = state.build_metadata(req_ids)
+            sampled = sample_plain(logits, meta.temperature, meta.seeds, meta.offsets, block=128)
+            result.append(sampled[req_ids.index("t")].item())
+        return result
+
+    alone = tokens(batch_with_others=False)
+    assert tokens(batch_with_others=True) == alone
+    assert len(set(alone)) == 4  # a new draw each step
+
+
+def test_metadata_penalty_and_filter_tensors():
+    state = new_state(
+        ("a", [1, 2, 3], SamplingParams(repetition_penalty=1.2, top_k=4, seed=5)),
+        ("b", [4], SamplingParams(frequency_penalty=0.5, top_p=0.9, min_p=0.1, logprobs=2)),
+        ("c", [5, 6], SamplingParams(temperature=0.0, logprobs=4)),
+    )
+    state.append_tokens(["b"], [8])
+    state.append_tokens(["b"], [9])
+    meta = state.build_metadata(["a", "b", "c"])
+    assert meta.all_random is False and not meta.no_penalties
+    assert not meta.no_top_k and not meta.no_top_p and not meta.no_min_p
+    assert meta.max_top_k == 4 and meta.max_num_logprobs == 4
+    assert meta.output_token_ids.tolist() == [[-1, -1], [8, 9], [-1, -1]]
+    assert meta.prompt_token_ids.tolist() == [[1, 2, 3], [4, -1, -1], [5, 6, -1]]
+    torch.testing.assert_close(meta.repetition_penalties, torch.tensor([1.2, 1.0, 1.0]))
+    torch.testing.assert_close(meta.frequency_penalties, torch.tensor([0.0, 0.5, 0.0]))
+    assert list(meta.generators) == [0]
+
+
+def test_presence_only_skips_prompt_tensor():
+    state = new_state(("a", [1, 2], SamplingParams(presence_penalty=0.5)))
+    meta = state.build_metadata(["a"])
+    assert meta.output_token_ids is not None and meta.prompt_token_ids is None
+
+
+def test_to_runner_logprobs():
+    torch.manual_seed(0)
+    state = new_state(
+        ("a", [1], SamplingParams(temperature=1.0, logprobs=2)),
+        ("b", [1], SamplingParams(temperature=0.0)),
+        ("c", [1], SamplingParams(temperature=0.0, logprobs=0)),
+    )
+    logits = torch.randn(3, 12)
+    req_ids = ["a", "b", "c"]
+    out = Sampler()(logits, state.build_metadata(req_ids))
+    num_logprobs = state.num_logprobs(req_ids)
+    for req_id in req_ids:  # the requests may end before their step is read
+        state.remove(req_id)
+    result = to_runner_logprobs(out, num_logprobs)
+    raw = torch.log_softmax(logits, dim=-1)
+    sampled = out.sampled_token_ids.tolist()
+    assert result[1] is None
+    assert result[2] == {sampled[2]: Logprob(raw[2, sampled[2]].item(), 1)}
+    order = raw[0].argsort(descending=True).tolist()
+    rank = order.index(sampled[0]) + 1
+    assert list(result[0])[0] == sampled[0]
+    expected = {sampled[0]: Logprob(raw[0, sampled[0]].item(), rank)}
+    expected |= {t: Logprob(raw[0, t].item(), j + 1) for j, t in enumerate(order[:2])}
+    assert result[0] == expected
+
+
+def test_prompt_logprobs():
+    torch.manual_seed(1)
+    prompt = [3, 1, 4, 1, 5]
+    logits = torch.randn(len(prompt) - 1, 8, dtype=torch.bfloat16)
+    entries = prompt_logprobs_for(logits, prompt[1:], 1)
+    raw = torch.log_softmax(logits.float(), dim=-1)
+    assert len(entries) == 4
+    for i, entry in enumerate(entries):
+        token_id = prompt[i + 1]
+        rank = int((raw[i] > raw[i, token_id]).sum()) + 1
+        top = int(raw[i].argmax())
+        assert entry[token_id] == Logprob(raw[i, token_id].item(), 1 if top == token_id else rank)
+        assert entry[top] == Logprob(raw[i, top].item(), 1)
+        assert len(entry) == (1 if top == token_id else 2)
+
+
+def test_step_generator_moves_only_for_unseeded_rows():
+    """A step whose sampled rows are all seeded draws nothing from the engine's step generator
+    (the warm-up requests rely on it: engine/warm_up.py); an unseeded row draws once."""
+    state = new_state(
+        ("seeded", [1], SamplingParams(temperature=0.8, seed=5)),
+        ("unseeded", [2], SamplingParams(temperature=0.8)),
+    )
+    before = state._step_generator.get_state().clone()
+    meta = state.build_metadata(["seeded"])
+    assert meta.seeds is not None and meta.seeds.tolist() == [5]
+    assert torch.equal(state._step_generator.get_state(), before)
+    state.build_metadata(["seeded", "unseeded"])
+    assert not torch.equal(state._step_generator.get_state(), before)
