@@ -1,6 +1,6 @@
-"""The checks a request must pass before it reaches a scheduler. One function, run by the
-offline engine (EngineCore.validate_request) and by the server before it sends anything to
-the core process (AsyncLLM.validate), so that both refuse the same requests in the same words.
+"""The checks a request must pass before it reaches a scheduler. One function, run once per
+request by its frontend before anything is queued (LLM.validate_request, AsyncLLM.validate),
+against the CoreInfo the engine reports; the core trusts what passes (EngineRequest).
 """
 
 from __future__ import annotations
@@ -18,18 +18,19 @@ def check_request(
     num_prompt = len(prompt_token_ids)
     if num_prompt == 0:
         raise ValueError("the prompt is empty: give at least one token")
-    for token_id in prompt_token_ids:
-        if not isinstance(token_id, int) or not 0 <= token_id < info.vocab_size:
-            raise ValueError(
-                f"prompt token id {token_id!r} is outside the vocabulary [0, {info.vocab_size})"
-            )
-    check_engine_limits(params, max_logprobs, info.vocab_size)
+    # Before the walk over the ids: a too-long prompt costs no per-token work.
     if num_prompt >= info.max_model_len:
         raise ValueError(
             f"This model's maximum context length is {info.max_model_len} tokens, and the "
             f"prompt has {num_prompt} tokens: it must be shorter, to leave room for at least "
             "one generated token"
         )
+    for token_id in prompt_token_ids:
+        if not isinstance(token_id, int) or not 0 <= token_id < info.vocab_size:
+            raise ValueError(
+                f"prompt token id {token_id!r} is outside the vocabulary [0, {info.vocab_size})"
+            )
+    check_engine_limits(params, max_logprobs, info.vocab_size)
     max_tokens = params.max_tokens if params.max_tokens is not None else info.max_model_len
     worst_case = min(num_prompt + max_tokens, info.max_model_len)
     blocks_needed = -(-worst_case // info.block_size)

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
 
-from minivllm.entrypoints.async_tokenizer import AsyncTokenizer
-from minivllm.gguf_loader import load_tokenizer
+from minivllm.entrypoints.async_tokenizer import (
+    AsyncTokenizer,
+    TokenizerClosedError,
+    max_chars_per_token,
+)
+from minivllm.tokenizer import load_tokenizer
 
 TEXTS = [
     f"request {i}: the quick brown fox {'jumps ' * (i % 7)}over the lazy dog" for i in range(40)
@@ -150,3 +155,33 @@ def test_encode_after_shutdown_raises_instead_of_hanging(tokenizer) -> None:
 
     with pytest.raises(RuntimeError, match="shut down"):
         asyncio.run(run())
+
+
+def test_work_queued_at_shutdown_fails_instead_of_being_cancelled(tokenizer) -> None:
+    """A request whose tokenizing was still queued when the server shut down gets an error
+    (a 503 upstream), not a CancelledError that uvicorn would log as a crash."""
+    async_tokenizer = AsyncTokenizer(tokenizer, num_threads=1)
+    started = threading.Event()
+
+    def slow() -> str:
+        started.set()
+        time.sleep(0.3)
+        return "done"
+
+    async def run():
+        first = asyncio.ensure_future(async_tokenizer.run(slow))
+        queued = asyncio.ensure_future(async_tokenizer.run(slow))
+        await asyncio.to_thread(started.wait, 10)
+        async_tokenizer.shutdown()  # the queued call is cancelled in the executor
+        return await asyncio.gather(first, queued, return_exceptions=True)
+
+    first, queued = asyncio.run(run())
+    assert first == "done"
+    assert isinstance(queued, TokenizerClosedError)
+
+
+def test_max_chars_per_token_is_the_longest_vocabulary_entry(tokenizer) -> None:
+    assert max_chars_per_token(tokenizer) == max(len(t) for t in tokenizer.get_vocab())
+    async_tokenizer = AsyncTokenizer(tokenizer)
+    async_tokenizer.shutdown()
+    assert async_tokenizer.max_chars_per_token == 13  # "<|endoftext|>"

@@ -7,11 +7,12 @@ import logging
 import os
 import signal
 
-import uvicorn
-
 from minivllm.config import EngineConfig
 from minivllm.entrypoints.async_llm import AsyncLLM
+from minivllm.entrypoints.engine_args import engine_options
+from minivllm.entrypoints.openai.http_server import build_server
 from minivllm.entrypoints.openai.metrics import ServerMetrics
+from minivllm.entrypoints.openai.protocol import ServerLimits
 from minivllm.entrypoints.openai.server import build_app
 from minivllm.entrypoints.openai.serving_common import ServerState
 
@@ -32,27 +33,27 @@ def load_chat_template(value: str | None) -> str | None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from minivllm.entrypoints.cli import engine_options
-
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     options = engine_options(args)
     config = EngineConfig.from_options(args.model, usage_context="server", **options)
     chat_template = load_chat_template(args.chat_template)
+    limits = ServerLimits(  # a bad limit fails here, before the engine is built
+        args.max_request_body_bytes, args.timeout_request_read, args.max_prompts_per_request
+    )
     names = args.served_model_name or [args.model]
     metrics = ServerMetrics(names[0])
     engine = AsyncLLM(config, args.generation_config, observer=metrics)
     try:
-        state = ServerState(engine, names, chat_template, not args.disable_log_requests)
+        state = ServerState(engine, names, chat_template, not args.disable_log_requests, limits)
         app = build_app(state, metrics, api_key)
-        server = uvicorn.Server(
-            uvicorn.Config(
-                app,
-                host=args.host,
-                port=args.port,
-                access_log=not args.disable_uvicorn_access_log,
-                timeout_graceful_shutdown=args.timeout_graceful_shutdown,
-                timeout_keep_alive=30,
-            )
+        server = build_server(
+            app,
+            engine,
+            args.host,
+            args.port,
+            not args.disable_uvicorn_access_log,
+            args.timeout_graceful_shutdown,
+            args.timeout_request_read,
         )
         # uvicorn handles SIGINT/SIGTERM while it runs, then re-raises the signal to the
         # handler it found: a no-op one lets the process return 0 after a clean shutdown.

@@ -1,14 +1,13 @@
-"""The `minivllm serve` flags (argparse only, so that `minivllm --help` stays light)."""
+"""The `minivllm serve` flags (no server imports, so that `minivllm --help` stays light)."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+
+from minivllm.entrypoints.engine_args import add_engine_options
 
 
-def add_serve_parser(
-    subparsers, add_engine_options: Callable[[argparse.ArgumentParser], None]
-) -> argparse.ArgumentParser:
+def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     serve = subparsers.add_parser("serve", help="run the OpenAI-compatible HTTP server")
     serve.add_argument("model", help="HF checkpoint directory")
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback)")
@@ -22,7 +21,8 @@ def add_serve_parser(
     serve.add_argument(
         "--api-key",
         default=None,
-        help="require `Authorization: Bearer KEY` on /v1 (or set MINIVLLM_API_KEY)",
+        help="require `Authorization: Bearer KEY` on every path but /health and /metrics "
+        "(or set MINIVLLM_API_KEY)",
     )
     serve.add_argument(
         "--chat-template", default=None, help="a Jinja chat template: a file path or the text"
@@ -40,6 +40,24 @@ def add_serve_parser(
         type=float,
         default=10.0,
         help="seconds open requests get to finish after SIGINT/SIGTERM before they are failed",
+    )
+    serve.add_argument(
+        "--timeout-request-read",
+        type=float,
+        default=30.0,
+        help="seconds a request's head, then its body, may take to arrive (408 after)",
+    )
+    serve.add_argument(
+        "--max-request-body-bytes",
+        type=int,
+        default=8 << 20,
+        help="largest request body (413 above, decided from Content-Length; default 8 MiB)",
+    )
+    serve.add_argument(
+        "--max-prompts-per-request",
+        type=int,
+        default=1024,
+        help="most completions (prompts x n) one request may ask for (400 above)",
     )
     add_engine_options(serve)
     return serve

@@ -6,7 +6,7 @@ clamp -inf to -9999.0, as vLLM does.
 
 from __future__ import annotations
 
-from minivllm.engine.types import LogprobsDict
+from minivllm.outputs import LogprobsDict
 
 
 def _value(logprob: float) -> float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any, TypeVar
 
@@ -10,11 +11,11 @@ from pydantic import BaseModel, ValidationError
 
 from minivllm.entrypoints.openai.errors import APIError
 from minivllm.entrypoints.openai.protocol import (
-    MAX_BODY_BYTES,
     MAX_LOGPROBS,
     MAX_N,
     MAX_STOP_STRING_CHARS,
     MAX_STOP_STRINGS,
+    ServerLimits,
 )
 from minivllm.sampling_params import SamplingParams
 
@@ -33,15 +34,23 @@ _MAX_SEED = 2**63 - 1 - MAX_N  # n samples use seed + index
 _MAX_LOGIT_BIAS = 1024  # entries a request may bias (each one a column the sampler adds to)
 
 
-async def read_body(request: Request, model_cls: type[ModelT]) -> ModelT:
-    """Reads at most MAX_BODY_BYTES, parses JSON, validates; every failure is a 400. A
+async def read_body(request: Request, model_cls: type[ModelT], limits: ServerLimits) -> ModelT:
+    """Reads at most limits.max_body_bytes (413 beyond; a larger Content-Length was refused
+    before the app, by server._BodySizeLimit) within limits.read_timeout_s (408 after: a client
+    trickling its body holds no connection for long), parses JSON, validates; every other
+    failure is a 400. A
     1,000-id prompt's body takes about half the time in model_validate_json as in
     json.loads + model_validate (the error path still uses those)."""
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_BODY_BYTES:
-            raise APIError(f"the request body is larger than {MAX_BODY_BYTES} bytes")
+    max_bytes, timeout_s = limits.max_body_bytes, limits.read_timeout_s
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > max_bytes:
+                    raise APIError(f"the request body is larger than {max_bytes} bytes", 413)
+    except TimeoutError:
+        raise APIError(f"the request body did not arrive within {timeout_s:g} s", 408) from None
     try:  # a valid body, the common case: parsed and validated in one pass (pydantic's Rust)
         return model_cls.model_validate_json(body)
     except ValidationError:
@@ -82,14 +91,23 @@ def sampling_params(
     logprobs: int | None,
     prompt_logprobs: int | None = None,
 ) -> SamplingParams:
-    """SamplingParams of one prompt. max_tokens defaults to (and is capped at) what fits in
-    max_model_len, as in vLLM."""
+    """SamplingParams of one prompt. max_tokens defaults to what fits in max_model_len; a
+    larger one is a 400, as in OpenAI and vLLM (a prompt that does not fit at all is refused
+    by the engine's checks, in their words)."""
     _check_limits(req, logprobs)
     values = dict(defaults)
     for name in _SAMPLING_FIELDS:
         if getattr(req, name) is not None:
             values[name] = getattr(req, name)
     room = max(max_model_len - num_prompt_tokens, 1)
+    if max_tokens is not None and max_tokens > room and num_prompt_tokens < max_model_len:
+        raise APIError(
+            f"max_tokens is too large: {max_tokens}. This model's maximum context length is "
+            f"{max_model_len} tokens and the request has {num_prompt_tokens} prompt tokens, "
+            f"so at most {room} can be generated ({max_tokens} > {max_model_len} - "
+            f"{num_prompt_tokens})",
+            param="max_tokens",
+        )
     try:
         return SamplingParams(
             n=req.n,
@@ -97,7 +115,7 @@ def sampling_params(
             seed=req.seed,
             stop_token_ids=req.stop_token_ids,
             ignore_eos=req.ignore_eos,
-            max_tokens=room if max_tokens is None else min(max_tokens, room),
+            max_tokens=room if max_tokens is None else max_tokens,
             min_tokens=req.min_tokens,
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
@@ -133,6 +151,12 @@ def _logit_bias(logit_bias: dict[str, float] | None) -> dict[int, float] | None:
 def _check_limits(req: Any, logprobs: int | None) -> None:
     if not 1 <= req.n <= MAX_N:
         raise APIError(f"n must be between 1 and {MAX_N}, got {req.n}", param="n")
+    if req.best_of is not None and req.best_of != req.n:
+        raise APIError(
+            f"best_of is not supported (got best_of={req.best_of} with n={req.n}); "
+            "only best_of equal to n, which changes nothing, is accepted",
+            param="best_of",
+        )
     if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
         raise APIError(
             f"logprobs must be between 0 and {MAX_LOGPROBS}, got {logprobs}", param="logprobs"

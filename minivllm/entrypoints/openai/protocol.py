@@ -6,16 +6,42 @@ in the serving modules (their shapes are documented there and in docs/serving.md
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt
 
 # Limits that turn hostile requests into clear 400s (vLLM's max_logprobs default is 20).
-MAX_BODY_BYTES = 8 << 20
+# The body size and the completions per request are server flags (ServerLimits).
 MAX_N = 128
 MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 64
 MAX_STOP_STRING_CHARS = 1024
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """Per-request limits of the server (flags of `minivllm serve`; docs/serving.md)."""
+
+    max_body_bytes: int = 8 << 20  # --max-request-body-bytes: 413 above (Content-Length first)
+    read_timeout_s: float = 30.0  # --timeout-request-read: for the head, then for the body
+    max_prompts_per_request: int = 1024  # --max-prompts-per-request: prompts x n, 400 above
+
+    def __post_init__(self) -> None:
+        if self.max_body_bytes < 1 or self.max_prompts_per_request < 1:
+            raise ValueError("--max-request-body-bytes and --max-prompts-per-request must be >= 1")
+        if not self.read_timeout_s > 0:
+            raise ValueError("--timeout-request-read must be > 0")
+
+
+def _number(value: Any) -> Any:
+    """A JSON number, nothing else: pydantic's lax float would take true (as 1.0) and "0.5"."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError("must be a number")
+    return value
+
+
+Number = Annotated[float, BeforeValidator(_number)]
 
 
 class _Request(BaseModel):
@@ -33,21 +59,23 @@ class _SamplingFields(_Request):
 
     model: str | None = None
     max_tokens: StrictInt | None = None
-    temperature: float | None = None
-    top_p: float | None = None
+    temperature: Number | None = None
+    top_p: Number | None = None
     n: StrictInt = 1
+    # Accepted only to refuse a value other than n with a clear message (params.py).
+    best_of: StrictInt | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     seed: StrictInt | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
+    presence_penalty: Number | None = None
+    frequency_penalty: Number | None = None
+    logit_bias: dict[str, Number] | None = None
     user: str | None = None
     # vLLM's extras
     top_k: StrictInt | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
+    min_p: Number | None = None
+    repetition_penalty: Number | None = None
     stop_token_ids: list[StrictInt] | None = None
     ignore_eos: StrictBool = False
     min_tokens: StrictInt = 0

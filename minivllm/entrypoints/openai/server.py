@@ -1,4 +1,5 @@
-"""The FastAPI app: routes, API-key check, OpenAI-shaped errors, client-disconnect aborts."""
+"""The FastAPI app: routes, API-key check, body-size limit, OpenAI-shaped errors,
+client-disconnect aborts."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from minivllm.entrypoints.async_llm import AsyncLLM
 from minivllm.entrypoints.openai.errors import APIError, error_json, error_response
 from minivllm.entrypoints.openai.metrics import ServerMetrics
 from minivllm.entrypoints.openai.params import check_model, read_body
@@ -31,6 +33,8 @@ from minivllm.entrypoints.openai.serving_completion import create_completion
 
 logger = logging.getLogger("minivllm.serve")
 VERSION = "0.1.0"
+# Paths any client may read without the API key (as in vLLM): probes and scrapers.
+_OPEN_PATHS = frozenset({"/health", "/metrics"})
 
 
 def build_app(state: ServerState, metrics: ServerMetrics, api_key: str | None = None) -> FastAPI:
@@ -49,6 +53,7 @@ def build_app(state: ServerState, metrics: ServerMetrics, api_key: str | None = 
     _add_error_handlers(app)
     if api_key is not None:
         _add_api_key_check(app, api_key)
+    app.add_middleware(_BodySizeLimit, max_bytes=state.limits.max_body_bytes)  # outermost
     _add_info_routes(app, state, metrics)
     _add_generation_routes(app, state)
     return app
@@ -57,7 +62,10 @@ def build_app(state: ServerState, metrics: ServerMetrics, api_key: str | None = 
 def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def api_error(_: Request, e: APIError) -> JSONResponse:
-        return error_response(e)
+        response = error_response(e)
+        if e.status == 408:  # the body never came: the connection can carry nothing more
+            response.headers["connection"] = "close"
+        return response
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, e: RequestValidationError) -> JSONResponse:
@@ -79,7 +87,8 @@ def _add_api_key_check(app: FastAPI, api_key: str) -> None:
 
 class _APIKeyCheck:
     """Pure ASGI middleware (Starlette's BaseHTTPMiddleware would re-buffer every stream
-    chunk). As in vLLM only /v1 is protected: /health and /metrics stay open."""
+    chunk). As in vLLM every path is protected (/v1/*, /tokenize, /detokenize, /version,
+    /docs, /openapi.json, /redoc) but /health and /metrics."""
 
     def __init__(self, app, expected: bytes) -> None:
         self.app = app
@@ -88,13 +97,38 @@ class _APIKeyCheck:
     async def __call__(self, scope, receive, send) -> None:
         if (
             scope["type"] == "http"
-            and scope["path"].startswith("/v1")
+            and scope["path"] not in _OPEN_PATHS
             and scope["method"] != "OPTIONS"
         ):
             given = dict(scope["headers"]).get(b"authorization", b"")
             # Constant time: the comparison does not reveal how much of the key matched.
             if not hmac.compare_digest(given, self.expected):
                 response = error_json("Unauthorized: missing or wrong API key", 401)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class _BodySizeLimit:
+    """A 413 for a Content-Length above max_bytes, sent before the body is read (read_body
+    also stops a chunked body at max_bytes)."""
+
+    def __init__(self, app, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            length = dict(scope["headers"]).get(b"content-length", b"0")
+            if length.isdigit() and int(length) > self.max_bytes:
+                response = error_json(
+                    f"the request body ({int(length)} bytes) is larger than {self.max_bytes} "
+                    "bytes (--max-request-body-bytes)",
+                    413,
+                )
+                # No "connection: close": uvicorn reads and drops the body (closing now would
+                # reset the connection under a client still sending it, who would never see
+                # this 413); the next head's deadline bounds how long that may take.
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
@@ -134,9 +168,12 @@ def _add_info_routes(app: FastAPI, state: ServerState, metrics: ServerMetrics) -
         ]
         return {"object": "list", "data": cards}
 
+    limits = state.limits
+    engine = state.engine
+
     @app.post("/tokenize")
     async def tokenize(request: Request) -> dict:
-        req = await read_body(request, TokenizeRequest)
+        req = await read_body(request, TokenizeRequest, limits)
         check_model(req.model, state.served_model_names)
         tokenizer = state.engine.tokenizer
         if req.messages is not None:
@@ -152,7 +189,9 @@ def _add_info_routes(app: FastAPI, state: ServerState, metrics: ServerMetrics) -
             tokens = await tokenize_text(state.engine, req.prompt, req.add_special_tokens)
         else:
             raise APIError("give prompt or messages", param="prompt")
-        strs = tokenizer.convert_ids_to_tokens(tokens) if req.return_token_strs else None
+        strs = None
+        if req.return_token_strs:
+            strs = await engine.async_tokenizer.run(tokenizer.convert_ids_to_tokens, tokens)
         return {
             "count": len(tokens),
             "max_model_len": state.engine.max_model_len,
@@ -162,23 +201,34 @@ def _add_info_routes(app: FastAPI, state: ServerState, metrics: ServerMetrics) -
 
     @app.post("/detokenize")
     async def detokenize(request: Request) -> dict:
-        req = await read_body(request, DetokenizeRequest)
+        req = await read_body(request, DetokenizeRequest, limits)
         check_model(req.model, state.served_model_names)
-        vocab_size = state.engine.info.vocab_size
-        if any(not 0 <= t < vocab_size for t in req.tokens):
-            raise APIError(f"token ids must be in [0, {vocab_size})", param="tokens")
-        return {"prompt": state.engine.tokenizer.decode(req.tokens)}
+        # A million ids take ~2 s to check and decode: on a tokenizer thread, not the loop.
+        text = await engine.async_tokenizer.run(_decode_checked, engine, req.tokens)
+        if text is None:
+            raise APIError(f"token ids must be in [0, {engine.info.vocab_size})", param="tokens")
+        return {"prompt": text}
+
+
+def _decode_checked(engine: AsyncLLM, token_ids: list[int]) -> str | None:
+    """The text of token_ids, or None if one is outside the vocabulary."""
+    vocab_size = engine.info.vocab_size
+    if any(not 0 <= t < vocab_size for t in token_ids):
+        return None
+    return engine.tokenizer.decode(token_ids)
 
 
 def _add_generation_routes(app: FastAPI, state: ServerState) -> None:
+    limits = state.limits
+
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        req = await read_body(request, CompletionRequest)
+        req = await read_body(request, CompletionRequest, limits)
         return await _until_disconnect(request, create_completion(state, req))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        req = await read_body(request, ChatCompletionRequest)
+        req = await read_body(request, ChatCompletionRequest, limits)
         return await _until_disconnect(request, create_chat_completion(state, req))
 
 

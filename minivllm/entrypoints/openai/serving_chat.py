@@ -4,25 +4,27 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import Any
 
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from minivllm.entrypoints.async_tokenizer import TokenizerClosedError
 from minivllm.entrypoints.openai.errors import APIError, sse_error
 from minivllm.entrypoints.openai.logprobs import chat_logprobs
 from minivllm.entrypoints.openai.params import check_model, sampling_params
 from minivllm.entrypoints.openai.protocol import MAX_LOGPROBS, ChatCompletionRequest, ChatMessage
 from minivllm.entrypoints.openai.serving_common import (
-    SSE_DONE,
     ServerState,
-    SSEChunks,
     as_api_error,
+    check_num_completions,
     collect,
     response_head,
     submit,
     tokenize_text,
     usage,
 )
+from minivllm.entrypoints.openai.streaming import SSE_DONE, DeltaCursor, SSEChunks
 from minivllm.outputs import CompletionOutput, RequestOutput
 
 # apply_chat_template arguments a request may not set through chat_template_kwargs.
@@ -55,6 +57,12 @@ def _content_text(message: ChatMessage) -> str:
     return "\n".join(texts)
 
 
+def _render(tokenizer, messages: list[ChatMessage], **template_kwargs) -> str:
+    """The conversation as text (on a tokenizer thread: all of it is per-message work)."""
+    conversation = [{"role": m.role, "content": _content_text(m)} for m in messages]
+    return tokenizer.apply_chat_template(conversation, **template_kwargs)
+
+
 async def render_chat(
     engine,
     chat_template: str | None,
@@ -63,8 +71,9 @@ async def render_chat(
     continue_final_message: bool,
     template_kwargs: dict[str, Any] | None,
 ) -> list[int]:
-    """Prompt token ids of a conversation (rendered to text, then tokenized without adding
-    special tokens, as vLLM does); engine: the AsyncLLM (its tokenizer)."""
+    """Prompt token ids of a conversation (rendered to text on a tokenizer thread: a template
+    over 10^5 messages takes seconds of Python; then tokenized without adding special tokens,
+    as vLLM does); engine: the AsyncLLM (its tokenizer)."""
     tokenizer = engine.tokenizer
     kwargs = dict(template_kwargs or {})
     bad = sorted(set(kwargs) & _RESERVED_KWARGS)
@@ -72,16 +81,22 @@ async def render_chat(
         raise APIError(f"chat_template_kwargs may not set {bad}", param="chat_template_kwargs")
     if chat_template is None and tokenizer.chat_template is None:
         raise APIError("this model has no chat template; start the server with --chat-template")
-    conversation = [{"role": m.role, "content": _content_text(m)} for m in messages]
+    render = partial(
+        _render,
+        tokenizer,
+        messages,
+        chat_template=chat_template,
+        add_generation_prompt=add_generation_prompt and not continue_final_message,
+        continue_final_message=continue_final_message,
+        tokenize=False,
+        **kwargs,
+    )
     try:
-        text = tokenizer.apply_chat_template(
-            conversation,
-            chat_template=chat_template,
-            add_generation_prompt=add_generation_prompt and not continue_final_message,
-            continue_final_message=continue_final_message,
-            tokenize=False,
-            **kwargs,
-        )
+        text = await engine.async_tokenizer.run(render)
+    except APIError:
+        raise
+    except TokenizerClosedError:
+        raise APIError("the server is shutting down", status=503) from None
     except Exception as e:  # noqa: BLE001 - template errors are the request's fault
         raise APIError(f"the chat template failed on these messages: {e}") from None
     return await tokenize_text(engine, text, add_special_tokens=False, param="messages")
@@ -94,6 +109,9 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest)
             "chat_template in a request is not accepted; the server's --chat-template is used",
             param="chat_template",
         )
+    check_num_completions(state.limits, 1, req.n)
+    if req.top_logprobs is not None and not req.logprobs:
+        raise APIError("top_logprobs needs logprobs: true", param="top_logprobs")
     top = req.top_logprobs if req.logprobs else None
     if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_LOGPROBS:
         raise APIError(f"top_logprobs must be between 0 and {MAX_LOGPROBS}", param="top_logprobs")
@@ -117,7 +135,7 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest)
         (top or 0) if req.logprobs else None,
     )
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
-    iterators = submit(state, request_id, [(None, token_ids, params)])
+    iterators = await submit(state, request_id, [(None, token_ids, params)])
     response = _ChatResponse(state, req, request_id, top or 0)
     if req.stream:
         return StreamingResponse(response.stream(iterators), media_type="text/event-stream")
@@ -153,8 +171,7 @@ class _ChatResponse:
 
     async def stream(self, iterators: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[bytes]:
         chunks = SSEChunks({**self.head, "object": "chat.completion.chunk"})
-        sent_chars: dict[int, int] = {}
-        sent_tokens: dict[int, int] = {}
+        cursor = DeltaCursor()
         final = None
         try:
             # The role comes first, as in OpenAI and vLLM.
@@ -174,7 +191,7 @@ class _ChatResponse:
                 final = output
                 body = b""  # all choices of one output in one socket write
                 for choice in output.outputs:
-                    chunk = self._chunk(choice, sent_chars, sent_tokens)
+                    chunk = self._chunk(choice, cursor)
                     if chunk is not None:
                         body += chunks.choice(chunk)
                 if body:
@@ -186,20 +203,14 @@ class _ChatResponse:
             yield sse_error(as_api_error(e))
         yield SSE_DONE
 
-    def _chunk(self, choice: CompletionOutput, sent_chars, sent_tokens) -> dict | None:
-        key = choice.index
-        if sent_chars.get(key, 0) < 0:
-            return None  # already finished
-        start_chars, start_tokens = sent_chars.get(key, 0), sent_tokens.get(key, 0)
-        text = choice.text[start_chars:]
-        finished = choice.finish_reason is not None
-        if not text and not finished and len(choice.token_ids) == start_tokens:
+    def _chunk(self, choice: CompletionOutput, cursor: DeltaCursor) -> dict | None:
+        delta = cursor.advance(choice.index, choice)
+        if delta is None:
             return None
-        sent_chars[key] = -1 if finished else len(choice.text)
-        sent_tokens[key] = len(choice.token_ids)
+        text, start_tokens = delta
         return {
-            "index": key,
-            "delta": {"content": text} if text or not finished else {},
+            "index": choice.index,
+            "delta": {"content": text} if text or choice.finish_reason is None else {},
             "logprobs": self._logprobs(choice, start_tokens),
             "finish_reason": choice.finish_reason,
             "stop_reason": choice.stop_reason,

@@ -1,21 +1,26 @@
-"""What both generation endpoints share: server state, fan-in of several prompts, usage, SSE."""
+"""What both generation endpoints share: server state and limits, submission of several
+prompts, fan-in, usage."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from minivllm.entrypoints.async_llm import AsyncLLM, EngineDeadError
+from minivllm.entrypoints.async_tokenizer import TokenizerClosedError
 from minivllm.entrypoints.openai.errors import APIError
+from minivllm.entrypoints.openai.protocol import ServerLimits
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
 
 logger = logging.getLogger("minivllm.serve")
 _DONE = object()
+# Sub-requests submitted between two yields to the event loop: a request of many prompts
+# lets other clients' requests and streams in every this many.
+_SUBMIT_SLICE = 32
 
 
 @dataclass
@@ -24,6 +29,7 @@ class ServerState:
     served_model_names: list[str]
     chat_template: str | None = None
     log_requests: bool = True
+    limits: ServerLimits = field(default_factory=ServerLimits)
 
     @property
     def model_name(self) -> str:
@@ -34,28 +40,76 @@ async def tokenize_text(
     engine: AsyncLLM, text: str, add_special_tokens: bool = True, param: str = "prompt"
 ) -> list[int]:
     """A request's text as token ids (off the event loop); text the tokenizer cannot take
-    is the request's fault: a 400 naming param."""
+    is the request's fault: a 400 naming param. A text too long to fit in max_model_len
+    whatever its tokens (more characters than max_model_len times the longest vocabulary
+    entry) is refused before it is tokenized: an 8 MB prompt costs no seconds of CPU."""
+    max_chars = engine.max_model_len * engine.async_tokenizer.max_chars_per_token
+    if len(text) > max_chars:
+        raise APIError(
+            f"This model's maximum context length is {engine.max_model_len} tokens, and the "
+            f"text has {len(text)} characters: more than {max_chars} (no token of this "
+            f"tokenizer is longer than {engine.async_tokenizer.max_chars_per_token} "
+            "characters), so it cannot fit",
+            param=param,
+        )
     try:
         return await engine.encode(text, add_special_tokens)
     except ValueError as e:
         raise APIError(str(e), param=param) from None
+    except TokenizerClosedError:
+        raise APIError("the server is shutting down", status=503) from None
 
 
-def submit(
+def check_num_completions(limits: ServerLimits, num_prompts: int, n: int) -> None:
+    """A 400 for a request asking more sequences (prompts x n) than the server allows; made
+    before anything is tokenized or built."""
+    if num_prompts * n > limits.max_prompts_per_request:
+        raise APIError(
+            f"the request asks for {num_prompts} prompt(s) x n={n} = {num_prompts * n} "
+            f"completions; at most {limits.max_prompts_per_request} per request "
+            "(--max-prompts-per-request)",
+            param="prompt" if num_prompts > 1 else "n",
+        )
+
+
+async def fair_slices(items: list) -> AsyncIterator:
+    """The items, yielding to the event loop every _SUBMIT_SLICE: a request of many prompts
+    builds and submits them without stalling other requests and streams."""
+    for start in range(0, len(items), _SUBMIT_SLICE):
+        if start:
+            await asyncio.sleep(0)
+        for item in items[start : start + _SUBMIT_SLICE]:
+            yield item
+
+
+async def submit(
     state: ServerState, request_id: str, prompts: list[tuple[str | None, list[int], SamplingParams]]
 ) -> list[AsyncIterator[RequestOutput]]:
-    """Submits every prompt of a request (AsyncLLM.add_requests: a bad one submits nothing);
-    a bad prompt is a 400, a dead engine a 503."""
+    """Submits every prompt of a request: all are validated first (a bad one submits
+    nothing), then added _SUBMIT_SLICE at a time with a yield to the loop in between (fair
+    to other clients); a bad prompt is a 400, a dead engine a 503."""
     requests = [
         (request_id if len(prompts) == 1 else f"{request_id}-{i}", text, token_ids, params)
         for i, (text, token_ids, params) in enumerate(prompts)
     ]
+    engine = state.engine
+    iterators: list[AsyncIterator[RequestOutput]] = []
     try:
-        iterators = state.engine.add_requests(requests)
-    except ValueError as e:
-        raise APIError(str(e)) from None
-    except EngineDeadError as e:
-        raise APIError(f"the engine is dead: {e}", status=503) from None
+        if len(requests) > _SUBMIT_SLICE:
+            async for _, _, token_ids, params in fair_slices(requests):
+                engine.validate(token_ids, params)
+        for start in range(0, len(requests), _SUBMIT_SLICE):
+            if start:
+                await asyncio.sleep(0)
+            iterators += engine.add_requests(requests[start : start + _SUBMIT_SLICE])
+    except BaseException as e:  # a failure (or a cancel) part-way: abort what was added
+        for sub_id, *_ in requests[: len(iterators)]:
+            engine.abort(sub_id)
+        if isinstance(e, ValueError):
+            raise APIError(str(e)) from None
+        if isinstance(e, EngineDeadError):
+            raise as_api_error(e) from None
+        raise
     if state.log_requests:
         for sub_id, _, token_ids, params in requests:
             logger.info("request %s: %d prompt tokens, %s", sub_id, len(token_ids), _brief(params))
@@ -121,9 +175,15 @@ def as_api_error(e: Exception) -> APIError:
     if isinstance(e, APIError):
         return e
     if isinstance(e, EngineDeadError):
+        # Past --timeout-graceful-shutdown, http_server.GracefulServer fails what is open
+        # through AsyncLLM.shutdown: that is no death, and the message says so.
+        if "shutting down" in str(e):
+            return APIError(str(e), status=503)
         return APIError(f"the engine is dead: {e}", status=503)
     if isinstance(e, ValueError):
         return APIError(str(e))
+    if isinstance(e, TokenizerClosedError):
+        return APIError("the server is shutting down", status=503)
     logger.exception("request failed")
     return APIError(f"internal error: {type(e).__name__}", status=500)
 
@@ -149,37 +209,3 @@ def usage(outputs: list[RequestOutput | None]) -> dict:
         "total_tokens": prompt_tokens + completion_tokens,
         "prompt_tokens_details": {"cached_tokens": cached},
     }
-
-
-SSE_DONE = "data: [DONE]\n\n"
-_encode_str = json.encoder.encode_basestring  # the C encoder: a JSON string, no ASCII escaping
-
-
-def _json_value(value) -> str:
-    """One JSON value; the hot types without json.dumps' per-call encoder set-up."""
-    if value is None:
-        return "null"
-    if value.__class__ is str:
-        return _encode_str(value)
-    if value.__class__ is int:
-        return str(value)
-    if isinstance(value, dict):
-        return "{" + ",".join(f"{_encode_str(k)}:{_json_value(v)}" for k, v in value.items()) + "}"
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-
-
-class SSEChunks:
-    """The `data: {...}` lines of one stream. The head (id, object, created, model) is the same
-    in every chunk: it is serialized once, and a chunk serializes only its choice."""
-
-    def __init__(self, head: dict) -> None:
-        self._prefix = f"data: {json.dumps(head, ensure_ascii=False, separators=(',', ':'))[:-1]}"
-
-    def choice(self, choice: dict) -> bytes:
-        """The chunk of one choice: {**head, "choices": [choice]}, as bytes for the socket."""
-        return f'{self._prefix},"choices":[{_json_value(choice)}]}}\n\n'.encode()
-
-    def last(self, fields: dict) -> bytes:
-        """A chunk with other fields after the head (the usage chunk)."""
-        body = json.dumps(fields, ensure_ascii=False, separators=(",", ":"))
-        return f"{self._prefix},{body[1:]}\n\n".encode()

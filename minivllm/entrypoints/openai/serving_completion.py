@@ -13,17 +13,18 @@ from minivllm.entrypoints.openai.logprobs import completion_logprobs
 from minivllm.entrypoints.openai.params import check_model, sampling_params
 from minivllm.entrypoints.openai.protocol import CompletionRequest
 from minivllm.entrypoints.openai.serving_common import (
-    SSE_DONE,
     ServerState,
-    SSEChunks,
     as_api_error,
+    check_num_completions,
     collect,
+    fair_slices,
     merge,
     response_head,
     submit,
     tokenize_text,
     usage,
 )
+from minivllm.entrypoints.openai.streaming import SSE_DONE, DeltaCursor, SSEChunks
 from minivllm.outputs import CompletionOutput, RequestOutput
 
 
@@ -42,15 +43,20 @@ async def _prompts(req: CompletionRequest, engine) -> list[tuple[str | None, lis
     return [(None, list(p)) for p in prompt]
 
 
+def _num_prompts(prompt) -> int:
+    return 1 if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)) else len(prompt)
+
+
 async def create_completion(state: ServerState, req: CompletionRequest):
     check_model(req.model, state.served_model_names)
     if req.suffix:
         raise APIError("suffix is not supported", param="suffix")
+    check_num_completions(state.limits, _num_prompts(req.prompt), req.n)
     engine = state.engine
     prompts = await _prompts(req, engine)
     echo_logprobs = req.logprobs if req.echo else None
     specs = []
-    for text, token_ids in prompts:
+    async for text, token_ids in fair_slices(prompts):
         params = sampling_params(
             req,
             engine.default_sampling(),
@@ -62,7 +68,7 @@ async def create_completion(state: ServerState, req: CompletionRequest):
         )
         specs.append((text, token_ids, params))
     request_id = f"cmpl-{uuid.uuid4().hex}"
-    iterators = submit(state, request_id, specs)
+    iterators = await submit(state, request_id, specs)
     response = _Response(state, req, request_id, [t for t, _ in prompts])
     if req.stream:
         return StreamingResponse(response.stream(iterators), media_type="text/event-stream")
@@ -114,8 +120,7 @@ class _Response:
 
     async def stream(self, iterators: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[bytes]:
         chunks = SSEChunks(self.head)
-        sent_chars: dict[int, int] = {}
-        sent_tokens: dict[int, int] = {}
+        cursor = DeltaCursor()
         finals: list[RequestOutput | None] = [None] * len(iterators)
 
         def encode(index: int, output: RequestOutput) -> bytes:
@@ -124,7 +129,7 @@ class _Response:
             body = b""
             for choice in output.outputs:
                 key = index * self.req.n + choice.index
-                chunk = self._chunk(key, index, output, choice, sent_chars, sent_tokens)
+                chunk = self._chunk(key, index, output, choice, cursor)
                 if chunk is not None:
                     body += chunks.choice(chunk)
             return body
@@ -145,20 +150,14 @@ class _Response:
             yield sse_error(as_api_error(e))
         yield SSE_DONE
 
-    def _chunk(self, key, index, output, choice, sent_chars, sent_tokens) -> dict | None:
-        first = key not in sent_chars
-        if not first and sent_chars[key] < 0:
-            return None  # this choice already finished
-        start_chars, start_tokens = sent_chars.get(key, 0), sent_tokens.get(key, 0)
-        text = choice.text[start_chars:]
-        echo = first and self.req.echo
+    def _chunk(self, key, index, output, choice, cursor: DeltaCursor) -> dict | None:
+        echo = self.req.echo and cursor.is_new(key)  # the prompt goes out with the first delta
+        delta = cursor.advance(key, choice, force=echo)
+        if delta is None:
+            return None
+        text, start_tokens = delta
         if echo:
             text = self._prompt_text(index, output) + text
-        finished = choice.finish_reason is not None
-        if not text and not finished and len(choice.token_ids) == start_tokens:
-            return None
-        sent_chars[key] = -1 if finished else len(choice.text)
-        sent_tokens[key] = len(choice.token_ids)
         return {
             "index": key,
             "text": text,

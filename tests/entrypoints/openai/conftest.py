@@ -58,6 +58,18 @@ def child_pids(pid: int) -> list[int]:
     return children
 
 
+def read_response(sock: socket.socket) -> str:
+    """One HTTP response with a Content-Length, head and body."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, body = data.split(b"\r\n\r\n", 1)
+    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+    while len(body) < length:
+        body += sock.recv(65536)
+    return (head + b"\r\n\r\n" + body).decode()
+
+
 class Server:
     """A running `minivllm serve`; `request` does raw HTTP (http.client, stdlib)."""
 

@@ -20,12 +20,12 @@ def offline(tiny_qwen3_dir: str) -> LLM:
     return LLM(tiny_qwen3_dir, dtype="float32", device="cpu", block_size=4)
 
 
-def test_models_version_health(server, client) -> None:
+def test_models_version_health(server, client, auth) -> None:
     models = client.models.list().data
     assert [m.id for m in models] == [MODEL_NAME, "other-name"]
     assert models[0].model_extra["max_model_len"] == 512
     assert server.request("GET", "/health")[0] == 200
-    assert server.request("GET", "/version")[1]["version"]
+    assert server.request("GET", "/version", headers=auth)[1]["version"]
 
 
 def test_completion_matches_offline(client, offline) -> None:

@@ -50,6 +50,21 @@ def _check_error(status: int, body, expected: int) -> None:
             "messages",
         ),
         ("/tokenize", {"model": MODEL_NAME, "prompt": "a\ud800b"}, "prompt"),
+        # Numbers are numbers: no true as 1.0, no "0.5" (as for n).
+        ("/v1/completions", {**COMPLETION, "temperature": True}, "temperature"),
+        ("/v1/completions", {**COMPLETION, "top_p": "0.5"}, "top_p"),
+        ("/v1/chat/completions", {**CHAT, "presence_penalty": False}, "presence_penalty"),
+        ("/v1/completions", {**COMPLETION, "logit_bias": {"5": True}}, "logit_bias"),
+        ("/v1/completions", {**COMPLETION, "best_of": 2}, "best_of"),
+        ("/v1/chat/completions", {**CHAT, "top_logprobs": 2}, "top_logprobs"),
+        (
+            "/v1/chat/completions",
+            {**CHAT, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+            "messages",
+        ),
+        # More than fits in max_model_len (512) is a 400, as in OpenAI and vLLM, not a cap.
+        ("/v1/completions", {**COMPLETION, "max_tokens": 10**6}, "max_tokens"),
+        ("/v1/chat/completions", {**CHAT, "max_completion_tokens": 600}, "max_tokens"),
     ],
 )
 def test_invalid_params_are_400(server, auth, path, body, param) -> None:
@@ -64,9 +79,9 @@ def test_malformed_bodies_are_400(server, auth, raw) -> None:
     _check_error(*server.request("POST", "/v1/completions", raw, auth), 400)
 
 
-def test_oversized_body_is_400(server, auth) -> None:
+def test_oversized_body_is_413(server, auth) -> None:
     body = json.dumps({**COMPLETION, "prompt": "x" * (9 << 20)})
-    _check_error(*server.request("POST", "/v1/completions", body, auth), 400)
+    _check_error(*server.request("POST", "/v1/completions", body, auth), 413)
 
 
 def test_unknown_model_is_404_and_unknown_fields_are_ignored(server, auth) -> None:

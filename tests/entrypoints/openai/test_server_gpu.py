@@ -1,5 +1,5 @@
 """GPU: streaming through the server costs < 10 % of offline throughput at 128 clients
-(issue 9's target), on a Qwen3-0.6B-shaped model with dummy weights. `pytest -m gpu -s`."""
+(the serving target), on a Qwen3-0.6B-shaped model with dummy weights. `pytest -m gpu -s`."""
 
 from __future__ import annotations
 

@@ -9,13 +9,13 @@ from types import SimpleNamespace
 import pytest
 from transformers import AutoTokenizer
 
-from minivllm.engine.types import Logprob
 from minivllm.entrypoints.async_llm import _generation_defaults
 from minivllm.entrypoints.openai.api_server import load_chat_template
 from minivllm.entrypoints.openai.errors import APIError
 from minivllm.entrypoints.openai.logprobs import chat_logprobs, completion_logprobs
 from minivllm.entrypoints.openai.params import sampling_params
 from minivllm.entrypoints.openai.protocol import CompletionRequest
+from minivllm.outputs import Logprob
 
 
 def _params(body: dict, defaults: dict | None = None, num_prompt: int = 10):
@@ -30,10 +30,13 @@ def test_request_values_override_generation_defaults() -> None:
     assert _params({}, defaults).temperature == 0.6
 
 
-def test_max_tokens_defaults_to_and_is_capped_at_the_room_left() -> None:
+def test_max_tokens_defaults_to_the_room_left_and_more_is_400() -> None:
     assert _params({}, num_prompt=500).max_tokens == 12
-    assert _params({"max_tokens": 1000}, num_prompt=500).max_tokens == 12
+    assert _params({"max_tokens": 12}, num_prompt=500).max_tokens == 12
     assert _params({"max_tokens": 5}, num_prompt=500).max_tokens == 5
+    with pytest.raises(APIError, match=r"too large: 13\b.*512 - 500") as e:
+        _params({"max_tokens": 13}, num_prompt=500)
+    assert e.value.param == "max_tokens"
     with pytest.raises(APIError, match="max_tokens"):
         _params({"max_tokens": -1})
 

@@ -8,7 +8,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from minivllm.entrypoints.openai.serving_common import SSEChunks
+from minivllm.entrypoints.openai.streaming import SSEChunks
 
 HEAD = {"id": "cmpl-1", "object": "text_completion", "created": 7, "model": "m\u00e9", "x": None}
 SCALARS = st.none() | st.booleans() | st.integers() | st.text() | st.floats(allow_nan=False)
