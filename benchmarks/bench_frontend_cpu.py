@@ -24,11 +24,10 @@ class FakeEngineCore:
     """EngineCore's interface to core_process, with free steps: up to max_num_seqs running
     requests get one (random) token a step; no model, no KV cache."""
 
-    def __init__(self, config) -> None:
-        from minivllm.config import ModelConfig
+    def __init__(self, config, model_config) -> None:
         from minivllm.engine.stats import CoreInfo
 
-        self.model_config = ModelConfig.from_hf(config.model)
+        self.model_config = model_config
         self.info = CoreInfo(
             max_model_len=config.max_model_len or 4096,
             vocab_size=self.model_config.vocab_size,
@@ -42,8 +41,9 @@ class FakeEngineCore:
         self.running: dict[str, int] = {}
         self.rng = random.Random(0)
 
-    def add_request(self, req_id, prompt_token_ids, params, arrival_time=None) -> None:
-        self.waiting[req_id] = params.max_tokens
+    def add_requests(self, requests) -> None:  # EngineRequests
+        for request in requests:
+            self.waiting[request.req_id] = request.sampling_params.max_tokens
 
     def abort_requests(self, req_ids) -> None:
         for req_id in req_ids:

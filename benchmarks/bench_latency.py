@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import time
 
 from common import dummy_model_dir
+from workloads import random_prompts
 
 
 def main() -> None:
@@ -31,10 +31,10 @@ def main() -> None:
         deterministic=args.deterministic,
         max_mixed_graph_tokens=args.max_mixed_graph_tokens,
     )
-    random.seed(1)
+    prompts = iter(random_prompts(8, 1000, seed=1))  # a new prompt each time: no cache hits
 
     def generate(max_tokens: int) -> None:
-        prompt = [random.randint(0, 10000) for _ in range(1000)]
+        prompt = next(prompts)
         params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=max_tokens)
         llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
 

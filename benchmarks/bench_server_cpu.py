@@ -33,6 +33,7 @@ import time
 
 from common import dummy_model_dir, percentile
 from sse_client import stream_completion
+from workloads import random_prompts
 
 
 class FakeCoreClient:
@@ -40,7 +41,7 @@ class FakeCoreClient:
 
     step_s = 0.005
 
-    def __init__(self, config, on_message, env=None) -> None:
+    def __init__(self, config, model_config, on_message, env=None) -> None:
         from minivllm.engine.stats import CoreInfo
 
         self.info = CoreInfo(
@@ -54,8 +55,8 @@ class FakeCoreClient:
 
     def add_requests(self, requests) -> None:
         with self._lock:
-            for req_id, _, params, _ in requests:
-                self._remaining[req_id] = params.max_tokens
+            for request in requests:  # EngineRequest
+                self._remaining[request.req_id] = request.sampling_params.max_tokens
 
     def abort_requests(self, req_ids) -> None:
         with self._lock:
@@ -66,6 +67,7 @@ class FakeCoreClient:
         self._stop.set()
 
     def _loop(self) -> None:
+        from minivllm.engine.client.protocol import MessageKind
         from minivllm.engine.stats import EngineStats
         from minivllm.engine.types import EngineOutput
 
@@ -82,7 +84,7 @@ class FakeCoreClient:
                     else:
                         self._remaining[req_id] = left - 1
             if outputs:
-                self._on_message(("outputs", outputs, EngineStats()))
+                self._on_message((MessageKind.OUTPUTS, outputs, EngineStats()))
 
 
 class StackSampler:
@@ -176,10 +178,7 @@ def _wait_ready(port: int, proc: subprocess.Popen) -> None:
 
 def _bodies(args) -> list[dict]:
     """The requests: random prompts of --input-len token ids (or their text)."""
-    rng = random.Random(0)
-    prompts = [
-        [rng.randrange(10, 10000) for _ in range(args.input_len)] for _ in range(args.num_prompts)
-    ]
+    prompts = random_prompts(args.num_prompts, args.input_len)
     if args.text_prompts:  # as `vllm bench serve --dataset-name random` sends them
         from transformers import AutoTokenizer
 
@@ -268,4 +267,5 @@ def main() -> None:
     print(json.dumps(result))
 
 
-main()
+if __name__ == "__main__":
+    main()

@@ -34,6 +34,7 @@ import urllib.request
 
 from common import dummy_model_dir, percentile
 from sse_client import stream_completion
+from workloads import MAX_TOKEN_ID, random_prompts
 
 
 def _free_port() -> int:
@@ -170,11 +171,9 @@ def main() -> None:
         extra += ["--load-format", "dummy"]
     with open(os.path.join(model, "config.json")) as f:
         vocab_size = json.load(f)["vocab_size"]
-    rng = random.Random(args.seed)
-    prompts = [
-        [rng.randrange(10, min(vocab_size, 10000)) for _ in range(args.input_len)]
-        for _ in range(args.num_prompts)
-    ]
+    prompts = random_prompts(
+        args.num_prompts, args.input_len, args.seed, high=min(vocab_size - 1, MAX_TOKEN_ID)
+    )
     sent = prompts
     if args.text_prompts:  # as `vllm bench serve --dataset-name random` sends them
         from transformers import AutoTokenizer

@@ -1,5 +1,5 @@
 """Offline throughput on dummy weights, one workload shape (benchmarks/workloads.py; default:
-PERF.md's headline). Prints one JSON line.
+the headline of docs/performance.md). Prints one JSON line.
 
 python benchmarks/bench_throughput.py [--workload headline|short|long|prefix] [--num-seqs N]
     [--model-name qwen3-0.6b] [--enforce-eager] [--kv-cache-dtype fp8] ...

@@ -1,7 +1,7 @@
 """Cost of the engine-core transport (pickle over a socket pair, multiprocessing Connection).
 
 Measures, between two processes: the round trip of one step message (N EngineOutputs of one
-token each, plus EngineStats), and one "add" message of N requests with P-token prompts.
+token each, plus EngineStats), and one ADD message of N requests with P-token prompts.
 Prints one JSON line.
 
 python benchmarks/bench_transport.py [--batch 128] [--prompt-len 1000] [--iters 2000]
@@ -16,8 +16,9 @@ import pickle
 import time
 from multiprocessing.connection import Connection
 
+from minivllm.engine.client.protocol import MessageKind
 from minivllm.engine.stats import EngineStats
-from minivllm.engine.types import EngineOutput
+from minivllm.engine.types import EngineOutput, EngineRequest
 from minivllm.sampling_params import SamplingParams
 
 
@@ -32,7 +33,7 @@ def _echo(conn: Connection) -> None:
 def _step_message(batch: int) -> tuple:
     outputs = [EngineOutput(req_id=f"cmpl-{i:032x}", new_token_ids=[1234]) for i in range(batch)]
     # As core_process sends them: field tuples (dataclasses pickle ~4x slower).
-    return ("outputs", [tuple(o.__dict__.values()) for o in outputs], EngineStats())
+    return (MessageKind.OUTPUTS, [tuple(o.__dict__.values()) for o in outputs], EngineStats())
 
 
 def _add_message(batch: int, prompt_len: int) -> tuple:
@@ -40,8 +41,8 @@ def _add_message(batch: int, prompt_len: int) -> tuple:
     requests = []
     for i in range(batch):  # distinct prompts: pickle would share one list
         prompt = list(range(1000 + i, 1000 + i + prompt_len))
-        requests.append((f"cmpl-{i:032x}", prompt, params, time.time()))
-    return ("add", requests)
+        requests.append(EngineRequest(f"cmpl-{i:032x}", prompt, params, time.time()))
+    return (MessageKind.ADD, requests)
 
 
 def _round_trip_us(conn: Connection, msg: tuple, iters: int) -> float:

@@ -1,4 +1,5 @@
-"""Shared by the benchmark scripts: a weightless model directory and the roofline bound."""
+"""Shared by the benchmark scripts: a weightless model directory, percentiles and the roofline
+bound (the workloads live in workloads.py)."""
 
 from __future__ import annotations
 
@@ -18,20 +19,6 @@ def percentile(values: list[float], q: float) -> float:
     """The q-quantile (0..1) of values by nearest rank below (nan when empty)."""
     values = sorted(values)
     return values[min(int(q * len(values)), len(values) - 1)] if values else float("nan")
-
-
-def headline_workload(num_seqs: int = 256, seed: int = 0) -> tuple[list[list[int]], list[int]]:
-    """The headline workload (docs/performance.md): prompts of 100-1024 random ids in [0, 10000],
-    outputs of 100-1024."""
-    import random
-
-    random.seed(seed)
-    prompts = [
-        [random.randint(0, 10000) for _ in range(random.randint(100, 1024))]
-        for _ in range(num_seqs)
-    ]
-    output_lens = [random.randint(100, 1024) for _ in range(num_seqs)]
-    return prompts, output_lens
 
 
 def model_bytes(cfg: dict, dtype_bytes: int = 2) -> tuple[int, int]:

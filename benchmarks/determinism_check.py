@@ -1,4 +1,4 @@
-"""Issue 13's scenario: does a request's output depend on its neighbours? Prints one JSON line
+"""Does a request's output depend on its neighbours? Prints one JSON line
 per mode (default, then deterministic) with, per variant, how many of the prompts got the same
 greedy tokens as the reference batch and whether their logprobs are bitwise equal.
 

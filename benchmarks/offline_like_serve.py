@@ -13,11 +13,11 @@ the same engine with and without the serving path; both default to the offline e
 from __future__ import annotations
 
 import json
-import random
 import sys
 import time
 
 from common import percentile  # benchmarks/, this script's directory
+from workloads import random_prompts
 
 from minivllm import LLM, SamplingParams
 
@@ -34,11 +34,7 @@ llm = LLM(model_dir, load_format="dummy", max_model_len=4096, **limits)
 # `vllm bench serve` sends no temperature: the server samples at its default, 1.0 (the dummy
 # model has no generation_config sampling defaults). The same here.
 params = SamplingParams(temperature=1.0, ignore_eos=True, max_tokens=output_len)
-rng = random.Random(0)
-prompts = [
-    {"prompt_token_ids": [rng.randint(0, 10000) for _ in range(input_len)]}
-    for _ in range(num_prompts)
-]
+prompts = [{"prompt_token_ids": p} for p in random_prompts(num_prompts, input_len)]
 llm.generate(prompts[:4], SamplingParams(max_tokens=8), use_tqdm=False)  # warm-up
 start = time.perf_counter()
 outputs = llm.generate(prompts, params, use_tqdm=False)
@@ -58,7 +54,7 @@ print(
             "num_prompts": num_prompts,
             "input_len": input_len,
             "output_len": output_len,
-            **llm.engine.limits._asdict(),
+            **llm.engine.setup.limits._asdict(),
             "seconds": round(seconds, 3),
             "output_tok_s": round(num_output / seconds, 1),
             "ttft_p50_ms": round(1000 * percentile(ttfts, 0.5), 2),

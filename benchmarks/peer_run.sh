@@ -1,20 +1,20 @@
 #!/usr/bin/env bash
-# Side-by-side run on the device machine: vLLM 0.20.2 and minivllm on the same GPU, same
-# workload (../shared/peer/). Needs the vLLM wheel parts in /tmp/vparts (earlier calls) and
-# the peer scripts carried in .whl/peer. Results under $OUT.
+# vLLM and minivllm side by side on one GPU: each named workload (benchmarks/workloads.py, or
+# `latency` for batch 1) through benchmarks/peer_workload_bench.py, the engines alternating,
+# twice each, so that a claim is a median of alternating runs in one call. vLLM must be
+# importable from $VLLM_SITE; KV_CACHE_DTYPE=fp8, DETERMINISTIC=1 with VLLM_BATCH_INVARIANT=1,
+# and TP=2 pass through to both engines. One JSON line per run.
+# Usage: [VLLM_SITE=/tmp/vsite] [MODEL=/tmp/q06] bash benchmarks/peer_run.sh [WORKLOAD ...]
+#        (default: headline short long prefix latency)
 set -u
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-OUT=${OUT:-/tmp/out}
-cp .whl/vllm-parts/part_06 .whl/vllm-parts/SHA256SUMS /tmp/vparts/ 2>/dev/null
-bash .whl/peer/vllm_install.sh /tmp/vparts > "$OUT/vllm_install.log" 2>&1 || { tail -5 "$OUT/vllm_install.log"; }
-python3 .whl/peer/make_dummy_model.py qwen3-0.6b /tmp/q06 > /dev/null
-for round in 1 2; do
-  (export PYTHONPATH=/tmp/vsite VLLM_NO_USAGE_STATS=1 VLLM_USE_FLASHINFER_SAMPLER=0
-   timeout 200 python3 .whl/peer/peer_bench.py vllm /tmp/q06 2>&1 | tee -a "$OUT/vllm.log" | grep '^{')
-  (export PYTHONPATH=$PWD
-   timeout 120 python3 .whl/peer/peer_bench.py minivllm /tmp/q06 2>&1 | tee -a "$OUT/minivllm.log" | grep '^{')
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_USE_FLASHINFER_SAMPLER=0
+VSITE=${VLLM_SITE:-/tmp/vsite}
+MODEL=${MODEL:-/tmp/q06}
+[ -d "$MODEL" ] || PYTHONPATH=$PWD python3 -c "import sys; from minivllm.tiny_model import \
+make_dummy_model_dir; make_dummy_model_dir('qwen3-0.6b', sys.argv[1])" "$MODEL"
+for workload in ${*:-headline short long prefix latency}; do
+  for round in 1 2; do
+    PYTHONPATH=$VSITE timeout 300 python3 benchmarks/peer_workload_bench.py vllm "$MODEL" "$workload" 2>&1 | grep '^{'
+    PYTHONPATH=$PWD timeout 300 python3 benchmarks/peer_workload_bench.py minivllm "$MODEL" "$workload" 2>&1 | grep '^{'
+  done
 done
-(export PYTHONPATH=/tmp/vsite VLLM_NO_USAGE_STATS=1 VLLM_USE_FLASHINFER_SAMPLER=0
- timeout 150 python3 .whl/peer/peer_latency.py vllm /tmp/q06 2>&1 | tee -a "$OUT/vllm.log" | grep '^{')
-(export PYTHONPATH=$PWD
- timeout 100 python3 .whl/peer/peer_latency.py minivllm /tmp/q06 2>&1 | tee -a "$OUT/minivllm.log" | grep '^{')

@@ -1,30 +1,30 @@
 #!/usr/bin/env bash
-# Serving side by side on the device machine: `vllm serve` and `minivllm serve` on the same GPU,
-# both driven by vLLM's own load generator (`vllm bench serve`), Qwen3-0.6B dummy weights,
-# random 1,000-token prompts and 200 output tokens (--ignore-eos). Then the same requests offline
-# through minivllm's LLM.generate. Needs vLLM installed in /tmp/vsite (benchmarks/peer_run.sh,
-# ../shared/peer/README.md) and the peer scripts in .whl/peer. Results under $OUT.
-# Usage: bash benchmarks/peer_serve.sh [GPU_INDEX] [all|serve|offline|c128|clients|alone|each-alone]
-# serve: the two servers only; offline: the offline runs only (for a device call of at most
-# 600 s, the vLLM install and both parts do not fit in one: run them in two calls back to back);
-# c128: both servers at 128 clients only (no 10 req/s rounds), then the offline runs.
-# clients: minivllm's server alone at 128 clients, driven in turn by `vllm bench serve` and by
-# bench_serving.py's light client (token ids, then text), twice each, then the offline runs:
-# whether the load generator or the server's text path bounds the served rate.
-# alone: minivllm's server alone on the GPU (as a user runs it, and as the offline runs run),
-# `vllm bench serve` at 128 clients twice, then the offline runs: served vs offline with no
-# second server beside either.
-# each-alone: the two servers at 128 clients, alternating, each started alone on the GPU for
-# its round and stopped after it (twice each: ~6 minutes, vLLM's start-up is ~95 s), then the
-# offline runs. No server shares the GPU with the other, as in `alone`.
+# Serving side by side on one GPU: `vllm serve` and `minivllm serve`, both driven by vLLM's own
+# load generator (`vllm bench serve`), Qwen3-0.6B dummy weights, random 1,000-token prompts and
+# 200 output tokens (--ignore-eos); then the same requests offline through minivllm's
+# LLM.generate (benchmarks/offline_like_serve.py). vLLM must be importable from $VLLM_SITE.
+# Results under $OUT.
+# Usage: [VLLM_SITE=/tmp/vsite] bash benchmarks/peer_serve.sh [GPU_INDEX] [PART]
+# PART: all (default): serve, then offline. serve: both servers up on the GPU (0.42 of it each)
+# and driven in turn, twice each, at 10 req/s (300 prompts) and at 128 clients (512 prompts).
+# offline: the offline runs only (the vLLM start-up and both parts may not fit one 600 s call).
+# alone: minivllm's server alone on the GPU (as a user runs it, and as the offline runs run) at
+# 128 clients twice, then the offline runs: served against offline.
+# each-alone: the two servers at 128 clients, alternating, each started alone on the GPU for its
+# round and stopped after it (twice each: ~6 minutes, vLLM's start-up is ~95 s), then offline.
 set -u
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_USE_FLASHINFER_SAMPLER=0
 export CUDA_VISIBLE_DEVICES=${1:-0}
 PART=${2:-all}
+case $PART in
+  all | serve | offline | alone | each-alone) ;;
+  *) echo "unknown part '$PART': all, serve, offline, alone or each-alone" >&2; exit 2 ;;
+esac
 OUT=${OUT:-/tmp/out}
 MODEL=/tmp/q06
-[ -d $MODEL ] || python3 .whl/peer/make_dummy_model.py qwen3-0.6b $MODEL > /dev/null
-VSITE=/tmp/vsite
+[ -d $MODEL ] || PYTHONPATH=$PWD python3 -c "import sys; from minivllm.tiny_model import \
+make_dummy_model_dir; make_dummy_model_dir('qwen3-0.6b', sys.argv[1])" $MODEL
+VSITE=${VLLM_SITE:-/tmp/vsite}
 
 wait_healthy() {  # port, seconds
   for _ in $(seq 1 "$2"); do
@@ -133,22 +133,10 @@ if [ "$PART" = each-alone ]; then
     stop $mpid
     wait $mpid; echo "minivllm serve exit code: $?"
   done
-elif [ "$PART" = clients ] || [ "$PART" = alone ]; then
+elif [ "$PART" = alone ]; then
   start_minivllm
   for round in 1 2; do
     bench minivllm_$round 8012 $round $mpid
-    [ "$PART" = alone ] && continue
-    # The light client: token ids (no tokenization), then the same prompts as text; sampling
-    # at 1.0, as the server samples `vllm bench serve`'s requests (they send no temperature).
-    for how in ids text; do
-      flag=""; [ $how = text ] && flag=--text-prompts
-      before=$(server_latency 8012)
-      echo "== light client, $how, round $round"
-      PYTHONPATH=$VSITE:$PWD timeout 120 python3 benchmarks/bench_serving.py --port 8012 \
-        --model $MODEL --skip-offline --num-prompts 512 --max-concurrency 128 --temperature 1.0 \
-        --no-warm-up --seed $((round * 10 + ${#how})) $flag 2>&1 | tail -1 | cut -c1-600
-      print_server_latency "$before" "$(server_latency 8012)"
-    done
   done
   stop $mpid
   wait $mpid; echo "minivllm serve exit code: $?"

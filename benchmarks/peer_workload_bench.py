@@ -1,13 +1,14 @@
-"""One workload of benchmarks/workloads.py through either engine's vLLM-style API, for
-side-by-side runs on dummy weights. Prints one JSON line (the same fields as bench_throughput).
+"""One workload of benchmarks/workloads.py, or batch-1 latency, through either engine's
+vLLM-style API, for side-by-side runs on dummy weights. Prints one JSON line (a workload: the
+same fields as bench_throughput.py; latency: bench_latency.py's ttft_ms and tpot_ms).
 
 Usage: [TP=N] [GPU_UTIL=0.9] [KV_CACHE_DTYPE=fp8] [DETERMINISTIC=1]
        python peer_workload_bench.py ENGINE MODEL_DIR WORKLOAD [NUM_REQUESTS]
-            ENGINE: minivllm | vllm; WORKLOAD: headline|short|long|prefix
+            ENGINE: minivllm | vllm; WORKLOAD: headline|short|long|prefix|latency
 Needs only workloads.py beside it (or on PYTHONPATH); vLLM keeps its defaults except what the
-workload needs (max_model_len, temperature 0.6, ignore_eos), as in peer/peer_bench.py.
-DETERMINISTIC=1 turns on minivllm's deterministic mode; vLLM's counterpart is its own
-environment variable, VLLM_BATCH_INVARIANT=1.
+workload needs (max_model_len, temperature 0.6, ignore_eos). DETERMINISTIC=1 turns on
+minivllm's deterministic mode; vLLM's counterpart is its own environment variable,
+VLLM_BATCH_INVARIANT=1.
 """
 
 from __future__ import annotations
@@ -17,14 +18,16 @@ import os
 import sys
 import time
 
-from workloads import WORKLOADS, Workload, make_workload, result_fields
+from workloads import WORKLOADS, Workload, make_workload, random_prompts, result_fields
 
 ENGINES = ("minivllm", "vllm")
+LATENCY_PROMPT_LEN = 1000
+LATENCY_OUTPUT_LEN = 256
 
 
-def build(engine: str, model_dir: str, workload: Workload):
-    """(llm, SamplingParams factory max_tokens -> params) for the engine."""
-    common = {"max_model_len": workload.max_model_len}
+def build(engine: str, model_dir: str, max_model_len: int):
+    """(llm, SamplingParams factory (max_tokens, temperature) -> params) for the engine."""
+    common = {"max_model_len": max_model_len}
     common["tensor_parallel_size"] = int(os.environ.get("TP", "1"))
     if os.environ.get("KV_CACHE_DTYPE"):
         common["kv_cache_dtype"] = os.environ["KV_CACHE_DTYPE"]
@@ -39,14 +42,14 @@ def build(engine: str, model_dir: str, workload: Workload):
             seed=0,
             **common,
         )
-        return llm, lambda n: SamplingParams(
-            temperature=0.6, ignore_eos=True, max_tokens=n, detokenize=False
+        return llm, lambda n, t=0.6: SamplingParams(
+            temperature=t, ignore_eos=True, max_tokens=n, detokenize=False
         )
     from minivllm import LLM, SamplingParams
 
     deterministic = os.environ.get("DETERMINISTIC") == "1"
     llm = LLM(model_dir, load_format="dummy", deterministic=deterministic, **common)
-    return llm, lambda n: SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=n)
+    return llm, lambda n, t=0.6: SamplingParams(temperature=t, ignore_eos=True, max_tokens=n)
 
 
 def scheduler_limits(engine: str, llm) -> dict:
@@ -64,26 +67,60 @@ def scheduler_limits(engine: str, llm) -> dict:
     }
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) not in (3, 4) or argv[0] not in ENGINES or argv[2] not in WORKLOADS:
-        print(__doc__, file=sys.stderr)
-        return 2
-    engine, model_dir, name = argv[:3]
-    workload = make_workload(name, int(argv[3]) if len(argv) == 4 else None)
-    llm, params = build(engine, model_dir, workload)
-    llm.generate([{"prompt_token_ids": [1, 2, 3, 4]}], params(8), use_tqdm=False)  # warm-up
+def throughput(llm, params, workload: Workload) -> dict:
+    """One generate of the whole workload, timed."""
     prompts = [{"prompt_token_ids": p} for p in workload.prompts]
     start = time.perf_counter()
     outputs = llm.generate(prompts, [params(n) for n in workload.output_lens], use_tqdm=False)
     seconds = time.perf_counter() - start
     generated = sum(len(o.outputs[0].token_ids) for o in outputs)
+    return result_fields(workload, generated, seconds)
+
+
+def latency(llm, params) -> dict:
+    """Batch 1, as bench_latency.py measures it: the time of a one-token generate of a new
+    1,000-token prompt (TTFT), and the rest of a 257-token greedy generate over its 256 later
+    tokens (TPOT); medians of 3. A new prompt each time: no prefix-cache hits."""
+    prompts = iter(random_prompts(8, LATENCY_PROMPT_LEN, seed=1))
+
+    def timed(max_tokens: int) -> float:
+        prompt = [{"prompt_token_ids": next(prompts)}]
+        start = time.perf_counter()
+        llm.generate(prompt, params(max_tokens, 0.0), use_tqdm=False)
+        return time.perf_counter() - start
+
+    timed(8)  # a prefill of the full length before the measured ones
+    firsts, fulls = [], []
+    for _ in range(3):
+        firsts.append(timed(1))
+        fulls.append(timed(LATENCY_OUTPUT_LEN + 1))
+    first, full = sorted(firsts)[1], sorted(fulls)[1]
+    return {
+        "workload": "latency",
+        "ttft_ms": round(first * 1e3, 2),
+        "tpot_ms": round((full - first) / LATENCY_OUTPUT_LEN * 1e3, 3),
+    }
+
+
+def main(argv: list[str]) -> int:
+    names = (*WORKLOADS, "latency")
+    if len(argv) not in (3, 4) or argv[0] not in ENGINES or argv[2] not in names:
+        print(__doc__, file=sys.stderr)
+        return 2
+    engine, model_dir, name = argv[:3]
+    workload = None
+    if name != "latency":
+        workload = make_workload(name, int(argv[3]) if len(argv) == 4 else None)
+    llm, params = build(engine, model_dir, workload.max_model_len if workload else 4096)
+    llm.generate([{"prompt_token_ids": [1, 2, 3, 4]}], params(8), use_tqdm=False)  # warm-up
+    fields = latency(llm, params) if workload is None else throughput(llm, params, workload)
     result = {"engine": engine, "tp": int(os.environ.get("TP", "1"))}
     result["kv_cache_dtype"] = os.environ.get("KV_CACHE_DTYPE") or "auto"
     result["deterministic"] = (
         os.environ.get("DETERMINISTIC" if engine == "minivllm" else "VLLM_BATCH_INVARIANT") == "1"
     )
     result |= scheduler_limits(engine, llm)
-    print(json.dumps(result | result_fields(workload, generated, seconds)), flush=True)
+    print(json.dumps(result | fields), flush=True)
     if engine == "minivllm":
         llm.shutdown()
     return 0

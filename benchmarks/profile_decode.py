@@ -36,6 +36,7 @@ def main() -> None:
     from torch.profiler import ProfilerActivity, profile
 
     from minivllm import LLM, SamplingParams
+    from minivllm.engine.types import EngineRequest
 
     model_dir = dummy_model_dir(args.model_name)
     llm = LLM(
@@ -51,7 +52,7 @@ def main() -> None:
     params = SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=10_000 // 4)
     for i in range(args.batch):
         prompt = [(i * 7919 + j) % 10000 for j in range(args.context)]
-        engine.add_request(f"p{i}", prompt, params)
+        engine.add_requests([EngineRequest(f"p{i}", prompt, params, time.time())])
     while len(engine.scheduler.running) < args.batch or any(
         r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.running
     ):

@@ -75,7 +75,8 @@ def chat_prompts(tokenizer, num_prompts: int) -> list[list[int]]:
 def load_hf(model: str, from_gguf: bool, device: str, tmp_dir: str):
     from transformers import AutoModelForCausalLM
 
-    from minivllm.gguf_loader import convert_gguf_to_hf, find_gguf_file
+    from minivllm.gguf_convert import convert_gguf_to_hf
+    from minivllm.gguf_loader import find_gguf_file
 
     gguf_file = find_gguf_file(model)
     if gguf_file is not None and from_gguf:

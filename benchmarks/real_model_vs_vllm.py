@@ -86,7 +86,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.command == "convert":
         from minivllm.demo_model import demo_gguf_file
-        from minivllm.gguf_loader import convert_gguf_to_hf
+        from minivllm.gguf_convert import convert_gguf_to_hf
 
         print(convert_gguf_to_hf(demo_gguf_file(), args.paths[0]))
     elif args.command == "run":

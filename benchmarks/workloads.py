@@ -1,8 +1,9 @@
-"""Offline throughput workloads (docs/performance.md): token-id prompts and output lengths,
-seeded, engine-free (the vLLM peer script imports this file too).
+"""The benchmarks' workloads (docs/performance.md): token-id prompts and output lengths, seeded,
+engine-free (the vLLM side of peer_workload_bench.py imports this file too).
 
-headline: PERF.md's workload. short: thousands of short requests. long: long prompts, short
-outputs (prefill-bound). prefix: shared system prefixes (prefix-cache-bound).
+headline: the standard small-engine workload. short: thousands of short requests. long: long
+prompts, short outputs (prefill-bound). prefix: shared system prefixes (prefix-cache-bound).
+random_prompts: the serving and batch-1 benchmarks' prompts (one length, random ids).
 """
 
 from __future__ import annotations
@@ -39,9 +40,18 @@ def _ids(rng: random.Random, n: int) -> list[int]:
     return [rng.randint(0, MAX_TOKEN_ID) for _ in range(n)]
 
 
+def random_prompts(
+    num_prompts: int, length: int, seed: int = 0, high: int = MAX_TOKEN_ID
+) -> list[list[int]]:
+    """num_prompts prompts of `length` random ids in [10, high] (the ids below 10 left out: a
+    real tokenizer's special tokens sit there)."""
+    rng = random.Random(seed)
+    return [[rng.randint(10, high) for _ in range(length)] for _ in range(num_prompts)]
+
+
 def headline(num_requests: int = 256, seed: int = 0) -> Workload:
-    """PERF.md: prompts of randint(100, 1024) ids, then outputs of randint(100, 1024)
-    (142,827 prompt and 133,966 output tokens for 256 requests)."""
+    """The headline (docs/performance.md): prompts of randint(100, 1024) ids, then outputs of
+    randint(100, 1024) (142,827 prompt and 133,966 output tokens for 256 requests)."""
     rng = random.Random(seed)
     prompts = [_ids(rng, rng.randint(100, 1024)) for _ in range(num_requests)]
     output_lens = [rng.randint(100, 1024) for _ in range(num_requests)]

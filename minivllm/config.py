@@ -1,128 +1,21 @@
-"""Engine and model configuration: frozen, validated on construction.
-
-Derived values (number of KV blocks, CUDA graph sizes) are returned by functions elsewhere,
-never written back here.
+"""Engine configuration: frozen, validated on construction (the model's own config is
+minivllm/models/model_config.py). Derived values (number of KV blocks, CUDA graph sizes) are
+returned by functions elsewhere, never written back here.
 """
 
 from __future__ import annotations
 
-import json
 import os
+import typing
 from dataclasses import dataclass, fields
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
+if TYPE_CHECKING:
+    from minivllm.models.model_config import ModelConfig
+
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """The hyperparameters of a dense decoder model, read from an HF config.json."""
-
-    architecture: str
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    rope_theta: float
-    max_position_embeddings: int
-    tie_word_embeddings: bool
-    attention_bias: bool
-    torch_dtype: str  # the checkpoint's dtype: "float32" | "float16" | "bfloat16"
-    rope_scaling: dict[str, Any] | None = None
-    bos_token_id: int | None = None
-    eos_token_ids: tuple[int, ...] = ()
-
-    @classmethod
-    def from_hf(cls, model_dir: str) -> ModelConfig:
-        """Reads config.json as written by transformers 4 (rope_theta, rope_scaling,
-        torch_dtype) or 5 (rope_parameters, dtype), or a GGUF file's metadata."""
-        from minivllm.gguf_loader import find_gguf_file, gguf_model_config  # imports config
-
-        gguf_file = find_gguf_file(model_dir)
-        if gguf_file is not None:
-            return gguf_model_config(gguf_file)
-        path = os.path.join(model_dir, "config.json")
-        if not os.path.isfile(path):
-            raise ValueError(f"no config.json in model directory {model_dir!r}")
-        try:
-            with open(path) as f:
-                hf = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path} is not valid JSON: {e}") from None
-        if not isinstance(hf, dict):
-            raise ValueError(f"{path} must hold a JSON object, not a {type(hf).__name__}")
-        return cls.from_dict(hf)
-
-    @classmethod
-    def from_dict(cls, hf: dict[str, Any]) -> ModelConfig:
-        """Raises ValueError for an unsupported architecture or a missing or bad size."""
-        arch = _architecture(hf)
-        sizes = {key: _positive_int(hf, key, arch) for key in _REQUIRED_SIZES}
-        heads = sizes["num_attention_heads"]
-        rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
-        rope_theta = float(hf.get("rope_theta", rope.get("rope_theta", 10000.0)))
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        rope_scaling = None if rope_type in (None, "default") else {**rope, "rope_type": rope_type}
-        eos = hf.get("eos_token_id")
-        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
-        return cls(
-            architecture=arch,
-            **sizes,
-            num_key_value_heads=hf.get("num_key_value_heads") or heads,
-            head_dim=hf.get("head_dim") or sizes["hidden_size"] // heads,
-            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-            rope_theta=rope_theta,
-            max_position_embeddings=hf.get("max_position_embeddings", 4096),
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            # Qwen2 has q/k/v biases without saying so in its config.
-            attention_bias=bool(hf.get("attention_bias", arch == "Qwen2ForCausalLM")),
-            torch_dtype=str(hf.get("dtype") or hf.get("torch_dtype") or "float32"),
-            rope_scaling=rope_scaling,
-            bos_token_id=hf.get("bos_token_id"),
-            eos_token_ids=eos_ids,
-        )
-
-
-_REQUIRED_SIZES = (
-    "vocab_size",
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-)
-
-
-def _architecture(hf: dict[str, Any]) -> str:
-    """The supported architecture named first in config.json; checked before any size, so
-    that another family's config (GPT-2 has no num_attention_heads) says what it is."""
-    from minivllm.models.registry import MODEL_REGISTRY  # the models import this module
-
-    archs = hf.get("architectures") or []
-    if not isinstance(archs, list) or not archs:
-        raise ValueError(
-            f"config.json has no 'architectures' list; supported: {sorted(MODEL_REGISTRY)}"
-        )
-    if archs[0] not in MODEL_REGISTRY:
-        raise ValueError(
-            f"unsupported model architecture {archs[0]!r}; "
-            f"supported architectures: {sorted(MODEL_REGISTRY)}"
-        )
-    return archs[0]
-
-
-def _positive_int(hf: dict[str, Any], key: str, arch: str) -> int:
-    if key not in hf:
-        raise ValueError(f"config.json has no {key!r}, which {arch} needs")
-    value = hf[key]
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"config.json: {key} must be a positive integer, got {value!r}")
-    return value
 
 
 @dataclass(frozen=True)
@@ -186,11 +79,12 @@ class EngineConfig:
             if not ok:
                 raise ValueError(message)
 
-        check(self.dtype in ("auto", *DTYPES), f"dtype must be auto or one of {list(DTYPES)}")
-        check(
-            self.device in ("auto", "cuda", "cpu"),
-            f"device must be auto|cuda|cpu, got {self.device!r}",
-        )
+        def check_choice(name: str) -> None:
+            choices, value = _CHOICES[name], getattr(self, name)
+            check(value in choices, f"{name} must be {'|'.join(choices)}, got {value!r}")
+
+        check_choice("dtype")
+        check_choice("device")
         check(self.tensor_parallel_size >= 1, "tensor_parallel_size must be >= 1")
         check(self.data_parallel_size >= 1, "data_parallel_size must be >= 1")
         check(self.max_model_len is None or self.max_model_len >= 1, "max_model_len must be >= 1")
@@ -210,14 +104,8 @@ class EngineConfig:
             0.0 < self.gpu_memory_utilization <= 1.0,
             f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}",
         )
-        check(
-            self.load_format in ("auto", "dummy"),
-            f"load_format must be auto|dummy, got {self.load_format!r}",
-        )
-        check(
-            self.attention_backend in ("auto", "triton", "torch_sdpa"),
-            f"attention_backend must be auto|triton|torch_sdpa, got {self.attention_backend!r}",
-        )
+        check_choice("load_format")
+        check_choice("attention_backend")
         check(self.kv_cache_memory > 0, "kv_cache_memory must be > 0")
         check(
             self.max_mixed_graph_tokens >= 0,
@@ -240,17 +128,11 @@ class EngineConfig:
             self.max_logprobs >= -1,
             f"max_logprobs must be -1 (the vocabulary size) or >= 0, got {self.max_logprobs}",
         )
-        check(
-            self.kv_cache_dtype in ("auto", "fp8", "fp8_e4m3"),
-            f"kv_cache_dtype must be auto|fp8|fp8_e4m3, got {self.kv_cache_dtype!r}",
-        )
+        check_choice("kv_cache_dtype")
         check(
             self.stream_interval >= 1, f"stream_interval must be >= 1, got {self.stream_interval}"
         )
-        check(
-            self.usage_context in ("offline", "server"),
-            f"usage_context must be offline|server, got {self.usage_context!r}",
-        )
+        check_choice("usage_context")
 
     @classmethod
     def from_options(cls, model: str, **options: Any) -> EngineConfig:
@@ -291,3 +173,16 @@ class EngineConfig:
                 f"max_position_embeddings={limit}"
             )
         return self.max_model_len
+
+
+def _literal_choices(cls: type) -> dict[str, tuple[str, ...]]:
+    """Field name -> its allowed values, for every field typed with a Literal."""
+    hints = typing.get_type_hints(cls)
+    return {
+        name: typing.get_args(hint)
+        for name, hint in hints.items()
+        if typing.get_origin(hint) is Literal
+    }
+
+
+_CHOICES = _literal_choices(EngineConfig)

@@ -1,7 +1,8 @@
-"""GGUF checkpoints (llama.cpp's one-file format): model config, tokenizer and weights.
-
-The `gguf` package reads the file and dequantizes each tensor to float32; tensors are renamed
-to HF names (Llama's q/k rows un-permuted) and then loaded like a safetensors checkpoint.
+"""GGUF checkpoints (llama.cpp's one-file format): their metadata as an HF config dict, and
+their weights. The `gguf` package (optional) reads the file and dequantizes each tensor to
+float32; tensors are renamed to HF names (Llama's q/k rows un-permuted) and then loaded like a
+safetensors checkpoint. The tokenizer is minivllm/tokenizer.py; conversion to an HF directory
+is minivllm/gguf_convert.py.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from minivllm.config import ModelConfig
+from minivllm.layers.rotary import default_inv_freq, llama3_inv_freq
 
 # GGUF general.architecture -> our (HF) architecture name.
 ARCHITECTURES = {
@@ -63,7 +64,8 @@ def find_gguf_file(model: str) -> str | None:
     return found[0] if found else None
 
 
-def _import_gguf(path: str):
+def import_gguf(path: str):
+    """The optional `gguf` package; its absence is a ValueError saying how to install it."""
     try:
         import gguf
     except ImportError as e:
@@ -75,7 +77,7 @@ def _import_gguf(path: str):
 
 def open_gguf(path: str):
     """A gguf.GGUFReader over `path` (memory-mapped; tensors are read when touched)."""
-    gguf = _import_gguf(path)
+    gguf = import_gguf(path)
     try:
         return gguf.GGUFReader(path)
     except (ValueError, OSError, IndexError) as e:
@@ -138,8 +140,6 @@ def _rope_scaling(reader, arch: str, head_dim: int, rope_theta: float) -> dict |
     stores as the rope_freqs tensor (Llama 3.1 and 3.2 share all but `factor`)."""
     import gguf
 
-    from minivllm.layers.rotary import default_inv_freq, llama3_inv_freq
-
     rope_type = _field(reader, f"{arch}.rope.scaling.type", "none")
     freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
     if rope_type != "none":
@@ -200,12 +200,12 @@ def _gguf_version() -> str:
     return version("gguf")
 
 
-def gguf_model_config(path: str) -> ModelConfig:
-    """ModelConfig of a .gguf file; checks architecture, RoPE and tensor types up front."""
+def read_gguf_config(path: str) -> dict[str, Any]:
+    """The HF config dict of a .gguf file; checks architecture, RoPE and tensor types up front."""
     reader = open_gguf(path)
     config = gguf_hf_config(reader)
     check_tensor_types(reader)
-    return ModelConfig.from_dict(config)
+    return config
 
 
 def hf_tensor_name(name: str) -> str:
@@ -227,59 +227,34 @@ def _unpermute_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
     return split.swapaxes(1, 2).reshape(weight.shape)
 
 
-def iterate_gguf_tensors(path: str, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
+def _permuted_qk_heads(reader) -> tuple[int, int] | None:
+    """(q heads, kv heads) of a Llama file, whose q/k rows llama.cpp reordered; else None."""
+    arch = _field(reader, "general.architecture")
+    if ARCHITECTURES.get(arch) != "LlamaForCausalLM":
+        return None
+    heads = int(_required(reader, f"{arch}.attention.head_count"))
+    return heads, int(_field(reader, f"{arch}.attention.head_count_kv", heads))
+
+
+def iterate_gguf_tensors(path: str) -> Iterator[tuple[str, torch.Tensor]]:
     """Yields (HF name, float32 tensor) for every tensor of the file, dequantized."""
-    return _dequantized_tensors(open_gguf(path), config)
+    return dequantized_tensors(open_gguf(path))
 
 
-def _dequantized_tensors(reader, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
+def dequantized_tensors(reader) -> Iterator[tuple[str, torch.Tensor]]:
+    """Like iterate_gguf_tensors over an open reader (parsing a file's metadata takes seconds)."""
     import gguf
 
     check_tensor_types(reader)
-    permute_qk = config.architecture == "LlamaForCausalLM"
+    qk_heads = _permuted_qk_heads(reader)
     for tensor in reader.tensors:
         if tensor.name == "rope_freqs.weight":  # in the config as rope_scaling
             continue
         weight = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
         name = hf_tensor_name(tensor.name)
-        if permute_qk and ".self_attn.q_proj." in name:
-            weight = _unpermute_rows(weight, config.num_attention_heads)
-        elif permute_qk and ".self_attn.k_proj." in name:
-            weight = _unpermute_rows(weight, config.num_key_value_heads)
+        if qk_heads is not None and ".self_attn.q_proj." in name:
+            weight = _unpermute_rows(weight, qk_heads[0])
+        elif qk_heads is not None and ".self_attn.k_proj." in name:
+            weight = _unpermute_rows(weight, qk_heads[1])
         # Copied: the reader's arrays are read-only views of the memory-mapped file.
         yield name, torch.from_numpy(np.array(weight, dtype=np.float32))
-
-
-def load_tokenizer(model: str):
-    """The HF tokenizer of a model path: from the GGUF metadata (vocab, merges, special
-    tokens, chat template) for a .gguf, else from the directory's tokenizer files."""
-    from transformers import AutoTokenizer
-
-    from minivllm.entrypoints.processing import check_tokenizer_files
-
-    gguf_file = find_gguf_file(model)
-    if gguf_file is None:
-        check_tokenizer_files(model)
-        return AutoTokenizer.from_pretrained(model)
-    _import_gguf(gguf_file)  # transformers' own message would not say which package
-    directory, name = os.path.split(os.path.abspath(gguf_file))
-    return AutoTokenizer.from_pretrained(directory, gguf_file=name)
-
-
-def convert_gguf_to_hf(gguf_file: str, out_dir: str) -> str:
-    """Writes an HF directory (config.json, float32 model.safetensors, tokenizer files) with
-    the dequantized weights of `gguf_file`, for tools that do not read GGUF; returns out_dir."""
-    from safetensors.torch import save_file
-    from transformers import AutoConfig
-
-    reader = open_gguf(gguf_file)  # parsing the metadata takes seconds: once
-    config = gguf_hf_config(reader)
-    tensors = dict(_dequantized_tensors(reader, ModelConfig.from_dict(config)))
-    os.makedirs(out_dir, exist_ok=True)
-    save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
-    options = {k: v for k, v in config.items() if k not in ("model_type", "torch_dtype")}
-    hf_config = AutoConfig.for_model(config["model_type"], **options)
-    hf_config.dtype = "float32"
-    hf_config.save_pretrained(out_dir)
-    load_tokenizer(gguf_file).save_pretrained(out_dir)
-    return out_dir

@@ -16,10 +16,12 @@ from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from minivllm.attention.base import AttentionBackend
-from minivllm.config import ModelConfig
+from minivllm.gguf_loader import find_gguf_file, iterate_gguf_tensors
 from minivllm.layers.dispatch import use_triton_kernels
 from minivllm.layers.linear import default_weight_loader
 from minivllm.layers.norm import RMSNorm
+from minivllm.layers.ops import DEFAULT_OPS, LayerOps
+from minivllm.models.model_config import ModelConfig
 from minivllm.models.registry import get_model_class
 
 
@@ -31,14 +33,14 @@ def build_model(
     model_dir: str | None = None,
     load_format: str = "auto",
     seed: int = 0,
+    ops: LayerOps = DEFAULT_OPS,
 ) -> nn.Module:
-    """Constructs the registered class on `device` in `dtype`, then loads its weights
-    ("auto": safetensors from model_dir; "dummy": random, seeded)."""
+    """Constructs the registered class on `device` in `dtype` with the layers' `ops`, then
+    loads its weights ("auto": safetensors or GGUF from model_dir; "dummy": random, seeded)."""
     model_class = get_model_class(model_config.architecture)
     with torch.device(device):
-        model = model_class(
-            model_config, attn_backend, dtype=dtype, use_triton=use_triton_kernels(device)
-        )
+        use_triton = use_triton_kernels(device)
+        model = model_class(model_config, attn_backend, dtype=dtype, use_triton=use_triton, ops=ops)
     if load_format == "dummy":
         load_dummy_weights(model, seed)
     elif load_format == "auto":
@@ -77,13 +79,11 @@ def iterate_checkpoint(model_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
             ) from e
 
 
-def _checkpoint_tensors(model_dir: str, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
+def _checkpoint_tensors(model_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
     """A .gguf file (or a directory holding one) is dequantized; else safetensors."""
-    from minivllm.gguf_loader import find_gguf_file, iterate_gguf_tensors
-
     gguf_file = find_gguf_file(model_dir)
     if gguf_file is not None:
-        return iterate_gguf_tensors(gguf_file, config)
+        return iterate_gguf_tensors(gguf_file)
     return iterate_checkpoint(model_dir)
 
 
@@ -124,7 +124,7 @@ def load_model(model: nn.Module, model_dir: str) -> None:
     params = dict(model.named_parameters())
     expected = _expected_loads(model, mapping)
     loaded, unexpected = set(), []
-    for ckpt_name, tensor in _checkpoint_tensors(model_dir, model.config):
+    for ckpt_name, tensor in _checkpoint_tensors(model_dir):
         if _skip(ckpt_name, tied):
             continue
         param_name, shard_id = _packed_target(ckpt_name, mapping)

@@ -1,10 +1,21 @@
-"""RequestOutput and CompletionOutput, shaped like vLLM's."""
+"""RequestOutput, CompletionOutput and Logprob, shaped like vLLM's."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from minivllm.engine.types import LogprobsDict
+
+@dataclass
+class Logprob:
+    """vLLM's Logprob: log-probability of one token, its rank (1 = most likely), its text."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+# {token_id: Logprob} for one position: the sampled (or prompt) token plus the top k.
+LogprobsDict = dict[int, Logprob]
 
 
 @dataclass

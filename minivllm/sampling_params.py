@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 # vLLM's default VLLM_MAX_N_SEQUENCES: each sample is a request of its own.
 MAX_N = 16384
@@ -152,9 +153,22 @@ class SamplingParams:
             f"stop_token_ids must be in [0, 2**63), got {self.stop_token_ids}",
         )
 
+    def derive(self, **changes: object) -> SamplingParams:
+        """A copy with engine-set fields changed (eos_token_ids; a sample's n, seed and
+        prompt_logprobs), not validated again: these params were, where they were made, and
+        a frontend's changes keep them valid. dataclasses.replace() would validate anew."""
+        unknown = set(changes) - _FIELD_NAMES
+        assert not unknown, f"not SamplingParams fields: {sorted(unknown)}"
+        derived = copy.copy(self)
+        derived.__dict__.update(changes)
+        return derived
+
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+_FIELD_NAMES = frozenset(f.name for f in fields(SamplingParams))
 
 
 def _is_int(value: object) -> bool:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from minivllm.config import EngineConfig, ModelConfig
+from minivllm.config import EngineConfig
+from minivllm.models.model_config import ModelConfig
 
 BASE = dict(
     architectures=["LlamaForCausalLM"],

@@ -86,7 +86,7 @@ def test_engine_runs_with_resolved_limits(tiny_qwen3_dir, caplog) -> None:
     with caplog.at_level(logging.INFO, logger="minivllm.engine.engine_core"):
         llm = LLM(tiny_qwen3_dir, max_num_batched_tokens=64, kv_cache_memory=1 << 22)
     try:
-        assert llm.engine.limits == (256, 64)
+        assert llm.engine.setup.limits == (256, 64)
         assert llm.engine.scheduler.max_num_batched_tokens == 64
         assert "max_num_seqs=256, max_num_batched_tokens=64" in caplog.text
         out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2), use_tqdm=False)

@@ -19,9 +19,9 @@ gguf = pytest.importorskip("gguf", reason="GGUF support needs the gguf package")
 from safetensors.torch import load_file  # noqa: E402
 
 from minivllm.attention.torch_sdpa import TorchSDPABackend  # noqa: E402
-from minivllm.config import ModelConfig  # noqa: E402
 from minivllm.gguf_loader import LLAMA3_ROPE, find_gguf_file  # noqa: E402
 from minivllm.model_loader import build_model  # noqa: E402
+from minivllm.models.model_config import ModelConfig  # noqa: E402
 from minivllm.tiny_model import build_tiny_model  # noqa: E402
 from tests.helpers import prefill_logits  # noqa: E402
 

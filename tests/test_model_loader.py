@@ -11,8 +11,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from minivllm.attention.torch_sdpa import TorchSDPABackend
-from minivllm.config import ModelConfig
 from minivllm.model_loader import build_model, load_dummy_weights, load_model
+from minivllm.models.model_config import ModelConfig
 from minivllm.tiny_model import build_tiny_model
 
 

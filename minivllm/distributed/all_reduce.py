@@ -16,7 +16,8 @@ from typing import Literal
 
 import torch
 import torch.distributed as dist
-from torch import nn
+
+from minivllm.distributed.parallel_state import all_reduce, all_reduce_ordered
 
 logger = logging.getLogger(__name__)
 
@@ -146,7 +147,7 @@ def pick_method(world_size: int, nbytes: int) -> Method:
 
 
 class TPAllReduce:
-    """Callable like layers/parallel_state.all_reduce, `(x, tp_size) -> sum over ranks`:
+    """Callable like parallel_state.all_reduce, `(x, tp_size) -> sum over ranks`:
     symmetric memory where it fits, `fallback` otherwise. Every rank picks the same method
     (it depends on the shape and dtype only), as the kernels' barriers need."""
 
@@ -214,18 +215,12 @@ def _self_test(symm: SymmBuffer, device: torch.device) -> str | None:
     return None
 
 
-def bind_all_reduce(model: nn.Module, symm: SymmBuffer) -> int:
-    """Points every layer whose `reduce` is the NCCL all-reduce at TPAllReduce; returns how
-    many. Deterministic mode's rank-ordered sum (layers/batch_invariant.py) is replaced
-    only at two ranks, where one-shot gives its bits exactly (one rounding of x0 + x1);
-    beyond two the one-shot adds in bf16 step by step, not in float32."""
-    from minivllm.distributed.parallel_state import all_reduce
-    from minivllm.layers.batch_invariant import all_reduce_ordered
-
-    bound = 0
-    for module in model.modules():
-        reduce = getattr(module, "reduce", None)
-        if reduce is all_reduce or (reduce is all_reduce_ordered and symm.world_size == 2):
-            module.reduce = TPAllReduce(symm, fallback=reduce)
-            bound += 1
-    return bound
+def tp_all_reduce(symm: SymmBuffer | None, ordered: bool) -> Reduce:
+    """The all-reduce of this rank's layers: NCCL's, or the rank-ordered float32 sum when
+    `ordered` (deterministic mode), behind TPAllReduce when there is a buffer. The ordered
+    sum goes through it only at two ranks, where one-shot gives its bits exactly (one rounding
+    of x0 + x1); beyond two the one-shot adds in bf16 step by step, not in float32."""
+    fallback = all_reduce_ordered if ordered else all_reduce
+    if symm is None or (ordered and symm.world_size != 2):
+        return fallback
+    return TPAllReduce(symm, fallback=fallback)

@@ -1,4 +1,4 @@
-"""Tensor-parallel rank and size, plus the two collectives the layers need.
+"""Tensor-parallel rank and size, plus the collectives the layers need (NCCL, or gloo on the CPU).
 
 TP spans the default torch.distributed group; without one initialized we are rank 0 of 1.
 """
@@ -21,6 +21,20 @@ def all_reduce(x: torch.Tensor, tp_size: int) -> torch.Tensor:
     if tp_size > 1:
         dist.all_reduce(x)
     return x
+
+
+def all_reduce_ordered(x: torch.Tensor, tp_size: int) -> torch.Tensor:
+    """Sums x over the TP ranks as ((x_0 + x_1) + x_2) + ... in float32, then rounds to
+    x.dtype: the same bits on every rank for any message size (deterministic mode). NCCL's
+    all_reduce fixes no order (its algorithm, protocol and chunking follow the message size)."""
+    if tp_size == 1:
+        return x
+    parts = [torch.empty_like(x) for _ in range(tp_size)]
+    dist.all_gather(parts, x.contiguous())
+    total = parts[0].float()
+    for part in parts[1:]:
+        total += part
+    return total.to(x.dtype)
 
 
 def all_gather_last_dim(x: torch.Tensor, tp_size: int) -> torch.Tensor:

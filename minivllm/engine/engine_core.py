@@ -1,6 +1,7 @@
 """EngineCore: tokens in, tokens out. step() is schedule, execute, update.
 
-Both frontends (LLM.generate and the server's AsyncLLM) drive this one class.
+Both frontends (LLM.generate and the server's AsyncLLM) drive this one class. It resolves
+the configuration once (engine/setup.py) and hands that EngineSetup down.
 """
 
 from __future__ import annotations
@@ -8,50 +9,49 @@ from __future__ import annotations
 import gc
 import logging
 import os
-import time
 
-from minivllm.config import EngineConfig, ModelConfig
+from minivllm.config import EngineConfig
 from minivllm.engine.executor.build import build_executor
-from minivllm.engine.request_checks import check_request
 from minivllm.engine.sched.async_scheduler import AsyncScheduler
 from minivllm.engine.sched.block_manager import BlockManager
-from minivllm.engine.sched.limits import resolve_scheduler_limits
 from minivllm.engine.sched.request import Request
 from minivllm.engine.sched.scheduler import Scheduler
+from minivllm.engine.setup import resolve_setup
 from minivllm.engine.stats import CoreInfo, EngineStats
-from minivllm.engine.types import EngineOutput
+from minivllm.engine.types import EngineOutput, EngineRequest
 from minivllm.engine.warm_up import warm_up
 from minivllm.kernels.late_compiles import engine_starting, log_late_compiles
-from minivllm.sampling_params import SamplingParams
+from minivllm.models.model_config import ModelConfig
 
 logger = logging.getLogger(__name__)
 
 
 class EngineCore:
-    def __init__(self, config: EngineConfig) -> None:
+    """One engine replica in this process: an EngineClient (engine/client/protocol.py) that
+    the caller steps."""
+
+    def __init__(self, config: EngineConfig, model_config: ModelConfig) -> None:
+        """model_config: the model's, as the caller read it (once per process)."""
         if config.data_parallel_size != 1:
             # One core is one replica; dp_core_client.DPCoreClient runs several.
             raise ValueError(
                 f"data_parallel_size={config.data_parallel_size}: an engine core is one "
                 "replica (LLM and AsyncLLM run several through DPCoreClient)"
             )
-        self.config = config
-        self.model_config = ModelConfig.from_hf(config.model)
-        self.max_model_len = config.resolved_max_model_len(self.model_config)
-        # Each runner resolves the same limits on its own device (same rule, same GPU kind).
-        self.limits = resolve_scheduler_limits(config, config.resolved_device())
+        self.setup = setup = resolve_setup(config, model_config)
         logger.info(
             "scheduler limits (%s): max_num_seqs=%d, max_num_batched_tokens=%d",
             config.usage_context,
-            *self.limits,
+            *setup.limits,
         )
+        on_cuda = setup.device.type == "cuda"
         with engine_starting():  # its compiles are expected, not late (kernels/late_compiles)
-            self.executor = build_executor(config, self.model_config, self.max_model_len)
+            self.executor = build_executor(setup)
             self.num_blocks = self.executor.num_blocks
             # What a frontend needs to validate requests without the engine at hand.
             self.info = CoreInfo(
-                max_model_len=self.max_model_len,
-                vocab_size=self.model_config.vocab_size,
+                max_model_len=setup.max_model_len,
+                vocab_size=model_config.vocab_size,
                 num_blocks=self.num_blocks,
                 block_size=config.block_size,
                 pid=os.getpid(),
@@ -72,22 +72,22 @@ class EngineCore:
             self._execute = (
                 self.executor.execute_async if self.async_scheduling else self.executor.execute
             )
-            if config.resolved_device().type == "cuda":
+            if on_cuda:
                 steps = warm_up(
                     self.new_scheduler(),
                     self._execute,
                     self.executor.execute,
-                    self.model_config.vocab_size,
-                    self.max_model_len,
+                    model_config.vocab_size,
+                    setup.max_model_len,
                     kv_capacity=self.num_blocks * config.block_size,
                 )
                 logger.info("warm-up: %d steps", steps)
-        if config.resolved_device().type == "cuda":
+        if on_cuda:
             log_late_compiles(logger)  # imports triton: CUDA only
         self.scheduler = self.new_scheduler()
         # What exists now (torch, the model, the tokenizer: ~200k objects) lives as long as the
-        # engine. Frozen, the cyclic GC stops walking it: a full collection cost ~100 ms and came
-        # every ~20 steps at 1,024 sequences (bench_scheduler_cpu.py --engine-heap). shutdown()
+        # engine. Frozen, the cyclic GC stops walking it: walking it made full collections a
+        # per-step cost at large batch (measured: docs/performance.md). shutdown()
         # unfreezes, so that a dropped engine's cycles can be collected (vLLM does the same).
         gc.collect()
         gc.freeze()
@@ -97,31 +97,22 @@ class EngineCore:
         launched step in flight, fed by an execute that returns once the step is launched;
         step() reads the same either way."""
         scheduler_class = AsyncScheduler if self.async_scheduling else Scheduler
+        setup, config = self.setup, self.setup.config
         return scheduler_class(
-            max_num_seqs=self.limits.max_num_seqs,
-            max_num_batched_tokens=self.limits.max_num_batched_tokens,
-            max_model_len=self.max_model_len,
+            max_num_seqs=setup.limits.max_num_seqs,
+            max_num_batched_tokens=setup.limits.max_num_batched_tokens,
+            max_model_len=setup.max_model_len,
             block_manager=BlockManager(
-                self.num_blocks, self.config.block_size, self.config.enable_prefix_caching
+                self.num_blocks, config.block_size, config.enable_prefix_caching
             ),
         )
 
-    def validate_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """Raises ValueError for a request the engine could never serve (request_checks)."""
-        check_request(prompt_token_ids, params, self.info, self.config.max_logprobs)
-
-    def add_request(
-        self,
-        req_id: str,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        arrival_time: float | None = None,
-    ) -> None:
-        self.validate_request(prompt_token_ids, params)
-        if arrival_time is None:
-            arrival_time = time.time()
-        request = Request(req_id, list(prompt_token_ids), params, arrival_time)
-        self.scheduler.add_request(request)
+    def add_requests(self, requests: list[EngineRequest]) -> None:
+        """Queues requests its frontend has validated (request_checks.check_request).
+        ValueError for an id in use (a finished request's id is free after the next step)."""
+        for r in requests:
+            request = Request(r.req_id, r.prompt_token_ids, r.sampling_params, r.arrival_time)
+            self.scheduler.add_request(request)
 
     def abort_requests(self, req_ids: list[str]) -> None:
         self.scheduler.abort_requests(req_ids)

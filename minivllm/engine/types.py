@@ -2,7 +2,7 @@
 
 SchedulerOutput goes from the scheduler to the model runner (and, under tensor parallelism,
 to every rank); RunnerOutput comes back (or a PendingRunnerOutput of a launched step, under
-async scheduling); EngineOutput goes from the core to a frontend.
+async scheduling); EngineRequest goes from a frontend to the core, EngineOutput back.
 Only ints, floats, strings, lists and SamplingParams cross these boundaries: no tensors.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from minivllm.outputs import LogprobsDict
 from minivllm.sampling_params import SamplingParams
 
 FinishReason = Literal["stop", "length", "abort"]
@@ -18,6 +19,17 @@ FinishReason = Literal["stop", "length", "abort"]
 # Stands in a chunk for a token that the previous step sampled and the scheduler has not
 # seen yet (async scheduling); the runner fills it in on the device.
 PLACEHOLDER_TOKEN_ID = -1
+
+
+@dataclass
+class EngineRequest:
+    """One request (one of a request's n samples) as a frontend hands it to the core. The
+    frontend has validated it (request_checks.check_request); the core trusts it."""
+
+    req_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    arrival_time: float
 
 
 @dataclass
@@ -65,19 +77,6 @@ class SchedulerOutput:
     @property
     def is_empty(self) -> bool:
         return not self.chunks
-
-
-@dataclass
-class Logprob:
-    """vLLM's Logprob: log-probability of one token, its rank (1 = most likely), its text."""
-
-    logprob: float
-    rank: int | None = None
-    decoded_token: str | None = None
-
-
-# {token_id: Logprob} for one position: the sampled (or prompt) token plus the top k.
-LogprobsDict = dict[int, Logprob]
 
 
 @dataclass

@@ -5,8 +5,8 @@ CUDA graphs compile what they capture, but attention runs eagerly in mixed steps
 tile configurations (small and large prefills, split-KV decodes next to a prefill), steps
 larger than the piecewise graphs (every kernel, at token counts the graphs never see) and the
 sampling kernels (the plain pass on the model's logits, the float32 draw after filters)
-compile on first use: on a fresh H200 the first requests to a new server waited up to ~2 s
-(TTFT p99 2,133 ms at 10 req/s, against 45 ms once warm). The engine logs every Triton
+compile on first use: without the warm-up the first requests to a fresh server wait seconds
+for those compiles, where a warm one answers in tens of ms. The engine logs every Triton
 compile after the warm-up (kernels/late_compiles.py): each is a variant missing here.
 """
 

@@ -1,6 +1,7 @@
 """AsyncLLM: the server's engine. Tokenizer and output processing here, EngineCore in its own
 process (engine/client/core_client.py; N replica processes under data parallelism,
-engine/client/dp_core_client.py), outputs routed to one mailbox per request."""
+engine/client/dp_core_client.py), outputs routed to one mailbox per request. Each request is
+validated here, once, so that a bad one is a 400 before anything is sent to the core."""
 
 from __future__ import annotations
 
@@ -8,21 +9,23 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from minivllm.config import EngineConfig, ModelConfig
+from minivllm.config import EngineConfig
 from minivllm.engine.client.core_client import EngineCoreClient
 from minivllm.engine.client.dp_core_client import DPCoreClient
+from minivllm.engine.client.protocol import EngineClient, MessageKind
 from minivllm.engine.request_checks import check_request
 from minivllm.engine.stats import CoreInfo, EngineStats
-from minivllm.engine.types import EngineOutput
+from minivllm.engine.types import EngineOutput, EngineRequest
 from minivllm.entrypoints.async_tokenizer import AsyncTokenizer
 from minivllm.entrypoints.generation_config import GenerationDefaults, read_generation_defaults
 from minivllm.entrypoints.output_processor import OutputProcessor
-from minivllm.gguf_loader import load_tokenizer
+from minivllm.models.model_config import ModelConfig
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
+from minivllm.tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +72,8 @@ class AsyncLLM:
         observer: EngineObserver | None = None,
     ) -> None:
         self.config = config
-        ModelConfig.from_hf(config.model)  # a bad model directory fails here, in one line
+        # A bad model directory fails here, in one line; the core is handed what is read.
+        model_config = ModelConfig.from_hf(config.model)
         self.tokenizer = load_tokenizer(config.tokenizer or config.model)  # HF dir or GGUF
         self.async_tokenizer = AsyncTokenizer(self.tokenizer)  # prompts, off the event loop
         self.generation_defaults = _generation_defaults(config.model, generation_config, self)
@@ -81,7 +85,7 @@ class AsyncLLM:
         self._loop: asyncio.AbstractEventLoop | None = None
         # One core process, or data_parallel_size replicas behind the same interface.
         client_class = EngineCoreClient if config.data_parallel_size == 1 else DPCoreClient
-        self._client = client_class(config, self._on_message_threadsafe)
+        self._client: EngineClient = client_class(config, model_config, self._on_message_threadsafe)
         self.info: CoreInfo = self._client.info
         self.max_model_len = self.info.max_model_len
 
@@ -106,8 +110,8 @@ class AsyncLLM:
         return await self.async_tokenizer.encode(text, add_special_tokens)
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """The core's own checks (engine/request_checks.py), made here so that a bad request
-        is a 400 before anything is sent to the core."""
+        """The engine's checks (engine/request_checks.py), made here and only here: the core
+        takes what passes as it is, and a bad request is a 400 before anything is sent."""
         check_request(prompt_token_ids, params, self.info, self.config.max_logprobs)
 
     def add_request(
@@ -132,11 +136,20 @@ class AsyncLLM:
             raise EngineDeadError(self.dead_reason)
         for _, _, prompt_token_ids, params in requests:
             self.validate(prompt_token_ids, params)
+        return self.add_validated_requests(requests)
+
+    def add_validated_requests(
+        self, requests: list[tuple[str, str | None, list[int], SamplingParams]]
+    ) -> list[AsyncIterator[RequestOutput]]:
+        """add_requests for requests that validate() has passed (a caller that validates a
+        large batch first, then submits it in slices): nothing is checked again."""
+        if self.dead_reason is not None:
+            raise EngineDeadError(self.dead_reason)
         eos = self.generation_defaults.eos_token_ids
         iterators: list[AsyncIterator[RequestOutput]] = []
         try:
             for request_id, prompt, prompt_token_ids, params in requests:
-                params = replace(params, eos_token_ids=list(eos))
+                params = params.derive(eos_token_ids=list(eos))
                 arrival = time.time()
                 children = self.output_processor.add_request(
                     request_id, prompt, prompt_token_ids, params, arrival
@@ -144,7 +157,7 @@ class AsyncLLM:
                 mailbox = _Mailbox()
                 self._mailboxes[request_id] = mailbox
                 self._client.add_requests(
-                    [(cid, prompt_token_ids, p, arrival) for cid, p in children]
+                    [EngineRequest(cid, prompt_token_ids, p, arrival) for cid, p in children]
                 )
                 iterators.append(self._outputs(request_id, mailbox))
         except BaseException:  # abort those added, and the one half added (abort forgives)
@@ -203,7 +216,7 @@ class AsyncLLM:
     def _on_message_threadsafe(self, msg: tuple) -> None:
         loop = self._loop
         if loop is None:  # no loop yet (startup): only a death can arrive
-            if msg[0] == "dead":
+            if msg[0] is MessageKind.DEAD:
                 self.dead_reason = msg[1]
             return
         try:
@@ -213,11 +226,11 @@ class AsyncLLM:
 
     def _on_message(self, msg: tuple) -> None:
         kind = msg[0]
-        if kind == "outputs":
+        if kind is MessageKind.OUTPUTS:
             self._on_outputs(msg[1], msg[2])
-        elif kind == "rejected":
+        elif kind is MessageKind.REJECTED:
             self._on_rejected(msg[1], msg[2])
-        elif kind == "dead":
+        elif kind is MessageKind.DEAD:
             logger.error("engine core is dead: %s", msg[1])
             self._fail_all(msg[1])
 

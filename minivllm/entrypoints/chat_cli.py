@@ -8,9 +8,12 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import replace
 from typing import IO, Any
 
+from minivllm.demo_model import default_model
+from minivllm.engine.types import EngineRequest
+from minivllm.entrypoints.engine_args import add_engine_options, engine_options
+from minivllm.entrypoints.llm import LLM
 from minivllm.entrypoints.output_processor import OutputProcessor
 from minivllm.sampling_params import SamplingParams
 
@@ -19,8 +22,6 @@ EXIT_COMMANDS = ("/exit", "/quit")
 
 def add_chat_parser(sub: Any) -> None:
     """Adds the `chat` subcommand (sampling flags as in `generate`, plus every engine option)."""
-    from minivllm.entrypoints.cli import add_engine_options
-
     chat = sub.add_parser("chat", help="chat with a model in the terminal (streams the reply)")
     chat.add_argument(
         "--model", default=None, help="HF directory or .gguf file (default: the demo model)"
@@ -33,10 +34,6 @@ def add_chat_parser(sub: Any) -> None:
 
 
 def run_chat(args: argparse.Namespace) -> int:
-    from minivllm import LLM
-    from minivllm.demo_model import default_model
-    from minivllm.entrypoints.cli import engine_options
-
     model = args.model
     if model is None:
         model, notice = default_model()
@@ -120,17 +117,17 @@ def stream_text(llm: Any, prompt_token_ids: list[int], params: SamplingParams) -
     """Yields the text of one completion as it grows (each new piece once), stepping the LLM's
     engine directly; the request is aborted if the caller stops early."""
     processor = OutputProcessor(llm.tokenizer, stream=True)
-    params = replace(params, n=1, eos_token_ids=list(llm.generation_defaults.eos_token_ids))
-    llm.engine.validate_request(prompt_token_ids, params)
+    params = params.derive(n=1, eos_token_ids=list(llm.generation_defaults.eos_token_ids))
+    llm.validate_request(prompt_token_ids, params)
     # Unique: the core keeps a finished request's id until its next step.
     request_id = f"chat-{uuid.uuid4().hex}"
     arrival = time.time()
     num_sent = 0
     try:
-        for child_id, child_params in processor.add_request(
-            request_id, None, prompt_token_ids, params, arrival
-        ):
-            llm.engine.add_request(child_id, prompt_token_ids, child_params, arrival)
+        children = processor.add_request(request_id, None, prompt_token_ids, params, arrival)
+        llm.engine.add_requests(
+            [EngineRequest(child_id, prompt_token_ids, p, arrival) for child_id, p in children]
+        )
         while llm.engine.has_unfinished_requests():
             outputs, to_abort = processor.process(llm.engine.step())
             if to_abort:

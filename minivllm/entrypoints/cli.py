@@ -3,52 +3,22 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import sys
 import time
-import typing
 
-from minivllm.config import EngineConfig
-
-# usage_context: set by the command itself (serve: "server"), not a flag.
-_SKIP = {"model", "usage_context"}
-
-
-def add_engine_options(parser: argparse.ArgumentParser) -> None:
-    """One --flag per EngineConfig field (vLLM's names with dashes)."""
-    hints = typing.get_type_hints(EngineConfig)
-    for f in dataclasses.fields(EngineConfig):
-        if f.name in _SKIP:
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        hint = hints[f.name]
-        if hint is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
-        elif typing.get_origin(hint) is typing.Literal:
-            parser.add_argument(flag, choices=typing.get_args(hint), default=None)
-        else:
-            kind = (
-                float
-                if f.name == "gpu_memory_utilization"
-                else (str if f.name == "tokenizer" else int)
-            )
-            parser.add_argument(flag, type=kind, default=None)
-
-
-def engine_options(args: argparse.Namespace) -> dict:
-    names = {f.name for f in dataclasses.fields(EngineConfig)} - _SKIP
-    return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
+from minivllm.demo_model import default_model
+from minivllm.entrypoints.chat_cli import add_chat_parser, run_chat
+from minivllm.entrypoints.engine_args import add_engine_options, engine_options
+from minivllm.entrypoints.llm import LLM
+from minivllm.entrypoints.openai.cli_args import add_serve_parser
+from minivllm.sampling_params import SamplingParams
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    from minivllm import LLM, SamplingParams
-
     model = args.model
     if model is None:
-        from minivllm.demo_model import default_model
-
         model, notice = default_model()
         print(notice, file=sys.stderr)
     llm = LLM(model, **engine_options(args))
@@ -102,11 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--seed-sampling", type=int, default=None, help="sampling seed")
     gen.add_argument("--no-progress", action="store_true")
     add_engine_options(gen)
-    from minivllm.entrypoints.openai.cli_args import add_serve_parser
-
-    add_serve_parser(sub, add_engine_options)
-    from minivllm.entrypoints.chat_cli import add_chat_parser
-
+    add_serve_parser(sub)
     add_chat_parser(sub)
     bench = sub.add_parser("bench", help="run a benchmark (prints one JSON line)")
     bench.add_argument("kind", choices=["throughput", "latency"])
@@ -116,10 +82,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "generate":
             return run_generate(args)
         if args.command == "chat":
-            from minivllm.entrypoints.chat_cli import run_chat
-
             return run_chat(args)
         if args.command == "serve":
+            # fastapi and uvicorn are optional (the `server` extra): imported only to serve.
             from minivllm.entrypoints.openai.api_server import run_serve
 
             return run_serve(args)

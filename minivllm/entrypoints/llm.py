@@ -1,4 +1,5 @@
-"""LLM: the offline frontend. Text in, RequestOutputs out, driving one EngineCore."""
+"""LLM: the offline frontend. Text in, RequestOutputs out, driving one EngineCore (or
+DPEngine). Each request is validated here, once, before anything is queued."""
 
 from __future__ import annotations
 
@@ -8,19 +9,21 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import replace
 from typing import Any
 
 from tqdm.auto import tqdm
 
-from minivllm.config import EngineConfig, ModelConfig
+from minivllm.config import EngineConfig
 from minivllm.engine.client.dp_engine import make_engine
+from minivllm.engine.request_checks import check_request
+from minivllm.engine.types import EngineRequest
 from minivllm.entrypoints.generation_config import read_generation_defaults
 from minivllm.entrypoints.output_processor import OutputProcessor
 from minivllm.entrypoints.processing import check_unicode
-from minivllm.gguf_loader import load_tokenizer
+from minivllm.models.model_config import ModelConfig
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
+from minivllm.tokenizer import load_tokenizer
 
 PromptType = str | list[int] | dict[str, Any]
 
@@ -32,16 +35,21 @@ class LLM:
         self.config = EngineConfig.from_options(model, **options)
         # The model's config before the tokenizer: a directory that holds no model (or an
         # unsupported one) says so, instead of failing on tokenizer files.
-        ModelConfig.from_hf(model)
+        model_config = ModelConfig.from_hf(model)
         self.tokenizer = load_tokenizer(self.config.tokenizer or model)
         self.generation_defaults = read_generation_defaults(model, self.tokenizer)
-        self.engine = make_engine(self.config)  # EngineCore, or data-parallel replicas
+        self.engine = make_engine(self.config, model_config)  # EngineCore, or DPEngine
         self.output_processor = OutputProcessor(self.tokenizer)
         self._request_counter = itertools.count()
         self._lock = threading.Lock()
 
     def get_default_sampling_params(self) -> SamplingParams:
         return SamplingParams(**self.generation_defaults.sampling)
+
+    def validate_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Raises ValueError for a request the engine could never serve (request_checks);
+        the engine takes what passes as it is."""
+        check_request(prompt_token_ids, params, self.engine.info, self.config.max_logprobs)
 
     def generate(
         self,
@@ -63,7 +71,7 @@ class LLM:
             # prompt leaves the engine untouched.
             requests = [self._tokenize(p) for p in prompt_list]
             for (_, token_ids), params in zip(requests, params_list):
-                self.engine.validate_request(token_ids, params)
+                self.validate_request(token_ids, params)
             completed = False
             try:
                 request_ids = [
@@ -125,7 +133,7 @@ class LLM:
                     f"sampling_params must be SamplingParams, got {type(params).__name__}"
                 )
         eos = list(self.generation_defaults.eos_token_ids)
-        return [replace(p, eos_token_ids=eos) for p in params_list]
+        return [p.derive(eos_token_ids=eos) for p in params_list]
 
     def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
@@ -148,8 +156,9 @@ class LLM:
         request_id = str(next(self._request_counter))
         arrival = time.time()
         children = self.output_processor.add_request(request_id, text, token_ids, params, arrival)
-        for child_id, child_params in children:
-            self.engine.add_request(child_id, token_ids, child_params, arrival)
+        self.engine.add_requests(
+            [EngineRequest(child_id, token_ids, p, arrival) for child_id, p in children]
+        )
         return request_id
 
     def _run_engine(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:

@@ -8,11 +8,11 @@ Shared by LLM.generate and the async server engine.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
-from minivllm.engine.types import EngineOutput, LogprobsDict
+from minivllm.engine.types import EngineOutput
 from minivllm.entrypoints.processing import IncrementalDetokenizer, decode_logprobs
-from minivllm.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from minivllm.outputs import CompletionOutput, LogprobsDict, RequestMetrics, RequestOutput
 from minivllm.sampling_params import SamplingParams
 
 
@@ -70,11 +70,12 @@ class OutputProcessor:
             child_id = request_id if params.n == 1 else f"{index}_{request_id}"
             # The prompt is scored once, by the first sample (the parent reports it once).
             prompt_logprobs = params.prompt_logprobs if index == 0 else None
-            child_params = replace(params, n=1, prompt_logprobs=prompt_logprobs)
-            if params.seed is not None:
+            seed = params.seed
+            if seed is not None:
                 # Each sample its own seed stream (so that n > 1 with a seed differs per
-                # sample), wrapped into int64. Set after replace(): -1 must stay a seed.
-                child_params.seed = (params.seed + index + 2**63) % 2**64 - 2**63
+                # sample), wrapped into int64; -1 stays a seed (derive() does not validate).
+                seed = (seed + index + 2**63) % 2**64 - 2**63
+            child_params = params.derive(n=1, prompt_logprobs=prompt_logprobs, seed=seed)
             children[child_id] = _Child(
                 index=index,
                 params=child_params,

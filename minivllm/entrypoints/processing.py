@@ -6,19 +6,16 @@ Pure Python over a HF tokenizer; never touches tensors.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from minivllm.engine.types import LogprobsDict
+from minivllm.outputs import LogprobsDict
 
 # Prompt tokens decoded ahead of the first output token, so that it is decoded in context
 # (leading spaces of SentencePiece tokenizers, a character split across the boundary).
 _NUM_CONTEXT_TOKENS = 5
 _REPLACEMENT_CHAR = "\ufffd"
-# Any one of these makes a directory loadable by AutoTokenizer (fast, SentencePiece, BPE...).
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model", "vocab.txt")
 
 
 def check_unicode(text: str, what: str = "the prompt") -> None:
@@ -28,18 +25,6 @@ def check_unicode(text: str, what: str = "the prompt") -> None:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
         raise ValueError(f"{what} is not valid Unicode: {e}") from None
-
-
-def check_tokenizer_files(path: str) -> None:
-    """ValueError unless the directory path holds tokenizer files: without them transformers
-    may build an empty tokenizer that turns every text into nothing."""
-    if not os.path.isdir(path):
-        raise ValueError(f"tokenizer directory does not exist: {path!r}")
-    if not any(os.path.isfile(os.path.join(path, name)) for name in _TOKENIZER_FILES):
-        raise ValueError(
-            f"no tokenizer files in {path!r} (looked for {', '.join(_TOKENIZER_FILES)}); "
-            "pass tokenizer=DIR (--tokenizer) for a directory that has them"
-        )
 
 
 def make_decode(tokenizer: Any, skip_special_tokens: bool) -> Callable[[list[int]], str]:

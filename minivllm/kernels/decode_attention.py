@@ -58,7 +58,7 @@ def choose_num_splits(
 # The block table's row stride changes with the batch: no value/alignment specialization for
 # it (or for the metadata pointers, which may be slices), so a new batch shape never triggers
 # a JIT compile. num_splits stays specialized: it takes at most MAX_SPLITS values, and
-# specializing it measured faster for small split batches (b4 ctx8000: 0.052 vs 0.074 ms).
+# specializing it is faster for small split batches (measured: docs/performance.md).
 @triton.jit(
     do_not_specialize=["stride_bt"],
     do_not_specialize_on_alignment=["block_table_ptr", "seq_lens_ptr", "order_ptr"],
@@ -269,11 +269,11 @@ def decode_attention(
     num_stages) overrides the per-head_dim table (benchmark sweeps). A float8_e4m3fn kv_cache
     holds K / k_scale and V / v_scale (store_kv); other caches take scales of 1.0.
     v_cvt_asm: convert fp8 V tiles by inline PTX (e4m3_to_f16_asm); None (the default) does
-    wherever it can run (an fp8 cache, a 16-bit q, CUDA sm_89+): 1.25x the plain cast's speed
-    at b256 on an H200. True insists (ValueError where it cannot), False is the plain cast.
+    wherever it can run (an fp8 cache, a 16-bit q, CUDA sm_89+), being faster than the plain
+    cast. True insists (ValueError where it cannot), False is the plain cast.
     order: [num_seqs] int32, a permutation of the requests: the order their programs start in.
-    Longest context first balances the SMs over a batch of mixed lengths (1.04-1.16x at
-    b96-256 on an H200, `bench_kernels.py --only mixed_`); None: row order.
+    Longest context first balances the SMs over a batch of mixed lengths (measured:
+    docs/performance.md, `bench_kernels.py --only mixed_`); None: row order.
     """
     check_paged_attention(q, kv_cache, block_tables, seq_lens, out)
     is_fp8 = check_kv_scales(kv_cache, k_scale, v_scale)

@@ -16,7 +16,7 @@ Buckets = tuple[tuple[int, Config], ...]  # ((max_m, config), ...), max_m ascend
 
 # (N, K) -> buckets for 2-byte dtypes; the last bucket also covers every larger M. Paste the
 # "table" of benchmarks/tune_deterministic.py's final JSON line here.
-# tune_deterministic.py on one H200 (triton 3.6), 2026-11-30.
+# Measured by tune_deterministic.py on one H200 (triton 3.6).
 TABLE: dict[tuple[int, int], Buckets] = {
     (4096, 1024): (
         (1, (64, 128, 64, 4, 4)),

@@ -67,8 +67,8 @@ def _chunk_best(logits_row, ids, vocab_size, scale, u0, u1, u2, u3, RANDOM: tl.c
 
 # The per-row parameter tensors are views into one staging transfer (e.g. seeds and offsets as
 # rows of one [2, N] tensor), so their alignment changes with the batch size: not specialized
-# on it, or an odd batch would compile a second variant mid-run (a fresh server's first request
-# waited ~600 ms for it on an H200).
+# on it, or an odd batch would compile a second variant mid-run (a fresh server's first
+# request would wait for that compile).
 @triton.jit(do_not_specialize_on_alignment=["temperature_ptr", "seeds_ptr", "offsets_ptr"])
 def _chunk_max_kernel(
     logits_ptr, temperature_ptr, seeds_ptr, offsets_ptr, chunk_scores_ptr, chunk_ids_ptr,

@@ -11,15 +11,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minivllm.distributed.parallel_state import all_gather_last_dim, all_reduce, get_tp_rank_size
+from minivllm.distributed.parallel_state import all_gather_last_dim, get_tp_rank_size
 from minivllm.layers.linear import copy_checked
+from minivllm.layers.ops import DEFAULT_OPS, LayerOps
 
 VOCAB_PADDING = 64
 
 
 class VocabParallelEmbedding(nn.Module):
     def __init__(
-        self, num_embeddings: int, embedding_dim: int, dtype: torch.dtype | None = None
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        dtype: torch.dtype | None = None,
+        ops: LayerOps = DEFAULT_OPS,
     ) -> None:
         super().__init__()
         self.tp_rank, self.tp_size = get_tp_rank_size()
@@ -33,7 +38,7 @@ class VocabParallelEmbedding(nn.Module):
             torch.empty(self.shard_size, embedding_dim, dtype=dtype), requires_grad=False
         )
         self.weight.weight_loader = self.weight_loader
-        self.reduce = all_reduce  # on CUDA: minivllm/distributed/all_reduce.py
+        self.reduce = ops.reduce
 
     def weight_loader(
         self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
@@ -63,10 +68,14 @@ class ParallelLMHead(VocabParallelEmbedding):
     Parameter to `self.weight`."""
 
     def __init__(
-        self, num_embeddings: int, embedding_dim: int, dtype: torch.dtype | None = None
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        dtype: torch.dtype | None = None,
+        ops: LayerOps = DEFAULT_OPS,
     ) -> None:
-        super().__init__(num_embeddings, embedding_dim, dtype)
-        self.gemm = F.linear  # deterministic mode: kernels/matmul.py
+        super().__init__(num_embeddings, embedding_dim, dtype, ops)
+        self.gemm = ops.gemm
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [num_rows, hidden] -> logits [num_rows, vocab_size] (padding cut off)."""

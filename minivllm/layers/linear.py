@@ -3,15 +3,16 @@
 Every parameter carries `weight_loader(param, loaded_weight, shard_id=None)`: it takes the
 FULL checkpoint tensor and copies this rank's slice. Column-parallel layers split the output
 dim (no communication); RowParallelLinear splits the input dim and all-reduces its output.
+Each layer calls the GEMM and all-reduce of the LayerOps it is built with (layers/ops.py).
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from minivllm.distributed.parallel_state import all_reduce, divide, get_tp_rank_size
+from minivllm.distributed.parallel_state import divide, get_tp_rank_size
+from minivllm.layers.ops import DEFAULT_OPS, LayerOps
 
 
 def copy_checked(dst: torch.Tensor, src: torch.Tensor) -> None:
@@ -47,7 +48,12 @@ class LinearBase(nn.Module):
     """y = x @ W.T (+ b) with W: [output_size, input_size] of this rank's shard."""
 
     def __init__(
-        self, input_size: int, output_size: int, bias: bool, dtype: torch.dtype | None
+        self,
+        input_size: int,
+        output_size: int,
+        bias: bool,
+        dtype: torch.dtype | None,
+        ops: LayerOps = DEFAULT_OPS,
     ) -> None:
         super().__init__()
         self.tp_rank, self.tp_size = get_tp_rank_size()
@@ -57,9 +63,7 @@ class LinearBase(nn.Module):
             torch.empty(output_size, input_size, dtype=dtype), requires_grad=False
         )
         self.weight.weight_loader = self.weight_loader
-        # F.linear (cuBLAS); deterministic mode swaps in kernels/matmul.py
-        # (layers/batch_invariant.py).
-        self.gemm = F.linear
+        self.gemm = ops.gemm
         if bias:
             self.bias = nn.Parameter(torch.empty(output_size, dtype=dtype), requires_grad=False)
             self.bias.weight_loader = self.weight_loader
@@ -84,8 +88,9 @@ class ReplicatedLinear(LinearBase):
         output_size: int,
         bias: bool = False,
         dtype: torch.dtype | None = None,
+        ops: LayerOps = DEFAULT_OPS,
     ) -> None:
-        super().__init__(input_size, output_size, bias, dtype)
+        super().__init__(input_size, output_size, bias, dtype, ops)
 
 
 class ColumnParallelLinear(LinearBase):
@@ -97,9 +102,11 @@ class ColumnParallelLinear(LinearBase):
         output_size: int,
         bias: bool = False,
         dtype: torch.dtype | None = None,
+        ops: LayerOps = DEFAULT_OPS,
     ) -> None:
         _, tp_size = get_tp_rank_size()
-        super().__init__(input_size, divide(output_size, tp_size, "output size"), bias, dtype)
+        out_size = divide(output_size, tp_size, "output size")
+        super().__init__(input_size, out_size, bias, dtype, ops)
 
     def weight_loader(
         self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
@@ -118,10 +125,11 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         output_sizes: list[int],
         bias: bool = False,
         dtype: torch.dtype | None = None,
+        ops: LayerOps = DEFAULT_OPS,
     ) -> None:
         _, tp_size = get_tp_rank_size()
         self.shard_sizes = [divide(n, tp_size, "merged output size") for n in output_sizes]
-        super().__init__(input_size, sum(output_sizes), bias, dtype)
+        super().__init__(input_size, sum(output_sizes), bias, dtype, ops)
 
     def weight_loader(
         self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
@@ -149,6 +157,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         total_num_kv_heads: int,
         bias: bool = False,
         dtype: torch.dtype | None = None,
+        ops: LayerOps = DEFAULT_OPS,
     ) -> None:
         tp_rank, tp_size = get_tp_rank_size()
         self.head_dim = head_dim
@@ -171,7 +180,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         self.kv_size = self.num_kv_heads * head_dim
         output_size = (self.num_heads + 2 * self.num_kv_heads) * head_dim
         # Skips ColumnParallelLinear.__init__: the per-rank size here is by heads, not output / tp.
-        LinearBase.__init__(self, hidden_size, output_size, bias, dtype)
+        LinearBase.__init__(self, hidden_size, output_size, bias, dtype, ops)
 
     def weight_loader(
         self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
@@ -198,11 +207,12 @@ class RowParallelLinear(LinearBase):
         output_size: int,
         bias: bool = False,
         dtype: torch.dtype | None = None,
+        ops: LayerOps = DEFAULT_OPS,
     ) -> None:
         _, tp_size = get_tp_rank_size()
-        super().__init__(divide(input_size, tp_size, "input size"), output_size, bias, dtype)
-        # Deterministic mode: a rank-ordered sum; on CUDA: minivllm/distributed/all_reduce.py.
-        self.reduce = all_reduce
+        in_size = divide(input_size, tp_size, "input size")
+        super().__init__(in_size, output_size, bias, dtype, ops)
+        self.reduce = ops.row_reduce
 
     def weight_loader(
         self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None

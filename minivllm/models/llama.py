@@ -12,13 +12,14 @@ import torch
 from torch import nn
 
 from minivllm.attention.base import AttentionBackend, AttnMetadata
-from minivllm.config import ModelConfig
 from minivllm.layers.activation import SiluAndMul
 from minivllm.layers.attention import Attention
 from minivllm.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from minivllm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from minivllm.layers.norm import RMSNorm
+from minivllm.layers.ops import DEFAULT_OPS, LayerOps
 from minivllm.layers.rotary import RotaryEmbedding
+from minivllm.models.model_config import ModelConfig
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class DecoderAttention(nn.Module):
         attn_backend: AttentionBackend,
         options: DecoderOptions,
         dtype: torch.dtype | None,
+        ops: LayerOps,
     ) -> None:
         super().__init__()
         head_dim = config.head_dim
@@ -48,6 +50,7 @@ class DecoderAttention(nn.Module):
             config.num_key_value_heads,
             bias=options.qkv_bias,
             dtype=dtype,
+            ops=ops,
         )
         self.num_heads = self.qkv_proj.num_heads  # on this rank
         self.num_kv_heads = self.qkv_proj.num_kv_heads
@@ -55,7 +58,7 @@ class DecoderAttention(nn.Module):
         self.q_size = self.qkv_proj.q_size
         self.kv_size = self.qkv_proj.kv_size
         self.o_proj = RowParallelLinear(
-            config.num_attention_heads * head_dim, config.hidden_size, options.o_bias, dtype
+            config.num_attention_heads * head_dim, config.hidden_size, options.o_bias, dtype, ops
         )
         self.rotary_emb = rotary_emb  # shared by all layers
         # Applied by the rotary embedding (fused into its kernel on the Triton path).
@@ -84,13 +87,15 @@ class DecoderAttention(nn.Module):
 
 
 class DecoderMLP(nn.Module):
-    def __init__(self, config: ModelConfig, dtype: torch.dtype | None, use_triton: bool) -> None:
+    def __init__(
+        self, config: ModelConfig, dtype: torch.dtype | None, use_triton: bool, ops: LayerOps
+    ) -> None:
         super().__init__()
         size = config.intermediate_size
         self.gate_up_proj = MergedColumnParallelLinear(
-            config.hidden_size, [size, size], bias=False, dtype=dtype
+            config.hidden_size, [size, size], bias=False, dtype=dtype, ops=ops
         )
-        self.down_proj = RowParallelLinear(size, config.hidden_size, bias=False, dtype=dtype)
+        self.down_proj = RowParallelLinear(size, config.hidden_size, False, dtype, ops)
         self.act_fn = SiluAndMul(use_triton)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -106,10 +111,11 @@ class DecoderLayer(nn.Module):
         options: DecoderOptions,
         dtype: torch.dtype | None,
         use_triton: bool,
+        ops: LayerOps,
     ) -> None:
         super().__init__()
-        self.self_attn = DecoderAttention(config, rotary_emb, attn_backend, options, dtype)
-        self.mlp = DecoderMLP(config, dtype, use_triton)
+        self.self_attn = DecoderAttention(config, rotary_emb, attn_backend, options, dtype, ops)
+        self.mlp = DecoderMLP(config, dtype, use_triton, ops)
         eps = config.rms_norm_eps
         self.input_layernorm = RMSNorm(config.hidden_size, eps, dtype, use_triton)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype, use_triton)
@@ -161,9 +167,12 @@ class DecoderModel(nn.Module):
         options: DecoderOptions,
         dtype: torch.dtype | None,
         use_triton: bool,
+        ops: LayerOps,
     ) -> None:
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, dtype)
+        self.embed_tokens = VocabParallelEmbedding(
+            config.vocab_size, config.hidden_size, dtype, ops
+        )
         self.rotary_emb = RotaryEmbedding(
             config.head_dim,
             config.max_position_embeddings,
@@ -173,7 +182,7 @@ class DecoderModel(nn.Module):
             use_triton,
         )
         self.layers = nn.ModuleList(
-            DecoderLayer(config, self.rotary_emb, attn_backend, options, dtype, use_triton)
+            DecoderLayer(config, self.rotary_emb, attn_backend, options, dtype, use_triton, ops)
             for _ in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, use_triton)
@@ -208,14 +217,16 @@ class LlamaForCausalLM(nn.Module):
         attn_backend: AttentionBackend,
         dtype: torch.dtype | None = None,
         use_triton: bool = False,
+        ops: LayerOps = DEFAULT_OPS,
     ) -> None:
         """use_triton: the fused ops (RMSNorm, RoPE, SiLU-mul) run their Triton kernels
-        (layers/dispatch.py); attention runs whatever attn_backend is."""
+        (layers/dispatch.py); attention runs whatever attn_backend is. ops: the GEMM and
+        all-reduces of every linear layer, embedding and LM head (layers/ops.py)."""
         super().__init__()
         self.config = config
         options = self.decoder_options(config)
-        self.model = DecoderModel(config, attn_backend, options, dtype, use_triton)
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, dtype)
+        self.model = DecoderModel(config, attn_backend, options, dtype, use_triton, ops)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, dtype, ops)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 

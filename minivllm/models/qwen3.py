@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from minivllm.config import ModelConfig
 from minivllm.models.llama import DecoderOptions, LlamaForCausalLM
+from minivllm.models.model_config import ModelConfig
 
 
 class Qwen3ForCausalLM(LlamaForCausalLM):

@@ -1,24 +1,36 @@
-"""The explicit map from a config.json architecture name to its model class."""
+"""The explicit map from a config.json architecture name to its model class, imported on use:
+listing or checking architectures imports no model."""
 
 from __future__ import annotations
 
+import importlib
+
 from torch import nn
 
-from minivllm.models.llama import LlamaForCausalLM
-from minivllm.models.qwen2 import Qwen2ForCausalLM
-from minivllm.models.qwen3 import Qwen3ForCausalLM
-
-MODEL_REGISTRY: dict[str, type[nn.Module]] = {
-    "Qwen3ForCausalLM": Qwen3ForCausalLM,
-    "Qwen2ForCausalLM": Qwen2ForCausalLM,
-    "LlamaForCausalLM": LlamaForCausalLM,
+# Architecture -> (module under minivllm.models, class name).
+_MODELS: dict[str, tuple[str, str]] = {
+    "Qwen3ForCausalLM": ("qwen3", "Qwen3ForCausalLM"),
+    "Qwen2ForCausalLM": ("qwen2", "Qwen2ForCausalLM"),
+    "LlamaForCausalLM": ("llama", "LlamaForCausalLM"),
 }
 
 
-def get_model_class(architecture: str) -> type[nn.Module]:
-    if architecture not in MODEL_REGISTRY:
+def supported_architectures() -> list[str]:
+    return sorted(_MODELS)
+
+
+def check_architecture(architecture: str) -> None:
+    """Raises ValueError naming the supported architectures for an unknown one."""
+    if architecture not in _MODELS:
         raise ValueError(
             f"unsupported model architecture {architecture!r}; "
-            f"supported architectures: {sorted(MODEL_REGISTRY)}"
+            f"supported architectures: {supported_architectures()}"
         )
-    return MODEL_REGISTRY[architecture]
+
+
+def get_model_class(architecture: str) -> type[nn.Module]:
+    """Imports the architecture's module and returns its class; unknown is a ValueError."""
+    check_architecture(architecture)
+    module_name, class_name = _MODELS[architecture]
+    module = importlib.import_module(f"minivllm.models.{module_name}")
+    return getattr(module, class_name)

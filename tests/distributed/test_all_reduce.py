@@ -1,23 +1,26 @@
 """The TP all-reduce's dispatch (CPU): which messages take the symmetric-memory kernels, which
-fall back, which layers get it. The kernels themselves run in tests/gpu/test_gpu_tp.py."""
+fall back, which layers get it (layers/ops.py). The kernels themselves run in
+tests/gpu/test_gpu_tp.py."""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from minivllm.distributed.all_reduce import (
     PLANS,
     TPAllReduce,
-    bind_all_reduce,
     create_symm_buffer,
     message_fits,
     pick_method,
+    tp_all_reduce,
 )
-from minivllm.distributed.parallel_state import all_reduce
-from minivllm.layers.batch_invariant import all_reduce_ordered
+from minivllm.distributed.parallel_state import all_reduce, all_reduce_ordered
+from minivllm.kernels.matmul import matmul
 from minivllm.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from minivllm.layers.linear import RowParallelLinear
+from minivllm.layers.ops import LayerOps, layer_ops
 
 
 class FakeSymm:
@@ -82,25 +85,37 @@ def test_create_symm_buffer_is_none_on_cpu_without_collectives() -> None:
     assert create_symm_buffer(torch.device("cpu")) is None
 
 
-def test_bind_replaces_nccl_reduces_and_ordered_only_at_two_ranks() -> None:
-    def model() -> nn.Module:
-        m = nn.ModuleList(
+def test_ops_take_symm_for_nccl_reduces_and_ordered_only_at_two_ranks() -> None:
+    def model(world_size: int) -> nn.Module:
+        ops = layer_ops(deterministic=False, symm=FakeSymm(world_size))
+        ordered = layer_ops(deterministic=True, symm=FakeSymm(world_size))
+        return nn.ModuleList(
             [
-                RowParallelLinear(16, 16),
-                RowParallelLinear(16, 16),
-                VocabParallelEmbedding(128, 16),
-                ParallelLMHead(128, 16),
+                RowParallelLinear(16, 16, ops=ops),
+                RowParallelLinear(16, 16, ops=ordered),  # deterministic mode's sum
+                VocabParallelEmbedding(128, 16, ops=ops),
+                ParallelLMHead(128, 16, ops=ops),
                 nn.Linear(4, 4),
             ]
         )
-        m[1].reduce = all_reduce_ordered  # deterministic mode's sum
-        return m
 
-    at_two = model()
-    assert bind_all_reduce(at_two, FakeSymm(world_size=2)) == 4  # 2 row, embedding, head
-    assert all(isinstance(m.reduce, TPAllReduce) for m in at_two[:4])
+    at_two = model(2)
+    assert all(isinstance(m.reduce, TPAllReduce) for m in at_two[:4])  # 2 row, embedding, head
     assert at_two[0].reduce.fallback is all_reduce
     assert at_two[1].reduce.fallback is all_reduce_ordered
-    at_four = model()
-    assert bind_all_reduce(at_four, FakeSymm(world_size=4)) == 3
+    at_four = model(4)
+    assert all(isinstance(m.reduce, TPAllReduce) for m in (at_four[0], *at_four[2:4]))
     assert at_four[1].reduce is all_reduce_ordered  # bf16 step sums are not its bits
+    assert tp_all_reduce(None, ordered=False) is all_reduce  # no buffer: NCCL
+    assert tp_all_reduce(None, ordered=True) is all_reduce_ordered
+    assert LayerOps().row_reduce is all_reduce and LayerOps().reduce is all_reduce
+
+
+def test_deterministic_ops_are_batch_invariant() -> None:
+    ops = layer_ops(deterministic=True, symm=FakeSymm(world_size=2))
+    assert ops.gemm is matmul
+    assert isinstance(ops.row_reduce, TPAllReduce) and ops.row_reduce.fallback is all_reduce_ordered
+    assert RowParallelLinear(16, 16, ops=ops).gemm is matmul
+    assert ParallelLMHead(128, 16, ops=ops).gemm is matmul
+    assert layer_ops(deterministic=True).row_reduce is all_reduce_ordered
+    assert layer_ops(deterministic=False).gemm is F.linear

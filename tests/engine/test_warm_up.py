@@ -33,9 +33,9 @@ def test_warm_up_leaves_no_trace(tiny_qwen3_dir: str, async_scheduling: bool) ->
     expected = outputs(LLM(tiny_qwen3_dir, **options))
     llm = LLM(tiny_qwen3_dir, **options)
     core = llm.engine
-    vocab_size = core.model_config.vocab_size
+    vocab_size = core.setup.model_config.vocab_size
     steps = warm_up(core.new_scheduler(), core._execute, core.executor.execute, vocab_size,
-                    core.max_model_len, core.num_blocks * 4)  # fmt: skip
+                    core.setup.max_model_len, core.num_blocks * 4)  # fmt: skip
     assert steps >= 3
     assert core.executor.runner.sampling_state.requests == {}
     assert core.stats().prefix_cache_queries == 0
@@ -48,7 +48,7 @@ def test_warm_up_ends_on_a_small_cache(tiny_qwen3_dir: str) -> None:
     )
     core = llm.engine
     steps = warm_up(core.new_scheduler(), core._execute, core.executor.execute,
-                    core.model_config.vocab_size, core.max_model_len, 48)  # fmt: skip
+                    core.setup.model_config.vocab_size, core.setup.max_model_len, 48)  # fmt: skip
     assert 3 <= steps < 100 and core.executor.runner.sampling_state.requests == {}
 
 
@@ -65,8 +65,9 @@ def test_warm_up_reaches_every_step_shape(tiny_qwen3_dir: str) -> None:
         seen.append(sched_out)
         return core._execute(sched_out)
 
-    warm_up(core.new_scheduler(), execute, core.executor.execute, core.model_config.vocab_size,
-            core.max_model_len, core.num_blocks * 4)  # fmt: skip
+    setup = core.setup
+    warm_up(core.new_scheduler(), execute, core.executor.execute, setup.model_config.vocab_size,
+            setup.max_model_len, core.num_blocks * 4)  # fmt: skip
     first = seen[0]
     assert first.num_tokens == 207  # min(256, KV capacity / 2 = 208), less one: 208 % 16 == 0
     assert len(first.new_requests) > 1  # prompts of at most a quarter of the KV cache

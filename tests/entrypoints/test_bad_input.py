@@ -60,7 +60,7 @@ def test_text_that_is_not_unicode(llm: LLM) -> None:
 
 
 def test_token_outside_vocab(llm: LLM) -> None:
-    vocab = llm.engine.model_config.vocab_size
+    vocab = llm.engine.info.vocab_size
     with pytest.raises(ValueError, match=str(vocab + 5)):
         llm.generate(
             [{"prompt_token_ids": [1, 2]}, {"prompt_token_ids": [1, vocab + 5]}],
@@ -147,7 +147,7 @@ def test_extreme_temperatures_and_penalties_run(llm: LLM) -> None:
             params = SamplingParams(temperature=temperature, max_tokens=4, ignore_eos=True, seed=0)
             out = llm.generate(prompt, params, use_tqdm=False)[0].outputs[0]
             assert out.token_ids == greedy, temperature
-        vocab = llm.engine.model_config.vocab_size
+        vocab = llm.engine.info.vocab_size
         for kwargs in (
             {"temperature": 1e300},
             {"temperature": 0.7, "repetition_penalty": 1e300},
@@ -291,7 +291,7 @@ def test_logprobs_above_max_logprobs(llm: LLM, tiny_qwen3_dir: str) -> None:
         llm.generate([1, 2, 3], SamplingParams(max_tokens=2, **{name: 20}), use_tqdm=False)
     still_serves(llm)
     whole = LLM(tiny_qwen3_dir, device="cpu", max_logprobs=-1, num_gpu_blocks_override=8)
-    vocab = whole.engine.model_config.vocab_size
+    vocab = whole.engine.info.vocab_size
     out = whole.generate([1, 2], SamplingParams(max_tokens=1, logprobs=vocab), use_tqdm=False)
     assert len(out[0].outputs[0].logprobs[0]) == vocab
     with pytest.raises(ValueError, match="max_logprobs"):

@@ -134,7 +134,7 @@ def test_no_sampling_params_fail_a_step(tiny_qwen3_dir: str, alone) -> None:
     llm = LLM(tiny_qwen3_dir, dtype="float32", device="cpu", num_gpu_blocks_override=64)
     neighbour = PREFIXES[0]
     greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    vocab = llm.engine.model_config.vocab_size
+    vocab = llm.engine.info.vocab_size
     outcomes = {"refused": 0, "ran": 0}
 
     @settings(
@@ -147,7 +147,7 @@ def test_no_sampling_params_fail_a_step(tiny_qwen3_dir: str, alone) -> None:
     def check(kwargs) -> None:
         try:
             params = SamplingParams(max_tokens=6, **kwargs)
-            llm.engine.validate_request([1, 2, 3], params)
+            llm.validate_request([1, 2, 3], params)
         except (ValueError, TypeError):
             outcomes["refused"] += 1
             return

@@ -6,8 +6,8 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from minivllm.engine.types import Logprob
 from minivllm.entrypoints.processing import IncrementalDetokenizer, decode_logprobs
+from minivllm.outputs import Logprob
 
 EOS = "<|endoftext|>"
 IM_END = "<|im_end|>"

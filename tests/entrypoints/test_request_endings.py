@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from minivllm import LLM, SamplingParams
+from minivllm.engine.types import EngineRequest
 from minivllm.entrypoints.output_processor import OutputProcessor
 
 MAX_TOKENS = 8
@@ -91,10 +92,9 @@ def _run(llm: LLM, specs: list[dict], alone, run_id: int) -> dict[str, object]:
     for i, spec in enumerate(specs):
         prompt = PROMPTS[spec["prompt"]]
         params = _params(spec, alone[tuple(prompt)], llm)
-        for child_id, child_params in processor.add_request(
-            f"{run_id}-{i}", None, prompt, params, time.time()
-        ):
-            engine.add_request(child_id, prompt, child_params)
+        arrival = time.time()
+        children = processor.add_request(f"{run_id}-{i}", None, prompt, params, arrival)
+        engine.add_requests([EngineRequest(cid, prompt, p, arrival) for cid, p in children])
         if spec["ending"] == "abort":
             abort_at.setdefault(spec["at"], []).append(f"{run_id}-{i}")
     finished = {}

@@ -21,7 +21,7 @@ def test_bf16_greedy_agrees_with_hf_fp32(tmp_path) -> None:
     from transformers import AutoModelForCausalLM
 
     from minivllm import LLM, SamplingParams
-    from minivllm.gguf_loader import convert_gguf_to_hf
+    from minivllm.gguf_convert import convert_gguf_to_hf
 
     llm = LLM(demo_gguf_file(), dtype="bfloat16", gpu_memory_utilization=0.3)
     answer = (

@@ -8,9 +8,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from minivllm.attention.torch_sdpa import TorchSDPABackend
-from minivllm.config import ModelConfig
 from minivllm.layers.dispatch import use_triton_kernels
 from minivllm.model_loader import load_model
+from minivllm.models.model_config import ModelConfig
 from minivllm.models.registry import get_model_class
 from tests.helpers import prefill_logits
 

@@ -9,8 +9,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from minivllm.attention.torch_sdpa import TorchSDPABackend
-from minivllm.config import ModelConfig
 from minivllm.model_loader import build_model
+from minivllm.models.model_config import ModelConfig
 from minivllm.models.registry import get_model_class
 from tests.helpers import prefill_logits
 

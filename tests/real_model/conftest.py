@@ -27,7 +27,7 @@ def demo_gguf() -> str:
 @pytest.fixture(scope="session")
 def converted_dir(demo_gguf: str, tmp_path_factory: pytest.TempPathFactory) -> str:
     """The GGUF's dequantized weights written as an HF directory (float32 safetensors)."""
-    from minivllm.gguf_loader import convert_gguf_to_hf
+    from minivllm.gguf_convert import convert_gguf_to_hf
 
     return convert_gguf_to_hf(demo_gguf, str(tmp_path_factory.mktemp("smollm2-hf")))
 

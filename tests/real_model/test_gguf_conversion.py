@@ -8,7 +8,7 @@ import dataclasses
 import torch
 from safetensors.torch import load_file
 
-from minivllm.config import ModelConfig
+from minivllm.models.model_config import ModelConfig
 
 CONFIG_KEYS = (
     "num_hidden_layers",

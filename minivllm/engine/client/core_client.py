@@ -1,9 +1,10 @@
 """EngineCoreClient: starts the engine-core process and talks to it over one socket pair.
 
 Transport: pickle over a Unix socket pair framed by multiprocessing.connection.Connection
-(stdlib; pyzmq and msgspec are not dependencies). EngineOutput and SamplingParams are plain
+(stdlib; pyzmq and msgspec are not dependencies). EngineRequest and EngineOutput are plain
 dataclasses, so pickle moves them as they are; one message per step keeps the per-message
-cost (tens of microseconds, see docs/serving.md) far below a step's time.
+cost (tens of microseconds, see docs/serving.md) far below a step's time. The messages are
+listed in core_process.py.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ import sys
 import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any
 
 from minivllm.config import EngineConfig
+from minivllm.engine.client.protocol import MessageKind
 from minivllm.engine.stats import CoreInfo
-from minivllm.engine.types import EngineOutput
+from minivllm.engine.types import EngineOutput, EngineRequest
+from minivllm.models.model_config import ModelConfig
 
 logger = logging.getLogger(__name__)
 
@@ -34,13 +36,14 @@ class EngineCoreError(RuntimeError):
 
 
 class EngineCoreClient:
-    """Owns the core process. add/abort never block (a writer thread sends them, batched);
-    a reader thread hands every message from the core to on_message, and a final
-    ("dead", reason) when the core goes away without being asked to."""
+    """Owns the core process; an EngineClient (engine/client/protocol.py). add/abort never
+    block (a writer thread sends them, batched); a reader thread hands every message from the
+    core to on_message, and a final (DEAD, reason) when the core goes away unasked."""
 
     def __init__(
         self,
         config: EngineConfig,
+        model_config: ModelConfig,
         on_message: Callable[[tuple], None],
         env: dict[str, str] | None = None,
     ) -> None:
@@ -59,7 +62,7 @@ class EngineCoreClient:
         self._conn = Connection(parent_sock.detach())
         self._closing = False
         try:
-            self._conn.send(("config", config))
+            self._conn.send((MessageKind.CONFIG, config, model_config))
             self.info = self._wait_ready()
         except BaseException:
             self._kill()
@@ -71,13 +74,12 @@ class EngineCoreClient:
         self._writer.start()
         self._reader.start()
 
-    def add_requests(self, requests: list[tuple[str, list[int], Any, float]]) -> None:
-        """requests: (req_id, prompt_token_ids, SamplingParams, arrival_time) tuples."""
-        self._outbox.put(("add", requests))
+    def add_requests(self, requests: list[EngineRequest]) -> None:
+        self._outbox.put((MessageKind.ADD, requests))
 
     def abort_requests(self, req_ids: list[str]) -> None:
         if req_ids:
-            self._outbox.put(("abort", list(req_ids)))
+            self._outbox.put((MessageKind.ABORT, list(req_ids)))
 
     @property
     def is_alive(self) -> bool:
@@ -88,7 +90,7 @@ class EngineCoreClient:
         if self._closing:
             return
         self._closing = True
-        self._outbox.put(("shutdown",))
+        self._outbox.put((MessageKind.SHUTDOWN,))
         self._outbox.put(_STOP)
         self._writer.join(timeout)
         try:
@@ -109,7 +111,7 @@ class EngineCoreClient:
                     "while starting (see its log above)"
                 )
         msg = self._conn.recv()
-        if msg[0] == "failed":
+        if msg[0] is MessageKind.FAILED:
             _, is_user_error, message = msg
             # A bad option or model stays a ValueError, which the CLI prints in one line.
             raise (ValueError if is_user_error else EngineCoreError)(
@@ -140,14 +142,14 @@ class EngineCoreClient:
                 msg = self._conn.recv()
             except (EOFError, OSError):
                 break
-            if msg[0] == "outputs":
-                msg = ("outputs", [EngineOutput(*fields) for fields in msg[1]], msg[2])
+            if msg[0] is MessageKind.OUTPUTS:
+                msg = (MessageKind.OUTPUTS, [EngineOutput(*fields) for fields in msg[1]], msg[2])
             self._on_message(msg)
-            if msg[0] == "dead":
+            if msg[0] is MessageKind.DEAD:
                 return
         if not self._closing:
             code = self.process.wait()
-            self._on_message(("dead", f"the engine core process exited (code {code})"))
+            self._on_message((MessageKind.DEAD, f"the engine core process exited (code {code})"))
 
     def _kill(self) -> None:
         if self.process.poll() is None:
@@ -156,14 +158,14 @@ class EngineCoreClient:
 
 
 def _merge(messages: list) -> list:
-    """Joins runs of consecutive "add" (or "abort") messages, keeping the order."""
+    """Joins runs of consecutive ADD (or ABORT) messages, keeping the order."""
     merged: list = []
     for msg in messages:
         if (
             merged
             and msg is not _STOP
             and merged[-1] is not _STOP
-            and msg[0] in ("add", "abort")
+            and msg[0] in (MessageKind.ADD, MessageKind.ABORT)
             and merged[-1][0] == msg[0]
         ):
             merged[-1] = (msg[0], merged[-1][1] + msg[1])

@@ -1,13 +1,17 @@
 """The engine-core process: runs EngineCore.step() in a loop, fed over one socket.
 
 Started by core_client.EngineCoreClient as `python -m minivllm.engine.client.core_process --fd N`
-(its own entry point: it never imports the user's script). Messages are pickled tuples:
+(its own entry point: it never imports the user's script). Messages are pickled tuples that
+start with a MessageKind (engine/client/protocol.py):
 
-  in:  ("config", EngineConfig) once, then ("add", [(req_id, prompt_ids, params, arrival)]),
-       ("abort", [req_id]), ("shutdown",)
-  out: ("ready", CoreInfo) | ("failed", is_user_error, message) once, then one
-       ("outputs", [EngineOutput fields as a tuple], EngineStats) per step,
-       ("rejected", req_id, message), and ("dead", message) before exiting on a failed step
+  in:  (CONFIG, EngineConfig, ModelConfig) once, then (ADD, [EngineRequest]),
+       (ABORT, [req_id]), (SHUTDOWN,)
+  out: (READY, CoreInfo) | (FAILED, is_user_error, message) once, then one
+       (OUTPUTS, [EngineOutput fields as a tuple], EngineStats) per step,
+       (REJECTED, req_id, message) for a request the scheduler refuses (an id in use), and
+       (DEAD, message) before exiting on a failed step
+
+Requests come validated by the frontend (request_checks.check_request): none is checked here.
 
 End of file on the socket means the parent is gone: the process exits.
 """
@@ -22,25 +26,28 @@ import sys
 import traceback
 from multiprocessing.connection import Connection
 
+from minivllm.config import EngineConfig
+from minivllm.engine.client.protocol import MessageKind
 from minivllm.engine.engine_core import EngineCore
+from minivllm.models.model_config import ModelConfig
 
 logger = logging.getLogger("minivllm.core")
 
-# Test hook (issue 11's fault injection): step number at which step() raises.
+# Test hook (fault injection): step number at which step() raises.
 FAULT_ENV = "MINIVLLM_FAULT_AT_STEP"
 # Benchmark hook: "module:Class" of an EngineCore stand-in (benchmarks/bench_frontend_cpu.py
 # measures the frontend with a core whose steps cost nothing).
 CORE_FACTORY_ENV = "MINIVLLM_CORE_FACTORY"
 
 
-def _make_core(config) -> EngineCore:
+def _make_core(config: EngineConfig, model_config: ModelConfig) -> EngineCore:
     factory = os.environ.get(CORE_FACTORY_ENV)
     if not factory:
-        return EngineCore(config)
+        return EngineCore(config, model_config)
     import importlib
 
     module, _, name = factory.partition(":")
-    return getattr(importlib.import_module(module), name)(config)
+    return getattr(importlib.import_module(module), name)(config, model_config)
 
 
 class _Shutdown(Exception):
@@ -49,15 +56,15 @@ class _Shutdown(Exception):
 
 def _handle(core: EngineCore, conn: Connection, msg: tuple) -> None:
     kind = msg[0]
-    if kind == "add":
-        for req_id, prompt_token_ids, params, arrival in msg[1]:
+    if kind is MessageKind.ADD:
+        for request in msg[1]:
             try:
-                core.add_request(req_id, prompt_token_ids, params, arrival)
-            except (ValueError, TypeError) as e:
-                conn.send(("rejected", req_id, str(e)))
-    elif kind == "abort":
+                core.add_requests([request])
+            except ValueError as e:
+                conn.send((MessageKind.REJECTED, request.req_id, str(e)))
+    elif kind is MessageKind.ABORT:
         core.abort_requests(msg[1])
-    elif kind == "shutdown":
+    elif kind is MessageKind.SHUTDOWN:
         raise _Shutdown
     else:
         raise RuntimeError(f"unknown message {kind!r}")
@@ -80,24 +87,25 @@ def run_loop(core: EngineCore, conn: Connection) -> None:
                 raise RuntimeError(f"injected fault at step {num_steps} ({FAULT_ENV})")
             outputs = core.step()
             # Field tuples pickle ~4x faster than dataclasses: this is the core's hot path.
-            conn.send(("outputs", [tuple(o.__dict__.values()) for o in outputs], core.stats()))
+            outputs = [tuple(o.__dict__.values()) for o in outputs]
+            conn.send((MessageKind.OUTPUTS, outputs, core.stats()))
         elif num_messages:
-            conn.send(("outputs", [], core.stats()))  # aborts changed the gauges
+            conn.send((MessageKind.OUTPUTS, [], core.stats()))  # aborts changed the gauges
 
 
 def serve(conn: Connection) -> int:
-    kind, config = conn.recv()
-    if kind != "config":
+    kind, *payload = conn.recv()
+    if kind is not MessageKind.CONFIG:
         raise RuntimeError(f"expected the config first, got {kind!r}")
     try:
-        core = _make_core(config)
+        core = _make_core(*payload)
     except Exception as e:  # noqa: BLE001 - reported to the parent, which raises it
         is_user_error = isinstance(e, (ValueError, TypeError))
         if not is_user_error:
             logger.exception("engine core failed to start")
-        conn.send(("failed", is_user_error, f"{type(e).__name__}: {e}"))
+        conn.send((MessageKind.FAILED, is_user_error, f"{type(e).__name__}: {e}"))
         return 1
-    conn.send(("ready", core.info))
+    conn.send((MessageKind.READY, core.info))
     try:
         run_loop(core, conn)
     except (_Shutdown, EOFError, BrokenPipeError, ConnectionResetError):
@@ -105,7 +113,7 @@ def serve(conn: Connection) -> int:
     except Exception as e:  # noqa: BLE001 - a failed step ends every request with an error
         logger.error("engine core step failed:\n%s", traceback.format_exc())
         try:
-            conn.send(("dead", f"{type(e).__name__}: {e}"))
+            conn.send((MessageKind.DEAD, f"{type(e).__name__}: {e}"))
         except OSError:
             pass
         return 1

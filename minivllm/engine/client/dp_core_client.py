@@ -1,4 +1,4 @@
-"""DPCoreClient: EngineCoreClient's interface over data_parallel_size engine-core processes
+"""DPCoreClient: an EngineClient over data_parallel_size engine-core processes
 (replicas, each on its own tensor_parallel_size GPUs); new requests go to the replica with
 the fewest outstanding tokens (LoadBalancer). Used by DPEngine (LLM) and AsyncLLM (server)."""
 
@@ -10,20 +10,21 @@ import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import fields, replace
-from typing import Any
 
-import minivllm
-from minivllm.config import EngineConfig, ModelConfig
+from minivllm.config import EngineConfig
 from minivllm.engine.client.core_client import EngineCoreClient
 from minivllm.engine.client.load_balancer import LoadBalancer
+from minivllm.engine.client.protocol import MessageKind
 from minivllm.engine.stats import EngineStats
+from minivllm.engine.types import EngineRequest
+from minivllm.models.model_config import ModelConfig
 
 
 def replica_env(config: EngineConfig, index: int) -> dict[str, str]:
     """The environment of replica `index`: its own tensor_parallel_size GPUs (of the ones
     this process sees), and this very minivllm on the import path."""
     env = dict(os.environ)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(minivllm.__file__)))
+    root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     if config.resolved_device().type == "cuda":
         import torch
@@ -45,22 +46,27 @@ def replica_env(config: EngineConfig, index: int) -> dict[str, str]:
 class DPCoreClient:
     """Owns N EngineCoreClients. Their reader threads call on_message with the replica's
     messages after the balancer has seen them: outputs of open requests only, with the
-    stats summed over replicas; one ("dead", reason) when any replica dies."""
+    stats summed over replicas; one (DEAD, reason) when any replica dies."""
 
-    def __init__(self, config: EngineConfig, on_message: Callable[[tuple], None]) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        model_config: ModelConfig,
+        on_message: Callable[[tuple], None],
+    ) -> None:
         self._on_message = on_message
         self._lock = threading.Lock()  # the balancer: reader threads vs add/abort callers
         self._dead = False
         size = config.data_parallel_size
-        max_model_len = config.resolved_max_model_len(ModelConfig.from_hf(config.model))
-        self.balancer = LoadBalancer(size, max_model_len)
         self._stats = [EngineStats() for _ in range(size)]
         envs = [replica_env(config, i) for i in range(size)]
         replica_config = replace(config, data_parallel_size=1)
         # Replicas start side by side (model load, KV profiling, graph capture).
         with ThreadPoolExecutor(size) as pool:
             futures = [
-                pool.submit(EngineCoreClient, replica_config, self._handler(i), env=env)
+                pool.submit(
+                    EngineCoreClient, replica_config, model_config, self._handler(i), env=env
+                )
                 for i, env in enumerate(envs)
             ]
         errors = [f.exception() for f in futures if f.exception() is not None]
@@ -72,14 +78,18 @@ class DPCoreClient:
         first = self.replicas[0].info
         num_blocks = min(r.info.num_blocks for r in self.replicas)
         self.info = replace(first, num_blocks=num_blocks)  # pid: replica 0's
+        # Requests (and so outputs) come only after this: the reader threads need it then.
+        self.balancer = LoadBalancer(size, self.info.max_model_len)
 
-    def add_requests(self, requests: list[tuple[str, list[int], Any, float]]) -> None:
-        """requests: (req_id, prompt_token_ids, SamplingParams, arrival_time) tuples."""
-        by_replica: dict[int, list[tuple]] = {}
+    def add_requests(self, requests: list[EngineRequest]) -> None:
+        by_replica: dict[int, list[EngineRequest]] = {}
         with self._lock:
             for request in requests:
-                req_id, prompt_token_ids, params, _ = request
-                index = self.balancer.assign(req_id, len(prompt_token_ids), params.max_tokens)
+                index = self.balancer.assign(
+                    request.req_id,
+                    len(request.prompt_token_ids),
+                    request.sampling_params.max_tokens,
+                )
                 by_replica.setdefault(index, []).append(request)
         for index, batch in by_replica.items():
             self.replicas[index].add_requests(batch)
@@ -91,9 +101,6 @@ class DPCoreClient:
             by_replica = self.balancer.split_by_replica(req_ids)
         for index, ids in by_replica.items():
             self.replicas[index].abort_requests(ids)
-
-    def has_unfinished_requests(self) -> bool:
-        return bool(self.balancer.replica_of)
 
     def shutdown(self) -> None:
         """Stops every replica (side by side); idempotent."""
@@ -107,16 +114,17 @@ class DPCoreClient:
     def _on_replica_message(self, index: int, msg: tuple) -> None:
         kind = msg[0]
         with self._lock:
-            if kind == "outputs":
+            if kind is MessageKind.OUTPUTS:
                 self._stats[index] = msg[2]
-                msg = ("outputs", self.balancer.update(index, msg[1]), _sum_stats(self._stats))
-            elif kind == "rejected":
+                outputs = self.balancer.update(index, msg[1])
+                msg = (MessageKind.OUTPUTS, outputs, _sum_stats(self._stats))
+            elif kind is MessageKind.REJECTED:
                 self.balancer.forget(msg[1])
-            elif kind == "dead":
+            elif kind is MessageKind.DEAD:
                 if self._dead:
                     return
                 self._dead = True
-                msg = ("dead", f"data-parallel replica {index}: {msg[1]}")
+                msg = (MessageKind.DEAD, f"data-parallel replica {index}: {msg[1]}")
         self._on_message(msg)
 
 

@@ -7,17 +7,17 @@
 
 from __future__ import annotations
 
-from minivllm.config import EngineConfig, ModelConfig
 from minivllm.engine.executor.base import Executor
 from minivllm.engine.executor.local import LocalExecutor
 from minivllm.engine.executor.torchrun import TorchrunExecutor, torchrun_rank
 from minivllm.engine.executor.tp_executor import TPExecutor
+from minivllm.engine.setup import EngineSetup
 
 
-def build_executor(config: EngineConfig, model_config: ModelConfig, max_model_len: int) -> Executor:
-    if config.tensor_parallel_size == 1:
-        return LocalExecutor(config, model_config, max_model_len)
+def build_executor(setup: EngineSetup) -> Executor:
+    if setup.config.tensor_parallel_size == 1:
+        return LocalExecutor(setup)
     launched = torchrun_rank()
     if launched is not None:
-        return TorchrunExecutor(config, model_config, max_model_len, *launched)
-    return TPExecutor(config, model_config, max_model_len)
+        return TorchrunExecutor(setup, *launched)
+    return TPExecutor(setup)

@@ -4,20 +4,18 @@ from __future__ import annotations
 
 import torch
 
-from minivllm.config import EngineConfig, ModelConfig
 from minivllm.engine.runner.model_runner import ModelRunner
 from minivllm.engine.runner.step_handle import StepHandle
+from minivllm.engine.setup import EngineSetup
 from minivllm.engine.types import RunnerOutput, SchedulerOutput
 
 
 class LocalExecutor:
     """One process, one device: tensor_parallel_size == 1."""
 
-    def __init__(self, config: EngineConfig, model_config: ModelConfig, max_model_len: int) -> None:
-        device = config.resolved_device()
-        dtype = config.resolved_dtype(model_config, device)
-        torch.manual_seed(config.seed)
-        self.runner = ModelRunner(config, model_config, device, dtype, max_model_len)
+    def __init__(self, setup: EngineSetup) -> None:
+        torch.manual_seed(setup.config.seed)
+        self.runner = ModelRunner(setup, setup.device)
         self.num_blocks = self.runner.determine_num_blocks()
         if self.num_blocks >= 1:
             self.runner.initialize_kv_cache(self.num_blocks)

@@ -14,7 +14,7 @@ from minivllm.engine.types import ScheduledChunk, SchedulerOutput
 
 
 class Op(IntEnum):
-    EXECUTE = 0  # run the step, wait for its tokens (RankRunner.execute)
+    EXECUTE = 0  # run the step, wait for its tokens (tp_worker.serve_steps: runner.execute)
     EXECUTE_ASYNC = 1  # launch the step; its tokens are collected at the next message
     SHUTDOWN = 2
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 
-from minivllm.config import EngineConfig, ModelConfig
 from minivllm.distributed.teardown import release_process_group
 from minivllm.engine.executor.local import LocalExecutor
 from minivllm.engine.executor.tp_executor import check_shardable
 from minivllm.engine.executor.tp_worker import init_rank
+from minivllm.engine.setup import EngineSetup
 
 
 def torchrun_rank() -> tuple[int, int, int] | None:
@@ -25,24 +25,15 @@ class TorchrunExecutor(LocalExecutor):
     (same inputs, same all-gathered logits, same keyed sampling), and nothing is broadcast.
     Every rank returns the outputs; print them on rank 0 only."""
 
-    def __init__(
-        self,
-        config: EngineConfig,
-        model_config: ModelConfig,
-        max_model_len: int,
-        rank: int,
-        local_rank: int,
-        world_size: int,
-    ) -> None:
-        if world_size != config.tensor_parallel_size:
+    def __init__(self, setup: EngineSetup, rank: int, local_rank: int, world_size: int) -> None:
+        tp_size = setup.config.tensor_parallel_size
+        if world_size != tp_size:
             raise ValueError(
                 f"torchrun started {world_size} processes but tensor_parallel_size is "
-                f"{config.tensor_parallel_size}; they must be equal"
+                f"{tp_size}; they must be equal"
             )
-        check_shardable(model_config, world_size)
-        self.runner, self.num_blocks = init_rank(
-            config, model_config, max_model_len, rank, world_size, "env://", local_rank
-        )
+        check_shardable(setup.model_config, world_size)
+        self.runner, self.num_blocks = init_rank(setup, rank, "env://", local_rank)
         self._closed = False
 
     def shutdown(self) -> None:

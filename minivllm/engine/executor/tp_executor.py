@@ -18,14 +18,15 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 
-from minivllm.config import EngineConfig, ModelConfig
 from minivllm.distributed.teardown import release_process_group
 from minivllm.engine.executor.shm_ring import ShmRing
 from minivllm.engine.executor.step_codec import Op, encode
 from minivllm.engine.executor.tp_worker import WorkerSpec, init_rank
 from minivllm.engine.executor.worker_group import WorkerGroup
 from minivllm.engine.runner.step_handle import StepHandle
+from minivllm.engine.setup import EngineSetup
 from minivllm.engine.types import RunnerOutput, SchedulerOutput
+from minivllm.models.model_config import ModelConfig
 
 # Workers import torch and minivllm before they report "up"; a slow disk can take a while.
 _STARTUP_TIMEOUT_S = 300.0
@@ -105,10 +106,10 @@ def _shutdown(group: WorkerGroup, ring: ShmRing, state: dict) -> None:
 class TPExecutor:
     """The Executor of tensor_parallel_size > 1 when this process starts the workers."""
 
-    def __init__(self, config: EngineConfig, model_config: ModelConfig, max_model_len: int) -> None:
-        world_size = config.tensor_parallel_size
-        check_shardable(model_config, world_size)
-        if config.resolved_device().type == "cuda" and torch.cuda.device_count() < world_size:
+    def __init__(self, setup: EngineSetup) -> None:
+        world_size = setup.config.tensor_parallel_size
+        check_shardable(setup.model_config, world_size)
+        if setup.device.type == "cuda" and torch.cuda.device_count() < world_size:
             raise ValueError(
                 f"tensor_parallel_size={world_size} but only {torch.cuda.device_count()} GPUs "
                 "are visible"
@@ -121,10 +122,7 @@ class TPExecutor:
         init_method = f"tcp://127.0.0.1:{free_port()}"
         self._ring = ShmRing.create(num_readers=world_size - 1)
         ring = self._ring.handle
-        specs = [
-            WorkerSpec(config, model_config, max_model_len, r, world_size, init_method, ring)
-            for r in range(1, world_size)
-        ]
+        specs = [WorkerSpec(setup, r, init_method, ring) for r in range(1, world_size)]
         self._state = {"in_sync": True}
         try:
             self._group = WorkerGroup(specs, on_failure=_abort_process_group)
@@ -135,9 +133,7 @@ class TPExecutor:
         try:
             # Start-up errors of a worker (imports, device, config) fail here at once.
             self._group.wait_for("up", _STARTUP_TIMEOUT_S)
-            self.runner, self.num_blocks = init_rank(
-                config, model_config, max_model_len, 0, world_size, init_method, 0
-            )
+            self.runner, self.num_blocks = init_rank(setup, 0, init_method, 0)
             self._group.wait_for("ready", _STARTUP_TIMEOUT_S)
         except BaseException as e:
             failure = self._group.failure

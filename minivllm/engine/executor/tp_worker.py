@@ -23,11 +23,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from minivllm.config import EngineConfig, ModelConfig
-from minivllm.distributed.all_reduce import bind_all_reduce, create_symm_buffer
 from minivllm.engine.executor.shm_ring import RingHandle, ShmRing
 from minivllm.engine.executor.step_codec import Op, decode
 from minivllm.engine.runner.model_runner import ModelRunner
+from minivllm.engine.setup import EngineSetup
 
 # A collective that waits longer than this means a rank is gone (dead workers are usually
 # noticed much sooner: see engine/executor/worker_group.py).
@@ -39,27 +38,21 @@ _LENGTH = struct.Struct("<Q")
 class WorkerSpec:
     """Everything a worker process needs, as plain data (sent pickled on its stdin)."""
 
-    config: EngineConfig
-    model_config: ModelConfig
-    max_model_len: int
+    setup: EngineSetup  # rank 0's, as EngineCore resolved it
     rank: int
-    world_size: int
     init_method: str  # tcp://host:port of rank 0's rendezvous
     ring: RingHandle
 
 
 def init_rank(
-    config: EngineConfig,
-    model_config: ModelConfig,
-    max_model_len: int,
-    rank: int,
-    world_size: int,
-    init_method: str,
-    local_rank: int,
+    setup: EngineSetup, rank: int, init_method: str, local_rank: int
 ) -> tuple[ModelRunner, int]:
-    """Joins the default process group, builds this rank's runner and its KV cache (the
-    smallest number of blocks that fits on every rank); returns (runner, num_blocks)."""
-    device = config.resolved_device()
+    """Joins the default process group (of setup's tensor_parallel_size ranks), builds this
+    rank's runner and its KV cache (the smallest number of blocks that fits on every rank);
+    returns (runner, num_blocks)."""
+    config = setup.config
+    world_size = config.tensor_parallel_size
+    device = setup.device
     if device.type == "cuda":
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
@@ -73,13 +66,7 @@ def init_rank(
         device_id=device if device.type == "cuda" else None,
     )
     torch.manual_seed(config.seed)
-    dtype = config.resolved_dtype(model_config, device)
-    runner = ModelRunner(config, model_config, device, dtype, max_model_len, tp_size=world_size)
-    if device.type == "cuda" and not config.disable_custom_all_reduce:
-        # Before profiling and graph capture, which must see the all-reduce the steps use.
-        symm = create_symm_buffer(device)
-        if symm is not None:
-            bind_all_reduce(runner.model, symm)
+    runner = ModelRunner(setup, device)  # chooses the TP all-reduce (collective)
     num_blocks = torch.tensor([runner.determine_num_blocks()], device=device)
     dist.all_reduce(num_blocks, op=dist.ReduceOp.MIN)
     if num_blocks.item() >= 1:
@@ -149,15 +136,7 @@ def main(argv: list[str] | None = None) -> None:
         threading.Thread(target=_watch_parent, args=(stdin,), daemon=True).start()
         _send(status_fd, ("up",))
         ring = ShmRing.attach(spec.ring, spec.rank - 1)
-        runner, num_blocks = init_rank(
-            spec.config,
-            spec.model_config,
-            spec.max_model_len,
-            spec.rank,
-            spec.world_size,
-            spec.init_method,
-            spec.rank,
-        )
+        runner, num_blocks = init_rank(spec.setup, spec.rank, spec.init_method, spec.rank)
         gc.collect()
         gc.freeze()  # as EngineCore does: full collections then skip torch and the model
         _send(status_fd, ("ready", num_blocks))

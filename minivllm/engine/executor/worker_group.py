@@ -17,7 +17,6 @@ import threading
 import time
 from collections.abc import Callable
 
-import minivllm
 from minivllm.engine.executor.tp_worker import WorkerSpec
 
 _LENGTH = struct.Struct("<Q")
@@ -55,7 +54,7 @@ class WorkerGroup:
         self._stopping = False
         env = dict(os.environ)
         # The worker imports this very minivllm, wherever it was imported from.
-        root = os.path.dirname(os.path.dirname(os.path.abspath(minivllm.__file__)))
+        root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         for spec in specs:
             self._start(spec, env)

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
-from minivllm.config import ModelConfig
 from minivllm.layers.attention import Attention
+from minivllm.models.model_config import ModelConfig
 
 
 @dataclass(frozen=True)

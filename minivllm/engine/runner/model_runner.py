@@ -13,7 +13,7 @@ import torch
 
 from minivllm.attention.base import AttnMetadata
 from minivllm.attention.selector import get_attn_backend
-from minivllm.config import EngineConfig, ModelConfig
+from minivllm.distributed.all_reduce import create_symm_buffer
 from minivllm.engine.runner.block_table import BlockTable
 from minivllm.engine.runner.cuda_graph import CUDAGraphRunner
 from minivllm.engine.runner.device_inputs import InputStaging
@@ -24,10 +24,10 @@ from minivllm.engine.runner.profiling import memory_baseline, profile_kv_budget
 from minivllm.engine.runner.prompt_logprobs import PromptLogprobsTracker
 from minivllm.engine.runner.sampling_state import SamplingState
 from minivllm.engine.runner.step_handle import StepHandle
-from minivllm.engine.sched.limits import resolve_scheduler_limits
+from minivllm.engine.setup import EngineSetup
 from minivllm.engine.types import RunnerOutput, SchedulerOutput
-from minivllm.layers.batch_invariant import use_batch_invariant_ops
 from minivllm.layers.dispatch import use_triton_kernels
+from minivllm.layers.ops import layer_ops
 from minivllm.layers.sampler import Sampler
 from minivllm.model_loader import build_model
 
@@ -35,23 +35,15 @@ logger = logging.getLogger(__name__)
 
 
 class ModelRunner:
-    def __init__(
-        self,
-        config: EngineConfig,
-        model_config: ModelConfig,
-        device: torch.device,
-        dtype: torch.dtype,
-        max_model_len: int,
-        tp_size: int = 1,
-    ) -> None:
-        self.config = config
-        self.model_config = model_config
+    def __init__(self, setup: EngineSetup, device: torch.device) -> None:
+        """device: this rank's device (setup.device, with the rank's index under TP)."""
+        config = self.config = setup.config
+        model_config = setup.model_config
         self.device = device
-        self.dtype = dtype
-        self.max_model_len = max_model_len
-        self.tp_size = tp_size
+        self.max_model_len = max_model_len = setup.max_model_len
+        self.tp_size = tp_size = config.tensor_parallel_size
         self.block_size = config.block_size
-        self.limits = resolve_scheduler_limits(config, device)
+        self.limits = setup.limits
         max_num_seqs = self.limits.max_num_seqs
         self.memory_baseline = 0
         if device.type == "cuda":
@@ -67,24 +59,27 @@ class ModelRunner:
             num_kv_heads=max(1, model_config.num_key_value_heads // tp_size),
             deterministic=config.deterministic,
         )
+        # The layers' GEMM and all-reduces, chosen once; the symmetric-memory buffer (collective)
+        # before profiling and graph capture, which must see the all-reduce the steps use.
+        symm = None
+        if tp_size > 1 and device.type == "cuda" and not config.disable_custom_all_reduce:
+            symm = create_symm_buffer(device)
         self.model = build_model(
             model_config,
             self.attn_backend,
-            dtype=dtype,
+            dtype=setup.dtype,
             device=device,
             model_dir=config.model,
             load_format=config.load_format,
             seed=config.seed,
+            ops=layer_ops(config.deterministic, symm),
         )
-        if config.deterministic:
-            use_batch_invariant_ops(self.model)
         self.sampler = Sampler(use_triton_kernels(device))
         self.sampling_state = SamplingState(device, seed=config.seed)
         self.prompt_logprobs = PromptLogprobsTracker()
         self.block_table = BlockTable(-(-max_model_len // self.block_size), max_num_seqs)
-        kv_dtype = config.resolved_kv_cache_dtype(dtype)
         self.kv_spec = KVCacheSpec.for_model(
-            model_config, self.block_size, kv_dtype, device, tp_size
+            model_config, self.block_size, setup.kv_cache_dtype, device, tp_size
         )
         self.kv_caches: list[torch.Tensor] = []
         self.graphs: CUDAGraphRunner | None = None  # once captured

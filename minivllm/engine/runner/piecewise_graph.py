@@ -1,7 +1,7 @@
 """Piecewise CUDA graphs for mixed steps (prefill chunks, with or without decodes).
 
 Such a step run eagerly costs ~12 kernel launches per layer, and on an H200 host their launch
-time (~15 ms for Qwen3-0.6B) exceeded the GPU time of a 1,000-token prefill (~4.5 ms). Here
+time exceeded the GPU time of a 1,000-token prefill (measured: docs/performance.md). Here
 every stretch of the model between two attentions (the first: embedding to layer 0's q/k/v;
 then o_proj, norms, MLP and the next layer's q/k/v; the last: the final norm) is one graph per
 token-count bucket, and attention runs eagerly between them on the real tokens with the

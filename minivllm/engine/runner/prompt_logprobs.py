@@ -13,7 +13,8 @@ import numpy as np
 import torch
 
 from minivllm.engine.runner.sampling_state import SamplingState, prompt_logprobs_for
-from minivllm.engine.types import LogprobsDict, SchedulerOutput
+from minivllm.engine.types import SchedulerOutput
+from minivllm.outputs import LogprobsDict
 
 
 @dataclass

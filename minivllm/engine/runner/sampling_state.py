@@ -12,9 +12,10 @@ import numpy as np
 import torch
 
 from minivllm.engine.runner.device_inputs import InputStaging, list_to_device
-from minivllm.engine.types import Logprob, LogprobsDict, NewRequestData
+from minivllm.engine.types import NewRequestData
 from minivllm.layers.dispatch import use_triton_kernels
 from minivllm.layers.sampler import SamplerOutput, SamplingMetadata, gather_logprobs
+from minivllm.outputs import Logprob, LogprobsDict
 from minivllm.sampling_params import SamplingParams
 
 # A draw of a row uses philox counters [k << DRAW_SHIFT, (k << DRAW_SHIFT) + vocab_size): a

@@ -1,6 +1,6 @@
 """The scheduler's limits (max_num_seqs, max_num_batched_tokens): the user's values, or
-defaults chosen once at engine build from the device's memory and the usage (offline or
-server), following vLLM 0.20's rule (EngineArgs.get_batch_defaults)."""
+defaults chosen once at engine build (engine/setup.py) from the device's memory and the usage
+(offline or server), following vLLM 0.20's rule (EngineArgs.get_batch_defaults)."""
 
 from __future__ import annotations
 

@@ -10,8 +10,9 @@ from minivllm.engine.runner.sampling_state import (
     prompt_logprobs_for,
     to_runner_logprobs,
 )
-from minivllm.engine.types import Logprob, NewRequestData
+from minivllm.engine.types import NewRequestData
 from minivllm.layers.sampler import Sampler
+from minivllm.outputs import Logprob
 from minivllm.sampling_params import SamplingParams
 
 

@@ -9,7 +9,8 @@ import pytest
 from minivllm.engine.sched.block_manager import BlockManager
 from minivllm.engine.sched.request import Request, RequestStatus
 from minivllm.engine.sched.scheduler import Scheduler
-from minivllm.engine.types import Logprob, RunnerOutput, SchedulerOutput
+from minivllm.engine.types import RunnerOutput, SchedulerOutput
+from minivllm.outputs import Logprob
 from minivllm.sampling_params import SamplingParams
 
 BLOCK_SIZE = 4

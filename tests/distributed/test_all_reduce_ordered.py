@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from minivllm.layers.batch_invariant import all_reduce_ordered
+from minivllm.distributed.parallel_state import all_reduce_ordered
 
 WORLD = 3
 

@@ -1,0 +1,43 @@
+"""EngineSetup: the engine's configuration resolved once (device, dtypes, lengths, scheduler
+limits), by EngineCore, and handed down to the executor, the runners and the TP workers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from minivllm.config import EngineConfig
+from minivllm.engine.sched.limits import SchedulerLimits, resolve_scheduler_limits
+from minivllm.models.model_config import ModelConfig
+
+
+@dataclass(frozen=True)
+class EngineSetup:
+    """Plain data (it is pickled to TP worker processes). Options used as given are read
+    from `config`; what is derived from them lives here, and nothing below derives it again."""
+
+    config: EngineConfig
+    model_config: ModelConfig
+    device: torch.device  # the replica's device kind; a TP rank runs on its own index of it
+    dtype: torch.dtype  # the model's weights and activations
+    kv_cache_dtype: torch.dtype
+    max_model_len: int
+    limits: SchedulerLimits  # max_num_seqs, max_num_batched_tokens
+
+
+def resolve_setup(config: EngineConfig, model_config: ModelConfig) -> EngineSetup:
+    """Raises ValueError for a device that is not there or a max_model_len the model cannot
+    take. The limits are the rank-0 device's (every rank of a replica is the same GPU kind)."""
+    max_model_len = config.resolved_max_model_len(model_config)
+    device = config.resolved_device()
+    dtype = config.resolved_dtype(model_config, device)
+    return EngineSetup(
+        config=config,
+        model_config=model_config,
+        device=device,
+        dtype=dtype,
+        kv_cache_dtype=config.resolved_kv_cache_dtype(dtype),
+        max_model_len=max_model_len,
+        limits=resolve_scheduler_limits(config, device),
+    )

@@ -1,0 +1,56 @@
+"""The token bitmask: int32 words [num_rows, ceil(vocab_size / 32)], bit b of word w set iff
+token 32 * w + b is allowed; and its application to logits on their device."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+BITS_PER_WORD = 32
+
+
+def num_bitmask_words(vocab_size: int) -> int:
+    return (vocab_size + BITS_PER_WORD - 1) // BITS_PER_WORD
+
+
+def allocate_bitmask(num_rows: int, vocab_size: int, pin_memory: bool = False) -> torch.Tensor:
+    """A CPU bitmask of num_rows rows, every token allowed (all bits set). Pinned memory
+    lets the copy to the GPU overlap with the forward."""
+    shape = (num_rows, num_bitmask_words(vocab_size))
+    return torch.full(shape, -1, dtype=torch.int32, pin_memory=pin_memory)
+
+
+def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """bitmask: int32 [num_rows, num_words] -> bool [num_rows, vocab_size], True = allowed.
+    Ids past the bitmask's 32 * num_words (a model vocab padded past the tokenizer's) are
+    not allowed."""
+    bits = torch.arange(BITS_PER_WORD, device=bitmask.device, dtype=torch.int32)
+    # Arithmetic shift of a negative word is fine: only bit 0 is kept.
+    allowed = ((bitmask.unsqueeze(-1) >> bits) & 1).bool().flatten(1)
+    covered = allowed.shape[1]
+    if covered >= vocab_size:
+        return allowed[:, :vocab_size]
+    padding = allowed.new_zeros(allowed.shape[0], vocab_size - covered)
+    return torch.cat([allowed, padding], dim=1)
+
+
+def apply_bitmask(
+    logits: torch.Tensor, bitmask: torch.Tensor, rows: Sequence[int] | torch.Tensor
+) -> None:
+    """Sets the disallowed logits of the constrained rows to -inf, in place.
+
+    logits: [num_rows, vocab_size] on any device (vocab_size may exceed the tokenizer's);
+    bitmask: int32 [len(rows), num_words], on the CPU (pinned for an async copy) or on
+    logits' device; rows: the logits row of each bitmask row. Other rows are untouched.
+    """
+    if bitmask.dtype != torch.int32 or bitmask.dim() != 2:
+        raise ValueError(f"bitmask must be 2-D int32, got {bitmask.dim()}-D {bitmask.dtype}")
+    rows = torch.as_tensor(rows, dtype=torch.long).to(logits.device, non_blocking=True)
+    if rows.shape != (bitmask.shape[0],):
+        raise ValueError(f"{bitmask.shape[0]} bitmask rows but {rows.numel()} logits rows")
+    if rows.numel() == 0:
+        return
+    allowed = unpack_bitmask(bitmask.to(logits.device, non_blocking=True), logits.shape[1])
+    # allowed: [len(rows), vocab_size]
+    logits[rows] = torch.where(allowed, logits[rows], float("-inf"))

@@ -1,0 +1,130 @@
+"""GrammarCompiler: compiles specs on a thread pool behind an LRU cache of futures, so the
+engine loop never waits on a compile; a compile past its time limit fails its requests."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+from minivllm.structured_output.backend import CompiledGrammar, StructuredOutputBackend
+from minivllm.structured_output.params import StructuredOutputSpec
+
+
+@dataclass(frozen=True)
+class CompileCacheInfo:
+    hits: int  # submits answered by a cached or in-flight future
+    misses: int  # submits that started a compile
+    size: int  # specs held now
+
+
+class GrammarCompiler:
+    """Futures of compiled grammars, one per spec while it stays in the cache.
+
+    cache_size: specs kept (least recently submitted evicted first); a failed compile
+    (ValueError) stays cached, since it fails again; a timed-out one is dropped, so a
+    later request retries. time_limit_s: seconds from submit to result, queueing included
+    (None: no limit). A timed-out compile keeps its worker until it ends: threads cannot
+    be stopped, which is why llguidance's parser limits bound the work itself.
+    """
+
+    def __init__(
+        self,
+        backend: StructuredOutputBackend,
+        *,
+        cache_size: int = 256,
+        max_workers: int = 2,
+        time_limit_s: float | None = 30.0,
+    ) -> None:
+        if cache_size < 1:
+            raise ValueError(f"cache_size must be at least 1, got {cache_size}")
+        if time_limit_s is not None and time_limit_s <= 0:
+            raise ValueError(f"time_limit_s must be positive or None, got {time_limit_s}")
+        self._backend = backend
+        self._cache_size = cache_size
+        self._time_limit_s = time_limit_s
+        self._pool = ThreadPoolExecutor(max_workers, thread_name_prefix="minivllm-grammar")
+        self._lock = threading.Lock()  # guards _cache and the counters
+        # Separate, because setting an outcome runs the future's callbacks, which may submit.
+        self._outcome_lock = threading.Lock()
+        self._cache: OrderedDict[StructuredOutputSpec, Future[CompiledGrammar]] = OrderedDict()
+        self._hits = 0
+        self._misses = 0
+        self._closed = False
+
+    def submit(self, spec: StructuredOutputSpec) -> Future[CompiledGrammar]:
+        """The future of spec's compiled grammar; returns at once. Its exception is a
+        ValueError for a spec the backend rejects or a compile past the time limit."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the grammar compiler is shut down")
+            cached = self._cache.get(spec)
+            if cached is not None:
+                self._cache.move_to_end(spec)
+                self._hits += 1
+                return cached
+            self._misses += 1
+            future: Future[CompiledGrammar] = Future()
+            self._cache[spec] = future
+            if len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)  # in-flight waiters keep their future
+        timer = self._start_timer(spec, future)
+        work = self._pool.submit(self._backend.compile, spec)
+        work.add_done_callback(lambda done: self._finish(future, done, timer))
+        return future
+
+    def cache_info(self) -> CompileCacheInfo:
+        with self._lock:
+            return CompileCacheInfo(self._hits, self._misses, len(self._cache))
+
+    def shutdown(self) -> None:
+        """Stops taking work; running compiles end on their own, queued ones fail."""
+        with self._lock:
+            self._closed = True
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _start_timer(
+        self, spec: StructuredOutputSpec, future: Future[CompiledGrammar]
+    ) -> threading.Timer | None:
+        if self._time_limit_s is None:
+            return None
+        timer = threading.Timer(self._time_limit_s, self._expire, (spec, future))
+        timer.daemon = True
+        timer.start()
+        return timer
+
+    def _expire(self, spec: StructuredOutputSpec, future: Future[CompiledGrammar]) -> None:
+        error = ValueError(
+            f"compiling the structured output {spec.kind} took longer than the "
+            f"{self._time_limit_s:g} s time limit"
+        )
+        if self._settle(future, lambda: future.set_exception(error)):
+            with self._lock:
+                if self._cache.get(spec) is future:
+                    del self._cache[spec]
+
+    def _finish(
+        self,
+        future: Future[CompiledGrammar],
+        done: Future[CompiledGrammar],
+        timer: threading.Timer | None,
+    ) -> None:
+        if timer is not None:
+            timer.cancel()
+        if done.cancelled():
+            error = RuntimeError("the grammar compiler was shut down")
+            self._settle(future, lambda: future.set_exception(error))
+        elif done.exception() is not None:
+            self._settle(future, lambda: future.set_exception(done.exception()))
+        else:
+            self._settle(future, lambda: future.set_result(done.result()))
+
+    def _settle(self, future: Future[CompiledGrammar], set_outcome: Callable[[], None]) -> bool:
+        """Sets future's outcome unless the timer or the compile already did; True if set."""
+        with self._outcome_lock:
+            if future.done():
+                return False
+            set_outcome()
+            return True

@@ -1,0 +1,153 @@
+"""The llguidance backend: specs become llguidance grammars, compiled into a template
+LLMatcher that each request deep-copies; masks are filled by llguidance's thread pool."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from json import dumps, loads
+from typing import Any
+
+import llguidance
+import llguidance.hf
+import llguidance.torch
+import torch
+from llguidance.gbnf_to_lark import any_to_lark
+
+from minivllm.structured_output.params import StructuredOutputSpec
+
+
+@dataclass(frozen=True)
+class LLGuidanceGrammar:
+    spec: StructuredOutputSpec
+    template: llguidance.LLMatcher  # at the start, never advanced; requests get deep copies
+
+
+class LLGuidanceMatcher:
+    """A GrammarMatcher over one llguidance LLMatcher (see backend.GrammarMatcher)."""
+
+    def __init__(self, matcher: llguidance.LLMatcher, eos_token_ids: tuple[int, ...]) -> None:
+        self.matcher = matcher
+        self._eos_token_ids = frozenset(eos_token_ids)
+        # Per accepted token, whether llguidance counted it: an EOS taken after the grammar
+        # stopped is checked but not consumed, since llguidance would not roll it back.
+        self._counted: list[bool] = []
+
+    def accept_tokens(self, token_ids: Sequence[int]) -> bool:
+        token_ids = list(token_ids)
+        if self.matcher.is_error() or self.validate_tokens(token_ids) < len(token_ids):
+            return False
+        for token_id in token_ids:
+            if self.matcher.is_stopped():  # validated: an EOS after the stop
+                self._counted.append(False)
+                continue
+            if not self.matcher.consume_token(token_id):
+                return False  # a parser limit was hit: error() says which
+            self._counted.append(True)
+        return True
+
+    def validate_tokens(self, token_ids: Sequence[int]) -> int:
+        token_ids = list(token_ids)
+        if self.matcher.is_stopped():  # llguidance validates nothing here, not even EOS
+            return int(bool(token_ids) and token_ids[0] in self._eos_token_ids)
+        return self.matcher.validate_tokens(token_ids)
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        llguidance.torch.fill_next_token_bitmask(self.matcher, bitmask, row)
+
+    def rollback(self, num_tokens: int) -> None:
+        if not 0 <= num_tokens <= len(self._counted):
+            raise ValueError(
+                f"cannot roll back {num_tokens} tokens: {len(self._counted)} were accepted"
+            )
+        if num_tokens == 0:
+            return
+        undone = self._counted[-num_tokens:]
+        del self._counted[-num_tokens:]
+        if not self.matcher.rollback(sum(undone)):
+            raise RuntimeError(f"llguidance rollback failed: {self.matcher.get_error()}")
+
+    def reset(self) -> None:
+        self.rollback(len(self._counted))
+
+    def is_accepting(self) -> bool:
+        return self.matcher.is_accepting()
+
+    def is_finished(self) -> bool:
+        return self.matcher.is_stopped() and not self.matcher.is_error()
+
+    def error(self) -> str | None:
+        return self.matcher.get_error() or None
+
+
+class LLGuidanceBackend:
+    """A StructuredOutputBackend over llguidance, for one HF fast tokenizer.
+
+    vocab_size: the tokenizer's (default) or larger, e.g. the model's padded vocabulary;
+    num_threads: llguidance's mask-filling pool (None: its default); limits: its parser
+    limits, which bound the work of one compile or one mask (None: its defaults, with
+    errors that do not dump the parser state).
+    """
+
+    def __init__(
+        self,
+        hf_tokenizer: Any,
+        *,
+        vocab_size: int | None = None,
+        num_threads: int | None = None,
+        limits: llguidance.LLParserLimits | None = None,
+    ) -> None:
+        # Expensive (about a second for a 150k vocabulary): once per engine.
+        self.tokenizer = llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=vocab_size)
+        self._executor = llguidance.LLExecutor(num_threads)
+        self._limits = limits or llguidance.LLParserLimits(verbose_errors=False)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.vocab_size
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return tuple(self.tokenizer.eos_tokens)
+
+    def compile(self, spec: StructuredOutputSpec) -> LLGuidanceGrammar:
+        grammar = grammar_text(spec)
+        # Building the matcher builds the lexer (the costly part; llguidance drops the GIL)
+        # and reports every grammar error; it never raises for them.
+        template = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0, limits=self._limits)
+        # The first mask builds lexer states that deep copies share: build them here, on the
+        # compile thread, not on the engine's at the request's first step (ms for a schema).
+        template.compute_bitmask()
+        if template.is_error():
+            raise ValueError(f"invalid structured output {spec.kind}: {template.get_error()}")
+        return LLGuidanceGrammar(spec, template)
+
+    def new_matcher(self, grammar: LLGuidanceGrammar) -> LLGuidanceMatcher:
+        return LLGuidanceMatcher(grammar.template.deep_copy(), self.eos_token_ids)
+
+    def fill_bitmasks(
+        self, rows: Sequence[tuple[LLGuidanceMatcher, int]], bitmask: torch.Tensor
+    ) -> None:
+        if rows:
+            pairs = [(m.matcher, row) for m, row in rows]
+            llguidance.torch.fill_next_token_bitmask_par(self._executor, pairs, bitmask)
+
+
+def grammar_text(spec: StructuredOutputSpec) -> str:
+    """The llguidance grammar (its JSON form) of a spec; a GBNF grammar that does not
+    convert to Lark is a ValueError. Other errors surface when the matcher is built."""
+    if spec.kind == "json":
+        return llguidance.LLMatcher.grammar_from_json_schema(spec.text)
+    if spec.kind == "json_object":
+        return llguidance.LLMatcher.grammar_from_json_schema('{"type": "object"}')
+    if spec.kind == "regex":
+        return llguidance.LLMatcher.grammar_from_regex(spec.text)
+    if spec.kind == "choice":
+        # Lark string literals take JSON's escapes.
+        alternatives = " | ".join(dumps(choice) for choice in loads(spec.text))
+        return llguidance.LLMatcher.grammar_from_lark(f"start: {alternatives}")
+    try:
+        lark = any_to_lark(spec.text)  # Lark text passes through unchanged
+    except Exception as e:  # the converter raises its own error types
+        raise ValueError(f"invalid structured output grammar (GBNF): {e}") from None
+    return llguidance.LLMatcher.grammar_from_lark(lark)

@@ -1,0 +1,108 @@
+"""StructuredOutputRequest: what the engine keeps per constrained request: its compile
+future, then its matcher and the output tokens the matcher has accepted."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import Future
+from typing import Literal
+
+import torch
+
+from minivllm.structured_output.backend import (
+    CompiledGrammar,
+    GrammarMatcher,
+    StructuredOutputBackend,
+)
+from minivllm.structured_output.params import StructuredOutputSpec
+
+
+class GrammarViolation(RuntimeError):
+    """The request's output cannot follow its grammar: a token the mask should have
+    excluded (a bug upstream), or the matcher failed (a resource limit of the engine)."""
+
+
+class StructuredOutputRequest:
+    """One request's grammar state.
+
+    Not ready until its compile future is done (the scheduler keeps it waiting meanwhile).
+    Then accepted_token_ids is the prefix of the request's output that the matcher has
+    consumed; rollback() and sync() move it, for preemption, async placeholders and
+    rejected draft tokens.
+    """
+
+    def __init__(
+        self,
+        spec: StructuredOutputSpec,
+        grammar: Future[CompiledGrammar],
+        backend: StructuredOutputBackend,
+    ) -> None:
+        self.spec = spec
+        self._grammar = grammar
+        self._backend = backend
+        self._matcher: GrammarMatcher | None = None
+        self.accepted_token_ids: list[int] = []
+
+    def is_ready(self) -> bool:
+        """True once the grammar is compiled; re-raises the compile's ValueError (a bad
+        spec, a timeout), which fails this request."""
+        if self._matcher is None:
+            if not self._grammar.done():
+                return False
+            self._matcher = self._backend.new_matcher(self._grammar.result())
+        return True
+
+    @property
+    def matcher(self) -> GrammarMatcher:
+        if self._matcher is None:
+            raise RuntimeError("the structured output grammar is not compiled yet")
+        return self._matcher
+
+    @property
+    def num_accepted_tokens(self) -> int:
+        return len(self.accepted_token_ids)
+
+    def is_finished(self) -> bool:
+        return self.matcher.is_finished()
+
+    def advance(self, new_token_ids: Sequence[int]) -> Literal["stop"] | None:
+        """Feeds newly sampled output tokens to the matcher; "stop" once the grammar has
+        ended (it takes nothing more, or took EOS): the request finishes with reason
+        'stop'. A disallowed token or a failed matcher raises GrammarViolation (the
+        request fails); the allowed tokens before a disallowed one are kept."""
+        new_token_ids = list(new_token_ids)
+        if not self.matcher.accept_tokens(new_token_ids):
+            error = self.matcher.error()
+            if error is not None:
+                raise GrammarViolation(f"the {self.spec.kind} grammar failed: {error}")
+            num_valid = self.matcher.validate_tokens(new_token_ids)
+            self._accept(new_token_ids[:num_valid])
+            raise GrammarViolation(
+                f"output token {new_token_ids[num_valid]} at position "
+                f"{self.num_accepted_tokens} is not allowed by the {self.spec.kind} grammar"
+            )
+        self.accepted_token_ids.extend(new_token_ids)
+        return "stop" if self.matcher.is_finished() else None
+
+    def rollback(self, num_tokens: int) -> None:
+        """Forgets the last num_tokens accepted tokens (ValueError if more than accepted)."""
+        self.matcher.rollback(num_tokens)
+        del self.accepted_token_ids[len(self.accepted_token_ids) - num_tokens :]
+
+    def sync(self, output_token_ids: Sequence[int]) -> Literal["stop"] | None:
+        """Makes the matcher's state that of having accepted exactly output_token_ids:
+        rolls back to the common prefix, then advances by the rest."""
+        common = 0
+        limit = min(len(output_token_ids), self.num_accepted_tokens)
+        while common < limit and output_token_ids[common] == self.accepted_token_ids[common]:
+            common += 1
+        self.rollback(self.num_accepted_tokens - common)
+        return self.advance(output_token_ids[common:])
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        self.matcher.fill_bitmask(bitmask, row)
+
+    def _accept(self, token_ids: list[int]) -> None:
+        if not self.matcher.accept_tokens(token_ids):
+            raise GrammarViolation("the matcher rejected tokens it had validated")
+        self.accepted_token_ids.extend(token_ids)

@@ -1,0 +1,60 @@
+"""The bitmask layout and apply_bitmask against a per-element reference loop."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minivllm.structured_output import allocate_bitmask, apply_bitmask, num_bitmask_words
+from minivllm.structured_output.bitmask import unpack_bitmask
+
+
+def reference_apply(logits, bitmask, rows):
+    out = logits.clone()
+    for i, row in enumerate(rows):
+        for token in range(logits.shape[1]):
+            word, bit = divmod(token, 32)
+            allowed = word < bitmask.shape[1] and (int(bitmask[i, word]) >> bit) & 1
+            if not allowed:
+                out[row, token] = float("-inf")
+    return out
+
+
+def random_bitmask(num_rows, vocab_size, generator):
+    allowed = torch.rand(num_rows, num_bitmask_words(vocab_size) * 32, generator=generator) < 0.5
+    weights = 1 << torch.arange(32, dtype=torch.int64)
+    words = (allowed.view(num_rows, -1, 32).long() * weights).sum(-1)
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)  # bit 31 = sign
+
+
+def test_layout():
+    assert [num_bitmask_words(v) for v in (1, 32, 33, 64, 49152)] == [1, 1, 2, 2, 1536]
+    bitmask = allocate_bitmask(3, 70)
+    assert bitmask.shape == (3, 3) and bitmask.dtype == torch.int32
+    assert unpack_bitmask(bitmask, 70).all()
+    one = torch.tensor([[1 << 5, -(2**31)]], dtype=torch.int32)  # tokens 5 and 63
+    assert unpack_bitmask(one, 64)[0].nonzero().flatten().tolist() == [5, 63]
+
+
+@pytest.mark.parametrize(
+    "vocab_size, logits_vocab", [(1, 1), (31, 31), (32, 32), (33, 40), (70, 100)]
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_apply_matches_reference(vocab_size, logits_vocab, dtype):
+    generator = torch.Generator().manual_seed(vocab_size)
+    logits = torch.randn(5, logits_vocab, generator=generator).to(dtype)
+    rows = [3, 0, 4]
+    bitmask = random_bitmask(len(rows), vocab_size, generator)
+    expected = reference_apply(logits, bitmask, rows)
+    apply_bitmask(logits, bitmask, torch.tensor(rows))
+    assert torch.equal(logits, expected)  # rows 1 and 2 untouched, ids >= 32 * words masked
+
+
+def test_no_rows_and_bad_arguments():
+    logits = torch.zeros(2, 8)
+    apply_bitmask(logits, torch.zeros(0, 1, dtype=torch.int32), [])
+    assert (logits == 0).all()
+    with pytest.raises(ValueError, match="int32"):
+        apply_bitmask(logits, torch.zeros(1, 1, dtype=torch.int64), [0])
+    with pytest.raises(ValueError, match="1 bitmask rows but 2 logits rows"):
+        apply_bitmask(logits, torch.zeros(1, 1, dtype=torch.int32), [0, 1])
