@@ -95,13 +95,12 @@ async def submit(
     engine = state.engine
     iterators: list[AsyncIterator[RequestOutput]] = []
     try:
-        if len(requests) > _SUBMIT_SLICE:
-            async for _, _, token_ids, params in fair_slices(requests):
-                engine.validate(token_ids, params)
+        async for _, _, token_ids, params in fair_slices(requests):
+            engine.validate(token_ids, params)  # once, here: add_validated_requests trusts it
         for start in range(0, len(requests), _SUBMIT_SLICE):
             if start:
                 await asyncio.sleep(0)
-            iterators += engine.add_requests(requests[start : start + _SUBMIT_SLICE])
+            iterators += engine.add_validated_requests(requests[start : start + _SUBMIT_SLICE])
     except BaseException as e:  # a failure (or a cancel) part-way: abort what was added
         for sub_id, *_ in requests[: len(iterators)]:
             engine.abort(sub_id)
