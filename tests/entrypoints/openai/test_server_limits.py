@@ -108,8 +108,8 @@ def test_submission_of_many_prompts_lets_other_tasks_run() -> None:
     """submit() yields to the loop between slices of sub-requests (fair admission)."""
     events: list[str] = []
     engine = SimpleNamespace(
-        validate=lambda ids, params: None,
-        add_requests=lambda reqs: [events.append("add") or iter(()) for _ in reqs],
+        validate=lambda ids, params: events.append("validate"),
+        add_validated_requests=lambda reqs: [events.append("add") or iter(()) for _ in reqs],
         abort=lambda request_id: None,
     )
     state = ServerState(engine, ["m"], log_requests=False)
@@ -129,6 +129,8 @@ def test_submission_of_many_prompts_lets_other_tasks_run() -> None:
     asyncio.run(run())
     adds = [i for i, event in enumerate(events) if event == "add"]
     assert "other" in events[adds[0] : adds[-1]]  # the other task ran between the slices
+    assert events.count("validate") == 200  # each prompt once, all before the first add
+    assert events.index("add") > max(i for i, e in enumerate(events) if e == "validate")
 
 
 def test_chat_template_runs_off_the_loop(server, auth) -> None:
