@@ -1,0 +1,87 @@
+"""The Proposer boundary: after a step, a proposer drafts up to k tokens per request from what
+the engine has (token ids so far; a model-based proposer also gets the target's hidden states).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True)
+class ProposeInput:
+    """The requests to draft for, one row each (N rows).
+
+    token_ids: [N, W] int64, row i's prompt + output so far left-aligned in its first
+    num_tokens[i] columns (the rest is padding, -1); the layout of a runner's persistent
+    token buffer, so no copy is needed. max_num_draft_tokens: [N] integers, a per-request cap on
+    top of k (tokens left before max_tokens or max_model_len; 0 = do not draft).
+    target_hidden_states: for model-based proposers (EAGLE-style heads): the target's last
+    hidden state of each row, [N, hidden]; None for ngram. req_ids: row -> request id, for
+    proposers that keep per-request state.
+    """
+
+    token_ids: np.ndarray
+    num_tokens: np.ndarray
+    req_ids: tuple[str, ...] = ()
+    max_num_draft_tokens: np.ndarray | None = None
+    target_hidden_states: torch.Tensor | None = None
+
+    @classmethod
+    def from_lists(
+        cls, token_ids: Sequence[Sequence[int]], max_num_draft_tokens: Sequence[int] | None = None
+    ) -> ProposeInput:
+        """From ragged per-request id lists (tests, or an engine without a token buffer)."""
+        num_tokens = np.array([len(t) for t in token_ids], np.int64)
+        width = int(num_tokens.max(initial=0))
+        padded = np.full((len(token_ids), width), -1, np.int64)
+        for row, ids in enumerate(token_ids):
+            padded[row, : len(ids)] = ids
+        caps = None
+        if max_num_draft_tokens is not None:
+            caps = np.asarray(max_num_draft_tokens, np.int64)
+        return cls(padded, num_tokens, max_num_draft_tokens=caps)
+
+    @property
+    def num_requests(self) -> int:
+        return int(self.num_tokens.shape[0])
+
+
+@dataclass(frozen=True)
+class DraftTokens:
+    """A proposer's output, plain data for the scheduler (N rows, k = num_speculative_tokens).
+
+    token_ids: [N, k] int64 padded with -1; num_draft_tokens: [N] int64 (0..k: row i's drafts
+    are token_ids[i, :num_draft_tokens[i]]). probs: [N, k, V] float32 on the device, the draft
+    distribution q of each token, for rejection sampling; None when q is one-hot at the draft
+    token (ngram: every proposal is certain).
+    """
+
+    token_ids: np.ndarray
+    num_draft_tokens: np.ndarray
+    probs: torch.Tensor | None = None
+
+    def to_lists(self) -> list[list[int]]:
+        return [row[:n].tolist() for row, n in zip(self.token_ids, self.num_draft_tokens)]
+
+
+class Proposer(Protocol):
+    """Drafts tokens for a batch. Stateless proposers (ngram) need only propose; a draft model
+    or an EAGLE head will also keep per-request state (its own KV cache), released by
+    remove_requests, and rewound by the scheduler's rollback like the target's."""
+
+    num_speculative_tokens: int
+
+    def propose(self, batch: ProposeInput) -> DraftTokens:
+        """Up to num_speculative_tokens (and max_num_draft_tokens[i]) drafts per row."""
+        ...
+
+    def remove_requests(self, req_ids: Sequence[str]) -> None:
+        """Forgets finished requests (a no-op for stateless proposers)."""
+        ...

@@ -1,0 +1,168 @@
+"""Verification of draft tokens on the device (torch, batched): exact acceptance against the
+target's own keyed draws, and Leviathan/Chen rejection sampling. No host sync inside.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# Philox counters of draw d of a key start at d << DRAW_SHIFT: the value of
+# minivllm.engine.runner.sampling_state.DRAW_SHIFT (a test holds them equal; it belongs in
+# layers/sampler.py, which both should import).
+DRAW_SHIFT = 32
+
+
+@dataclass
+class VerifyOutput:
+    """num_accepted: [N] int64, the accepted draft tokens of each row (0..k_i).
+    output_token_ids: [N, K + 1] int64: row i's first num_accepted[i] + 1 entries are its new
+    tokens (the accepted drafts, then the target's token at the first mismatch or the bonus
+    token), the rest -1."""
+
+    num_accepted: torch.Tensor
+    output_token_ids: torch.Tensor
+
+
+def position_rows(num_draft_tokens: torch.Tensor, max_num_draft: int) -> torch.Tensor:
+    """[N, K + 1] int64: the logits row of request i's position j (K = max_num_draft).
+
+    The T = sum(k_i + 1) target rows hold each request's k_i + 1 positions in order, the last
+    one the bonus position; entries with j > k_i point past the request (callers mask them).
+    """
+    n = num_draft_tokens.to(torch.int64) + 1
+    first = torch.cumsum(n, 0) - n  # [N]
+    return first[:, None] + torch.arange(max_num_draft + 1, device=n.device)
+
+
+def position_keys(
+    seeds: torch.Tensor, first_draws: torch.Tensor, num_draft_tokens: torch.Tensor, total: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys of the target's draws at every position: (seeds [T], offsets [T]) int64.
+
+    Position j of request i is its draw first_draws[i] + j: a seeded request passes its
+    num_sampled (so position j gets the key its (num_sampled + j)-th token gets without
+    speculation); unseeded rows share a step seed and pass distinct first_draws (e.g. their
+    first row index), so no two positions share a counter range. total = T, known on the host,
+    keeps repeat_interleave free of a sync.
+    """
+    n = num_draft_tokens.to(torch.int64) + 1
+    row_seeds = torch.repeat_interleave(seeds, n, output_size=total)
+    first = torch.repeat_interleave(first_draws.to(torch.int64), n, output_size=total)
+    row_start = torch.repeat_interleave(torch.cumsum(n, 0) - n, n, output_size=total)
+    j = torch.arange(total, device=n.device) - row_start
+    return row_seeds, (first + j) << DRAW_SHIFT
+
+
+def verify_exact(
+    target_token_ids: torch.Tensor, draft_token_ids: torch.Tensor, num_draft_tokens: torch.Tensor
+) -> VerifyOutput:
+    """Accepts draft j iff it equals the target's own token at position j (and all before it).
+
+    target_token_ids: [T] int64, the token the sampler picks at each of the T = sum(k_i + 1)
+    positions (greedy: argmax; random: its draw under position_keys); draft_token_ids: [N, K]
+    int64 padded with -1; num_draft_tokens: [N] (k_i <= K). With the sampler's own draws the
+    output equals what non-speculative decoding samples, token for token.
+    """
+    num_rows, k = draft_token_ids.shape
+    rows = position_rows(num_draft_tokens, k).clamp_(max=target_token_ids.shape[0] - 1)
+    target = target_token_ids[rows]  # [N, K + 1]
+    is_draft = torch.arange(k, device=rows.device) < num_draft_tokens[:, None]
+    match = (draft_token_ids == target[:, :k]) & is_draft
+    num_accepted = _leading_true(match)
+    final = target.gather(1, num_accepted[:, None]).squeeze(1)
+    return VerifyOutput(num_accepted, _assemble(draft_token_ids, num_accepted, final))
+
+
+def verify_rejection(
+    target_probs: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    num_draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor | None = None,
+    is_greedy: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> VerifyOutput:
+    """Rejection sampling (Leviathan et al. 2023, Chen et al. 2023): the output tokens are
+    distributed as the target's p at every position, whatever the drafts.
+
+    target_probs: [T, V] float32, p at each position after temperature / top-k / top-p / min-p
+    (the sampler's processed distribution). draft_probs: [N, K, V], the q each draft was drawn
+    from; None means q is one-hot at the draft token (ngram): draft x is then kept with
+    probability p(x), and a rejection draws from p with x removed. Draft j is kept with
+    probability min(1, p(x) / q(x)); at the first rejection the token is drawn from
+    norm(max(0, p - q)); when all are kept the bonus token is drawn from p at the last position.
+    is_greedy: [N] bool, rows that take the argmax of p instead (exact acceptance); None: no
+    greedy rows. generator: the source of the uniforms and of the final draws.
+    """
+    num_rows, k = draft_token_ids.shape
+    rows = position_rows(num_draft_tokens, k).clamp_(max=target_probs.shape[0] - 1)
+    drafts = draft_token_ids.clamp(min=0)
+    uniforms = torch.rand(num_rows, k, generator=generator, device=target_probs.device)
+    accept = torch.empty(num_rows, k, dtype=torch.bool, device=target_probs.device)
+    for j in range(k):
+        p_x = target_probs[rows[:, j], drafts[:, j]]  # [N]
+        q_x = 1.0 if draft_probs is None else draft_probs[:, j].gather(1, drafts[:, j, None])[:, 0]
+        # u < p / q without dividing (q may round to 0).
+        accept[:, j] = uniforms[:, j] * q_x < p_x
+    accept &= torch.arange(k, device=rows.device) < num_draft_tokens[:, None]
+    num_accepted = _leading_true(accept)
+    final_rows = rows.gather(1, num_accepted[:, None])[:, 0]
+    weights = _final_distribution(
+        target_probs[final_rows], drafts, num_accepted, num_draft_tokens, draft_probs
+    )
+    final = _draw(weights, generator)
+    out = VerifyOutput(num_accepted, _assemble(draft_token_ids, num_accepted, final))
+    if is_greedy is None:
+        return out
+    exact = verify_exact(target_probs.argmax(dim=-1), draft_token_ids, num_draft_tokens)
+    return VerifyOutput(
+        torch.where(is_greedy, exact.num_accepted, out.num_accepted),
+        torch.where(is_greedy[:, None], exact.output_token_ids, out.output_token_ids),
+    )
+
+
+def _final_distribution(
+    p: torch.Tensor,
+    drafts: torch.Tensor,
+    num_accepted: torch.Tensor,
+    num_draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+) -> torch.Tensor:
+    """[N, V] unnormalized: max(0, p - q) at a rejected position, p at the bonus position."""
+    # p: [N, V], the target's p at each row's final position.
+    num_rows, k = drafts.shape
+    if k == 0:
+        return p
+    j = num_accepted.clamp(max=k - 1)
+    if draft_probs is None:
+        q = torch.zeros_like(p).scatter_(1, drafts.gather(1, j[:, None]), 1.0)
+    else:
+        q = draft_probs[torch.arange(num_rows, device=p.device), j]
+    residual = (p - q).clamp_(min=0.0)
+    rejected = num_accepted < num_draft_tokens
+    # A residual of zero mass (p == q up to rounding) never follows a true rejection: draw p.
+    usable = residual.sum(dim=-1) > 0
+    return torch.where((rejected & usable)[:, None], residual, p)
+
+
+def _draw(weights: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One draw per row of nonnegative weights [N, V] (unnormalized): argmax(w / Exp(1))."""
+    noise = torch.empty_like(weights).exponential_(generator=generator)
+    return (weights / noise).argmax(dim=-1)
+
+
+def _leading_true(mask: torch.Tensor) -> torch.Tensor:
+    """[N, K] bool -> [N] int64: the length of each row's all-True prefix."""
+    return mask.to(torch.int64).cumprod(dim=1).sum(dim=1)
+
+
+def _assemble(
+    draft_token_ids: torch.Tensor, num_accepted: torch.Tensor, final: torch.Tensor
+) -> torch.Tensor:
+    """[N, K + 1]: the accepted drafts, then `final` at column num_accepted, then -1."""
+    num_rows, k = draft_token_ids.shape
+    cols = torch.arange(k, device=draft_token_ids.device)
+    out = torch.full((num_rows, k + 1), -1, dtype=torch.int64, device=draft_token_ids.device)
+    out[:, :k] = torch.where(cols < num_accepted[:, None], draft_token_ids, -1)
+    return out.scatter_(1, num_accepted[:, None], final.to(torch.int64)[:, None])
