@@ -7,6 +7,8 @@ import logging
 import math
 from dataclasses import dataclass, field, fields
 
+from minivllm.structured_output.params import StructuredOutputsParams
+
 # vLLM's default VLLM_MAX_N_SEQUENCES: each sample is a request of its own.
 MAX_N = 16384
 logger = logging.getLogger(__name__)
@@ -62,6 +64,9 @@ class SamplingParams:
     # (OpenAI's logit_bias; +-100 effectively forces or bans a token; clamped to [-100, 100]
     # as the OpenAI API and vLLM's server do: 1e300 would be an inf logit, NaN probabilities).
     logit_bias: dict[int, float] | None = None
+    # The output matches a JSON schema, regex, choice or grammar (vLLM's name and type;
+    # docs/structured_outputs.md).
+    structured_outputs: StructuredOutputsParams | None = None
     # Filled by the engine from the tokenizer / generation_config.json, not by users.
     eos_token_ids: list[int] = field(default_factory=list)
 
@@ -77,6 +82,7 @@ class SamplingParams:
             self.seed = None
         self._validate_types()
         self._validate_ranges()
+        self._normalize_structured_outputs()
         if self.logit_bias:
             self.logit_bias = {t: min(100.0, max(-100.0, b)) for t, b in self.logit_bias.items()}
         if 0.0 < self.temperature < MIN_TEMPERATURE:
@@ -117,6 +123,19 @@ class SamplingParams:
                 )
             if not math.isfinite(bias):
                 raise ValueError(f"logit_bias values must be finite, got {bias} for {token_id}")
+
+    def _normalize_structured_outputs(self) -> None:
+        """A schema given as a pydantic class is kept as its JSON text: the params cross
+        process boundaries (pickled), and a class defined in a script would not unpickle."""
+        so = self.structured_outputs
+        if so is None:
+            return
+        if not isinstance(so, StructuredOutputsParams):
+            raise TypeError(
+                f"structured_outputs must be StructuredOutputsParams, got {type(so).__name__}"
+            )
+        if isinstance(so.json, type):
+            self.structured_outputs = StructuredOutputsParams(json=so.spec_key().text)
 
     def _validate_ranges(self) -> None:
         def check(ok: bool, message: str) -> None:

@@ -22,6 +22,7 @@ from minivllm.engine.types import EngineOutput, EngineRequest
 from minivllm.engine.warm_up import warm_up
 from minivllm.kernels.late_compiles import engine_starting, log_late_compiles
 from minivllm.models.model_config import ModelConfig
+from minivllm.structured_output.manager import StructuredOutputManager
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +46,15 @@ class EngineCore:
             *setup.limits,
         )
         on_cuda = setup.device.type == "cuda"
+        # Grammars of constrained requests, over the tokenizer the frontend uses (loaded
+        # here, in the core's process, at the first such request: nothing before).
+        self.structured_outputs = StructuredOutputManager(
+            config.tokenizer or config.model,
+            model_config.vocab_size,
+            setup.limits.max_num_seqs,
+            config.tensor_parallel_size,
+            pin_memory=on_cuda,
+        )
         with engine_starting():  # its compiles are expected, not late (kernels/late_compiles)
             self.executor = build_executor(setup)
             self.num_blocks = self.executor.num_blocks
@@ -105,6 +115,7 @@ class EngineCore:
             block_manager=BlockManager(
                 self.num_blocks, config.block_size, config.enable_prefix_caching
             ),
+            structured_outputs=self.structured_outputs,
         )
 
     def add_requests(self, requests: list[EngineRequest]) -> None:

@@ -9,12 +9,17 @@ Only ints, floats, strings, lists and SamplingParams cross these boundaries: no 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from minivllm.outputs import LogprobsDict
 from minivllm.sampling_params import SamplingParams
 
-FinishReason = Literal["stop", "length", "abort"]
+if TYPE_CHECKING:
+    from minivllm.structured_output.manager import StepBitmask
+
+# "error": the request failed alone (its structured output grammar did not compile in
+# time, or its matcher failed); EngineOutput.error says why.
+FinishReason = Literal["stop", "length", "abort", "error"]
 
 # Stands in a chunk for a token that the previous step sampled and the scheduler has not
 # seen yet (async scheduling); the runner fills it in on the device.
@@ -69,6 +74,10 @@ class SchedulerOutput:
     new_requests: list[NewRequestData] = field(default_factory=list)
     # Requests the runner can forget (finished, aborted). Preempted ones are not in here.
     finished_req_ids: list[str] = field(default_factory=list)
+    # The constrained sampled rows, whose bitmask the runner fills and applies; None when
+    # none (the step runs as if structured outputs did not exist). Host-only: not encoded
+    # for TP workers (constrained requests are refused under TP).
+    structured_output: StepBitmask | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -109,3 +118,4 @@ class EngineOutput:
     prompt_logprobs: list[LogprobsDict | None] | None = None
     num_cached_tokens: int = 0
     first_scheduled_time: float | None = None
+    error: str | None = None  # why, when finish_reason == "error"

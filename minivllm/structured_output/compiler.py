@@ -75,6 +75,10 @@ class GrammarCompiler:
         work.add_done_callback(lambda done: self._finish(future, done, timer))
         return future
 
+    @property
+    def backend(self) -> StructuredOutputBackend:
+        return self._backend
+
     def cache_info(self) -> CompileCacheInfo:
         with self._lock:
             return CompileCacheInfo(self._hits, self._misses, len(self._cache))

@@ -155,6 +155,8 @@ class TPExecutor:
     def _run(self, op: Op, sched_out: SchedulerOutput):
         if not self._finalizer.alive:
             raise RuntimeError("the tensor-parallel engine has shut down; create a new LLM")
+        # The step codec carries no bitmask: constrained requests are refused under TP.
+        assert sched_out.structured_output is None
         self._group.check()
         with _deferred_interrupt():
             errors_before = self._group.num_step_errors()

@@ -30,6 +30,7 @@ from minivllm.layers.dispatch import use_triton_kernels
 from minivllm.layers.ops import layer_ops
 from minivllm.layers.sampler import Sampler
 from minivllm.model_loader import build_model
+from minivllm.structured_output.bitmask import apply_bitmask
 
 logger = logging.getLogger(__name__)
 
@@ -171,6 +172,11 @@ class ModelRunner:
         jobs = self.prompt_logprobs.plan(sched_out, inputs.query_start_loc, self.sampling_state)
         extra_rows = np.concatenate([job.rows for job in jobs]) if jobs else None
         logits = self.run_model(inputs, sched_out, extra_rows)
+        if sched_out.structured_output is not None:
+            # The device runs the forward (a graph's too) meanwhile; the mask is applied to
+            # its output, before the sampler (and its logprobs) see the logits.
+            bitmask, rows = sched_out.structured_output.fill()
+            apply_bitmask(logits, bitmask, rows)
         req_ids = inputs.sample_req_ids
         num_sampled = len(req_ids)
         sampling_meta = self.sampling_state.build_metadata(req_ids)

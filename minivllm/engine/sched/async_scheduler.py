@@ -15,8 +15,8 @@ class AsyncScheduler(Scheduler):
     The tokens step N samples enter step N + 1 as placeholders (see Scheduler). A step in
     flight whose requests were all aborted is simply applied (to nothing) by the next update.
 
-    While some request reads sampled tokens on the host (penalties, min_tokens, logprobs:
-    can_schedule_ahead is False), schedule() first applies the step in flight, so that the
+    While some request reads sampled tokens on the host (penalties, min_tokens, logprobs, a
+    grammar: can_schedule_ahead is False), schedule() first applies the step in flight, so that the
     next step starts from every token, as a synchronous step does.
     """
 
@@ -42,7 +42,7 @@ class AsyncScheduler(Scheduler):
             outputs += super().update(sched_out, runner_out)
         elif not sched_out.is_empty:  # an empty step only handed finished ids to the runner
             self._in_flight = (sched_out, runner_out)
-        return outputs
+        return outputs + self.take_failed_outputs()
 
     def _apply_in_flight(self) -> list[EngineOutput]:
         if self._in_flight is None:

@@ -6,6 +6,7 @@ import enum
 
 from minivllm.engine.types import FinishReason
 from minivllm.sampling_params import SamplingParams
+from minivllm.structured_output.request_state import StructuredOutputRequest
 
 
 class RequestStatus(enum.Enum):
@@ -14,6 +15,7 @@ class RequestStatus(enum.Enum):
     FINISHED_STOPPED = enum.auto()
     FINISHED_LENGTH = enum.auto()
     FINISHED_ABORTED = enum.auto()
+    FINISHED_ERROR = enum.auto()
 
 
 class Request:
@@ -53,6 +55,10 @@ class Request:
         self.num_preemptions = 0
         self.finish_reason: FinishReason | None = None
         self.first_scheduled_time: float | None = None
+        # The grammar state of a constrained request (structured outputs), set by the
+        # scheduler at add_request; its matcher has accepted exactly output_token_ids.
+        self.structured_output: StructuredOutputRequest | None = None
+        self.error: str | None = None  # why, when finish_reason == "error"
 
     @property
     def num_tokens(self) -> int:
@@ -83,10 +89,12 @@ class Request:
 
 
 def needs_host_tokens(request: Request) -> bool:
-    """Penalties, min_tokens and logprobs read sampled tokens on the host each step."""
+    """Penalties, min_tokens, logprobs and a grammar (its next mask follows the last token)
+    read sampled tokens on the host each step."""
     p = request.sampling_params
     return bool(
-        p.presence_penalty
+        p.structured_outputs is not None
+        or p.presence_penalty
         or p.frequency_penalty
         or p.repetition_penalty != 1.0
         or p.min_tokens

@@ -11,6 +11,7 @@ from collections import deque
 from collections.abc import Iterable
 
 from minivllm.engine.sched.block_manager import BlockManager
+from minivllm.engine.sched.grammar import advance_grammar, first_admissible, step_bitmask
 from minivllm.engine.sched.request import Request, RequestStatus, needs_host_tokens
 from minivllm.engine.sched.stop_checker import check_stop
 from minivllm.engine.types import (
@@ -22,6 +23,7 @@ from minivllm.engine.types import (
     ScheduledChunk,
     SchedulerOutput,
 )
+from minivllm.structured_output.manager import StructuredOutputManager
 
 
 class Scheduler:
@@ -40,7 +42,9 @@ class Scheduler:
         max_num_batched_tokens: int,
         max_model_len: int,
         block_manager: BlockManager,
+        structured_outputs: StructuredOutputManager | None = None,
     ) -> None:
+        """structured_outputs: makes constrained requests' matchers (None: refuses them)."""
         for name, value in (
             ("max_num_seqs", max_num_seqs),
             ("max_num_batched_tokens", max_num_batched_tokens),
@@ -58,6 +62,11 @@ class Scheduler:
         self._finished_req_ids: list[str] = []
         # Unfinished requests whose sampling reads earlier sampled tokens on the host.
         self.num_host_dependent = 0
+        self.structured_outputs = structured_outputs
+        self.num_constrained = 0  # unfinished requests with a grammar
+        # Requests that failed alone (a grammar that did not compile) before any step ran
+        # them: the next update() reports them.
+        self._failed: list[Request] = []
         # Monotonic counters for metrics: preemptions, prompt tokens looked up in the
         # prefix cache at admission and how many of them hit.
         self.num_preemptions = 0
@@ -67,6 +76,12 @@ class Scheduler:
     def add_request(self, request: Request) -> None:
         if request.req_id in self.requests:
             raise ValueError(f"request id {request.req_id!r} is already in use")
+        so_params = request.sampling_params.structured_outputs
+        if so_params is not None:
+            if self.structured_outputs is None:
+                raise ValueError("this scheduler has no structured output backend")
+            request.structured_output = self.structured_outputs.new_request(so_params)
+            self.num_constrained += 1
         self.requests[request.req_id] = request
         self.waiting.append(request)
         self.num_host_dependent += needs_host_tokens(request)
@@ -80,7 +95,7 @@ class Scheduler:
         return self.requests.get(req_id)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self._failed)
 
     def abort_requests(self, req_ids: Iterable[str]) -> None:
         """Finishes the given requests now; unknown and finished ids are ignored."""
@@ -108,11 +123,17 @@ class Scheduler:
         # After a preemption memory is short: admitting now would only cause more of them.
         if not preempted:
             self._schedule_waiting(budget, decodes, others, new_requests, now)
+        chunks = decodes + others
         return SchedulerOutput(
-            chunks=decodes + others,
+            chunks=chunks,
             num_decode_chunks=len(decodes),
             new_requests=new_requests,
             finished_req_ids=finished_req_ids,
+            structured_output=(
+                step_bitmask(chunks, self.requests, self.structured_outputs)
+                if self.num_constrained
+                else None
+            ),
         )
 
     def _schedule_running(
@@ -155,6 +176,10 @@ class Scheduler:
             request = self.waiting[0]
             if request.num_pending_tokens:
                 return  # preempted with a token in flight: admit it once update() has it
+            if self.num_constrained:  # skip requests whose grammar is still compiling
+                request = self._first_admissible()
+                if request is None:
+                    return
             computed_blocks, num_cached_tokens = self.block_manager.get_computed_blocks(request)
             num_new_tokens = min(request.num_tokens - num_cached_tokens, budget)
             request.num_computed_tokens = num_cached_tokens
@@ -164,7 +189,10 @@ class Scheduler:
             if new_block_ids is None:
                 request.num_computed_tokens = 0
                 return
-            self.waiting.popleft()
+            if request is self.waiting[0]:
+                self.waiting.popleft()
+            else:
+                self.waiting.remove(request)  # passed a request whose grammar compiles
             self.prefix_cache_queries += request.num_tokens
             self.prefix_cache_hits += num_cached_tokens
             request.status = RequestStatus.RUNNING
@@ -233,7 +261,7 @@ class Scheduler:
     def update(self, sched_out: SchedulerOutput, runner_out: RunnerOutput) -> list[EngineOutput]:
         """Applies one step's results: progress, sampled tokens, stops. One output per
         request that got a token or prompt logprobs this step."""
-        outputs: list[EngineOutput] = []
+        outputs = self.take_failed_outputs()
         all_logprobs, all_prompt_logprobs = runner_out.logprobs, runner_out.prompt_logprobs
         any_running_finished = False
         i = -1  # the runner samples one token per chunk with sample=True, in chunk order
@@ -253,7 +281,9 @@ class Scheduler:
             request.num_pending_tokens -= 1
             request.append_output_token(token_id)
             was_waiting = request.status == RequestStatus.WAITING
-            if check_stop(request, self.max_model_len):
+            # The grammar's matcher follows every token; its end or failure ends the request.
+            grammar_ended = request.structured_output is not None and advance_grammar(request)
+            if grammar_ended or check_stop(request, self.max_model_len):
                 if was_waiting:
                     self.waiting.remove(request)  # preempted while this token was in flight
                 else:
@@ -272,7 +302,24 @@ class Scheduler:
         self.block_manager.free(request)
         request.block_ids = []
         self.num_host_dependent -= needs_host_tokens(request)
+        self.num_constrained -= request.structured_output is not None
         self._finished_req_ids.append(request.req_id)
+
+    def _first_admissible(self) -> Request | None:
+        """grammar.first_admissible, releasing the requests whose grammar failed."""
+        failed: list[Request] = []
+        request = first_admissible(self.waiting, failed)
+        for r in failed:
+            self._finish(r)
+        self._failed += failed
+        return request
+
+    def take_failed_outputs(self) -> list[EngineOutput]:
+        """The outputs of requests that failed before running (reported once)."""
+        if not self._failed:
+            return []
+        failed, self._failed = self._failed, []
+        return [self._make_output(r, [], None, None) for r in failed]
 
     @staticmethod
     def _make_output(
@@ -291,4 +338,5 @@ class Scheduler:
             prompt_logprobs,
             request.num_cached_tokens,  # set at first admission, before any chunk
             request.first_scheduled_time,
+            request.error,
         )

@@ -18,6 +18,7 @@ from minivllm.entrypoints.openai.protocol import (
     ServerLimits,
 )
 from minivllm.sampling_params import SamplingParams
+from minivllm.structured_output.params import StructuredOutputsParams
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 # Request fields that override generation_config.json's defaults when given.
@@ -90,6 +91,7 @@ def sampling_params(
     max_tokens: int | None,
     logprobs: int | None,
     prompt_logprobs: int | None = None,
+    structured_outputs: StructuredOutputsParams | None = None,
 ) -> SamplingParams:
     """SamplingParams of one prompt. max_tokens defaults to what fits in max_model_len; a
     larger one is a 400, as in OpenAI and vLLM (a prompt that does not fit at all is refused
@@ -122,6 +124,7 @@ def sampling_params(
             skip_special_tokens=req.skip_special_tokens,
             include_stop_str_in_output=req.include_stop_str_in_output,
             logit_bias=_logit_bias(req.logit_bias),
+            structured_outputs=structured_outputs,
             **values,
         )
     except (ValueError, TypeError) as e:

@@ -7,7 +7,7 @@ in the serving modules (their shapes are documented there and in docs/serving.md
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt
 
@@ -83,11 +83,61 @@ class _SamplingFields(_Request):
     include_stop_str_in_output: StrictBool = False
 
 
-class CompletionRequest(_SamplingFields):
+class JsonSchemaFormat(_Request):
+    """response_format.json_schema: OpenAI's {"name", "description", "schema", "strict"}."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False, populate_by_name=True)
+    name: str | None = None
+    description: str | None = None
+    json_schema: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: StrictBool | None = None  # always enforced: the output is constrained to it
+
+
+class ResponseFormat(_Request):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputsField(_Request):
+    """vLLM's `structured_outputs` request field; keys we do not honour are a 400."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    json_: dict[str, Any] | str | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: StrictBool | None = None
+
+
+class _ConstrainedFields(_SamplingFields):
+    """Structured outputs (constraints.py): OpenAI's response_format, vLLM's
+    structured_outputs, and vLLM's pre-0.12 guided_* fields (honoured here)."""
+
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsField | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_whitespace_pattern: str | None = None  # refused: JSON whitespace is llguidance's
+
+
+class CompletionRequest(_ConstrainedFields):
     prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]]
     logprobs: StrictInt | None = None
     echo: StrictBool = False
     suffix: str | None = None
+
+
+class FunctionCallIn(_Request):
+    name: str
+    arguments: str | dict[str, Any]  # OpenAI sends a JSON string; the template gets a dict
+
+
+class ToolCallIn(_Request):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCallIn
 
 
 class ChatMessage(_Request):
@@ -95,9 +145,35 @@ class ChatMessage(_Request):
     # A string, or OpenAI's list of parts (only {"type": "text", "text": ...} is supported).
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a "tool" message: the call it answers
+    # An assistant's earlier reasoning (vLLM 0.20's name, then the older one).
+    reasoning: str | None = None
+    reasoning_content: str | None = None
 
 
-class ChatCompletionRequest(_SamplingFields):
+class FunctionDefinition(_Request):
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: StrictBool | None = None
+
+
+class ChatTool(_Request):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Request):
+    name: str
+
+
+class NamedToolChoice(_Request):
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
+class ChatCompletionRequest(_ConstrainedFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: StrictInt | None = None
     logprobs: StrictBool = False
@@ -107,6 +183,11 @@ class ChatCompletionRequest(_SamplingFields):
     chat_template_kwargs: dict[str, Any] | None = None
     # Accepted only to refuse it with a clear message: templates come from the server's flags.
     chat_template: str | None = None
+    tools: list[ChatTool] | None = None
+    # None: "auto" with tools, "none" without (as vLLM and OpenAI)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: StrictBool = True
+    include_reasoning: StrictBool = True  # vLLM's: False drops the reasoning from the reply
 
 
 class TokenizeRequest(_Request):

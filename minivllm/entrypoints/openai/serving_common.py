@@ -30,6 +30,10 @@ class ServerState:
     chat_template: str | None = None
     log_requests: bool = True
     limits: ServerLimits = field(default_factory=ServerLimits)
+    # --tool-call-parser when --enable-auto-tool-choice is on (tool_choice "auto"), and
+    # --reasoning-parser (docs/serving.md, "Tool calling" and "Reasoning")
+    tool_parser: str | None = None
+    reasoning_parser: str | None = None
 
     @property
     def model_name(self) -> str:

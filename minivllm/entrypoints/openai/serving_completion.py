@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from minivllm.entrypoints.openai.constraints import check_constraint, request_constraint
 from minivllm.entrypoints.openai.errors import APIError, sse_error
 from minivllm.entrypoints.openai.logprobs import completion_logprobs
 from minivllm.entrypoints.openai.params import check_model, sampling_params
@@ -53,7 +54,9 @@ async def create_completion(state: ServerState, req: CompletionRequest):
         raise APIError("suffix is not supported", param="suffix")
     check_num_completions(state.limits, _num_prompts(req.prompt), req.n)
     engine = state.engine
+    constraint = request_constraint(req)
     prompts = await _prompts(req, engine)
+    await check_constraint(engine, constraint)
     echo_logprobs = req.logprobs if req.echo else None
     specs = []
     async for text, token_ids in fair_slices(prompts):
@@ -65,6 +68,7 @@ async def create_completion(state: ServerState, req: CompletionRequest):
             req.max_tokens,
             req.logprobs,
             prompt_logprobs=echo_logprobs,
+            structured_outputs=constraint[1] if constraint is not None else None,
         )
         specs.append((text, token_ids, params))
     request_id = f"cmpl-{uuid.uuid4().hex}"

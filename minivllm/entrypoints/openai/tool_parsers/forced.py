@@ -1,0 +1,98 @@
+"""Tool calls the request forced (tool_choice "required" or a named function): the output
+was constrained to a JSON schema (constraints.py), so parsing it cannot fail unless it was
+cut short."""
+
+from __future__ import annotations
+
+import json
+
+from minivllm.entrypoints.openai.tool_parsers.base import (
+    CallScanner,
+    StreamDelta,
+    ToolCall,
+    arguments_delta,
+    header_delta,
+    new_call_id,
+)
+
+
+def extract_required(text: str) -> list[ToolCall] | None:
+    """The calls of a "required" output, `[{"name": ..., "parameters": {...}}, ...]`, or None
+    if it is not one (cut short by max_tokens)."""
+    try:
+        items = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(items, list) or not all(
+        isinstance(i, dict) and isinstance(i.get("name"), str) for i in items
+    ):
+        return None
+    return [
+        ToolCall(item["name"], json.dumps(item.get("parameters", {}), ensure_ascii=False))
+        for item in items
+    ]
+
+
+class NamedToolStream:
+    """A named function's stream: the output is its arguments, as they come."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.num_calls = 0
+
+    def feed(self, text: str) -> StreamDelta:
+        delta = StreamDelta()
+        if self.num_calls == 0:
+            self.num_calls = 1
+            delta.tool_calls.append(header_delta(0, new_call_id(), self.name))
+        if text:
+            delta.tool_calls.append(arguments_delta(0, text))
+        return delta
+
+    def finish(self) -> StreamDelta:
+        return self.feed("")
+
+
+class RequiredToolStream:
+    """A "required" stream: the array's calls one by one (name, then parameters' text)."""
+
+    def __init__(self) -> None:
+        self._buffer = ""
+        self._state = "open"  # open -> item -> call -> between -> item ... -> done
+        self._call: CallScanner | None = None
+        self.num_calls = 0
+
+    def feed(self, text: str) -> StreamDelta:
+        self._buffer += text
+        delta = StreamDelta()
+        while self._buffer:
+            if self._state in ("open", "item", "between"):
+                self._buffer = self._buffer.lstrip()
+                if not self._buffer:
+                    break
+                head = self._buffer[0]
+                if self._state == "item" and head != "]":
+                    self._state, self._call = "call", CallScanner(self.num_calls)
+                    continue
+                self._buffer = self._buffer[1:]
+                expected = {"open": "[", "between": ","}.get(self._state)
+                self._state = "done" if head == "]" else "item"
+                if expected is not None and head not in (expected, "]"):
+                    self._state = "done"  # not the schema's shape: nothing more to parse
+            elif self._state == "call":
+                assert self._call is not None
+                piece, self._buffer = self._buffer, ""
+                call_delta, self._buffer = self._call.feed(piece)
+                delta.add(call_delta)
+                if not self._call.done:
+                    break
+                self.num_calls += 1
+                self._state = "between"
+            else:  # done: the constraint allows nothing after the array
+                self._buffer = ""
+        return delta
+
+    def finish(self) -> StreamDelta:
+        if self._state == "call" and self._call is not None and self._call.name is not None:
+            self.num_calls += 1  # cut short: what it sent is the call
+        return StreamDelta()

@@ -1,0 +1,203 @@
+"""The engine's side of structured outputs: one grammar backend and compiler per process and
+tokenizer (shared by a frontend's validation and an in-process core), the per-request
+matchers it hands the scheduler, and the step's bitmask that the runner applies."""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+
+import torch
+
+from minivllm.structured_output.backend import (
+    CompiledGrammar,
+    GrammarMatcher,
+    StructuredOutputBackend,
+)
+from minivllm.structured_output.bitmask import allocate_bitmask
+from minivllm.structured_output.compiler import GrammarCompiler
+from minivllm.structured_output.llguidance_backend import LLGuidanceBackend
+from minivllm.structured_output.params import StructuredOutputsParams, StructuredOutputSpec
+from minivllm.structured_output.request_state import StructuredOutputRequest
+from minivllm.tokenizer import load_tokenizer
+
+# A frontend's check waits this long for a compile; the engine's own limit is the compiler's.
+VALIDATE_TIMEOUT_S = 30.0
+
+
+@functools.lru_cache(maxsize=8)
+def shared_compiler(tokenizer: str, vocab_size: int) -> GrammarCompiler:
+    """The process's compiler for one tokenizer (path) and bitmask width (the model's
+    vocabulary, which may be padded past the tokenizer's). Built on first use: loading the
+    tokenizer and llguidance's token trie takes about a second."""
+    backend = LLGuidanceBackend(load_tokenizer(tokenizer), vocab_size=vocab_size)
+    return GrammarCompiler(backend)
+
+
+def check_structured_outputs(
+    params: StructuredOutputsParams | None,
+    tokenizer: str,
+    vocab_size: int,
+    tensor_parallel_size: int = 1,
+) -> None:
+    """A frontend's check, before queueing: ValueError naming the problem for a spec that
+    does not compile (or not within VALIDATE_TIMEOUT_S), or for any spec under tensor
+    parallelism. The compile is cached, so the engine's own compile of it is a cache hit
+    in this process. tokenizer: `config.tokenizer or config.model`."""
+    if params is None:
+        return
+    check_parallelism(tensor_parallel_size)
+    future = shared_compiler(tokenizer, vocab_size).submit(params.spec_key())
+    try:
+        future.result(timeout=VALIDATE_TIMEOUT_S)
+    except FutureTimeout:  # the builtin TimeoutError from Python 3.11 on
+        raise ValueError(
+            f"compiling the structured output {params.kind} took longer than "
+            f"{VALIDATE_TIMEOUT_S:g} s"
+        ) from None
+
+
+def check_parallelism(tensor_parallel_size: int) -> None:
+    if tensor_parallel_size > 1:
+        # Every TP rank samples; the mask would have to reach each of them (not done).
+        raise ValueError(
+            "structured outputs are not supported with tensor_parallel_size > 1 "
+            f"(got {tensor_parallel_size}); use data parallelism instead"
+        )
+
+
+class StepBitmask:
+    """The constrained rows of one step: fill() writes their masks on the host (llguidance
+    releases the GIL) while the device runs the forward; the runner applies the result.
+
+    Lives on the host only; it never crosses a process boundary (constrained requests are
+    refused under tensor parallelism)."""
+
+    def __init__(
+        self,
+        requests: Sequence[StructuredOutputRequest],
+        rows: Sequence[int],
+        manager: StructuredOutputManager,
+    ) -> None:
+        self.requests = requests
+        self.rows = rows  # each request's row among the step's sampled rows
+        self._manager = manager
+
+    def fill(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """bitmask int32 [num_rows, num_words] and rows int64 [num_rows], CPU (pinned on
+        CUDA). They are the manager's reused buffers: valid until the next step's fill()."""
+        return self._manager.fill(self.requests, self.rows)
+
+
+class StructuredOutputManager:
+    """One engine's grammar state: makes each constrained request's matcher (its compile
+    runs on the compiler's threads) and fills a step's bitmask.
+
+    The backend is built at the first constrained request, on a thread of its own (loading
+    the tokenizer and llguidance's trie takes seconds): that request's compile waits for
+    it, the step loop does not. An engine that never sees one never loads them.
+    """
+
+    def __init__(
+        self,
+        tokenizer: str,
+        vocab_size: int,
+        max_num_seqs: int,
+        tensor_parallel_size: int = 1,
+        pin_memory: bool = False,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.max_num_seqs = max_num_seqs
+        self.tensor_parallel_size = tensor_parallel_size
+        self.pin_memory = pin_memory
+        self._compiler: Future[GrammarCompiler] | None = None
+        self._bitmask: torch.Tensor | None = None
+        self._rows: torch.Tensor | None = None
+
+    @property
+    def backend(self) -> StructuredOutputBackend:
+        """The built backend (only read once some request's grammar is ready)."""
+        return self._compiler_future().result().backend
+
+    def new_request(self, params: StructuredOutputsParams) -> StructuredOutputRequest:
+        """The request's grammar state; its compile starts now (a cache hit when the frontend
+        checked the spec in this process). ValueError under tensor parallelism."""
+        check_parallelism(self.tensor_parallel_size)
+        spec = params.spec_key()
+        return StructuredOutputRequest(spec, self._submit(spec), _LazyBackend(self))
+
+    def _compiler_future(self) -> Future[GrammarCompiler]:
+        if self._compiler is None:
+            self._compiler = future = Future()
+            threading.Thread(
+                target=_build_compiler,
+                args=(future, self.tokenizer, self.vocab_size),
+                name="minivllm-grammar-backend",
+                daemon=True,
+            ).start()
+        return self._compiler
+
+    def _submit(self, spec: StructuredOutputSpec) -> Future[CompiledGrammar]:
+        building = self._compiler_future()
+        if building.done() and building.exception() is None:
+            return building.result().submit(spec)
+        grammar: Future[CompiledGrammar] = Future()
+        building.add_done_callback(lambda built: _chain(built, spec, grammar))
+        return grammar
+
+    def fill(
+        self, requests: Sequence[StructuredOutputRequest], rows: Sequence[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._bitmask is None:
+            # Pinned once: allocating pinned memory in a step would synchronize the device.
+            self._bitmask = allocate_bitmask(self.max_num_seqs, self.vocab_size, self.pin_memory)
+            self._rows = torch.empty(
+                self.max_num_seqs, dtype=torch.int64, pin_memory=self.pin_memory
+            )
+        n = len(requests)
+        # Safe to overwrite: a constrained step waits for the step before it (its tokens
+        # advance the matchers), so that step's copies of these buffers are done.
+        bitmask, row_ids = self._bitmask[:n], self._rows[:n]
+        row_ids.copy_(torch.as_tensor(rows, dtype=torch.int64))
+        self.backend.fill_bitmasks([(r.matcher, i) for i, r in enumerate(requests)], bitmask)
+        return bitmask, row_ids
+
+
+class _LazyBackend:
+    """The manager's backend for a request made before it was built: a request asks it
+    for a matcher only once its grammar is compiled, so after the build."""
+
+    def __init__(self, manager: StructuredOutputManager) -> None:
+        self._manager = manager
+
+    def new_matcher(self, grammar: CompiledGrammar) -> GrammarMatcher:
+        return self._manager.backend.new_matcher(grammar)
+
+
+def _build_compiler(future: Future[GrammarCompiler], tokenizer: str, vocab_size: int) -> None:
+    try:
+        future.set_result(shared_compiler(tokenizer, vocab_size))
+    except Exception as e:  # noqa: BLE001 - every request waiting on it fails with it
+        future.set_exception(ValueError(f"the structured output backend could not be built: {e}"))
+
+
+def _chain(
+    built: Future[GrammarCompiler], spec: StructuredOutputSpec, grammar: Future[CompiledGrammar]
+) -> None:
+    """Once the compiler is built: grammar follows its compile of spec."""
+    if built.exception() is not None:
+        grammar.set_exception(built.exception())
+        return
+    compiled = built.result().submit(spec)
+
+    def settle(done: Future[CompiledGrammar]) -> None:
+        if done.exception() is not None:
+            grammar.set_exception(done.exception())
+        else:
+            grammar.set_result(done.result())
+
+    compiled.add_done_callback(settle)

@@ -1,0 +1,262 @@
+"""Structured outputs, tool calling and reasoning through the real server (the official
+openai client, loopback, the tiny random model: its text means nothing, so every check is on
+the shape the constraint or the parser guarantees)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import openai
+import pytest
+from conftest import MODEL_NAME, Server
+
+# Small, closed schemas: a random model can only finish them by following the mask.
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "city": {"enum": ["Paris", "Oslo"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7},
+    },
+    "required": ["city", "days"],
+    "additionalProperties": False,
+    "x-guidance": {"whitespace_flexible": False},
+}
+TOOL_PARAMS = {k: v for k, v in SCHEMA.items() if k != "x-guidance"}
+OTHER_PARAMS = {
+    "type": "object",
+    "properties": {"on": {"type": "boolean"}},
+    "required": ["on"],
+    "additionalProperties": False,
+}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": TOOL_PARAMS}},
+    {"type": "function", "function": {"name": "switch", "parameters": OTHER_PARAMS}},
+]
+PARAMS_OF = {"get_weather": TOOL_PARAMS, "switch": OTHER_PARAMS}
+MESSAGES = [{"role": "user", "content": "What is the weather?"}]
+HERMES_CALL = (
+    r'<tool_call>\{"name": "get_weather", "arguments": \{"city": "(Paris|Oslo)", '
+    r'"days": [1-7]\}\}</tool_call>'
+)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_qwen3_dir: str, tmp_path_factory: pytest.TempPathFactory):
+    log = str(tmp_path_factory.mktemp("serve-structured") / "server.log")
+    flags = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
+    srv = Server(tiny_qwen3_dir, log, *flags, "--reasoning-parser", "qwen3")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0)
+
+
+def chat(client: openai.OpenAI, **kwargs):
+    kwargs = {"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": 48, "seed": 0, **kwargs}
+    return client.chat.completions.create(**kwargs)
+
+
+def collect_stream(stream) -> tuple[dict, str | None]:
+    """(content, reasoning, tool calls by index) accumulated as a client would."""
+    content = reasoning = ""
+    calls: dict[int, dict] = {}
+    finish = None
+    for chunk in stream:
+        for choice in chunk.choices:
+            delta = choice.delta
+            content += delta.content or ""
+            reasoning += (delta.model_extra or {}).get("reasoning") or ""
+            for tc in delta.tool_calls or []:
+                call = calls.setdefault(tc.index, {"id": None, "name": None, "arguments": ""})
+                if tc.id:
+                    assert call["id"] is None, "a call's id comes once, in its first delta"
+                    call["id"] = tc.id
+                    call["name"] = tc.function.name
+                call["arguments"] += tc.function.arguments or ""
+            finish = choice.finish_reason or finish
+    return {"content": content, "reasoning": reasoning, "calls": calls}, finish
+
+
+def check_calls(calls: list[tuple[str, str]]) -> None:
+    assert calls
+    for name, arguments in calls:
+        jsonschema.validate(json.loads(arguments), PARAMS_OF[name])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_json_schema_validates(client, stream):
+    fmt = {"type": "json_schema", "json_schema": {"name": "weather", "schema": SCHEMA}}
+    if stream:
+        out, finish = collect_stream(chat(client, response_format=fmt, stream=True))
+        text = out["content"]
+    else:
+        choice = chat(client, response_format=fmt).choices[0]
+        text, finish = choice.message.content, choice.finish_reason
+    assert finish == "stop"
+    jsonschema.validate(json.loads(text), SCHEMA)
+
+
+def test_json_object_is_an_object(client, tiny_qwen3_dir):
+    from minivllm.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(tiny_qwen3_dir)
+    # The mask decides where they are allowed; the bias makes the random model close early.
+    bias = {str(tokenizer.convert_tokens_to_ids(t)): 100 for t in ("{", "}")}
+    choice = chat(client, response_format={"type": "json_object"}, logit_bias=bias).choices[0]
+    assert choice.finish_reason == "stop"
+    assert isinstance(json.loads(choice.message.content), dict)
+
+
+def test_regex_choice_and_completions(client):
+    text = chat(client, extra_body={"guided_regex": "[a-c]{3}-[0-9]"}).choices[0].message.content
+    assert re.fullmatch("[a-c]{3}-[0-9]", text)
+    choices = ["yes", "no", "maybe"]
+    for body in ({"guided_choice": choices}, {"structured_outputs": {"choice": choices}}):
+        assert chat(client, extra_body=body).choices[0].message.content in choices
+    out = client.completions.create(
+        model=MODEL_NAME, prompt="x", max_tokens=16, extra_body={"guided_regex": "[xyz]{4}"}
+    )
+    assert re.fullmatch("[xyz]{4}", out.choices[0].text)
+    fmt = {"type": "json_schema", "json_schema": {"name": "w", "schema": SCHEMA}}
+    out = client.completions.create(
+        model=MODEL_NAME, prompt="x", max_tokens=48, extra_body={"response_format": fmt}
+    )
+    jsonschema.validate(json.loads(out.choices[0].text), SCHEMA)
+
+
+def test_text_format_is_plain(client):
+    choice = chat(client, response_format={"type": "text"}, max_tokens=4).choices[0]
+    assert choice.finish_reason == "length"
+
+
+@pytest.mark.parametrize(
+    "body, words",
+    [
+        (
+            {"response_format": {"type": "json_object"}, "guided_json": SCHEMA},
+            ["response_format", "guided_json"],
+        ),
+        (
+            {"structured_outputs": {"regex": "a"}, "guided_choice": ["a"]},
+            ["structured_outputs", "guided_choice"],
+        ),
+        ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, ["regex", "choice"]),
+        ({"structured_outputs": {"whitespace_pattern": " "}}, ["whitespace_pattern"]),
+        ({"guided_regex": "a(?=b)"}, ["guided_regex"]),
+        ({"guided_whitespace_pattern": " "}, ["guided_whitespace_pattern"]),
+        ({"guided_grammar": "start: foo"}, ["guided_grammar"]),
+        ({"response_format": {"type": "json_schema"}}, ["json_schema"]),
+        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "x"}}}, ["x"]),
+        ({"tool_choice": "required"}, ["tools"]),
+        ({"tools": []}, ["tools"]),
+        ({"tools": TOOLS, "tool_choice": "required", "guided_regex": "a"}, ["tool_choice"]),
+    ],
+)
+def test_bad_constraints_are_400s(client, body, words):
+    with pytest.raises(openai.BadRequestError) as info:
+        chat(client, max_tokens=4, extra_body=body)
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_bad_schema_then_good_request(client):
+    bad = {"type": "object", "properties": {"a": {"type": "strin"}}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "bad", "schema": bad}}
+    for _ in range(2):  # the failed compile is cached: the same 400, at once
+        with pytest.raises(openai.BadRequestError, match="strin"):
+            chat(client, response_format=fmt)
+    text = chat(client, extra_body={"guided_choice": ["ok"]}).choices[0].message.content
+    assert text == "ok"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("tool_choice", ["required", "named"])
+def test_forced_tool_calls(client, tool_choice, stream):
+    choice_value = tool_choice
+    if tool_choice == "named":
+        choice_value = {"type": "function", "function": {"name": "switch"}}
+    kwargs = dict(tools=TOOLS, tool_choice=choice_value, temperature=1.0, max_tokens=96)
+    if stream:
+        out, finish = collect_stream(chat(client, stream=True, **kwargs))
+        assert out["content"] == ""
+        assert all(c["id"] for c in out["calls"].values())
+        calls = [(c["name"], c["arguments"]) for c in out["calls"].values()]
+    else:
+        choice = chat(client, **kwargs).choices[0]
+        finish = choice.finish_reason
+        assert choice.message.content is None
+        calls = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls]
+        assert all(c.id.startswith("chatcmpl-tool-") for c in choice.message.tool_calls)
+    assert finish == "tool_calls"
+    check_calls(calls)
+    if tool_choice == "named":
+        assert [name for name, _ in calls] == ["switch"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_auto_tool_call_parsed_from_text(client, stream):
+    # The regex makes the random model write a Hermes call; the parser finds it.
+    kwargs = dict(tools=TOOLS, extra_body={"guided_regex": r"Sure\." + HERMES_CALL}, max_tokens=128)
+    if stream:
+        out, finish = collect_stream(chat(client, stream=True, **kwargs))
+        content = out["content"]
+        calls = [(c["name"], c["arguments"]) for c in out["calls"].values()]
+    else:
+        choice = chat(client, **kwargs).choices[0]
+        content, finish = choice.message.content, choice.finish_reason
+        calls = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls]
+    assert content == "Sure."
+    assert finish == "tool_calls"
+    assert len(calls) == 1 and calls[0][0] == "get_weather"
+    check_calls(calls)
+
+
+def test_auto_without_a_call_is_content(client):
+    choice = chat(client, tools=TOOLS, extra_body={"guided_regex": "[a-z]{5}"}).choices[0]
+    assert re.fullmatch("[a-z]{5}", choice.message.content)
+    assert not choice.message.tool_calls and choice.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_reasoning_split(client, stream):
+    regex = "<think>[a-z]{2,6}</think>[a-z]{2,6}"
+    if stream:
+        out, finish = collect_stream(chat(client, stream=True, extra_body={"guided_regex": regex}))
+        reasoning, content = out["reasoning"], out["content"]
+    else:
+        message = chat(client, extra_body={"guided_regex": regex}).choices[0].message
+        reasoning, content = message.model_extra["reasoning"], message.content
+        assert message.model_extra["reasoning_content"] == reasoning
+    assert re.fullmatch("[a-z]{2,6}", reasoning) and re.fullmatch("[a-z]{2,6}", content)
+    dropped = chat(client, extra_body={"guided_regex": regex, "include_reasoning": False})
+    assert "reasoning" not in dropped.choices[0].message.model_extra
+    assert re.fullmatch("[a-z]{2,6}", dropped.choices[0].message.content)
+
+
+def test_tool_messages_reach_the_template(client):
+    messages = [
+        *MESSAGES,
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+    ]
+    choice = chat(client, messages=messages, tools=TOOLS, tool_choice="none", max_tokens=4)
+    assert choice.choices[0].finish_reason == "length"
+    bad = [*messages[:1], {**messages[1], "tool_calls": [{**messages[1]["tool_calls"][0]}]}]
+    bad[1]["tool_calls"][0]["function"] = {"name": "f", "arguments": "{not json"}
+    with pytest.raises(openai.BadRequestError, match="arguments"):
+        chat(client, messages=bad, max_tokens=4)

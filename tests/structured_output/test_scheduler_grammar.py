@@ -1,0 +1,129 @@
+"""The scheduler's side of structured outputs, with compiles the test controls: a request
+whose grammar compiles waits without holding up others, a failed compile fails it alone,
+the step carries the constrained rows, and the grammar's end finishes the request."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+
+import pytest
+
+from minivllm.engine.sched.block_manager import BlockManager
+from minivllm.engine.sched.request import Request
+from minivllm.engine.sched.scheduler import Scheduler
+from minivllm.engine.types import RunnerOutput, SchedulerOutput
+from minivllm.sampling_params import SamplingParams
+from minivllm.structured_output import StructuredOutputRequest, StructuredOutputsParams
+from minivllm.structured_output.bitmask import unpack_bitmask
+from minivllm.structured_output.manager import StepBitmask, StructuredOutputManager
+
+
+class ControlledManager(StructuredOutputManager):
+    """Compiles with the real backend, but hands out futures the test settles."""
+
+    def __init__(self, backend) -> None:
+        super().__init__("unused", backend.vocab_size, max_num_seqs=4)
+        self._backend = backend
+        self.futures: list[Future] = []
+
+    @property
+    def backend(self):
+        return self._backend
+
+    def new_request(self, params: StructuredOutputsParams) -> StructuredOutputRequest:
+        future: Future = Future()
+        self.futures.append(future)
+        return StructuredOutputRequest(params.spec_key(), future, self._backend)
+
+
+def make_scheduler(manager: StructuredOutputManager) -> Scheduler:
+    return Scheduler(4, 64, 64, BlockManager(32, 4, False), structured_outputs=manager)
+
+
+def constrained(req_id: str, **spec) -> Request:
+    params = SamplingParams(temperature=0.0, structured_outputs=StructuredOutputsParams(**spec))
+    return Request(req_id, [1, 2, 3], params, arrival_time=0.0)
+
+
+def run(scheduler: Scheduler, sched_out: SchedulerOutput, token_ids: list[int]):
+    req_ids = [c.req_id for c in sched_out.chunks if c.sample]
+    return scheduler.update(sched_out, RunnerOutput(req_ids, token_ids))
+
+
+def test_compiling_request_waits_without_holding_up_others(tiny_backend) -> None:
+    manager = ControlledManager(tiny_backend)
+    scheduler = make_scheduler(manager)
+    scheduler.add_request(constrained("a", regex="ab"))
+    scheduler.add_request(Request("b", [4, 5], SamplingParams(), arrival_time=0.0))
+    sched_out = scheduler.schedule()
+    assert [c.req_id for c in sched_out.chunks] == ["b"]
+    assert sched_out.structured_output is None  # no constrained row this step
+    run(scheduler, sched_out, [7])
+    manager.futures[0].set_result(
+        tiny_backend.compile(StructuredOutputsParams(regex="ab").spec_key())
+    )
+    sched_out = scheduler.schedule()
+    assert [c.req_id for c in sched_out.chunks] == ["b", "a"]  # decode first
+    step_mask = sched_out.structured_output
+    assert isinstance(step_mask, StepBitmask) and step_mask.rows == [1]
+    bitmask, rows = step_mask.fill()
+    assert rows.tolist() == [1]
+    allowed = unpack_bitmask(bitmask, tiny_backend.vocab_size)[0]
+    token_a = tiny_backend.tokenizer.tokenize_str("a")[0]
+    assert allowed[token_a] and allowed.sum() < tiny_backend.vocab_size
+
+
+def test_failed_compile_fails_that_request_alone(tiny_backend) -> None:
+    manager = ControlledManager(tiny_backend)
+    scheduler = make_scheduler(manager)
+    scheduler.add_request(constrained("a", regex="("))
+    scheduler.add_request(Request("b", [4, 5], SamplingParams(), arrival_time=0.0))
+    manager.futures[0].set_exception(ValueError("invalid structured output regex: ("))
+    sched_out = scheduler.schedule()
+    assert [c.req_id for c in sched_out.chunks] == ["b"]
+    outputs = {o.req_id: o for o in run(scheduler, sched_out, [7])}
+    assert outputs["a"].finished and outputs["a"].finish_reason == "error"
+    assert "regex" in outputs["a"].error
+    assert scheduler.num_constrained == 0 and not outputs["b"].finished
+
+
+def test_failure_alone_is_reported_by_the_next_step(tiny_backend) -> None:
+    manager = ControlledManager(tiny_backend)
+    scheduler = make_scheduler(manager)
+    scheduler.add_request(constrained("a", json_object=True))
+    manager.futures[0].set_exception(ValueError("took longer than the 30 s time limit"))
+    assert scheduler.has_unfinished_requests()
+    sched_out = scheduler.schedule()
+    assert sched_out.is_empty
+    (out,) = scheduler.update(sched_out, RunnerOutput([], []))
+    assert out.finish_reason == "error" and not scheduler.has_unfinished_requests()
+
+
+def test_grammar_end_finishes_with_stop(tiny_backend) -> None:
+    manager = ControlledManager(tiny_backend)
+    scheduler = make_scheduler(manager)
+    scheduler.add_request(constrained("a", choice=["ab"]))
+    spec = StructuredOutputsParams(choice=["ab"]).spec_key()
+    manager.futures[0].set_result(tiny_backend.compile(spec))
+    token_ids = tiny_backend.tokenizer.tokenize_str("ab")
+    out = None
+    for token_id in token_ids:
+        sched_out = scheduler.schedule()
+        (out,) = run(scheduler, sched_out, [token_id])
+    assert out.finished and out.finish_reason == "stop"
+    assert scheduler.num_constrained == 0 and scheduler.can_schedule_ahead
+
+
+def test_manager_builds_its_backend_off_the_caller_thread(tiny_qwen3_dir: str) -> None:
+    """The first constrained request returns at once; its compile follows the build."""
+    manager = StructuredOutputManager(tiny_qwen3_dir, 500, max_num_seqs=2)
+    requests = [manager.new_request(StructuredOutputsParams(regex=r"[0-9]+")) for _ in range(2)]
+    for request in requests:
+        request._grammar.result(timeout=60)
+        assert request.is_ready()
+    bitmask, rows = manager.fill(requests, [0, 1])
+    assert rows.tolist() == [0, 1] and bitmask.shape == (2, 16)
+    bad = manager.new_request(StructuredOutputsParams(regex="("))
+    bad._grammar.exception(timeout=60)
+    with pytest.raises(ValueError, match="regex"):
+        bad.is_ready()
