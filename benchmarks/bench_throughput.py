@@ -1,8 +1,9 @@
 """Offline throughput on dummy weights, one workload shape (benchmarks/workloads.py; default:
-the headline of docs/performance.md). Prints one JSON line.
+the headline of docs/performance.md). Prints one JSON line. It needs a CUDA GPU; --quick runs a
+small workload on the built-in tiny model instead (a CPU smoke run, with a progress bar).
 
 python benchmarks/bench_throughput.py [--workload headline|short|long|prefix] [--num-seqs N]
-    [--model-name qwen3-0.6b] [--enforce-eager] [--kv-cache-dtype fp8] ...
+    [--model-name qwen3-0.6b] [--enforce-eager] [--kv-cache-dtype fp8] [--quick] ...
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
+import sys
 import time
 
 from common import dummy_model_dir, measure_bandwidth, roofline_seconds
@@ -54,8 +57,27 @@ def _step_times(timer: StepTimer) -> dict:
     }
 
 
+# --quick: requests, prompt lengths and output lengths small enough for a CPU (~a minute).
+QUICK_NUM_SEQS = 16
+QUICK_PROMPT_LENS = (16, 64)
+QUICK_OUTPUT_LENS = (8, 32)
+EXIT_NO_GPU = 2
+
+
+def quick_workload(vocab_size: int, num_requests: int | None, seed: int = 0) -> Workload:
+    """A CPU-sized workload: QUICK_NUM_SEQS requests of short random prompts and outputs."""
+    rng = random.Random(seed)
+    count = num_requests or QUICK_NUM_SEQS
+    prompts = [
+        [rng.randint(10, vocab_size - 1) for _ in range(rng.randint(*QUICK_PROMPT_LENS))]
+        for _ in range(count)
+    ]
+    output_lens = [rng.randint(*QUICK_OUTPUT_LENS) for _ in range(count)]
+    return Workload("quick", prompts, output_lens, max_model_len=256)
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model-name", default="qwen3-0.6b")
     parser.add_argument(
         "--model", default=None, help="a model dir (default: dummy dir from --model-name)"
@@ -77,16 +99,38 @@ def main() -> None:
         "--custom-all-reduce", action="store_true", help="TP: symmetric-memory all-reduce (opt-in)"
     )
     parser.add_argument("--max-mixed-graph-tokens", type=int, default=None, help="0: eager")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"a CPU-sized run: {QUICK_NUM_SEQS} short requests on the built-in tiny model "
+        "(random weights), with a progress bar; without it a CUDA GPU is required",
+    )
     args = parser.parse_args()
 
     import torch
 
-    from minivllm import LLM, SamplingParams
+    if not args.quick and not torch.cuda.is_available():
+        print(
+            f"{parser.prog}: error: needs a CUDA GPU (the {args.workload} workload on "
+            f"{args.model_name} would take hours on a CPU); --quick runs a small CPU-sized "
+            "workload on the built-in tiny model",
+            file=sys.stderr,
+        )
+        sys.exit(EXIT_NO_GPU)
 
-    model_dir = args.model or dummy_model_dir(args.model_name)
-    workload = make_workload(args.workload, args.num_seqs)
+    from minivllm import LLM, SamplingParams
+    from minivllm.tiny_model import default_tiny_model_dir
+
+    if args.quick:
+        model_dir = args.model or default_tiny_model_dir()
+        with open(os.path.join(model_dir, "config.json")) as f:
+            workload = quick_workload(json.load(f)["vocab_size"], args.num_seqs)
+        args.model_name = "tiny" if args.model is None else args.model_name
+    else:
+        model_dir = args.model or dummy_model_dir(args.model_name)
+        workload = make_workload(args.workload, args.num_seqs)
     options = {
-        "load_format": "dummy",
+        "load_format": "auto" if args.quick else "dummy",
         "max_model_len": args.max_model_len or workload.max_model_len,
         "enforce_eager": args.enforce_eager,
         "tensor_parallel_size": args.tensor_parallel_size,
@@ -110,7 +154,7 @@ def main() -> None:
     timer = StepTimer(llm.engine) if args.data_parallel_size == 1 else None
     prompts = [{"prompt_token_ids": p} for p in workload.prompts]
     start = time.perf_counter()
-    outputs = llm.generate(prompts, params, use_tqdm=False)
+    outputs = llm.generate(prompts, params, use_tqdm=args.quick)
     seconds = time.perf_counter() - start
     generated = sum(len(o.outputs[0].token_ids) for o in outputs)
     result = {
@@ -131,7 +175,7 @@ def main() -> None:
     }
     if timer is not None:
         result |= _step_times(timer)
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() and not args.quick:
         result |= _bound(model_dir, workload, seconds)
     print(json.dumps(result), flush=True)
     llm.shutdown()

@@ -85,6 +85,11 @@ class EngineConfig:
 
         check_choice("dtype")
         check_choice("device")
+        # Here, before anything loads: the CLI and LLM() fail at once, not after a model load.
+        check(
+            self.device != "cuda" or torch.cuda.is_available(),
+            "device='cuda' was asked for but no CUDA GPU is available",
+        )
         check(self.tensor_parallel_size >= 1, "tensor_parallel_size must be >= 1")
         check(self.data_parallel_size >= 1, "data_parallel_size must be >= 1")
         check(self.max_model_len is None or self.max_model_len >= 1, "max_model_len must be >= 1")
@@ -146,8 +151,6 @@ class EngineConfig:
     def resolved_device(self) -> torch.device:
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        if self.device == "cuda" and not torch.cuda.is_available():
-            raise ValueError("device='cuda' was asked for but no CUDA GPU is available")
         return torch.device(self.device)
 
     def resolved_kv_cache_dtype(self, model_dtype: torch.dtype) -> torch.dtype:

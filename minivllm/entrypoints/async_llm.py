@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -28,6 +29,24 @@ from minivllm.sampling_params import SamplingParams
 from minivllm.tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
+# vLLM's VLLM_ENGINE_ITERATION_TIMEOUT_S, under our prefix: seconds the core may go without a
+# message while requests are open before /health calls it stalled.
+ITERATION_TIMEOUT_ENV = "MINIVLLM_ENGINE_ITERATION_TIMEOUT_S"
+DEFAULT_ITERATION_TIMEOUT_S = 60.0
+
+
+def iteration_timeout_s() -> float:
+    """The stall threshold: MINIVLLM_ENGINE_ITERATION_TIMEOUT_S, else 60 s (vLLM's default)."""
+    value = os.environ.get(ITERATION_TIMEOUT_ENV, "")
+    try:
+        timeout = float(value) if value else DEFAULT_ITERATION_TIMEOUT_S
+    except ValueError:
+        raise ValueError(
+            f"{ITERATION_TIMEOUT_ENV} must be a number of seconds, got {value!r}"
+        ) from None
+    if not timeout > 0:
+        raise ValueError(f"{ITERATION_TIMEOUT_ENV} must be > 0, got {value!r}")
+    return timeout
 
 
 class EngineObserver(Protocol):
@@ -81,6 +100,13 @@ class AsyncLLM:
         self.observer = observer
         self.stats = EngineStats()
         self.dead_reason: str | None = None
+        # The core died (not asked to stop); on_dead is called on the loop when it does.
+        self.core_failed = False
+        self.on_dead: Callable[[], None] | None = None
+        self.iteration_timeout_s = iteration_timeout_s()
+        # When the core last showed progress: a message from it, or work arriving at an idle
+        # engine (the clock of a stall starts then, not at the last message before idling).
+        self._last_progress = time.monotonic()
         self._mailboxes: dict[str, _Mailbox] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         # One core process, or data_parallel_size replicas behind the same interface.
@@ -92,6 +118,8 @@ class AsyncLLM:
     def attach_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         """Binds the engine to the loop that will call it (the server's)."""
         self._loop = loop
+        if self.core_failed and self.on_dead is not None:  # died before the loop was there
+            loop.call_soon(self.on_dead)
 
     @property
     def is_dead(self) -> bool:
@@ -100,6 +128,17 @@ class AsyncLLM:
     @property
     def num_open_requests(self) -> int:
         return len(self._mailboxes)
+
+    def stalled_for(self) -> float:
+        """Seconds the core has gone without a message while requests are open (0 when
+        idle). Past iteration_timeout_s the core is stalled (stopped, wedged): /health 503."""
+        if not self._mailboxes:
+            return 0.0
+        return time.monotonic() - self._last_progress
+
+    @property
+    def is_stalled(self) -> bool:
+        return self.stalled_for() > self.iteration_timeout_s
 
     def default_sampling(self) -> dict[str, Any]:
         """Sampling defaults from generation_config.json (vLLM applies them the same way)."""
@@ -146,6 +185,8 @@ class AsyncLLM:
         if self.dead_reason is not None:
             raise EngineDeadError(self.dead_reason)
         eos = self.generation_defaults.eos_token_ids
+        if not self._mailboxes:
+            self._last_progress = time.monotonic()
         iterators: list[AsyncIterator[RequestOutput]] = []
         try:
             for request_id, prompt, prompt_token_ids, params in requests:
@@ -218,6 +259,7 @@ class AsyncLLM:
         if loop is None:  # no loop yet (startup): only a death can arrive
             if msg[0] is MessageKind.DEAD:
                 self.dead_reason = msg[1]
+                self.core_failed = True
             return
         try:
             loop.call_soon_threadsafe(self._on_message, msg)
@@ -226,6 +268,7 @@ class AsyncLLM:
 
     def _on_message(self, msg: tuple) -> None:
         kind = msg[0]
+        self._last_progress = time.monotonic()
         if kind is MessageKind.OUTPUTS:
             self._on_outputs(msg[1], msg[2])
         elif kind is MessageKind.REJECTED:
@@ -233,6 +276,10 @@ class AsyncLLM:
         elif kind is MessageKind.DEAD:
             logger.error("engine core is dead: %s", msg[1])
             self._fail_all(msg[1])
+            if not self.core_failed:
+                self.core_failed = True
+                if self.on_dead is not None:
+                    self.on_dead()
 
     def _on_outputs(self, engine_outputs: list[EngineOutput], stats: EngineStats) -> None:
         self.stats = stats

@@ -27,9 +27,11 @@ def add_chat_parser(sub: Any) -> None:
         "--model", default=None, help="HF directory or .gguf file (default: the demo model)"
     )
     chat.add_argument("--system", default=None, help="a system message opening the chat")
-    chat.add_argument("--max-tokens", type=int, default=256, help="per reply")
-    chat.add_argument("--temperature", type=float, default=0.0)
-    chat.add_argument("--seed-sampling", type=int, default=None, help="sampling seed")
+    chat.add_argument("--max-tokens", type=int, default=256, help="per reply (default: 256)")
+    chat.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default: 0.0)")
+    chat.add_argument(
+        "--seed-sampling", type=int, default=None, help="sampling seed (default: none)"
+    )
     add_engine_options(chat)
 
 

@@ -17,14 +17,15 @@ from minivllm.sampling_params import SamplingParams
 
 
 def run_generate(args: argparse.Namespace) -> int:
+    # Every option is checked before the model loads (that takes seconds to minutes).
+    params = SamplingParams(
+        temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed_sampling
+    )
     model = args.model
     if model is None:
         model, notice = default_model()
         print(notice, file=sys.stderr)
-    llm = LLM(model, **engine_options(args))
-    params = SamplingParams(
-        temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed_sampling
-    )
+    llm = LLM(model, **engine_options(args))  # checks the engine options first
     prompts = args.prompt or ["Hello, my name is", "The capital of France is"]
     start = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=not args.no_progress)
@@ -48,14 +49,26 @@ def run_generate(args: argparse.Namespace) -> int:
 
 def run_bench(args: argparse.Namespace) -> int:
     """Runs benchmarks/bench_<kind>.py of the source checkout with the remaining arguments,
-    as a script (so that it imports its neighbour benchmarks/common.py as Python does)."""
-    import subprocess
+    as a script: its folder first on sys.path (it imports its neighbour benchmarks/common.py,
+    as Python does for a script) and `minivllm bench <kind>` as its argv[0] (its --help and
+    errors name the command that was typed)."""
     from pathlib import Path
 
     script = Path(__file__).resolve().parents[2] / "benchmarks" / f"bench_{args.kind}.py"
     if not script.is_file():
         raise ValueError(f"benchmark script not found at {script} (needs a source checkout)")
-    return subprocess.call([sys.executable, str(script), *args.rest])
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    sys.argv = [f"minivllm bench {args.kind}", *args.rest]
+    sys.path.insert(0, str(script.parent))
+    try:
+        # exec, not runpy.run_path: that one sets argv[0] back to the script's path.
+        code = compile(script.read_text(), str(script), "exec")
+        exec(code, {"__name__": "__main__", "__file__": str(script)})
+    except SystemExit as e:  # argparse's --help and errors, the script's own exit codes
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,17 +79,29 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument(
         "--model", default=None, help="HF directory or .gguf file (default: the demo model)"
     )
-    gen.add_argument("--prompt", action="append", help="a prompt (repeatable)")
-    gen.add_argument("--max-tokens", type=int, default=32)
-    gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--seed-sampling", type=int, default=None, help="sampling seed")
-    gen.add_argument("--no-progress", action="store_true")
+    gen.add_argument(
+        "--prompt",
+        action="append",
+        help="a prompt (repeatable; default: two built-in prompts)",
+    )
+    gen.add_argument(
+        "--max-tokens", type=int, default=32, help="tokens to generate a prompt (default: 32)"
+    )
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default: 0.0)")
+    gen.add_argument(
+        "--seed-sampling", type=int, default=None, help="sampling seed (default: none)"
+    )
+    gen.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_engine_options(gen)
     add_serve_parser(sub)
     add_chat_parser(sub)
     bench = sub.add_parser("bench", help="run a benchmark (prints one JSON line)")
-    bench.add_argument("kind", choices=["throughput", "latency"])
-    bench.add_argument("rest", nargs=argparse.REMAINDER)
+    bench.add_argument(
+        "kind",
+        choices=["throughput", "latency"],
+        help="benchmarks/bench_KIND.py (`minivllm bench KIND --help` for its options)",
+    )
+    bench.add_argument("rest", nargs=argparse.REMAINDER, help="the benchmark's options")
     args = parser.parse_args(argv)
     try:
         if args.command == "generate":

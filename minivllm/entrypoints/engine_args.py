@@ -1,5 +1,6 @@
 """The engine options of the command line: one --flag per EngineConfig field, its type taken
-from the field's annotation, and the parsed flags back as EngineConfig keyword options."""
+from the field's annotation, its help line from FLAG_HELP (and its default from the field),
+and the parsed flags back as EngineConfig keyword options."""
 
 from __future__ import annotations
 
@@ -14,6 +15,42 @@ from minivllm.config import EngineConfig
 # usage_context: set by the command itself (serve: "server"), not a flag.
 _SKIP = {"model", "usage_context"}
 _SCALARS = (int, float, str)
+
+# One line per EngineConfig field (config.py documents each field; this is its --help form).
+# `--help` adds the field's default. A new field needs a line here (tests/entrypoints/test_cli.py).
+FLAG_HELP: dict[str, str] = {
+    "tokenizer": "tokenizer directory, if not the model's",
+    "dtype": "weights and activations; auto: the checkpoint's on CUDA (bfloat16 for float32), "
+    "float32 on CPU",
+    "device": "auto: CUDA if there is a GPU, else CPU",
+    "tensor_parallel_size": "GPUs the model is split over (tensor parallelism)",
+    "data_parallel_size": "engine replicas, each on its own tensor-parallel-size GPUs",
+    "max_model_len": "longest prompt + output, in tokens; none: the model's "
+    "max_position_embeddings",
+    "max_num_seqs": "most requests in one step; none: from the device's memory",
+    "max_num_batched_tokens": "most tokens in one step; none: from the device's memory",
+    "block_size": "tokens per KV-cache block (a power of two)",
+    "gpu_memory_utilization": "fraction of the GPU's memory the engine may use (weights, "
+    "activations, KV cache)",
+    "enable_prefix_caching": "reuse the KV cache of shared prompt prefixes",
+    "enforce_eager": "no CUDA graphs",
+    "load_format": "dummy: random weights of the right shapes (benchmarks, no checkpoint)",
+    "seed": "the engine's random seed (dummy weights, unseeded sampling)",
+    "attention_backend": "auto: triton on CUDA, torch_sdpa on CPU",
+    "kv_cache_memory": "KV-cache bytes on the CPU (on CUDA it comes from profiling)",
+    "num_gpu_blocks_override": "a fixed number of KV-cache blocks; none: from memory",
+    "async_scheduling": "schedule step N+1 while step N runs",
+    "max_cuda_graph_batch_size": "largest decode batch captured in a CUDA graph",
+    "max_mixed_graph_tokens": "steps with prefill chunks of up to this many tokens replay "
+    "piecewise CUDA graphs; 0: eager",
+    "deterministic": "batch-invariant numerics: a request's tokens do not depend on its "
+    "neighbours (docs/determinism.md)",
+    "max_logprobs": "most logprobs or prompt_logprobs a request may ask for; -1: the vocabulary",
+    "kv_cache_dtype": "KV-cache storage; fp8 (= fp8_e4m3): half the bytes, twice the blocks",
+    "disable_custom_all_reduce": "tensor parallelism: NCCL for every all-reduce (no "
+    "symmetric-memory kernel)",
+    "stream_interval": "the server streams a request's tokens once this many have come",
+}
 
 
 def _argument_options(name: str, hint: Any) -> dict[str, Any]:
@@ -37,7 +74,23 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         if f.name in _SKIP:
             continue
         flag = "--" + f.name.replace("_", "-")
-        parser.add_argument(flag, default=None, **_argument_options(f.name, hints[f.name]))
+        parser.add_argument(
+            flag,
+            default=None,
+            help=_help(f),
+            **_argument_options(f.name, hints[f.name]),
+        )
+
+
+def _help(f: dataclasses.Field) -> str:
+    """The flag's help line and its default (the field's: unset flags stay None)."""
+    default = "none" if f.default is None else str(f.default).lower()
+    if isinstance(f.default, bool) and f.default:
+        default = "on"
+    elif isinstance(f.default, bool):
+        default = "off"
+    text = FLAG_HELP.get(f.name, "")
+    return f"{text} (default: {default})".lstrip().replace("%", "%%")
 
 
 def engine_options(args: argparse.Namespace) -> dict[str, Any]:

@@ -29,6 +29,8 @@ logger = logging.getLogger(__name__)
 # Large socket buffers, so that a burst of adds or one big step of outputs rarely blocks.
 _SOCKET_BUFFER_BYTES = 4 << 20
 _STOP = object()
+# How long a core that reported its death, or closed its socket, may take to exit.
+_EXIT_WAIT_S = 10.0
 
 
 class EngineCoreError(RuntimeError):
@@ -137,7 +139,8 @@ class EngineCoreClient:
                     return  # the core is gone; the reader reports it
 
     def _read_loop(self) -> None:
-        while True:
+        dead = False
+        while not dead:
             try:
                 msg = self._conn.recv()
             except (EOFError, OSError):
@@ -145,10 +148,14 @@ class EngineCoreClient:
             if msg[0] is MessageKind.OUTPUTS:
                 msg = (MessageKind.OUTPUTS, [EngineOutput(*fields) for fields in msg[1]], msg[2])
             self._on_message(msg)
-            if msg[0] is MessageKind.DEAD:
-                return
-        if not self._closing:
-            code = self.process.wait()
+            dead = msg[0] is MessageKind.DEAD
+        # Reap the core (it exits right after a DEAD message): no zombie is left behind.
+        try:
+            code = self.process.wait(_EXIT_WAIT_S)
+        except subprocess.TimeoutExpired:
+            self._kill()
+            code = self.process.returncode
+        if not dead and not self._closing:
             self._on_message((MessageKind.DEAD, f"the engine core process exited (code {code})"))
 
     def _kill(self) -> None:

@@ -1,4 +1,5 @@
-"""`minivllm serve`: builds the engine and the app, runs uvicorn, shuts down cleanly."""
+"""`minivllm serve`: checks its options, builds the engine and the app, runs uvicorn, shuts
+down cleanly; exits 1 when the engine core dies (for a supervisor to restart it)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,11 @@ import argparse
 import logging
 import os
 import signal
+import socket
+import sys
 
 from minivllm.config import EngineConfig
+from minivllm.demo_model import default_model
 from minivllm.entrypoints.async_llm import AsyncLLM
 from minivllm.entrypoints.engine_args import engine_options
 from minivllm.entrypoints.openai.http_server import build_server
@@ -18,6 +22,22 @@ from minivllm.entrypoints.openai.serving_common import ServerState
 
 logger = logging.getLogger("minivllm.serve")
 API_KEY_ENV = "MINIVLLM_API_KEY"
+# vLLM's VLLM_KEEP_ALIVE_ON_ENGINE_DEATH: "1" keeps the server up (answering 503) after the
+# engine core dies, instead of exiting 1.
+KEEP_ALIVE_ENV = "MINIVLLM_KEEP_ALIVE_ON_ENGINE_DEATH"
+EXIT_ENGINE_DEAD = 1
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Binds (host, port) as uvicorn will (SO_REUSEADDR), then lets go: a port in use is an
+    error before the model loads, not after."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as e:
+            raise OSError(f"cannot listen on {host}:{port}: {e.strerror} (--host, --port)") from e
 
 
 def load_chat_template(value: str | None) -> str | None:
@@ -34,17 +54,34 @@ def load_chat_template(value: str | None) -> str | None:
 
 def run_serve(args: argparse.Namespace) -> int:
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    model = args.model
+    if model is None:
+        model, notice = default_model()
+        print(notice, file=sys.stderr)
+    # Every option is checked before the model loads (that takes seconds to minutes).
     options = engine_options(args)
-    config = EngineConfig.from_options(args.model, usage_context="server", **options)
+    config = EngineConfig.from_options(model, usage_context="server", **options)
     chat_template = load_chat_template(args.chat_template)
-    limits = ServerLimits(  # a bad limit fails here, before the engine is built
+    limits = ServerLimits(
         args.max_request_body_bytes, args.timeout_request_read, args.max_prompts_per_request
     )
-    names = args.served_model_name or [args.model]
+    check_port_free(args.host, args.port)
+    if args.enable_auto_tool_choice and args.tool_call_parser is None:
+        raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (as in vLLM)")
+    names = args.served_model_name or [model]
     metrics = ServerMetrics(names[0])
+    keep_alive = os.environ.get(KEEP_ALIVE_ENV, "0") == "1"
     engine = AsyncLLM(config, args.generation_config, observer=metrics)
     try:
-        state = ServerState(engine, names, chat_template, not args.disable_log_requests, limits)
+        state = ServerState(
+            engine,
+            names,
+            chat_template,
+            not args.disable_log_requests,
+            limits,
+            tool_parser=args.tool_call_parser if args.enable_auto_tool_choice else None,
+            reasoning_parser=args.reasoning_parser,
+        )
         app = build_app(state, metrics, api_key)
         server = build_server(
             app,
@@ -59,8 +96,25 @@ def run_serve(args: argparse.Namespace) -> int:
         # handler it found: a no-op one lets the process return 0 after a clean shutdown.
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: None)
+        if not keep_alive:
+            # Open requests are failed first (503s, error chunks), then uvicorn's graceful
+            # shutdown lets those answers go out.
+            engine.on_dead = lambda: setattr(server, "should_exit", True)
         logger.info("serving %s on http://%s:%d", names[0], args.host, args.port)
         server.run()
     finally:
         engine.shutdown()
-    return 0
+    return _exit_code(engine, keep_alive)
+
+
+def _exit_code(engine: AsyncLLM, keep_alive: bool) -> int:
+    """0 after a clean shutdown; EXIT_ENGINE_DEAD if the engine core died under us."""
+    if not engine.core_failed or keep_alive:
+        return 0
+    logger.error(
+        "the engine core died (%s): exiting %d (%s=1 keeps the server up)",
+        engine.dead_reason,
+        EXIT_ENGINE_DEAD,
+        KEEP_ALIVE_ENV,
+    )
+    return EXIT_ENGINE_DEAD

@@ -5,13 +5,20 @@ from __future__ import annotations
 import argparse
 
 from minivllm.entrypoints.engine_args import add_engine_options
+from minivllm.entrypoints.openai.reasoning import REASONING_PARSERS
+from minivllm.entrypoints.openai.tool_parsers import TOOL_PARSERS
 
 
 def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     serve = subparsers.add_parser("serve", help="run the OpenAI-compatible HTTP server")
-    serve.add_argument("model", help="HF checkpoint directory")
+    serve.add_argument(
+        "model",
+        nargs="?",
+        default=None,
+        help="HF checkpoint directory or .gguf file (default: the demo model, as `generate`)",
+    )
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback)")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--port", type=int, default=8000, help="(default: 8000)")
     serve.add_argument(
         "--served-model-name",
         nargs="+",
@@ -21,8 +28,8 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     serve.add_argument(
         "--api-key",
         default=None,
-        help="require `Authorization: Bearer KEY` on every path but /health and /metrics "
-        "(or set MINIVLLM_API_KEY)",
+        help="require `Authorization: Bearer KEY` on every path but /health, /metrics and "
+        "/get_load (or set MINIVLLM_API_KEY)",
     )
     serve.add_argument(
         "--chat-template", default=None, help="a Jinja chat template: a file path or the text"
@@ -58,6 +65,23 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
         type=int,
         default=1024,
         help="most completions (prompts x n) one request may ask for (400 above)",
+    )
+    serve.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help='parse tool calls out of the text for tool_choice "auto" (needs --tool-call-parser)',
+    )
+    serve.add_argument(
+        "--tool-call-parser",
+        choices=sorted(TOOL_PARSERS),
+        default=None,
+        help="the model's tool-call format (hermes: <tool_call>{json}</tool_call>, Qwen2.5/3)",
+    )
+    serve.add_argument(
+        "--reasoning-parser",
+        choices=sorted(REASONING_PARSERS),
+        default=None,
+        help="split <think>...</think> into message.reasoning (and reasoning_content)",
     )
     add_engine_options(serve)
     return serve

@@ -18,6 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from minivllm.entrypoints.async_llm import AsyncLLM
+from minivllm.entrypoints.openai.chat.template import render_chat
 from minivllm.entrypoints.openai.errors import APIError, error_json, error_response
 from minivllm.entrypoints.openai.metrics import ServerMetrics
 from minivllm.entrypoints.openai.params import check_model, read_body
@@ -27,14 +28,15 @@ from minivllm.entrypoints.openai.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
 )
-from minivllm.entrypoints.openai.serving_chat import create_chat_completion, render_chat
+from minivllm.entrypoints.openai.serving_chat import create_chat_completion
 from minivllm.entrypoints.openai.serving_common import ServerState, tokenize_text
 from minivllm.entrypoints.openai.serving_completion import create_completion
 
 logger = logging.getLogger("minivllm.serve")
 VERSION = "0.1.0"
-# Paths any client may read without the API key (as in vLLM): probes and scrapers.
-_OPEN_PATHS = frozenset({"/health", "/metrics"})
+# Paths any client may read without the API key (as in vLLM): probes and scrapers
+# (vllm-router polls /get_load without credentials).
+_OPEN_PATHS = frozenset({"/health", "/metrics", "/get_load"})
 
 
 def build_app(state: ServerState, metrics: ServerMetrics, api_key: str | None = None) -> FastAPI:
@@ -88,7 +90,7 @@ def _add_api_key_check(app: FastAPI, api_key: str) -> None:
 class _APIKeyCheck:
     """Pure ASGI middleware (Starlette's BaseHTTPMiddleware would re-buffer every stream
     chunk). As in vLLM every path is protected (/v1/*, /tokenize, /detokenize, /version,
-    /docs, /openapi.json, /redoc) but /health and /metrics."""
+    /docs, /openapi.json, /redoc) but /health, /metrics (and our /get_load)."""
 
     def __init__(self, app, expected: bytes) -> None:
         self.app = app
@@ -139,13 +141,26 @@ def _add_info_routes(app: FastAPI, state: ServerState, metrics: ServerMetrics) -
 
     @app.get("/health")
     async def health() -> Response:
-        if state.engine.is_dead:
-            return error_json(f"engine dead: {state.engine.dead_reason}", 503)
+        engine = state.engine
+        if engine.is_dead:
+            return error_json(f"engine dead: {engine.dead_reason}", 503)
+        if engine.is_stalled:  # stopped or wedged with work queued (docs/serving.md)
+            return error_json(
+                f"engine stalled: no progress for {engine.stalled_for():.1f} s with "
+                f"{engine.num_open_requests} request(s) open (MINIVLLM_ENGINE_ITERATION_TIMEOUT_S "
+                f"= {engine.iteration_timeout_s:g} s)",
+                503,
+            )
         return Response(status_code=200)
 
     @app.get("/version")
     async def version() -> dict:
         return {"version": VERSION}
+
+    @app.get("/get_load")
+    async def get_load() -> dict:
+        # vllm-router's power_of_two polls this and reads "load" (docs/serving.md, Replicas).
+        return {"load": state.engine.num_open_requests}
 
     @app.get("/metrics")
     async def metrics_text() -> Response:

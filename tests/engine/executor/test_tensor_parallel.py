@@ -85,7 +85,16 @@ def test_tp2_logprobs_and_two_llms_in_one_process(tiny_qwen3_dir: str) -> None:
         assert len(split[0].prompt_logprobs) == len(base[0].prompt_logprobs)
 
 
-def test_interrupt_mid_step_then_generate_again(tiny_qwen3_dir: str) -> None:
+@pytest.fixture
+def default_sigint():
+    """Python's own SIGINT handler (KeyboardInterrupt) for the test, whatever the suite was
+    started with: a background job (`pytest &`) inherits SIGINT ignored."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_interrupt_mid_step_then_generate_again(tiny_qwen3_dir: str, default_sigint) -> None:
     """A Ctrl-C that lands inside rank 0's forward is held until the step ends (the workers
     are in the same step), then raised; the next generate works."""
     expected = tokens(run(tiny_qwen3_dir, 1))

@@ -1,4 +1,6 @@
-"""Faults and shutdown: a dead core fails in-flight requests and /health; SIGTERM exits 0."""
+"""Faults and shutdown: a dead core fails in-flight requests and /health (kept up by
+MINIVLLM_KEEP_ALIVE_ON_ENGINE_DEATH; without it the server exits 1, test_server_engine_health.py);
+SIGTERM exits 0."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import time
 from conftest import MODEL_NAME, Server, alive
 
 LONG = {"model": MODEL_NAME, "prompt": "Hello", "max_tokens": 400, "ignore_eos": True}
+KEEP_ALIVE = {"MINIVLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1"}
 
 
 def _stream_lines(port: int, body: dict, headers: dict, started: threading.Event) -> list[str]:
@@ -38,7 +41,7 @@ def _run_in_thread(fn, *args) -> tuple[threading.Thread, list]:
 
 
 def test_killed_core_fails_requests_then_sigterm_exits_clean(tiny_qwen3_dir, tmp_path) -> None:
-    server = Server(tiny_qwen3_dir, str(tmp_path / "server.log"))
+    server = Server(tiny_qwen3_dir, str(tmp_path / "server.log"), env=KEEP_ALIVE)
     try:
         started = threading.Event()
         headers = {"Content-Type": "application/json"}
@@ -61,7 +64,7 @@ def test_killed_core_fails_requests_then_sigterm_exits_clean(tiny_qwen3_dir, tmp
 
 
 def test_fault_in_step_and_env_api_key(tiny_qwen3_dir, tmp_path) -> None:
-    env = {"MINIVLLM_FAULT_AT_STEP": "4", "MINIVLLM_API_KEY": "env-key"}
+    env = {"MINIVLLM_FAULT_AT_STEP": "4", "MINIVLLM_API_KEY": "env-key", **KEEP_ALIVE}
     server = Server(tiny_qwen3_dir, str(tmp_path / "server.log"), env=env)
     try:
         headers = {"Authorization": "Bearer env-key", "Content-Type": "application/json"}

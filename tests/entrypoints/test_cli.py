@@ -1,0 +1,132 @@
+"""The `minivllm` command's rough edges: options checked before any model loads, every engine
+flag described with its default, `serve`'s demo-model default, `bench throughput` on a CPU."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from minivllm.config import EngineConfig
+from minivllm.entrypoints import cli, llm
+from minivllm.entrypoints.engine_args import _SKIP, FLAG_HELP
+from minivllm.entrypoints.openai import api_server
+
+NO_GPU = not torch.cuda.is_available()
+
+
+def _minivllm(*argv: str, env: dict | None = None, timeout: float = 120):
+    return subprocess.run(
+        [sys.executable, "-m", "minivllm", *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Any attempt to load a model fails the test: the point is that none is loaded."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before the options were checked")
+
+    monkeypatch.setattr(llm.ModelConfig, "from_hf", refuse)
+    monkeypatch.setattr(llm, "make_engine", refuse)
+    monkeypatch.setattr(llm, "load_tokenizer", refuse)
+    monkeypatch.setattr(api_server, "AsyncLLM", refuse)
+
+
+def test_bad_max_tokens_fails_before_the_model_loads(no_model_load, capsys) -> None:
+    assert cli.main(["generate", "--max-tokens", "-1"]) == 2
+    assert "max_tokens must be at least 1" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not NO_GPU, reason="needs a machine without CUDA")
+def test_device_cuda_without_a_gpu_fails_before_the_model_loads(
+    tiny_qwen3_dir, no_model_load, capsys
+) -> None:
+    assert cli.main(["generate", "--model", tiny_qwen3_dir, "--device", "cuda"]) == 2
+    assert "no CUDA GPU" in capsys.readouterr().err
+    assert cli.main(["serve", tiny_qwen3_dir, "--device", "cuda"]) == 2
+    assert "no CUDA GPU" in capsys.readouterr().err
+
+
+def test_port_in_use_fails_before_the_model_loads(tiny_qwen3_dir, no_model_load, capsys) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        argv = ["serve", tiny_qwen3_dir, "--device", "cpu", "--port", str(port)]
+        assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"cannot listen on 127.0.0.1:{port}" in err
+
+
+def test_serve_defaults_to_the_demo_model(tiny_qwen3_dir, monkeypatch, capsys) -> None:
+    built: list[EngineConfig] = []
+
+    def engine(config, *args, **kwargs):
+        built.append(config)
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(api_server, "default_model", lambda: (tiny_qwen3_dir, "[minivllm] demo"))
+    monkeypatch.setattr(api_server, "AsyncLLM", engine)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert cli.main(["serve", "--device", "cpu", "--port", str(port)]) == 2
+    assert built[0].model == tiny_qwen3_dir and built[0].usage_context == "server"
+    assert "[minivllm] demo" in capsys.readouterr().err
+
+
+def test_every_engine_flag_has_a_help_line_and_its_default(capsys) -> None:
+    names = {f.name for f in dataclasses.fields(EngineConfig)} - _SKIP
+    assert names == set(FLAG_HELP), "a new EngineConfig field needs a line in FLAG_HELP"
+    with pytest.raises(SystemExit):
+        cli.main(["generate", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    entries = text.split("options:", 1)[1]
+    for f in dataclasses.fields(EngineConfig):
+        if f.name in _SKIP:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        after = re.split(re.escape(flag) + "[ ,]", entries, maxsplit=1)[1]
+        # The flag's own entry: its help text, then its default.
+        assert FLAG_HELP[f.name].split()[0] in after.split("(default:", 1)[0], flag
+    assert "--block-size BLOCK_SIZE tokens per KV-cache block (a power of two) (default: 16)" in (
+        text
+    )
+    assert "--max-tokens MAX_TOKENS tokens to generate a prompt (default: 32)" in text
+    assert "(default: on)" in text.split("--enable-prefix-caching", 2)[2]
+
+
+def test_bench_throughput_help_names_the_command() -> None:
+    result = _minivllm("bench", "throughput", "--help")
+    assert result.returncode == 0
+    assert result.stdout.startswith("usage: minivllm bench throughput")
+    assert "--quick" in result.stdout and "bench_throughput.py" not in result.stdout
+
+
+def test_bench_throughput_without_a_gpu_says_so_and_exits_2() -> None:
+    result = _minivllm("bench", "throughput", env={"CUDA_VISIBLE_DEVICES": ""})
+    assert result.returncode == 2
+    assert "needs a CUDA GPU" in result.stderr and "--quick" in result.stderr
+    assert "minivllm bench throughput: error:" in result.stderr
+
+
+def test_bench_throughput_quick_runs_on_a_cpu_with_progress() -> None:
+    argv = ("bench", "throughput", "--quick", "--num-seqs", "2", "--kv-cache-dtype", "auto")
+    result = _minivllm(*argv, env={"CUDA_VISIBLE_DEVICES": ""}, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    line = json.loads(result.stdout.strip().splitlines()[-1])
+    assert line["workload"] == "quick" and line["num_requests"] == 2
+    assert "Processed prompts" in result.stderr  # the progress bar
