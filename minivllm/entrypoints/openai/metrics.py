@@ -1,4 +1,5 @@
-"""GET /metrics: vLLM's metric names under the prefix `minivllm:` (prometheus-client).
+"""GET /metrics: vLLM's metric names under the prefix `minivllm:`, and again under vLLM's
+own `vllm:` (what routers, dashboards and autoscalers read), with prometheus-client.
 
 ServerMetrics is AsyncLLM's observer: it sees each step's outputs once, so the cost is
 a few dict operations per request per step. Its registry is its own (no global state).
@@ -7,9 +8,11 @@ a few dict operations per request per step. Its registry is its own (no global s
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import Metric
 
 from minivllm.engine.stats import EngineStats
 from minivllm.engine.types import EngineOutput
@@ -23,12 +26,46 @@ _ITL_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2,
     0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
 )  # fmt: skip
+_TOKEN_COUNT_BUCKETS = tuple(m * 10**e for e in range(7) for m in (1, 2, 5))  # 1 .. 5M
+_OWN_PREFIX, _VLLM_PREFIX = "minivllm:", "vllm:"
+# Older vLLM names of the same series, still read by some dashboards and routers.
+_VLLM_OLD_NAMES = {
+    "kv_cache_usage_perc": "gpu_cache_usage_perc",  # renamed in vLLM 0.10
+    "inter_token_latency_seconds": "time_per_output_token_seconds",  # renamed in vLLM 0.11
+}
 
 
 @dataclass
 class _Progress:
     num_tokens: int
+    first_token_time: float
     last_token_time: float
+
+
+class _VLLMNames:
+    """A collector that yields every `minivllm:` family again as `vllm:NAME` (and under
+    _VLLM_OLD_NAMES): the copies are made per scrape, so a step updates one set of metrics."""
+
+    def __init__(self, families: list[Counter | Gauge | Histogram]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterator[Metric]:
+        for own in self._families:
+            for family in own.collect():
+                short = family.name.removeprefix(_OWN_PREFIX)
+                for name in (short, _VLLM_OLD_NAMES.get(short)):
+                    if name is not None:
+                        yield _renamed(family, short, name)
+
+
+def _renamed(family: Metric, short: str, name: str) -> Metric:
+    copy = Metric(_VLLM_PREFIX + name, family.documentation, family.type, family.unit)
+    old_prefix = _OWN_PREFIX + short
+    copy.samples = [
+        s._replace(name=_VLLM_PREFIX + name + s.name.removeprefix(old_prefix))
+        for s in family.samples
+    ]
+    return copy
 
 
 class ServerMetrics:
@@ -38,17 +75,21 @@ class ServerMetrics:
         self._labels = labels
         r = self.registry
         names = ["model_name"]
+        families: list[Counter | Gauge | Histogram] = []
+
+        def own(family):
+            families.append(family)
+            return family
 
         def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(f"minivllm:{name}", doc, names, registry=r).labels(**labels)
+            return own(Gauge(_OWN_PREFIX + name, doc, names, registry=r)).labels(**labels)
 
         def counter(name: str, doc: str) -> Counter:
-            return Counter(f"minivllm:{name}", doc, names, registry=r).labels(**labels)
+            return own(Counter(_OWN_PREFIX + name, doc, names, registry=r)).labels(**labels)
 
         def histogram(name: str, doc: str, buckets) -> Histogram:
-            return Histogram(f"minivllm:{name}", doc, names, buckets=buckets, registry=r).labels(
-                **labels
-            )
+            family = Histogram(_OWN_PREFIX + name, doc, names, buckets=buckets, registry=r)
+            return own(family).labels(**labels)
 
         self.running = gauge("num_requests_running", "Requests in the running batch")
         self.waiting = gauge("num_requests_waiting", "Requests waiting to be scheduled")
@@ -58,11 +99,13 @@ class ServerMetrics:
         self.preemptions = counter("num_preemptions", "Preemptions")
         self.prompt_tokens = counter("prompt_tokens", "Prefill tokens processed")
         self.generation_tokens = counter("generation_tokens", "Generation tokens processed")
-        self._success = Counter(
-            "minivllm:request_success",
-            "Finished requests, by finish reason",
-            ["model_name", "finished_reason"],
-            registry=r,
+        self._success = own(
+            Counter(
+                _OWN_PREFIX + "request_success",
+                "Finished requests, by finish reason",
+                ["model_name", "finished_reason"],
+                registry=r,
+            )
         )
         self.ttft = histogram(
             "time_to_first_token_seconds", "Time to first token", _LATENCY_BUCKETS
@@ -72,6 +115,22 @@ class ServerMetrics:
         self.queue_time = histogram(
             "request_queue_time_seconds", "Time waiting before the first step", _LATENCY_BUCKETS
         )
+        self.prefill_time = histogram(
+            "request_prefill_time_seconds", "First step to first token", _LATENCY_BUCKETS
+        )
+        self.decode_time = histogram(
+            "request_decode_time_seconds", "First token to the last", _LATENCY_BUCKETS
+        )
+        self.inference_time = histogram(
+            "request_inference_time_seconds", "First step to the last token", _LATENCY_BUCKETS
+        )
+        self.request_prompt_tokens = histogram(
+            "request_prompt_tokens", "Prompt tokens per request", _TOKEN_COUNT_BUCKETS
+        )
+        self.request_generation_tokens = histogram(
+            "request_generation_tokens", "Generated tokens per request", _TOKEN_COUNT_BUCKETS
+        )
+        r.register(_VLLMNames(families))
         self._last = EngineStats()
         self._progress: dict[str, _Progress] = {}
 
@@ -113,21 +172,35 @@ class ServerMetrics:
         progress = self._progress.get(output.request_id)
         metrics = output.metrics
         if progress is None and num_tokens:
-            progress = self._progress[output.request_id] = _Progress(num_tokens, now)
+            progress = self._progress[output.request_id] = _Progress(num_tokens, now, now)
             self.prompt_tokens.inc(len(output.prompt_token_ids))
             if metrics is not None:
                 self.ttft.observe(now - metrics.arrival_time)
         elif progress is not None and num_tokens > progress.num_tokens:
             self.itl.observe(now - progress.last_token_time)
             progress.num_tokens, progress.last_token_time = num_tokens, now
-        if not output.finished:
-            return
-        self._progress.pop(output.request_id, None)
+        if output.finished:
+            self._progress.pop(output.request_id, None)
+            self._observe_finished(output, progress, num_tokens, now)
+
+    def _observe_finished(
+        self, output: RequestOutput, progress: _Progress | None, num_tokens: int, now: float
+    ) -> None:
+        metrics = output.metrics
         for choice in output.outputs:
             self._success.labels(
                 finished_reason=choice.finish_reason or "abort", **self._labels
             ).inc()
-        if metrics is not None:
-            self.e2e.observe(now - metrics.arrival_time)
-            if metrics.first_scheduled_time is not None:
-                self.queue_time.observe(max(metrics.first_scheduled_time - metrics.arrival_time, 0))
+        self.request_prompt_tokens.observe(len(output.prompt_token_ids))
+        self.request_generation_tokens.observe(num_tokens)
+        if metrics is None:
+            return
+        self.e2e.observe(now - metrics.arrival_time)
+        scheduled = metrics.first_scheduled_time
+        if scheduled is not None:
+            self.queue_time.observe(max(scheduled - metrics.arrival_time, 0))
+            self.inference_time.observe(max(now - scheduled, 0))
+        if progress is not None:
+            if scheduled is not None:
+                self.prefill_time.observe(max(progress.first_token_time - scheduled, 0))
+            self.decode_time.observe(now - progress.first_token_time)
