@@ -10,6 +10,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+# A keyed draw d of a row uses philox counters [d << DRAW_SHIFT, (d << DRAW_SHIFT) + vocab_size):
+# a stride of 2**32 > any vocab size keeps draws disjoint without knowing the vocab size.
+DRAW_SHIFT = 32
+
 
 @dataclass
 class SamplingMetadata:

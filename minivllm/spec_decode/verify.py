@@ -8,10 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-# Philox counters of draw d of a key start at d << DRAW_SHIFT: the value of
-# minivllm.engine.runner.sampling_state.DRAW_SHIFT (a test holds them equal; it belongs in
-# layers/sampler.py, which both should import).
-DRAW_SHIFT = 32
+from minivllm.layers.sampler import DRAW_SHIFT
 
 
 @dataclass

@@ -14,21 +14,12 @@ import torch
 
 from minivllm import LLM, SamplingParams
 from minivllm.structured_output import StructuredOutputsParams
+from tests.structured_output.test_engine_integration import CHOICES, REGEX, SCHEMA
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
 ]
-
-SCHEMA = {
-    "type": "object",
-    "properties": {"ok": {"type": "boolean"}, "color": {"enum": ["red", "green", "blue"]}},
-    "required": ["ok", "color"],
-    "additionalProperties": False,
-    "x-guidance": {"whitespace_flexible": False},
-}
-REGEX = r"(yes|no)-[0-9]{3}"
-CHOICES = ["alpha", "beta gamma", "delta"]
 
 
 def _constrained(**kind) -> SamplingParams:

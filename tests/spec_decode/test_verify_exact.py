@@ -7,11 +7,10 @@ import dataclasses
 
 import torch
 
-from minivllm.engine.runner.sampling_state import DRAW_SHIFT, SamplingState
+from minivllm.engine.runner.sampling_state import SamplingState
 from minivllm.engine.types import NewRequestData
-from minivllm.layers.sampler import Sampler
+from minivllm.layers.sampler import DRAW_SHIFT, Sampler
 from minivllm.sampling_params import SamplingParams
-from minivllm.spec_decode import verify
 from minivllm.spec_decode.verify import (
     position_keys,
     position_rows,
@@ -26,10 +25,6 @@ def drafts_tensor(drafts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     k = max((len(d) for d in drafts), default=0)
     padded = torch.tensor([d + [-1] * (k - len(d)) for d in drafts], dtype=torch.int64)
     return padded.reshape(len(drafts), k), torch.tensor([len(d) for d in drafts])
-
-
-def test_draw_shift_is_the_sampling_states():
-    assert verify.DRAW_SHIFT == DRAW_SHIFT
 
 
 def test_position_rows_and_keys():

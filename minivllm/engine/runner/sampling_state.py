@@ -14,13 +14,9 @@ import torch
 from minivllm.engine.runner.device_inputs import InputStaging, list_to_device
 from minivllm.engine.types import NewRequestData
 from minivllm.layers.dispatch import use_triton_kernels
-from minivllm.layers.sampler import SamplerOutput, SamplingMetadata, gather_logprobs
+from minivllm.layers.sampler import DRAW_SHIFT, SamplerOutput, SamplingMetadata, gather_logprobs
 from minivllm.outputs import Logprob, LogprobsDict
 from minivllm.sampling_params import SamplingParams
-
-# A draw of a row uses philox counters [k << DRAW_SHIFT, (k << DRAW_SHIFT) + vocab_size): a
-# stride of 2**32 > any vocab size keeps draws disjoint without knowing the vocab size.
-DRAW_SHIFT = 32
 
 
 @dataclass

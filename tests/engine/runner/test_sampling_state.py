@@ -5,13 +5,12 @@ from __future__ import annotations
 import torch
 
 from minivllm.engine.runner.sampling_state import (
-    DRAW_SHIFT,
     SamplingState,
     prompt_logprobs_for,
     to_runner_logprobs,
 )
 from minivllm.engine.types import NewRequestData
-from minivllm.layers.sampler import Sampler
+from minivllm.layers.sampler import DRAW_SHIFT, Sampler
 from minivllm.outputs import Logprob
 from minivllm.sampling_params import SamplingParams
 
