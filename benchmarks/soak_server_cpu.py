@@ -17,8 +17,9 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
-import httpx
+import openai
 
 from minivllm.tiny_model import build_tiny_model
 
@@ -40,58 +41,55 @@ def tree_rss_mb(pid: int) -> float:
     return total / 1024
 
 
-async def client(http: httpx.AsyncClient, model: str, deadline: float, share: float, stats):
-    rng = random.Random(os.getpid() ^ id(stats) ^ int(time.time() * 1e6))
+async def client(api: openai.AsyncOpenAI, model: str, deadline: float, share: float, stats):
+    rng = random.Random(random.SystemRandom().random())
     while time.monotonic() < deadline:
-        body = {
-            "model": model,
-            "prompt": " ".join(
-                rng.choice(["a", "b", "fox", "dog"]) for _ in range(rng.randint(2, 40))
-            ),
-            "max_tokens": rng.randint(4, 48),
-            "temperature": rng.choice([0, 0.8]),
-            "stream": True,
-        }
+        words = [rng.choice(["a", "b", "fox", "dog"]) for _ in range(rng.randint(2, 40))]
         abort_after = rng.randint(1, 4) if rng.random() < share else None
         try:
-            async with http.stream("POST", "/v1/completions", json=body) as response:
-                if response.status_code >= 500:
-                    stats["5xx"] += 1
-                    continue
-                chunks = 0
-                async for line in response.aiter_lines():
-                    chunks += line.startswith("data:")
-                    if abort_after is not None and chunks >= abort_after:
-                        stats["aborted"] += 1
-                        break
-                else:
-                    stats["completed"] += 1
-        except httpx.HTTPError:
+            stream = await api.completions.create(
+                model=model,
+                prompt=" ".join(words),
+                max_tokens=rng.randint(4, 48),
+                temperature=rng.choice([0, 0.8]),
+                stream=True,
+            )
+            chunks = 0
+            async for _ in stream:
+                chunks += 1
+                if abort_after is not None and chunks >= abort_after:
+                    await stream.close()  # the client hangs up mid-stream
+                    stats["aborted"] += 1
+                    break
+            else:
+                stats["completed"] += 1
+        except openai.APIStatusError as e:
+            stats["5xx" if e.status_code >= 500 else "4xx"] += 1
+        except openai.APIConnectionError:
             stats["transport_errors"] += 1
 
 
+def _probe_text(api_probe) -> str:
+    return api_probe.choices[0].text
+
+
 async def soak(port: int, model: str, pid: int, args) -> dict:
-    stats = {"completed": 0, "aborted": 0, "5xx": 0, "transport_errors": 0}
+    stats = {"completed": 0, "aborted": 0, "4xx": 0, "5xx": 0, "transport_errors": 0}
     deadline = time.monotonic() + args.seconds
-    limits = httpx.Limits(max_connections=args.clients + 2)
-    async with httpx.AsyncClient(
-        base_url=f"http://127.0.0.1:{port}", timeout=60, limits=limits
-    ) as http:
-        probe = {**PROBE, "model": model}
-        first = (await http.post("/v1/completions", json=probe)).json()["choices"][0]["text"]
-        tasks = [
-            asyncio.create_task(client(http, model, deadline, args.abort_share, stats))
-            for _ in range(args.clients)
-        ]
-        rss, probes_same, probes = [tree_rss_mb(pid)], 0, 0
-        while time.monotonic() < deadline:
-            await asyncio.sleep(args.probe_every)
-            text = (await http.post("/v1/completions", json=probe)).json()["choices"][0]["text"]
-            probes += 1
-            probes_same += text == first
-            rss.append(tree_rss_mb(pid))
-        await asyncio.gather(*tasks)
-        health = (await http.get("/health")).status_code
+    api = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-", max_retries=0)
+    first = _probe_text(await api.completions.create(model=model, **PROBE))
+    tasks = [
+        asyncio.create_task(client(api, model, deadline, args.abort_share, stats))
+        for _ in range(args.clients)
+    ]
+    rss, probes_same, probes = [tree_rss_mb(pid)], 0, 0
+    while time.monotonic() < deadline:
+        await asyncio.sleep(args.probe_every)
+        probes += 1
+        probes_same += _probe_text(await api.completions.create(model=model, **PROBE)) == first
+        rss.append(tree_rss_mb(pid))
+    await asyncio.gather(*tasks)
+    await api.close()
     return {
         **stats,
         "probes": probes,
@@ -99,8 +97,16 @@ async def soak(port: int, model: str, pid: int, args) -> dict:
         "rss_mb_start": round(rss[0], 1),
         "rss_mb_end": round(rss[-1], 1),
         "rss_mb_max": round(max(rss), 1),
-        "health_after": health,
+        "health_after": _health(port),
     }
+
+
+def _health(port: int) -> int | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as response:
+            return response.status
+    except OSError:
+        return None
 
 
 def main() -> None:
@@ -120,11 +126,8 @@ def main() -> None:
     )
     try:
         for _ in range(240):
-            try:
-                if httpx.get(f"http://127.0.0.1:{args.port}/health").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
+            if _health(args.port) == 200:
+                break
             time.sleep(0.5)
         result = asyncio.run(soak(args.port, model, server.pid, args))
     finally:
