@@ -97,6 +97,7 @@ async def soak(port: int, model: str, pid: int, args) -> dict:
         "rss_mb_start": round(rss[0], 1),
         "rss_mb_end": round(rss[-1], 1),
         "rss_mb_max": round(max(rss), 1),
+        "rss_mb_every_probe": [round(r) for r in rss],
         "health_after": _health(port),
     }
 
