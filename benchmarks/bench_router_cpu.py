@@ -20,7 +20,6 @@ import json
 import os
 import random
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,27 +29,13 @@ import urllib.request
 from common import percentile
 from prometheus_client.parser import text_string_to_metric_families
 
+from minivllm.engine.executor.tp_executor import free_port
 from minivllm.tiny_model import build_tiny_model
 
 _WORDS = (
     "cache router prefix token serve replica latency engine request stream batch kernel "
     "memory block queue policy worker scale model prompt answer system user chat fleet"
 ).split()
-
-
-def _free_port(taken: set[int], low: int = 18000, high: int = 18999) -> int:
-    """A free loopback port in [low, high] not handed out before."""
-    for port in range(low, high + 1):
-        if port in taken:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        taken.add(port)
-        return port
-    raise RuntimeError(f"no free port in [{low}, {high}]")
 
 
 def _get(url: str, timeout: float = 5.0) -> tuple[int, str]:
@@ -146,8 +131,8 @@ async def _drive(port: int, chats: list[list[dict]], args) -> list[float]:
     return ttfts
 
 
-def _run_policy(policy: str, seed: int, replica_ports: list[int], taken: set[int], args) -> dict:
-    port, prom_port = _free_port(taken), _free_port(taken)
+def _run_policy(policy: str, seed: int, replica_ports: list[int], args) -> dict:
+    port, prom_port = free_port(), free_port()
     cmd = [
         args.router, "--host", "127.0.0.1", "--port", str(port), "--policy", policy,
         "--worker-urls", *[f"http://127.0.0.1:{p}" for p in replica_ports],
@@ -210,8 +195,7 @@ def main() -> None:
 
     model_dir = tempfile.mkdtemp(prefix="minivllm-router-bench-")
     build_tiny_model(model_dir, max_position_embeddings=args.max_model_len)
-    taken: set[int] = set()
-    ports = [_free_port(taken) for _ in range(args.num_replicas)]
+    ports = [free_port() for _ in range(args.num_replicas)]
     flags = [
         "--device", "cpu", "--dtype", "float32", "--served-model-name", "tiny",
         "--block-size", str(args.block_size), "--num-gpu-blocks-override", str(args.num_blocks),
@@ -230,7 +214,7 @@ def main() -> None:
         for p in ports:
             _wait_ok(f"http://127.0.0.1:{p}/health", replicas, 300)
         results = {
-            policy: _run_policy(policy, args.seed + i, ports, taken, args)
+            policy: _run_policy(policy, args.seed + i, ports, args)
             for i, policy in enumerate(args.policies)
         }
     finally:

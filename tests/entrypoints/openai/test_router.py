@@ -15,28 +15,13 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from conftest import API_KEY, CPU_FLAGS, MODEL_NAME, Server
+from conftest import API_KEY, CPU_FLAGS, MODEL_NAME, Server, free_port
 from prometheus_client.parser import text_string_to_metric_families
 
 ROUTER = shutil.which("vllm-router") or shutil.which(
     "vllm-router", path=os.path.dirname(sys.executable)
 )
 needs_router = pytest.mark.skipif(ROUTER is None, reason="vllm-router is not installed")
-
-
-def _free_port(taken: set[int], low: int = 18000, high: int = 18999) -> int:
-    """A free loopback port in [low, high], not in taken (which it joins)."""
-    for port in range(low + os.getpid() % 500, high + 1):
-        if port in taken:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        taken.add(port)
-        return port
-    raise RuntimeError(f"no free port in [{low}, {high}]")
 
 
 def _get(port: int, path: str) -> tuple[int, str]:
@@ -73,8 +58,7 @@ class _Fleet:
     def __init__(self, model_dir: str, log_dir: str, first: Server) -> None:
         self.procs: list[subprocess.Popen] = []
         self.logs = []
-        taken: set[int] = set()
-        port = _free_port(taken)
+        port = free_port()
         self.replica_ports = [first.port, port]
         cmd = [
             sys.executable, "-m", "minivllm", "serve", model_dir, "--port", str(port),
@@ -85,7 +69,7 @@ class _Fleet:
         _wait_ok(port, "/health", self.procs, 120)
         self.routers: dict[str, int] = {}
         for policy in ("round_robin", "cache_aware"):
-            port, prometheus_port = _free_port(taken), _free_port(taken)
+            port, prometheus_port = free_port(), free_port()
             cmd = [
                 ROUTER, "--host", "127.0.0.1", "--port", str(port), "--policy", policy,
                 "--worker-urls", *[f"http://127.0.0.1:{p}" for p in self.replica_ports],
