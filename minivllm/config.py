@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
+from minivllm.spec_decode.config import SpeculativeConfig
+
 if TYPE_CHECKING:
     from minivllm.models.model_config import ModelConfig
 
@@ -66,6 +68,17 @@ class EngineConfig:
     # off by default because a TP=2 process using it did not exit after its work on the H200s
     # (docs/parallelism.md).
     disable_custom_all_reduce: bool = True
+    # Tensor parallelism across nodes (vLLM's multi-node options): the tensor_parallel_size
+    # ranks are spread evenly over `nnodes` machines; node 0 runs the engine (LLM or `minivllm
+    # serve`), every other node runs `minivllm serve MODEL --headless --node-rank R ...`. All
+    # of them meet at master_addr:master_port (node 0's address, the rendezvous store).
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29501
+    # A collective (and the start-up rendezvous) that waits longer than this fails: the bound
+    # on how long tensor-parallel ranks wait for a peer that hangs or is cut off.
+    distributed_timeout_seconds: int = 120
     # Streaming (the server; vLLM's option): a stream is sent a request's new tokens once at
     # least this many have come since its last chunk (its first and last tokens at once).
     # 1 sends every token as it comes; more cuts the server's work per token (fewer chunks,
@@ -73,6 +86,10 @@ class EngineConfig:
     stream_interval: int = 1
     # Which defaults the auto limits take (vLLM's usage context); `minivllm serve` sets "server".
     usage_context: Literal["offline", "server"] = "offline"
+    # Speculative decoding (vLLM's option and keys): a SpeculativeConfig, or the dict a user
+    # passes (`{"method": "ngram", "num_speculative_tokens": 4, ...}`), validated here into
+    # one. None: off (docs/speculative_decoding.md).
+    speculative_config: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
         def check(ok: bool, message: str) -> None:
@@ -134,10 +151,45 @@ class EngineConfig:
             f"max_logprobs must be -1 (the vocabulary size) or >= 0, got {self.max_logprobs}",
         )
         check_choice("kv_cache_dtype")
+        self._check_nodes(check)
         check(
             self.stream_interval >= 1, f"stream_interval must be >= 1, got {self.stream_interval}"
         )
         check_choice("usage_context")
+        if self.speculative_config is not None and not isinstance(
+            self.speculative_config, SpeculativeConfig
+        ):
+            try:
+                spec = SpeculativeConfig.from_dict(self.speculative_config)
+            except TypeError as e:  # a wrong key or a non-dict: a bad value, as any other
+                raise ValueError(str(e)) from None
+            object.__setattr__(self, "speculative_config", spec)
+
+    def _check_nodes(self, check) -> None:
+        check(self.nnodes >= 1, f"nnodes must be >= 1, got {self.nnodes}")
+        check(
+            0 <= self.node_rank < self.nnodes,
+            f"node_rank must be in [0, nnodes={self.nnodes}), got {self.node_rank}",
+        )
+        check(
+            self.tensor_parallel_size % self.nnodes == 0,
+            f"tensor_parallel_size ({self.tensor_parallel_size}) must be a multiple of nnodes "
+            f"({self.nnodes}): every node runs the same number of ranks",
+        )
+        check(
+            self.nnodes == 1 or self.data_parallel_size == 1,
+            "data_parallel_size > 1 with nnodes > 1 is not supported (run one replica per "
+            "group of nodes behind a router)",
+        )
+        check(bool(self.master_addr), "master_addr must be a host name or address")
+        check(
+            0 < self.master_port < 65536,
+            f"master_port must be in [1, 65535], got {self.master_port}",
+        )
+        check(
+            self.distributed_timeout_seconds >= 1,
+            f"distributed_timeout_seconds must be >= 1, got {self.distributed_timeout_seconds}",
+        )
 
     @classmethod
     def from_options(cls, model: str, **options: Any) -> EngineConfig:

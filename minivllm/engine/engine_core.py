@@ -12,10 +12,12 @@ import os
 
 from minivllm.config import EngineConfig
 from minivllm.engine.executor.build import build_executor
+from minivllm.engine.executor.torchrun import torchrun_rank
 from minivllm.engine.sched.async_scheduler import AsyncScheduler
 from minivllm.engine.sched.block_manager import BlockManager
 from minivllm.engine.sched.request import Request
 from minivllm.engine.sched.scheduler import Scheduler
+from minivllm.engine.sched.speculation import Speculator, check_speculative_config
 from minivllm.engine.setup import resolve_setup
 from minivllm.engine.stats import CoreInfo, EngineStats
 from minivllm.engine.types import EngineOutput, EngineRequest
@@ -39,6 +41,8 @@ class EngineCore:
                 f"data_parallel_size={config.data_parallel_size}: an engine core is one "
                 "replica (LLM and AsyncLLM run several through DPCoreClient)"
             )
+        if config.speculative_config is not None:
+            check_speculative_config(config.speculative_config)  # before the model loads
         self.setup = setup = resolve_setup(config, model_config)
         logger.info(
             "scheduler limits (%s): max_num_seqs=%d, max_num_batched_tokens=%d",
@@ -52,8 +56,9 @@ class EngineCore:
             config.tokenizer or config.model,
             model_config.vocab_size,
             setup.limits.max_num_seqs,
-            config.tensor_parallel_size,
             pin_memory=on_cuda,
+            # Under torchrun every rank schedules: admission must not hang on compile timing.
+            wait_for_compiles=torchrun_rank() is not None,
         )
         with engine_starting():  # its compiles are expected, not late (kernels/late_compiles)
             self.executor = build_executor(setup)
@@ -116,6 +121,11 @@ class EngineCore:
                 self.num_blocks, config.block_size, config.enable_prefix_caching
             ),
             structured_outputs=self.structured_outputs,
+            speculator=(
+                None
+                if config.speculative_config is None
+                else Speculator(config.speculative_config, setup.max_model_len)
+            ),
         )
 
     def add_requests(self, requests: list[EngineRequest]) -> None:

@@ -15,7 +15,7 @@ from minivllm.outputs import LogprobsDict
 from minivllm.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from minivllm.structured_output.manager import StepBitmask
+    from minivllm.structured_output.bitmask import StepMask
 
 # "error": the request failed alone (its structured output grammar did not compile in
 # time, or its matcher failed); EngineOutput.error says why.
@@ -55,6 +55,9 @@ class ScheduledChunk:
     index num_prior_blocks of it (0 for a request that is new or back from preemption).
     sample is True when the chunk reaches the request's last known token, so that the
     runner samples the next one (a non-final prefill chunk samples nothing).
+    num_draft_tokens: the last num_draft_tokens of token_ids are speculative drafts (after
+    the request's last known token): the runner samples at each of the chunk's last
+    num_draft_tokens + 1 positions and keeps the drafts its own samples confirm.
     """
 
     req_id: str
@@ -63,6 +66,7 @@ class ScheduledChunk:
     new_block_ids: list[int]
     num_prior_blocks: int
     sample: bool
+    num_draft_tokens: int = 0
 
 
 @dataclass
@@ -75,9 +79,9 @@ class SchedulerOutput:
     # Requests the runner can forget (finished, aborted). Preempted ones are not in here.
     finished_req_ids: list[str] = field(default_factory=list)
     # The constrained sampled rows, whose bitmask the runner fills and applies; None when
-    # none (the step runs as if structured outputs did not exist). Host-only: not encoded
-    # for TP workers (constrained requests are refused under TP).
-    structured_output: StepBitmask | None = None
+    # none (the step runs as if structured outputs did not exist). A host object: TP workers
+    # get its rows in the step and the mask rank 0 filled (engine/executor/step_mask.py).
+    structured_output: StepMask | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -90,12 +94,20 @@ class SchedulerOutput:
 
 @dataclass
 class RunnerOutput:
-    """What the model runner returns: one sampled token per chunk with sample=True, in order."""
+    """What the model runner returns: one sampled token per chunk with sample=True, in order.
+
+    A chunk with drafts also gets num_accepted_drafts[i] of them confirmed (its new tokens are
+    those drafts, then sampled_token_ids[i]: the target's token after the last accepted one).
+    """
 
     req_ids: list[str]
     sampled_token_ids: list[int]
     # Per sampled request (aligned with req_ids), when the request asked for logprobs.
     logprobs: list[LogprobsDict | None] | None = None
+    # Per sampled request: accepted drafts (None: the step had no drafts), and, with
+    # logprobs, the accepted drafts' logprobs (logprobs[i] stays sampled_token_ids[i]'s).
+    num_accepted_drafts: list[int] | None = None
+    draft_logprobs: list[list[LogprobsDict]] | None = None
     # req_id -> one entry per prompt position computed this step (first prompt token: None).
     prompt_logprobs: dict[str, list[LogprobsDict | None]] = field(default_factory=dict)
 

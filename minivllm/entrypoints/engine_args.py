@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import types
 import typing
 from typing import Any
 
 from minivllm.config import EngineConfig
+from minivllm.spec_decode.config import SpeculativeConfig
 
 # usage_context: set by the command itself (serve: "server"), not a flag.
 _SKIP = {"model", "usage_context"}
@@ -50,6 +52,13 @@ FLAG_HELP: dict[str, str] = {
     "disable_custom_all_reduce": "tensor parallelism: NCCL for every all-reduce (no "
     "symmetric-memory kernel)",
     "stream_interval": "the server streams a request's tokens once this many have come",
+    "nnodes": "machines the tensor-parallel ranks span (docs/serving.md, across nodes)",
+    "node_rank": "this machine's index among the nnodes (0: the one that runs the engine)",
+    "master_addr": "node 0's address, where every node meets (the rendezvous store)",
+    "master_port": "node 0's rendezvous port",
+    "distributed_timeout_seconds": "a collective that waits longer than this for a peer fails",
+    "speculative_config": 'speculative decoding, as JSON: \'{"method": "ngram", '
+    '"num_speculative_tokens": 4, "prompt_lookup_max": 4}\' (docs/speculative_decoding.md)',
 }
 
 
@@ -64,7 +73,17 @@ def _argument_options(name: str, hint: Any) -> dict[str, Any]:
         return {"choices": typing.get_args(hint)}
     if hint in _SCALARS:
         return {"type": hint}
+    if hint is SpeculativeConfig:
+        return {"type": _json_object, "metavar": "JSON"}
     raise TypeError(f"EngineConfig.{name}: no command-line form for its type {hint!r}")
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    """A flag's JSON object value (argparse reports the ValueError as a usage error)."""
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a JSON object, got {text!r}")
+    return value
 
 
 def add_engine_options(parser: argparse.ArgumentParser) -> None:

@@ -23,11 +23,15 @@ class StepInputs:
     query_start_loc: np.ndarray  # [num_seqs + 1] int32
     seq_lens: np.ndarray  # [num_seqs] int32
     block_tables: np.ndarray  # [num_seqs, max_num_blocks] int32, padded with 0
-    logits_indices: np.ndarray  # [num_sampled] int64, last row of each sampling chunk
-    sample_req_ids: list[str]  # aligned with logits_indices
+    # [num_sampled_rows] int64: the last row of each sampling chunk, or its last
+    # num_draft_tokens + 1 rows when it has drafts (one per position to sample).
+    logits_indices: np.ndarray
+    sample_req_ids: list[str]  # one per sampling chunk
     max_seq_len: int
     num_decode_tokens: int
     decode_order: np.ndarray  # [num_decode_tokens] int32, longest context first (stable)
+    # [len(sample_req_ids)] int64, each sampling chunk's drafts; None when no chunk has any.
+    num_draft_tokens: np.ndarray | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -65,7 +69,14 @@ def prepare_inputs(
     num_decodes = sched_out.num_decode_chunks
     decode_order = np.argsort(-seq_lens[:num_decodes], kind="stable").astype(np.int32)
     sampled = [i for i, c in enumerate(chunks) if c.sample]
-    logits_indices = query_start_loc[1:][sampled].astype(np.int64) - 1
+    ends = query_start_loc[1:][sampled].astype(np.int64)
+    num_draft_tokens = np.fromiter(
+        (chunks[i].num_draft_tokens for i in sampled), np.int64, len(sampled)
+    )
+    if num_draft_tokens.any():
+        logits_indices = _last_rows(ends, num_draft_tokens + 1)
+    else:
+        logits_indices, num_draft_tokens = ends - 1, None
     return StepInputs(
         input_ids=input_ids,
         positions=positions,
@@ -78,4 +89,11 @@ def prepare_inputs(
         max_seq_len=int(seq_lens.max()),
         num_decode_tokens=num_decodes,
         decode_order=decode_order,
+        num_draft_tokens=num_draft_tokens,
     )
+
+
+def _last_rows(ends: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """The last counts[i] rows before ends[i] of each chunk i, in order, concatenated."""
+    starts = np.repeat(ends - counts, counts)
+    return starts + np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)

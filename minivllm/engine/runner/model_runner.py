@@ -17,6 +17,7 @@ from minivllm.distributed.all_reduce import create_symm_buffer
 from minivllm.engine.runner.block_table import BlockTable
 from minivllm.engine.runner.cuda_graph import CUDAGraphRunner
 from minivllm.engine.runner.device_inputs import InputStaging
+from minivllm.engine.runner.draft_step import DraftedStep, draft_token_ids
 from minivllm.engine.runner.input_prep import StepInputs, prepare_inputs
 from minivllm.engine.runner.kv_cache import KVCacheSpec, bind_kv_caches
 from minivllm.engine.runner.piecewise_graph import PiecewiseGraphRunner
@@ -161,7 +162,7 @@ class ModelRunner:
         return self.execute_async(sched_out).result()
 
     @torch.inference_mode()
-    def execute_async(self, sched_out: SchedulerOutput) -> StepHandle:
+    def execute_async(self, sched_out: SchedulerOutput) -> StepHandle | DraftedStep:
         """Launches one step and returns at once; the handle's result() waits for its tokens
         (and its logprobs, whose host copies it makes)."""
         self._update_requests(sched_out)
@@ -178,15 +179,39 @@ class ModelRunner:
             bitmask, rows = sched_out.structured_output.fill()
             apply_bitmask(logits, bitmask, rows)
         req_ids = inputs.sample_req_ids
-        num_sampled = len(req_ids)
-        sampling_meta = self.sampling_state.build_metadata(req_ids)
-        sampler_out = self.sampler(logits[:num_sampled], sampling_meta)
-        # The next step's placeholders (async scheduling) are filled from these.
-        self._last_sampled = (sampler_out.sampled_token_ids, req_ids)
-        handle = StepHandle(self.sampling_state, req_ids, sampler_out, self._next_host_buffer())
+        num_rows = len(inputs.logits_indices)  # sampled positions: a row per draft too
+        if inputs.num_draft_tokens is not None:
+            handle = self._sample_drafted(logits[:num_rows], inputs, sched_out)
+        else:
+            sampling_meta = self.sampling_state.build_metadata(req_ids)
+            sampler_out = self.sampler(logits[:num_rows], sampling_meta)
+            # The next step's placeholders (async scheduling) are filled from these.
+            self._last_sampled = (sampler_out.sampled_token_ids, req_ids)
+            handle = StepHandle(
+                self.sampling_state, req_ids, sampler_out, self._next_host_buffer()
+            )
         if jobs:
-            handle.prompt_logprobs_jobs = (jobs, logits[num_sampled:])
+            handle.prompt_logprobs_jobs = (jobs, logits[num_rows:])
         return handle
+
+    def _sample_drafted(
+        self, logits: torch.Tensor, inputs: StepInputs, sched_out: SchedulerOutput
+    ) -> DraftedStep:
+        """Samples every drafted position and verifies the drafts (draft_step.py)."""
+        num_draft_tokens = inputs.num_draft_tokens
+        dev = self._staging.upload(
+            {"drafts": draft_token_ids(sched_out, num_draft_tokens), "num": num_draft_tokens}
+        )
+        step = DraftedStep(
+            self.sampling_state,
+            self.sampler,
+            logits,
+            inputs.sample_req_ids,
+            num_draft_tokens,
+            (dev["drafts"], dev["num"]),
+        )
+        self._last_sampled = (step.sampled_token_ids, inputs.sample_req_ids)
+        return step
 
     def _update_requests(self, sched_out: SchedulerOutput) -> None:
         """Forgets finished requests and registers new ones in the sampling state."""

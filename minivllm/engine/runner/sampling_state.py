@@ -73,12 +73,18 @@ class SamplingState:
                 state.output_token_ids.append(token_id)
 
     def build_metadata(self, req_ids: list[str]) -> SamplingMetadata:
-        """SamplingMetadata for rows req_ids (one row per sampled request, in order).
+        """SamplingMetadata for rows req_ids (one row per sampled position, in order).
 
-        Each call is one sampled token per row: it advances the rows' num_sampled.
+        Each row is one sampled token: it advances its request's num_sampled. A request with
+        drafts has one row per position, consecutive, each keyed as the token it would be
+        without speculation; unsample() takes back the rows of rejected positions.
         """
         key = tuple(req_ids)
         states = [self.requests[req_id] for req_id in req_ids]
+        draw_index = []
+        for s in states:
+            draw_index.append(s.num_sampled)
+            s.num_sampled += 1
         if self._reusable is not None and self._reusable[0] == key:
             meta = self._reusable[1]
         else:
@@ -90,12 +96,46 @@ class SamplingState:
         # The Triton sampler draws every batch with keyed noise (plain or not), so that a
         # seeded request's tokens do not depend on its neighbours' sampling options.
         if (meta.is_plain or self.keyed_draws) and not meta.all_greedy:
-            meta = replace(meta, **self._draw_tensors(states))
-        for s in states:
-            s.num_sampled += 1
+            meta = replace(meta, **self._draw_tensors(states, draw_index))
         return meta
 
-    def _draw_tensors(self, states: list[_RequestState]) -> dict[str, torch.Tensor]:
+    def unsample(self, req_id: str, num_rows: int) -> None:
+        """Takes back the last num_rows sampled rows of req_id (drafted positions past a
+        rejection), so that its next token gets the key it gets without speculation."""
+        state = self.requests.get(req_id)
+        if state is not None:
+            state.num_sampled -= num_rows
+
+    def generator_states(self, req_ids: list[str]) -> dict[str, torch.Tensor]:
+        """The generator state of each seeded random request among req_ids, where draws come
+        from generators (not keyed): what replay_draws rewinds to."""
+        if self.keyed_draws:
+            return {}
+        states = {r: self.requests[r] for r in req_ids}
+        return {
+            r: s.generator.get_state()
+            for r, s in states.items()
+            if s.generator is not None and not s.params.is_greedy
+        }
+
+    def replay_draws(
+        self, req_id: str, generator_state: torch.Tensor, num_draws: int, vocab_size: int
+    ) -> None:
+        """Sets req_id's generator to generator_state advanced by num_draws row draws (the
+        sampler's exponential_race draws [vocab_size] per row): where it is after the
+        positions kept, without those of rejected drafts."""
+        state = self.requests.get(req_id)
+        if state is None:
+            return
+        generator = state.generator
+        generator.set_state(generator_state)
+        scratch = torch.empty(vocab_size, dtype=torch.float32, device=self.device)
+        for _ in range(num_draws):
+            scratch.exponential_(generator=generator)
+
+    def _draw_tensors(
+        self, states: list[_RequestState], draw_index: list[int]
+    ) -> dict[str, torch.Tensor]:
         """This step's draw keys: seeds and offsets [N] int64 (one transfer)."""
         # Drawn only when a row needs it: a step of seeded requests leaves the generator as it
         # was (the engine's warm-up relies on it; engine/warm_up.py).
@@ -108,7 +148,7 @@ class SamplingState:
         for row, s in enumerate(states):
             if s.params.seed is not None:
                 seeds[row] = s.params.seed  # SamplingParams keeps it in int64
-                offsets[row] = s.num_sampled << DRAW_SHIFT
+                offsets[row] = draw_index[row] << DRAW_SHIFT
         return self._staging.upload({"seeds": seeds, "offsets": offsets})
 
     def _build_metadata(self, states: list[_RequestState]) -> SamplingMetadata:

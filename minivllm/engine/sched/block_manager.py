@@ -133,6 +133,17 @@ class BlockManager:
                 self._free_queue[block_id] = None
         self._num_hashed_blocks.pop(request.req_id, None)
 
+    def trim(self, request: Request, num_tokens: int) -> None:
+        """Gives back request's blocks past those that hold its first num_tokens tokens (the
+        slots of draft tokens a step rejected). Those blocks hold no known token, so none is
+        cached."""
+        num_kept = -(-num_tokens // self.block_size)
+        for block_id in reversed(request.block_ids[num_kept:]):
+            self.ref_counts[block_id] -= 1
+            if self.ref_counts[block_id] == 0:
+                self._free_queue[block_id] = None
+        del request.block_ids[num_kept:]
+
     def _pop_free_block(self) -> int:
         block_id, _ = self._free_queue.popitem(last=False)
         block_hash = self._block_hash[block_id]

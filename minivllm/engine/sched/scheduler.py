@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from minivllm.engine.sched.block_manager import BlockManager
 from minivllm.engine.sched.grammar import advance_grammar, first_admissible, step_bitmask
 from minivllm.engine.sched.request import Request, RequestStatus, needs_host_tokens
+from minivllm.engine.sched.speculation import Speculator
 from minivllm.engine.sched.stop_checker import check_stop
 from minivllm.engine.types import (
     PLACEHOLDER_TOKEN_ID,
@@ -43,8 +44,10 @@ class Scheduler:
         max_model_len: int,
         block_manager: BlockManager,
         structured_outputs: StructuredOutputManager | None = None,
+        speculator: Speculator | None = None,
     ) -> None:
-        """structured_outputs: makes constrained requests' matchers (None: refuses them)."""
+        """structured_outputs: makes constrained requests' matchers (None: refuses them).
+        speculator: drafts tokens for decoding requests (None: no speculative decoding)."""
         for name, value in (
             ("max_num_seqs", max_num_seqs),
             ("max_num_batched_tokens", max_num_batched_tokens),
@@ -64,6 +67,8 @@ class Scheduler:
         self.num_host_dependent = 0
         self.structured_outputs = structured_outputs
         self.num_constrained = 0  # unfinished requests with a grammar
+        self.speculator = speculator
+        self._num_drafted_chunks = 0  # scheduled chunks with drafts whose step is unapplied
         # Requests that failed alone (a grammar that did not compile) before any step ran
         # them: the next update() reports them.
         self._failed: list[Request] = []
@@ -88,8 +93,18 @@ class Scheduler:
 
     @property
     def can_schedule_ahead(self) -> bool:
-        """Whether async scheduling is safe: no request samples from host-side token history."""
-        return self.num_host_dependent == 0
+        """Whether async scheduling is safe: no request samples from host-side token history,
+        and no step drafts (drafts continue from the last token, which must be known)."""
+        return (
+            self.num_host_dependent == 0
+            and not self._num_drafted_chunks
+            and not self._speculating()
+        )
+
+    def _speculating(self) -> bool:
+        return self.speculator is not None and self.speculator.is_active(
+            len(self.running) + len(self.waiting)
+        )
 
     def get_request(self, req_id: str) -> Request | None:
         return self.requests.get(req_id)
@@ -143,6 +158,7 @@ class Scheduler:
         preempted = False
         running = self.running
         allocate = self.block_manager.allocate_slots
+        drafts = self.speculator.propose(running) if self._speculating() else {}
         i = 0
         while i < len(running) and budget > 0:
             request = running[i]
@@ -151,15 +167,19 @@ class Scheduler:
             if num_needed == 0 or (num_pending and self._finishes_with_pending(request)):
                 i += 1  # nothing to compute until update() applies its pending token
                 continue
-            num_new_tokens = min(num_needed, budget)
-            while (new_block_ids := allocate(request, num_new_tokens)) is None:
+            # A decode with drafts computes its last token and them (as many as fit).
+            draft = drafts.get(request.req_id, [])[: budget - 1]
+            num_new_tokens = min(num_needed, budget) + len(draft)
+            if draft and (new_block_ids := allocate(request, num_new_tokens)) is None:
+                draft, num_new_tokens = [], num_needed  # no room for drafts: decode plainly
+            while not draft and (new_block_ids := allocate(request, num_new_tokens)) is None:
                 # Victims come from the tail, which nothing has been scheduled for this step.
                 victim = running.pop()
                 self._preempt(victim)
                 preempted = True
                 if victim is request:
                     return budget, preempted
-            self._add_chunk(request, num_new_tokens, new_block_ids, decodes, others)
+            self._add_chunk(request, num_new_tokens, new_block_ids, decodes, others, draft)
             budget -= num_new_tokens
             i += 1
         return budget, preempted
@@ -224,21 +244,33 @@ class Scheduler:
         new_block_ids: list[int],
         decodes: list[ScheduledChunk],
         others: list[ScheduledChunk],
+        draft: list[int] | None = None,
     ) -> None:
         """Appends request's chunk to decodes (one sampled token past the prompt) or others,
         and advances the request past it. new_block_ids: the blocks allocated for it this
-        step, which the chunk carries to the runner's copy of the block table."""
+        step, which the chunk carries to the runner's copy of the block table. draft: draft
+        tokens after the last known one (num_new_tokens counts them)."""
         num_computed_tokens = request.num_computed_tokens
         end = num_computed_tokens + num_new_tokens
         num_known_tokens = len(request.all_token_ids)
         token_ids = request.all_token_ids[num_computed_tokens:end]
-        if end > num_known_tokens:  # the pending token, not known yet
+        num_draft_tokens = len(draft) if draft else 0
+        if num_draft_tokens:
+            token_ids += draft
+            self._num_drafted_chunks += 1
+        elif end > num_known_tokens:  # the pending token, not known yet
             token_ids.append(PLACEHOLDER_TOKEN_ID)
-        sample = end == num_known_tokens + request.num_pending_tokens
+        sample = end == num_known_tokens + request.num_pending_tokens + num_draft_tokens
         num_prior_blocks = len(request.block_ids)
         # Positional: at a thousand chunks a step, keyword arguments cost twice the time.
         chunk = ScheduledChunk(
-            request.req_id, token_ids, num_computed_tokens, new_block_ids, num_prior_blocks, sample
+            request.req_id,
+            token_ids,
+            num_computed_tokens,
+            new_block_ids,
+            num_prior_blocks,
+            sample,
+            num_draft_tokens,
         )
         request.block_ids += new_block_ids
         request.num_computed_tokens = end
@@ -268,6 +300,7 @@ class Scheduler:
         for chunk in sched_out.chunks:
             if chunk.sample:
                 i += 1
+            self._num_drafted_chunks -= chunk.num_draft_tokens > 0
             request = self.requests.get(chunk.req_id)
             if request is None or request.finish_reason is not None:
                 continue  # aborted, or finished by the step before this one
@@ -277,25 +310,59 @@ class Scheduler:
                     outputs.append(self._make_output(request, [], None, prompt_logprobs))
                 continue
             assert runner_out.req_ids[i] == chunk.req_id
-            token_id = runner_out.sampled_token_ids[i]
-            request.num_pending_tokens -= 1
-            request.append_output_token(token_id)
-            was_waiting = request.status == RequestStatus.WAITING
-            # The grammar's matcher follows every token; its end or failure ends the request.
-            grammar_ended = request.structured_output is not None and advance_grammar(request)
-            if grammar_ended or check_stop(request, self.max_model_len):
-                if was_waiting:
-                    self.waiting.remove(request)  # preempted while this token was in flight
-                else:
-                    any_running_finished = True
-                self._finish(request)
+            token_ids = [runner_out.sampled_token_ids[i]]
             new_logprobs = None
             if all_logprobs is not None and all_logprobs[i] is not None:
                 new_logprobs = [all_logprobs[i]]
-            outputs.append(self._make_output(request, [token_id], new_logprobs, prompt_logprobs))
+            if chunk.num_draft_tokens:
+                token_ids, new_logprobs = self._accept_drafts(
+                    request, chunk, runner_out, i, token_ids, new_logprobs
+                )
+            request.num_pending_tokens -= 1
+            was_waiting = request.status == RequestStatus.WAITING
+            for n, token_id in enumerate(token_ids, 1):
+                request.append_output_token(token_id)
+                # The grammar's matcher follows every token; its end or failure ends the request.
+                grammar_ended = request.structured_output is not None and advance_grammar(request)
+                if grammar_ended or check_stop(request, self.max_model_len):
+                    if was_waiting:
+                        self.waiting.remove(request)  # preempted while this token was in flight
+                    else:
+                        any_running_finished = True
+                    self._finish(request)
+                    del token_ids[n:]  # tokens after the end are dropped
+                    if new_logprobs is not None:
+                        del new_logprobs[n:]
+                    break
+            outputs.append(self._make_output(request, token_ids, new_logprobs, prompt_logprobs))
         if any_running_finished:
             self.running = [r for r in self.running if not r.is_finished]
         return outputs
+
+    def _accept_drafts(
+        self,
+        request: Request,
+        chunk: ScheduledChunk,
+        runner_out: RunnerOutput,
+        i: int,
+        token_ids: list[int],
+        logprobs: list[LogprobsDict] | None,
+    ) -> tuple[list[int], list[LogprobsDict] | None]:
+        """The new tokens (and logprobs) of sampled chunk i, which had drafts: the accepted
+        ones, then the target's own token. The rejected drafts' KV slots are given back."""
+        assert runner_out.num_accepted_drafts is not None
+        num_accepted = runner_out.num_accepted_drafts[i]
+        num_drafts = chunk.num_draft_tokens
+        self.speculator.observe(num_drafts, num_accepted)
+        first_draft = len(chunk.token_ids) - num_drafts
+        accepted = chunk.token_ids[first_draft : first_draft + num_accepted]
+        if logprobs is not None:
+            assert runner_out.draft_logprobs is not None
+            logprobs = runner_out.draft_logprobs[i][:num_accepted] + logprobs
+        # KV is valid through the last accepted draft; the target's token is computed next.
+        request.num_computed_tokens -= num_drafts - num_accepted
+        self.block_manager.trim(request, request.num_computed_tokens + 1)
+        return accepted + token_ids, logprobs
 
     def _finish(self, request: Request) -> None:
         """Releases a request whose status is already final (it may still be in running)."""

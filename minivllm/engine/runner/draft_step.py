@@ -1,0 +1,101 @@
+"""Sampling a step whose chunks carry draft tokens, and reading it back.
+
+The target samples at every drafted position (a chunk with d drafts has d + 1 rows: after its
+last known token and after each draft), each row keyed as that token would be without
+speculation; exact verification keeps the leading drafts its own samples equal, then its own
+token at the first mismatch (or after the last draft). The output is the target's, token for
+token. For drafts that are certain (ngram: one-hot q), Leviathan / Chen rejection sampling
+accepts draft x with probability p(x) and resamples from p without x: the law of the target's
+own draw, so this one rule serves both `exact` and `rejection` (docs/speculative_decoding.md).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from minivllm.engine.runner.prompt_logprobs import PromptLogprobsTracker
+from minivllm.engine.runner.sampling_state import SamplingState, to_runner_logprobs
+from minivllm.engine.types import RunnerOutput, SchedulerOutput
+from minivllm.layers.sampler import Sampler, SamplerOutput
+from minivllm.spec_decode.verify import VerifyOutput, verify_exact
+
+
+def draft_token_ids(sched_out: SchedulerOutput, num_draft_tokens: np.ndarray) -> np.ndarray:
+    """[N, K] int64 (K = the most drafts of a chunk): each sampling chunk's drafts, padded
+    with -1."""
+    width = int(num_draft_tokens.max())
+    drafts = np.full((len(num_draft_tokens), width), -1, np.int64)
+    chunks = [c for c in sched_out.chunks if c.sample]
+    for row, (chunk, n) in enumerate(zip(chunks, num_draft_tokens.tolist(), strict=True)):
+        if n:
+            drafts[row, :n] = chunk.token_ids[-n:]
+    return drafts
+
+
+class DraftedStep:
+    """A launched step with drafts: result() waits for its tokens, records them in the
+    sampling state (accepted drafts and the target's token; rejected positions unsampled) and
+    returns them as a RunnerOutput."""
+
+    def __init__(
+        self,
+        sampling_state: SamplingState,
+        sampler: Sampler,
+        logits: torch.Tensor,
+        req_ids: list[str],
+        num_draft_tokens: np.ndarray,
+        drafts: tuple[torch.Tensor, torch.Tensor],
+    ) -> None:
+        """logits: [sum(num_draft_tokens + 1), V], each chunk's rows in order; drafts: the
+        drafts [N, K] (draft_token_ids) and num_draft_tokens [N] on the logits' device."""
+        self.sampling_state = sampling_state
+        self.req_ids = req_ids
+        self.num_draft_tokens = num_draft_tokens.tolist()
+        self.row_req_ids = [
+            r for r, n in zip(req_ids, self.num_draft_tokens, strict=True) for _ in range(n + 1)
+        ]
+        drafting = [r for r, n in zip(req_ids, self.num_draft_tokens, strict=True) if n]
+        self.generator_states = sampling_state.generator_states(drafting)
+        self.vocab_size = logits.shape[1]
+        meta = sampling_state.build_metadata(self.row_req_ids)
+        self.sampler_out: SamplerOutput = sampler(logits, meta)
+        self.verified: VerifyOutput = verify_exact(self.sampler_out.sampled_token_ids, *drafts)
+        self.num_logprobs: list[int | None] | None = None
+        if self.sampler_out.logprobs is not None:
+            self.num_logprobs = sampling_state.num_logprobs(self.row_req_ids)
+        self.prompt_logprobs_jobs = None  # set by the runner, collected as StepHandle does
+
+    @property
+    def sampled_token_ids(self) -> torch.Tensor:
+        """[N] on the device: each chunk's last new token (the target's own)."""
+        v = self.verified
+        return v.output_token_ids.gather(1, v.num_accepted[:, None])[:, 0]
+
+    @torch.inference_mode()
+    def result(self) -> RunnerOutput:
+        v = self.verified
+        rows = torch.cat([v.num_accepted[:, None], v.output_token_ids], 1).tolist()
+        out = RunnerOutput(req_ids=self.req_ids, sampled_token_ids=[], num_accepted_drafts=[])
+        state = self.sampling_state
+        for req_id, n, row in zip(self.req_ids, self.num_draft_tokens, rows, strict=True):
+            num_accepted, new_tokens = row[0], row[1 : row[0] + 2]
+            state.append_tokens([req_id] * len(new_tokens), new_tokens)
+            state.unsample(req_id, n - num_accepted)
+            if req_id in self.generator_states:
+                state.replay_draws(
+                    req_id, self.generator_states[req_id], len(new_tokens), self.vocab_size
+                )
+            out.sampled_token_ids.append(new_tokens[-1])
+            out.num_accepted_drafts.append(num_accepted)
+        if self.num_logprobs is not None:
+            per_row = to_runner_logprobs(self.sampler_out, self.num_logprobs)
+            out.logprobs, out.draft_logprobs = [], []
+            start = 0
+            for n, num_accepted in zip(self.num_draft_tokens, out.num_accepted_drafts):
+                out.draft_logprobs.append(per_row[start : start + num_accepted])
+                out.logprobs.append(per_row[start + num_accepted])
+                start += n + 1
+        if self.prompt_logprobs_jobs is not None:
+            out.prompt_logprobs = PromptLogprobsTracker.collect(*self.prompt_logprobs_jobs)
+        return out

@@ -1,0 +1,157 @@
+"""Speculative decoding in the engine (ngram): the tokens and logprobs are the target's own, with
+it on or off, alone and batched, with preemption, prefix caching and async scheduling; every KV
+block is free afterwards; stops inside accepted drafts end the request where they would.
+
+Outside deterministic mode a verify step's logits differ from a decode step's in the last bits
+(another kernel computes them): tokens must be equal here, logprobs close; in deterministic
+mode both are bit-identical (the last test)."""
+
+from __future__ import annotations
+
+import pytest
+from tests.kernels.ordered_dot import ordered_dot  # noqa: F401 (fixture)
+
+from minivllm import LLM, SamplingParams
+
+# Repetitive prompts: the tiny random model's greedy text repeats too, so drafts get accepted.
+PROMPTS = [([5, 6, 7, 8, 9] * 8)[: 10 + 3 * i] for i in range(5)]
+NGRAM = {
+    "method": "ngram",
+    "num_speculative_tokens": 3,
+    "prompt_lookup_max": 3,
+    "prompt_lookup_min": 1,
+}
+
+
+def _run(model_dir: str, params, prompts=PROMPTS, spec=None, **options):
+    """(token ids, logprobs) per prompt, the speculation counters, and whether every KV block
+    was free after the run."""
+    llm = LLM(model_dir, device="cpu", block_size=8, speculative_config=spec, **options)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    scheduler = llm.engine.scheduler
+    all_free = scheduler.block_manager.num_free_blocks == scheduler.block_manager.num_blocks
+    stats = scheduler.speculator.stats if scheduler.speculator is not None else None
+    llm.shutdown()
+    results = []
+    for out in outs:
+        c = out.outputs[0]
+        logprobs = [sorted((t, lp.logprob) for t, lp in e.items()) for e in c.logprobs or []]
+        results.append((list(c.token_ids), logprobs, c.finish_reason))
+    return results, stats, all_free
+
+
+def _assert_same(got: list, ref: list) -> None:
+    """Same tokens and finish reasons; logprobs equal to float32 rounding."""
+    assert [(t, f) for t, _, f in got] == [(t, f) for t, _, f in ref]
+    for (_, got_lp, _), (_, ref_lp, _) in zip(got, ref, strict=True):
+        assert [[t for t, _ in e] for e in got_lp] == [[t for t, _ in e] for e in ref_lp]
+        got_values = [v for e in got_lp for _, v in e]
+        assert got_values == pytest.approx([v for e in ref_lp for _, v in e], abs=1e-5)
+
+
+def _params(n: int = len(PROMPTS), **kw) -> list[SamplingParams]:
+    base = {"temperature": 0.0, "max_tokens": 30, "ignore_eos": True}
+    return [SamplingParams(**{**base, "logprobs": 2 if i % 2 else None, **kw}) for i in range(n)]
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_greedy_same_tokens_and_logprobs(tiny_qwen3_dir: str, async_scheduling: bool) -> None:
+    ref, _, _ = _run(tiny_qwen3_dir, _params(), async_scheduling=async_scheduling)
+    got, stats, all_free = _run(
+        tiny_qwen3_dir, _params(), spec=NGRAM, async_scheduling=async_scheduling
+    )
+    _assert_same(got, ref)
+    assert stats.num_accepted_tokens > 0 and stats.num_accepted_tokens < stats.num_draft_tokens
+    assert all_free
+
+
+def test_alone_equals_batched(tiny_qwen3_dir: str) -> None:
+    batched, _, _ = _run(tiny_qwen3_dir, _params(), spec=NGRAM)
+    for i, prompt in enumerate(PROMPTS[:2]):
+        alone, _, _ = _run(tiny_qwen3_dir, _params()[i : i + 1], [prompt], spec=NGRAM)
+        _assert_same(alone, batched[i : i + 1])
+
+
+def test_preemption_and_prefix_caching(tiny_qwen3_dir: str) -> None:
+    # A shared 24-token prefix hits the cache; 14 blocks of 8 cannot hold all five at once.
+    prompts = [[3] * 4 + ([5, 6, 7, 8, 9] * 4) + [10 + i] * (1 + i) for i in range(5)]
+    ref, _, _ = _run(tiny_qwen3_dir, _params(), prompts)
+    got, stats, all_free = _run(
+        tiny_qwen3_dir, _params(), prompts, spec=NGRAM, num_gpu_blocks_override=14
+    )
+    _assert_same(got, ref)
+    assert stats.num_accepted_tokens > 0 and all_free
+
+
+def test_seeded_sampling_same_tokens(tiny_qwen3_dir: str) -> None:
+    # A low temperature: drafts are accepted and rejected both; the seeded draws of rejected
+    # positions must not shift the request's later draws.
+    params = [
+        SamplingParams(temperature=0.05, seed=i, max_tokens=30, ignore_eos=True)
+        for i in range(len(PROMPTS))
+    ]
+    ref, _, _ = _run(tiny_qwen3_dir, params)
+    got, stats, _ = _run(tiny_qwen3_dir, params, spec=NGRAM)
+    _assert_same(got, ref)
+    assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
+
+
+def test_stop_inside_accepted_drafts(tiny_qwen3_dir: str) -> None:
+    """A stop token, max_tokens and min_tokens end the request at the same token with drafts."""
+    ref, _, _ = _run(tiny_qwen3_dir, _params())
+    # A token that first occurs some way into a greedy output, so that drafts may cover it.
+    stop_id = next(t for t in ref[0][0][8:] if t not in ref[0][0][:8])
+    for kw in ({"stop_token_ids": [stop_id]}, {"max_tokens": 13}, {"min_tokens": 9}):
+        params = _params(**{"stop_token_ids": [stop_id], **kw})
+        plain, _, _ = _run(tiny_qwen3_dir, params)
+        got, _, all_free = _run(tiny_qwen3_dir, params, spec=NGRAM)
+        _assert_same(got, plain)
+        assert all_free, kw
+    assert plain[0][0][-1] == stop_id and len(plain[0][0]) > 9
+
+
+def test_stop_string_with_drafts(tiny_qwen3_dir: str) -> None:
+    ref, _, _ = _run(tiny_qwen3_dir, _params())
+    llm = LLM(tiny_qwen3_dir, device="cpu", block_size=8)
+    text = llm.get_tokenizer().decode(ref[0][0][:12])
+    llm.shutdown()
+    stop = text[-3:]
+    plain, _, _ = _run(tiny_qwen3_dir, _params(stop=[stop]))
+    got, _, all_free = _run(tiny_qwen3_dir, _params(stop=[stop]), spec=NGRAM)
+    _assert_same(got, plain)
+    assert all_free and plain[0][2] == "stop"
+
+
+def test_disable_by_batch_size(tiny_qwen3_dir: str) -> None:
+    # Five requests start at once and end one by one: none drafts until at most two are left.
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=6 + 6 * i, ignore_eos=True) for i in range(5)
+    ]
+    ref, _, _ = _run(tiny_qwen3_dir, params)
+    _, always, _ = _run(tiny_qwen3_dir, params, spec=NGRAM)
+    got, limited, _ = _run(tiny_qwen3_dir, params, spec={**NGRAM, "disable_by_batch_size": 2})
+    _assert_same(got, ref)
+    assert 0 < limited.num_drafts < always.num_drafts
+
+
+def test_bad_speculative_config(tiny_qwen3_dir: str) -> None:
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        LLM(tiny_qwen3_dir, device="cpu", speculative_config={"method": "ngram"})
+    with pytest.raises(ValueError, match="unknown speculative_config"):
+        LLM(tiny_qwen3_dir, device="cpu", speculative_config={**NGRAM, "bogus": 1})
+
+
+@pytest.mark.usefixtures("ordered_dot")
+def test_deterministic_mode_bit_identical(tiny_qwen3_dir: str) -> None:
+    """deterministic=True: a token's logits do not depend on the tokens computed with it, so
+    tokens and logprobs are the same bits with speculation on and off (greedy and seeded)."""
+    options = {"dtype": "float32", "attention_backend": "triton", "deterministic": True}
+    prompts = PROMPTS[:3]
+    for params in (
+        _params(3, max_tokens=10),
+        [SamplingParams(temperature=0.05, seed=i, max_tokens=10, logprobs=1) for i in range(3)],
+    ):
+        ref, _, _ = _run(tiny_qwen3_dir, params, prompts, **options)
+        got, stats, all_free = _run(tiny_qwen3_dir, params, prompts, spec=NGRAM, **options)
+        assert got == ref and all_free
+        assert stats.num_accepted_tokens > 0
