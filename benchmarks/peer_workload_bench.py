@@ -2,13 +2,13 @@
 vLLM-style API, for side-by-side runs on dummy weights. Prints one JSON line (a workload: the
 same fields as bench_throughput.py; latency: bench_latency.py's ttft_ms and tpot_ms).
 
-Usage: [TP=N] [GPU_UTIL=0.9] [KV_CACHE_DTYPE=fp8] [DETERMINISTIC=1]
+Usage: [TP=N] [GPU_UTIL=0.9] [KV_CACHE_DTYPE=fp8] [DETERMINISTIC=1] [SPEC='{"method": ...}']
        python peer_workload_bench.py ENGINE MODEL_DIR WORKLOAD [NUM_REQUESTS]
             ENGINE: minivllm | vllm; WORKLOAD: headline|short|long|prefix|latency
 Needs only workloads.py beside it (or on PYTHONPATH); vLLM keeps its defaults except what the
 workload needs (max_model_len, temperature 0.6, ignore_eos). DETERMINISTIC=1 turns on
 minivllm's deterministic mode; vLLM's counterpart is its own environment variable,
-VLLM_BATCH_INVARIANT=1.
+VLLM_BATCH_INVARIANT=1. SPEC: a speculative_config (JSON) for either engine.
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ def build(engine: str, model_dir: str, max_model_len: int):
     common["tensor_parallel_size"] = int(os.environ.get("TP", "1"))
     if os.environ.get("KV_CACHE_DTYPE"):
         common["kv_cache_dtype"] = os.environ["KV_CACHE_DTYPE"]
+    if os.environ.get("SPEC"):
+        common["speculative_config"] = json.loads(os.environ["SPEC"])
     if engine == "vllm":
         from vllm import LLM, SamplingParams
 
@@ -116,6 +118,7 @@ def main(argv: list[str]) -> int:
     fields = latency(llm, params) if workload is None else throughput(llm, params, workload)
     result = {"engine": engine, "tp": int(os.environ.get("TP", "1"))}
     result["kv_cache_dtype"] = os.environ.get("KV_CACHE_DTYPE") or "auto"
+    result["spec"] = os.environ.get("SPEC") or None
     result["deterministic"] = (
         os.environ.get("DETERMINISTIC" if engine == "minivllm" else "VLLM_BATCH_INVARIANT") == "1"
     )

@@ -19,6 +19,7 @@ from minivllm.demo_model import default_model
 from minivllm.engine.client.dp_engine import make_engine
 from minivllm.engine.request_checks import check_request
 from minivllm.engine.types import EngineRequest
+from minivllm.entrypoints.chat_messages import render_conversation, template_conversation
 from minivllm.entrypoints.generation_config import read_generation_defaults
 from minivllm.entrypoints.output_processor import OutputProcessor
 from minivllm.entrypoints.processing import check_unicode
@@ -70,7 +71,6 @@ class LLM:
             params.structured_outputs,
             self.config.tokenizer or self.config.model,
             info.vocab_size,
-            self.config.tensor_parallel_size,
         )
 
     def generate(
@@ -112,10 +112,17 @@ class LLM:
         messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        chat_template: str | None = None,
         add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools: list[dict[str, Any]] | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
     ) -> list[RequestOutput]:
-        """Applies the tokenizer's chat template to one conversation or a list of them."""
+        """Renders one conversation or a list of them through the chat template (the
+        tokenizer's, or chat_template) and generates, as vLLM's LLM.chat: messages in OpenAI's
+        shape (assistant tool_calls with JSON-text arguments, role "tool" with tool_call_id),
+        tools as OpenAI's tool dicts, passed to the template. The outputs are the model's text;
+        parsing tool calls out of it is the server's work (--tool-call-parser)."""
         if not messages:
             raise ValueError("messages is empty")
         conversations = [messages] if isinstance(messages[0], dict) else messages
@@ -124,15 +131,18 @@ class LLM:
             for message in conversation:
                 if isinstance(message, dict) and isinstance(message.get("content"), str):
                     check_unicode(message["content"], "a message's content")
-            token_ids = self.tokenizer.apply_chat_template(
-                conversation,
+            text = render_conversation(
+                self.tokenizer,
+                template_conversation(conversation),
+                tools=tools,
+                chat_template=chat_template,
                 add_generation_prompt=add_generation_prompt,
-                tokenize=True,
-                **(chat_template_kwargs or {}),
+                continue_final_message=continue_final_message,
+                template_kwargs=chat_template_kwargs,
             )
-            if isinstance(token_ids, dict) or hasattr(token_ids, "input_ids"):
-                token_ids = token_ids["input_ids"]
-            prompts.append({"prompt_token_ids": list(token_ids)})
+            # As apply_chat_template(tokenize=True): the template writes the special tokens.
+            token_ids = self.tokenizer.encode(text, add_special_tokens=False)
+            prompts.append({"prompt": text, "prompt_token_ids": token_ids})
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     # ---- internals ------------------------------------------------------------------------

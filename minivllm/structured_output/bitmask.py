@@ -1,13 +1,27 @@
 """The token bitmask: int32 words [num_rows, ceil(vocab_size / 32)], bit b of word w set iff
-token 32 * w + b is allowed; and its application to logits on their device."""
+token 32 * w + b is allowed; a step's source of it; and its application to logits on their
+device."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 
 BITS_PER_WORD = 32
+
+
+class StepMask(Protocol):
+    """One step's constrained rows, whose mask the runner asks for once the forward is
+    launched: filled by the matchers here, or received from the rank that filled it."""
+
+    rows: Sequence[int]  # each constrained request's row among the step's sampled rows
+
+    def fill(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """bitmask int32 [len(rows), num_words] and rows int64 [len(rows)], on the CPU;
+        valid until the next step's fill()."""
+        ...
 
 
 def num_bitmask_words(vocab_size: int) -> int:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from concurrent.futures import TimeoutError as FutureTimeout
 
 import torch
@@ -41,15 +41,13 @@ def check_structured_outputs(
     params: StructuredOutputsParams | None,
     tokenizer: str,
     vocab_size: int,
-    tensor_parallel_size: int = 1,
 ) -> None:
     """A frontend's check, before queueing: ValueError naming the problem for a spec that
-    does not compile (or not within VALIDATE_TIMEOUT_S), or for any spec under tensor
-    parallelism. The compile is cached, so the engine's own compile of it is a cache hit
-    in this process. tokenizer: `config.tokenizer or config.model`."""
+    does not compile (or not within VALIDATE_TIMEOUT_S). The compile is cached, so the
+    engine's own compile of it is a cache hit in this process. tokenizer:
+    `config.tokenizer or config.model`."""
     if params is None:
         return
-    check_parallelism(tensor_parallel_size)
     future = shared_compiler(tokenizer, vocab_size).submit(params.spec_key())
     try:
         future.result(timeout=VALIDATE_TIMEOUT_S)
@@ -60,21 +58,13 @@ def check_structured_outputs(
         ) from None
 
 
-def check_parallelism(tensor_parallel_size: int) -> None:
-    if tensor_parallel_size > 1:
-        # Every TP rank samples; the mask would have to reach each of them (not done).
-        raise ValueError(
-            "structured outputs are not supported with tensor_parallel_size > 1 "
-            f"(got {tensor_parallel_size}); use data parallelism instead"
-        )
-
-
 class StepBitmask:
-    """The constrained rows of one step: fill() writes their masks on the host (llguidance
-    releases the GIL) while the device runs the forward; the runner applies the result.
+    """The constrained rows of one step (a bitmask.StepMask): fill() writes their masks on
+    the host (llguidance releases the GIL) while the device runs the forward; the runner
+    applies the result.
 
-    Lives on the host only; it never crosses a process boundary (constrained requests are
-    refused under tensor parallelism)."""
+    Lives on the host of the scheduler's rank; it never crosses a process boundary (under
+    tensor parallelism the executor sends the other ranks its rows and the filled mask)."""
 
     def __init__(
         self,
@@ -99,6 +89,10 @@ class StructuredOutputManager:
     The backend is built at the first constrained request, on a thread of its own (loading
     the tokenizer and llguidance's trie takes seconds): that request's compile waits for
     it, the step loop does not. An engine that never sees one never loads them.
+
+    wait_for_compiles: new_request returns only once the compile has ended, so a request
+    is ready from its first schedule on. Engines that run in lockstep (torchrun: every rank
+    schedules) need it, or a compile's timing could make their schedulers disagree.
     """
 
     def __init__(
@@ -106,14 +100,14 @@ class StructuredOutputManager:
         tokenizer: str,
         vocab_size: int,
         max_num_seqs: int,
-        tensor_parallel_size: int = 1,
         pin_memory: bool = False,
+        wait_for_compiles: bool = False,
     ) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_num_seqs = max_num_seqs
-        self.tensor_parallel_size = tensor_parallel_size
         self.pin_memory = pin_memory
+        self.wait_for_compiles = wait_for_compiles
         self._compiler: Future[GrammarCompiler] | None = None
         self._bitmask: torch.Tensor | None = None
         self._rows: torch.Tensor | None = None
@@ -125,10 +119,13 @@ class StructuredOutputManager:
 
     def new_request(self, params: StructuredOutputsParams) -> StructuredOutputRequest:
         """The request's grammar state; its compile starts now (a cache hit when the frontend
-        checked the spec in this process). ValueError under tensor parallelism."""
-        check_parallelism(self.tensor_parallel_size)
+        checked the spec in this process) and, with wait_for_compiles, has ended on return
+        (a failed one fails the request at its first schedule, as without)."""
         spec = params.spec_key()
-        return StructuredOutputRequest(spec, self._submit(spec), _LazyBackend(self))
+        grammar = self._submit(spec)
+        if self.wait_for_compiles:
+            wait([grammar])
+        return StructuredOutputRequest(spec, grammar, _LazyBackend(self))
 
     def _compiler_future(self) -> Future[GrammarCompiler]:
         if self._compiler is None:

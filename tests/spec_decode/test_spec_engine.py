@@ -9,9 +9,9 @@ mode both are bit-identical (the last test)."""
 from __future__ import annotations
 
 import pytest
-from tests.kernels.ordered_dot import ordered_dot  # noqa: F401 (fixture)
 
 from minivllm import LLM, SamplingParams
+from tests.kernels.ordered_dot import ordered_dot  # noqa: F401 (fixture)
 
 # Repetitive prompts: the tiny random model's greedy text repeats too, so drafts get accepted.
 PROMPTS = [([5, 6, 7, 8, 9] * 8)[: 10 + 3 * i] for i in range(5)]

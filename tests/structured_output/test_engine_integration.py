@@ -14,7 +14,6 @@ import pytest
 from minivllm import LLM, SamplingParams
 from minivllm.engine.types import EngineRequest
 from minivllm.structured_output import StructuredOutputsParams
-from minivllm.structured_output.manager import check_structured_outputs
 from tests.kernels.ordered_dot import ordered_dot  # noqa: F401 (fixture)
 
 # Tight enough that a random model ends it well within max_tokens.
@@ -121,11 +120,6 @@ def test_bad_spec_raises_before_queueing_and_next_call_works(llm: LLM) -> None:
         assert not llm.engine.has_unfinished_requests()
     (out,) = generate(llm, PROMPTS[:1], so_params(regex=REGEX, temperature=0.0))[0]
     assert re.fullmatch(REGEX, out.text)
-
-
-def test_tensor_parallel_is_refused(tiny_qwen3_dir: str) -> None:
-    with pytest.raises(ValueError, match="tensor_parallel_size"):
-        check_structured_outputs(StructuredOutputsParams(regex="a"), tiny_qwen3_dir, 500, 2)
 
 
 def test_unconstrained_neighbours_unchanged(llm: LLM) -> None:

@@ -20,7 +20,7 @@ class StepInputs:
     input_ids: np.ndarray  # [num_tokens] int64
     positions: np.ndarray  # [num_tokens] int64
     slot_mapping: np.ndarray  # [num_tokens] int64
-    query_start_loc: np.ndarray  # [num_seqs + 1] int32
+    query_start_loc: np.ndarray  # [num_seqs + 1] int32, attention sequences
     seq_lens: np.ndarray  # [num_seqs] int32
     block_tables: np.ndarray  # [num_seqs, max_num_blocks] int32, padded with 0
     # [num_sampled_rows] int64: the last row of each sampling chunk, or its last
@@ -32,6 +32,9 @@ class StepInputs:
     decode_order: np.ndarray  # [num_decode_tokens] int32, longest context first (stable)
     # [len(sample_req_ids)] int64, each sampling chunk's drafts; None when no chunk has any.
     num_draft_tokens: np.ndarray | None = None
+    # [num_chunks + 1] int32: where each chunk's tokens start (query_start_loc, unless a
+    # chunk with drafts is several attention sequences).
+    chunk_start_loc: np.ndarray | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -41,21 +44,44 @@ class StepInputs:
 def prepare_inputs(
     sched_out: SchedulerOutput, block_size: int, block_table: BlockTable
 ) -> StepInputs:
-    """Flattens the step's chunks (decodes first, as scheduled) into packed arrays."""
-    chunks = sched_out.chunks
-    num_seqs = len(chunks)
-    query_lens = np.fromiter((len(c.token_ids) for c in chunks), np.int32, num_seqs)
-    starts = np.fromiter((c.num_computed_tokens for c in chunks), np.int64, num_seqs)
-    query_start_loc = np.zeros(num_seqs + 1, np.int32)
-    np.cumsum(query_lens, out=query_start_loc[1:])
-    seq_lens = (starts + query_lens).astype(np.int32)
-    num_tokens = int(query_start_loc[-1])
+    """Flattens the step's chunks (decodes first, as scheduled) into packed arrays.
 
+    Attention sees one sequence per chunk, except that a decode chunk with drafts is one
+    decode row per token, each with its own length (its causal view of the request's KV):
+    so that a verify step is a decode step, full CUDA graphs and decode kernel included.
+    """
+    chunks = sched_out.chunks
+    num_chunks = len(chunks)
+    chunk_lens = np.fromiter((len(c.token_ids) for c in chunks), np.int32, num_chunks)
+    chunk_starts = np.fromiter((c.num_computed_tokens for c in chunks), np.int64, num_chunks)
+    chunk_start_loc = np.zeros(num_chunks + 1, np.int32)
+    np.cumsum(chunk_lens, out=chunk_start_loc[1:])
+    num_tokens = int(chunk_start_loc[-1])
     rows = block_table.update(sched_out)
+    num_decodes = sched_out.num_decode_chunks
+    num_decode_rows = int(chunk_start_loc[num_decodes])
+    if num_decode_rows > num_decodes:  # some decode chunk has drafts
+        decode_lens = chunk_lens[:num_decodes]
+        seq_chunk = np.concatenate(
+            [np.repeat(np.arange(num_decodes), decode_lens), np.arange(num_decodes, num_chunks)]
+        )
+        query_lens = np.ones(len(seq_chunk), np.int32)
+        query_lens[num_decode_rows:] = chunk_lens[num_decodes:]
+        starts = chunk_starts[seq_chunk]
+        starts[:num_decode_rows] += np.arange(num_decode_rows) - np.repeat(
+            chunk_start_loc[:num_decodes], decode_lens
+        )
+        rows = np.asarray(rows)[seq_chunk]
+        query_start_loc = np.zeros(len(seq_chunk) + 1, np.int32)
+        np.cumsum(query_lens, out=query_start_loc[1:])
+    else:
+        query_lens, starts, query_start_loc = chunk_lens, chunk_starts, chunk_start_loc
+    num_seqs = len(query_lens)
+    seq_lens = (starts + query_lens).astype(np.int32)
     max_num_blocks = -(-int(seq_lens.max()) // block_size)
     block_tables = block_table.table[rows, :max_num_blocks]
 
-    # Token t of request r sits at position starts[r] + (t - query_start_loc[r]).
+    # Token t of sequence r sits at position starts[r] + (t - query_start_loc[r]).
     seq_index = np.repeat(np.arange(num_seqs), query_lens)
     offsets = np.arange(num_tokens) - np.repeat(query_start_loc[:-1], query_lens)
     positions = np.repeat(starts, query_lens) + offsets
@@ -66,10 +92,9 @@ def prepare_inputs(
     input_ids = np.fromiter(
         itertools.chain.from_iterable(c.token_ids for c in chunks), np.int64, num_tokens
     )
-    num_decodes = sched_out.num_decode_chunks
-    decode_order = np.argsort(-seq_lens[:num_decodes], kind="stable").astype(np.int32)
+    decode_order = np.argsort(-seq_lens[:num_decode_rows], kind="stable").astype(np.int32)
     sampled = [i for i, c in enumerate(chunks) if c.sample]
-    ends = query_start_loc[1:][sampled].astype(np.int64)
+    ends = chunk_start_loc[1:][sampled].astype(np.int64)
     num_draft_tokens = np.fromiter(
         (chunks[i].num_draft_tokens for i in sampled), np.int64, len(sampled)
     )
@@ -87,9 +112,10 @@ def prepare_inputs(
         logits_indices=logits_indices,
         sample_req_ids=[chunks[i].req_id for i in sampled],
         max_seq_len=int(seq_lens.max()),
-        num_decode_tokens=num_decodes,
+        num_decode_tokens=num_decode_rows,
         decode_order=decode_order,
         num_draft_tokens=num_draft_tokens,
+        chunk_start_loc=chunk_start_loc,
     )
 
 

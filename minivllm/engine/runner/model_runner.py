@@ -170,7 +170,7 @@ class ModelRunner:
             self.block_table.update(sched_out)  # forget finished requests
             return StepHandle(self.sampling_state, [])
         inputs = prepare_inputs(sched_out, self.block_size, self.block_table)
-        jobs = self.prompt_logprobs.plan(sched_out, inputs.query_start_loc, self.sampling_state)
+        jobs = self.prompt_logprobs.plan(sched_out, inputs.chunk_start_loc, self.sampling_state)
         extra_rows = np.concatenate([job.rows for job in jobs]) if jobs else None
         logits = self.run_model(inputs, sched_out, extra_rows)
         if sched_out.structured_output is not None:
@@ -187,9 +187,7 @@ class ModelRunner:
             sampler_out = self.sampler(logits[:num_rows], sampling_meta)
             # The next step's placeholders (async scheduling) are filled from these.
             self._last_sampled = (sampler_out.sampled_token_ids, req_ids)
-            handle = StepHandle(
-                self.sampling_state, req_ids, sampler_out, self._next_host_buffer()
-            )
+            handle = StepHandle(self.sampling_state, req_ids, sampler_out, self._next_host_buffer())
         if jobs:
             handle.prompt_logprobs_jobs = (jobs, logits[num_rows:])
         return handle
@@ -254,7 +252,7 @@ class ModelRunner:
             seq_lens_cpu=inputs.seq_lens,
             decode_order=dev["decode_order"],
         )
-        num_sampled = len(inputs.sample_req_ids)
+        num_sampled = len(inputs.logits_indices)
         if (
             extra_rows is None
             and self.graphs is not None

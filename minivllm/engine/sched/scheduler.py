@@ -159,6 +159,8 @@ class Scheduler:
         running = self.running
         allocate = self.block_manager.allocate_slots
         drafts = self.speculator.propose(running) if self._speculating() else {}
+        # Each draft is one more decode row (draft_step.py); decode rows fit max_num_seqs.
+        draft_rows = self.max_num_seqs - len(running)
         i = 0
         while i < len(running) and budget > 0:
             request = running[i]
@@ -168,10 +170,11 @@ class Scheduler:
                 i += 1  # nothing to compute until update() applies its pending token
                 continue
             # A decode with drafts computes its last token and them (as many as fit).
-            draft = drafts.get(request.req_id, [])[: budget - 1]
+            draft = drafts.get(request.req_id, [])[: min(budget - 1, draft_rows)]
             num_new_tokens = min(num_needed, budget) + len(draft)
             if draft and (new_block_ids := allocate(request, num_new_tokens)) is None:
                 draft, num_new_tokens = [], num_needed  # no room for drafts: decode plainly
+            draft_rows -= len(draft)
             while not draft and (new_block_ids := allocate(request, num_new_tokens)) is None:
                 # Victims come from the tail, which nothing has been scheduled for this step.
                 victim = running.pop()
@@ -276,8 +279,12 @@ class Scheduler:
         request.num_computed_tokens = end
         if sample:
             request.num_pending_tokens += 1
-        if num_new_tokens == 1 and sample and num_computed_tokens >= len(request.prompt_token_ids):
-            decodes.append(chunk)  # one sampled token past the prompt
+        if (
+            (num_new_tokens == 1 or num_draft_tokens)
+            and sample
+            and num_computed_tokens >= len(request.prompt_token_ids)
+        ):
+            decodes.append(chunk)  # one sampled token past the prompt, and its drafts
         else:
             others.append(chunk)
 

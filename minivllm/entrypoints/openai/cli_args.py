@@ -75,7 +75,9 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
         "--tool-call-parser",
         choices=sorted(TOOL_PARSERS),
         default=None,
-        help="the model's tool-call format (hermes: <tool_call>{json}</tool_call>, Qwen2.5/3)",
+        help="the model's tool-call format (hermes: <tool_call>{json}</tool_call>, Qwen2.5/3; "
+        'llama3_json: {"name": ..., "parameters": ...} after an optional <|python_tag|>, '
+        "Llama 3.x); both also take a bare JSON call",
     )
     serve.add_argument(
         "--reasoning-parser",

@@ -89,7 +89,6 @@ async def check_constraint(
             params,
             config.tokenizer or config.model,
             engine.info.vocab_size,
-            config.tensor_parallel_size,
         )
     except (ValueError, TypeError) as e:
         raise APIError(f"{name}: {e}", param=name) from None

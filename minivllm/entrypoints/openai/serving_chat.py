@@ -23,6 +23,11 @@ from minivllm.entrypoints.openai.protocol import (
     MAX_LOGPROBS,
     ChatCompletionRequest,
 )
+from minivllm.entrypoints.openai.reasoning.constraint import (
+    after_reasoning,
+    has_special_markers,
+    reasoning_start,
+)
 from minivllm.entrypoints.openai.serving_common import (
     ServerState,
     as_api_error,
@@ -63,10 +68,15 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest)
         [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None,
     )
     token_ids = await tokenize_text(engine, prompt, add_special_tokens=False, param="messages")
+    # The constraint as asked first (its errors name what the request sent), then as it
+    # holds: after the reasoning, when the model thinks first.
     await check_constraint(engine, constraint)
-    spec = output_spec(
-        req, mode, state.tool_parser, state.reasoning_parser, constraint is not None, prompt
-    )
+    start = reasoning_start(state.reasoning_parser, prompt, req.chat_template_kwargs)
+    if constraint is not None and start != "off":
+        special = has_special_markers(engine.tokenizer)
+        constraint = (constraint[0], after_reasoning(constraint[1], start, special))
+        await check_constraint(engine, constraint)
+    spec = output_spec(req, mode, state.tool_parser, state.reasoning_parser, start)
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else None
     max_tokens = req.max_tokens if max_tokens is None else max_tokens
     params = sampling_params(

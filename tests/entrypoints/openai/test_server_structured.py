@@ -56,8 +56,13 @@ def client(server: Server) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0)
 
 
-def chat(client: openai.OpenAI, **kwargs):
+def chat(client: openai.OpenAI, thinking: bool = False, **kwargs):
+    """A chat completion; thinking off unless asked (the server has a reasoning parser, and a
+    random model that starts a think block never closes it: its constraint would not start)."""
     kwargs = {"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": 48, "seed": 0, **kwargs}
+    if not thinking:
+        extra = kwargs["extra_body"] = dict(kwargs.get("extra_body") or {})
+        extra["chat_template_kwargs"] = {"enable_thinking": False}
     return client.chat.completions.create(**kwargs)
 
 
@@ -260,3 +265,56 @@ def test_tool_messages_reach_the_template(client):
     bad[1]["tool_calls"][0]["function"] = {"name": "f", "arguments": "{not json"}
     with pytest.raises(openai.BadRequestError, match="arguments"):
         chat(client, messages=bad, max_tokens=4)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_call_made_while_thinking_is_not_lost(client, stream):
+    regex = r"<think>hm\.\s?" + HERMES_CALL  # the think block never closed
+    kwargs = dict(tools=TOOLS, extra_body={"guided_regex": regex}, max_tokens=128)
+    if stream:
+        out, finish = collect_stream(chat(client, stream=True, **kwargs))
+        reasoning = out["reasoning"]
+        calls = [(c["name"], c["arguments"]) for c in out["calls"].values()]
+    else:
+        choice = chat(client, **kwargs).choices[0]
+        finish, reasoning = choice.finish_reason, choice.message.model_extra["reasoning"]
+        calls = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls]
+    assert reasoning.startswith("hm.") and "<tool_call>" not in reasoning
+    assert finish == "tool_calls" and [name for name, _ in calls] == ["get_weather"]
+    check_calls(calls)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "w", "schema": SCHEMA},
+            }
+        },
+        {"tools": TOOLS, "tool_choice": "required"},
+        {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "switch"}}},
+        {"guided_choice": ["yes", "no"]},
+    ],
+    ids=["json_schema", "required", "named", "choice"],
+)
+def test_with_thinking_the_constraint_waits_for_the_reasoning(client, tiny_qwen3_dir, body):
+    from minivllm.tokenizer import load_tokenizer
+
+    # "<" can only start "<think>": the constraint does not admit it before the reasoning.
+    bias = {str(load_tokenizer(tiny_qwen3_dir).convert_tokens_to_ids("<")): 100}
+    kwargs = dict(extra_body=body, logit_bias=bias, max_tokens=96)
+    thinking = chat(client, thinking=True, **{**kwargs, "max_tokens": 12}).choices[0]
+    assert thinking.finish_reason == "length"  # still thinking: free text
+    assert thinking.message.model_extra["reasoning"] and not thinking.message.content
+    assert not thinking.message.tool_calls
+    off = chat(client, **kwargs).choices[0]  # enable_thinking false: constrained at once
+    assert "<" not in (off.message.content or "") and not off.message.model_extra.get("reasoning")
+    text = off.message.content
+    if "tools" in body:
+        check_calls([(c.function.name, c.function.arguments) for c in off.message.tool_calls])
+    elif "guided_choice" in body:
+        assert text in ("yes", "no")
+    else:
+        jsonschema.validate(json.loads(text), SCHEMA)

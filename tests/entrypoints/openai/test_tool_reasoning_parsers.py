@@ -237,7 +237,6 @@ def test_template_sees_tools_and_earlier_calls(tiny_qwen3_dir):
         messages,
         chat_template=template,
         tools=tools,
-        tokenize=False,
     )
     assert text.startswith(json.dumps(tools))
     assert "user:hi;assistant:[w Oslo]think;tool:sunnyc1;" in text

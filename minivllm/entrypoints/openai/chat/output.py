@@ -10,8 +10,9 @@ from typing import Any, Literal
 from minivllm.entrypoints.openai.constraints import named_tool_schema, required_tool_schema
 from minivllm.entrypoints.openai.errors import APIError
 from minivllm.entrypoints.openai.protocol import ChatCompletionRequest
-from minivllm.entrypoints.openai.reasoning import REASONING_PARSERS, prompt_opens_reasoning
-from minivllm.entrypoints.openai.tool_parsers import TOOL_PARSERS
+from minivllm.entrypoints.openai.reasoning import REASONING_PARSERS
+from minivllm.entrypoints.openai.reasoning.constraint import ReasoningStart
+from minivllm.entrypoints.openai.tool_parsers import CALL_MARKERS, TOOL_PARSERS
 from minivllm.entrypoints.openai.tool_parsers.base import StreamDelta, ToolCall
 from minivllm.entrypoints.openai.tool_parsers.forced import (
     NamedToolStream,
@@ -29,8 +30,9 @@ class ChatOutputSpec:
     tool_mode: ToolMode = "none"
     tool_parser: str | None = None  # for "auto"
     tool_name: str | None = None  # for "named"
-    reasoning_parser: str | None = None  # None: no reasoning split (or a constrained output)
+    reasoning_parser: str | None = None  # None: no reasoning split
     prompt_opens_reasoning: bool = False
+    reasoning_call_marker: str | None = None  # starts content inside the reasoning too
     include_reasoning: bool = True
     parallel_tool_calls: bool = True  # False: "auto" keeps the first call only (as vLLM)
 
@@ -45,20 +47,18 @@ def output_spec(
     mode: ToolMode,
     tool_parser: str | None,
     reasoning_parser: str | None,
-    constrained: bool,
-    prompt: str,
+    start: ReasoningStart,
 ) -> ChatOutputSpec:
-    """The request's ChatOutputSpec; prompt: the rendered chat template."""
+    """The request's ChatOutputSpec; start: where the output starts (reasoning_start)."""
     return ChatOutputSpec(
         tool_mode=mode,
         tool_parser=tool_parser,
         tool_name=req.tool_choice.function.name if mode == "named" else None,
         reasoning_parser=reasoning_parser,
-        # A constraint holds from the output's first token, which is then not inside a think
-        # block the prompt opened (docs/serving.md, "Reasoning").
-        prompt_opens_reasoning=(
-            reasoning_parser is not None and not constrained and prompt_opens_reasoning(prompt)
-        ),
+        prompt_opens_reasoning=start == "inside",
+        # A call the model writes before it closes its thinking ends the reasoning (as
+        # vLLM's qwen3 parser does), so that it reaches the tool parser.
+        reasoning_call_marker=CALL_MARKERS.get(tool_parser) if mode == "auto" else None,
         include_reasoning=req.include_reasoning,
         parallel_tool_calls=req.parallel_tool_calls,
     )
@@ -99,7 +99,9 @@ class ChoiceParser:
         self.spec = spec
         self._reasoning = None
         if spec.reasoning_parser is not None:
-            self._reasoning = REASONING_PARSERS[spec.reasoning_parser](spec.prompt_opens_reasoning)
+            self._reasoning = REASONING_PARSERS[spec.reasoning_parser](
+                spec.prompt_opens_reasoning, spec.reasoning_call_marker
+            )
         self._tools = None
         if spec.tool_mode == "auto":
             self._tools = TOOL_PARSERS[spec.tool_parser][1]()
@@ -143,7 +145,9 @@ def full_message(
     """(the assistant message, the finish reason) of a whole choice."""
     reasoning = None
     if spec.reasoning_parser is not None:
-        parser = REASONING_PARSERS[spec.reasoning_parser](spec.prompt_opens_reasoning)
+        parser = REASONING_PARSERS[spec.reasoning_parser](
+            spec.prompt_opens_reasoning, spec.reasoning_call_marker
+        )
         parts = [parser.feed(text), parser.finish()]
         reasoning = "".join(r for r, _ in parts)
         text = "".join(c for _, c in parts)
@@ -153,7 +157,8 @@ def full_message(
         calls, content = TOOL_PARSERS[spec.tool_parser][0](text)
         calls = calls if spec.parallel_tool_calls else calls[:1]
     elif spec.tool_mode == "named":
-        calls, content = [ToolCall(spec.tool_name, text)], None
+        # Nothing after the reasoning (cut short while thinking): no call, as streamed.
+        calls, content = ([ToolCall(spec.tool_name, text)] if text else []), None
     elif spec.tool_mode == "required":
         calls = extract_required(text)
         content = text if calls is None else None

@@ -18,11 +18,15 @@ class ThinkReasoningStream:
     """Splits one choice's text, piece by piece, into (reasoning, content). The reasoning is
     a `<think>` block at the start of the output (or from the start, if the prompt opened
     it) up to `</think>`; a block never closed (the output was cut short) is all reasoning.
-    Feeding the whole text at once gives the non-streaming split: the two always agree."""
+    call_marker (a tool parser's, e.g. `<tool_call>`): where it comes first inside the block,
+    the reasoning ends there and the content starts with it, so that a call the model makes
+    while thinking reaches the tool parser. Feeding the whole text at once gives the
+    non-streaming split: the two always agree."""
 
-    def __init__(self, in_reasoning: bool = False) -> None:
+    def __init__(self, in_reasoning: bool = False, call_marker: str | None = None) -> None:
         self._state = "reasoning" if in_reasoning else "start"
         self._buffer = ""
+        self._ends = (END, call_marker) if call_marker else (END,)
 
     @property
     def in_content(self) -> bool:
@@ -41,14 +45,16 @@ class ThinkReasoningStream:
             else:
                 self._state = "content"
         if self._state == "reasoning":
-            index = self._buffer.find(END)
-            if index == -1:
-                keep = partial_suffix(self._buffer, END)
+            found = [(i, tag) for tag in self._ends if (i := self._buffer.find(tag)) != -1]
+            if not found:
+                keep = max(partial_suffix(self._buffer, tag) for tag in self._ends)
                 reasoning = self._buffer[: len(self._buffer) - keep]
                 self._buffer = self._buffer[len(reasoning) :]
                 return reasoning, ""
+            index, tag = min(found)
             reasoning = self._buffer[:index]
-            self._buffer = self._buffer[index + len(END) :]
+            # </think> is dropped; a call marker starts the content.
+            self._buffer = self._buffer[index + len(tag) if tag == END else index :]
             self._state = "content"
         content, self._buffer = self._buffer, ""
         return reasoning, content

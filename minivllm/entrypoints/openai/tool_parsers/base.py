@@ -129,16 +129,33 @@ class CallScanner:
         return self._head
 
 
-def parse_call(text: str, args_key: str = "arguments") -> ToolCall | None:
-    """A JSON object {"name": str, args_key: value} as a ToolCall, else None."""
+def parse_call(text: str) -> ToolCall | None:
+    """A JSON object {"name": str, "arguments" (or "parameters"): value} as a ToolCall, else
+    None. The arguments are the value's own text where the name comes first (exactly what
+    CallScanner streams), else the value re-serialized; a missing value is {}."""
     try:
         obj = json.loads(text)
     except ValueError:
         return None
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
-    arguments = json.dumps(obj.get(args_key, {}), ensure_ascii=False)
-    return ToolCall(obj["name"], arguments)
+    match = _CALL_HEAD.match(text)
+    if match is not None:
+        rest = text[match.end() :]
+        start, end = _ValueEnd().feed(rest)
+        return ToolCall(obj["name"], rest[start:end])
+    value = obj["arguments"] if "arguments" in obj else obj.get("parameters", {})
+    return ToolCall(obj["name"], json.dumps(value, ensure_ascii=False))
+
+
+def calls_of(delta: StreamDelta) -> list[ToolCall]:
+    """The calls a stream's deltas add up to (each one's id, name and argument text)."""
+    calls: dict[int, ToolCall] = {}
+    for d in delta.tool_calls:
+        if "id" in d:
+            calls[d["index"]] = ToolCall(d["function"]["name"], "", d["id"])
+        calls[d["index"]].arguments += d["function"]["arguments"]
+    return [calls[index] for index in sorted(calls)]
 
 
 class _ValueEnd:

@@ -11,6 +11,7 @@ from minivllm.entrypoints.openai.tool_parsers.base import (
     StreamDelta,
     ToolCall,
     arguments_delta,
+    calls_of,
     header_delta,
     new_call_id,
 )
@@ -18,7 +19,8 @@ from minivllm.entrypoints.openai.tool_parsers.base import (
 
 def extract_required(text: str) -> list[ToolCall] | None:
     """The calls of a "required" output, `[{"name": ..., "parameters": {...}}, ...]`, or None
-    if it is not one (cut short by max_tokens)."""
+    if it is not one (cut short by max_tokens). Read by RequiredToolStream, so each call's
+    arguments are exactly the text its stream sends."""
     try:
         items = json.loads(text)
     except ValueError:
@@ -27,10 +29,10 @@ def extract_required(text: str) -> list[ToolCall] | None:
         isinstance(i, dict) and isinstance(i.get("name"), str) for i in items
     ):
         return None
-    return [
-        ToolCall(item["name"], json.dumps(item.get("parameters", {}), ensure_ascii=False))
-        for item in items
-    ]
+    stream = RequiredToolStream()
+    delta = stream.feed(text)
+    delta.add(stream.finish())
+    return calls_of(delta)
 
 
 class NamedToolStream:

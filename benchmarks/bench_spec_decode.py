@@ -1,0 +1,142 @@
+"""Batch-1 speculative decoding on real text: prompts that quote and edit their own text (a code
+edit, a paragraph to rewrite, a summary with quotes), greedy, through either engine's vLLM-style
+API. Prints one JSON line: TPOT (median over the prompts), the mean accepted length and the
+outputs' token ids' hash (equal across engines' runs only if the texts are).
+
+    python benchmarks/real_model_vs_vllm.py convert /tmp/smollm2      # the demo GGUF -> HF
+    python benchmarks/bench_spec_decode.py minivllm /tmp/smollm2 [--spec '{"method": "ngram",
+        "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}']
+    PYTHONPATH=/tmp/vsite python benchmarks/bench_spec_decode.py vllm /tmp/smollm2 --spec ...
+
+TPOT of a prompt: (time of its full generate - time of a one-token generate of it) / (output
+tokens - 1), each alone, prefix caching off (a TTFT that hits the cache would flatter TPOT).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import statistics
+import time
+
+CODE = '''def merge_intervals(intervals):
+    intervals.sort(key=lambda pair: pair[0])
+    merged = []
+    for start, end in intervals:
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return merged
+
+
+def total_length(intervals):
+    return sum(end - start for start, end in merge_intervals(intervals))
+'''
+
+PARAGRAPH = (
+    "The lighthouse on the northern cape was built in 1874 from granite blocks that were "
+    "carried by ship from the quarry at Rosvik. For ninety years a keeper lived in the small "
+    "house beside it, climbing the one hundred and twelve steps every evening to light the "
+    "lamp. In 1964 the light was automated and the keeper's house became a museum, which "
+    "still shows the logbooks in which every passing ship was recorded."
+)
+
+TASKS = [
+    f"Add type hints and a docstring to each function below. Repeat the code in full.\n\n{CODE}",
+    f"Rename the function merge_intervals to merge in this code and show all of it:\n\n{CODE}",
+    f"Rewrite this paragraph in the present tense, keeping every detail:\n\n{PARAGRAPH}",
+    f"Quote the sentences of this text that contain a number, one per line:\n\n{PARAGRAPH}",
+    f"Correct the grammar of the following text and return it in full:\n\n{PARAGRAPH}",
+    f"Convert this code to use a while loop instead of the for loop; show the result:\n\n{CODE}",
+]
+
+
+def prompts(model_dir: str) -> list[list[int]]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    out = []
+    for text in TASKS:
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+        )
+        out.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
+    return out
+
+
+def build(engine: str, model_dir: str, spec: dict | None):
+    options = {"enable_prefix_caching": False, "gpu_memory_utilization": 0.5, "seed": 0}
+    options["max_model_len"] = 4096
+    if spec is not None:
+        options["speculative_config"] = spec
+    if engine == "vllm":
+        from vllm import LLM, SamplingParams
+
+        return LLM(model_dir, disable_log_stats=False, **options), SamplingParams
+    from minivllm import LLM, SamplingParams
+
+    return LLM(model_dir, **options), SamplingParams
+
+
+def accepted_length(engine: str, llm) -> float | None:
+    """1 + accepted drafts per drafting step, from the engine's own counters."""
+    if engine == "minivllm":
+        from minivllm.spec_decode.metrics import mean_acceptance_length
+
+        speculator = llm.engine.scheduler.speculator
+        return None if speculator is None else round(mean_acceptance_length(speculator.stats), 3)
+    counts = {}
+    for metric in llm.get_metrics():
+        if metric.name in ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_accepted_tokens"):
+            counts[metric.name] = metric.value
+    if len(counts) < 2 or not counts["vllm:spec_decode_num_drafts"]:
+        return None
+    ratio = counts["vllm:spec_decode_num_accepted_tokens"] / counts["vllm:spec_decode_num_drafts"]
+    return round(1 + ratio, 3)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("engine", choices=["minivllm", "vllm"])
+    parser.add_argument("model_dir")
+    parser.add_argument("--spec", type=json.loads, default=None)
+    parser.add_argument("--max-tokens", type=int, default=256)
+    args = parser.parse_args()
+    prompt_ids = prompts(args.model_dir)
+    llm, sampling_params = build(args.engine, args.model_dir, args.spec)
+
+    def timed(prompt: list[int], max_tokens: int) -> tuple[float, list[int]]:
+        params = sampling_params(temperature=0.0, max_tokens=max_tokens)
+        start = time.perf_counter()
+        out = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
+        return time.perf_counter() - start, list(out[0].outputs[0].token_ids)
+
+    timed(prompt_ids[0], 16)  # warm-up
+    tpots, tokens = [], []
+    for prompt in prompt_ids:
+        first, _ = timed(prompt, 1)
+        full, ids = timed(prompt, args.max_tokens)
+        tokens.append(ids)
+        if len(ids) > 1:
+            tpots.append((full - first) / (len(ids) - 1))
+    digest = hashlib.sha256(json.dumps(tokens).encode()).hexdigest()[:12]
+    print(
+        json.dumps(
+            {
+                "engine": args.engine,
+                "spec": args.spec,
+                "tpot_ms": round(statistics.median(tpots) * 1e3, 3),
+                "tpot_ms_each": [round(t * 1e3, 3) for t in tpots],
+                "output_tokens": [len(t) for t in tokens],
+                "mean_accepted_length": accepted_length(args.engine, llm),
+                "tokens_sha": digest,
+            }
+        ),
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+"""The headline workload with every request under a JSON schema, through either engine's
+vLLM-style API, against the same run unconstrained; and batch-1 TTFT with a cached grammar.
+Prints one JSON line.
+
+    python benchmarks/bench_structured.py make DIR      # Qwen3-0.6B shape, SmolLM2's tokenizer
+    python benchmarks/bench_structured.py run minivllm DIR [--unconstrained]
+    PYTHONPATH=/tmp/vsite python benchmarks/bench_structured.py run vllm DIR [--backend guidance]
+
+DIR: a dummy-weights Qwen3-0.6B-shaped model directory whose tokenizer is a real byte-level BPE
+(the demo GGUF's, 49,152 tokens; `vocab_size` set to match): with the word-level tokenizer of
+make_dummy_model.py vLLM's xgrammar ends every constrained request after one token and its
+guidance backend refuses it. The random weights make the grammar do all the work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+from workloads import make_workload, result_fields
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "score": {"type": "integer"},
+    },
+    "required": ["name", "tags", "score"],
+}
+QWEN3_0_6B = dict(
+    architectures=["Qwen3ForCausalLM"],
+    model_type="qwen3",
+    hidden_size=1024,
+    intermediate_size=3072,
+    num_hidden_layers=28,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=128,
+    tie_word_embeddings=True,
+    max_position_embeddings=40960,
+    rms_norm_eps=1e-6,
+    rope_theta=1000000,
+    hidden_act="silu",
+    attention_bias=False,
+    torch_dtype="bfloat16",
+)
+
+
+def make(out_dir: str) -> None:
+    from minivllm.demo_model import demo_gguf_file
+    from minivllm.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(demo_gguf_file())
+    tokenizer.save_pretrained(out_dir)
+    config = dict(QWEN3_0_6B, vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id)
+    config["bos_token_id"] = tokenizer.bos_token_id
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    print(out_dir)
+
+
+def build(engine: str, model_dir: str, backend: str | None):
+    """(llm, params factory (max_tokens, constrained) -> SamplingParams)."""
+    if engine == "vllm":
+        from vllm import LLM, SamplingParams
+        from vllm.sampling_params import StructuredOutputsParams
+
+        options = {} if backend is None else {"structured_outputs_config": {"backend": backend}}
+        llm = LLM(model_dir, load_format="dummy", max_model_len=4096, seed=0, **options)
+    else:
+        from minivllm import LLM, SamplingParams
+        from minivllm.structured_output.params import StructuredOutputsParams
+
+        llm = LLM(model_dir, load_format="dummy", max_model_len=4096)
+
+    def params(max_tokens: int, constrained: bool, temperature: float = 0.6):
+        so = StructuredOutputsParams(json=SCHEMA) if constrained else None
+        return SamplingParams(
+            temperature=temperature, ignore_eos=True, max_tokens=max_tokens, structured_outputs=so
+        )
+
+    return llm, params
+
+
+def ttft(llm, params, constrained: bool) -> float:
+    """Median of 5 one-token generates of new 1,000-token prompts (the grammar cached)."""
+    times = []
+    for i in range(6):
+        prompt = [{"prompt_token_ids": [(7 * i + j) % 10000 for j in range(1000)]}]
+        start = time.perf_counter()
+        llm.generate(prompt, params(1, constrained, 0.0), use_tqdm=False)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[1:])
+
+
+def run(args: argparse.Namespace) -> None:
+    llm, params = build(args.engine, args.model_dir, args.backend)
+    constrained = not args.unconstrained
+    llm.generate([{"prompt_token_ids": [1, 2, 3, 4]}], params(8, False), use_tqdm=False)
+    start = time.perf_counter()
+    llm.generate([{"prompt_token_ids": [5, 6, 7]}], params(8, constrained), use_tqdm=False)
+    first_compile = time.perf_counter() - start  # includes a short generate
+    workload = make_workload("headline", args.num_requests)
+    prompts = [{"prompt_token_ids": p} for p in workload.prompts]
+    caps = [min(n, args.max_tokens or n) for n in workload.output_lens]
+    all_params = [params(n, constrained) for n in caps]
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, all_params, use_tqdm=False)
+    seconds = time.perf_counter() - start
+    generated = sum(len(o.outputs[0].token_ids) for o in outputs)
+    valid = 0
+    for o in outputs:
+        try:
+            json.loads(o.outputs[0].text)
+            valid += 1
+        except ValueError:
+            pass
+    result = {"engine": args.engine, "backend": args.backend, "constrained": constrained}
+    result |= result_fields(workload, generated, seconds)
+    result["valid_json"] = valid
+    result["first_request_with_compile_ms"] = round(first_compile * 1e3, 2)
+    result["ttft_ms"] = round(ttft(llm, params, constrained) * 1e3, 2)
+    print(json.dumps(result), flush=True)
+    if args.engine == "minivllm":
+        llm.shutdown()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("make").add_argument("out_dir")
+    r = sub.add_parser("run")
+    r.add_argument("engine", choices=["minivllm", "vllm"])
+    r.add_argument("model_dir")
+    r.add_argument("--backend", default=None, help="vLLM's structured-output backend")
+    r.add_argument("--unconstrained", action="store_true")
+    r.add_argument("--num-requests", type=int, default=None, help="default: the headline's 256")
+    r.add_argument("--max-tokens", type=int, default=None, help="a cap on each output (smoke runs)")
+    args = parser.parse_args()
+    make(args.out_dir) if args.command == "make" else run(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""Forced tool calls end to end on the demo model (SmolLM2-135M-Instruct, CPU): the official
+openai client against `minivllm serve` on loopback. The arguments parse and validate against
+the tool's parameters; streamed, the name comes first and the arguments in fragments that add
+up to exactly the non-streamed result (greedy, so both runs write the same tokens)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import jsonschema
+import openai
+import pytest
+from conftest import MODEL_NAME, Server
+
+from minivllm.demo_model import INSTALL_HINT, demo_gguf_file
+
+CITY = {"type": "string", "maxLength": 24}
+PARAMS = {
+    "get_weather": {
+        "type": "object",
+        "properties": {"city": CITY, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+        "required": ["city", "days"],
+        "additionalProperties": False,
+    },
+    "get_time": {
+        "type": "object",
+        "properties": {"city": CITY},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+}
+TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": name, "description": description, "parameters": PARAMS[name]},
+    }
+    for name, description in (
+        ("get_weather", "The weather forecast for a city"),
+        ("get_time", "The local time in a city"),
+    )
+]
+MESSAGES = [{"role": "user", "content": "What will the weather be in Paris for the next 3 days?"}]
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory: pytest.TempPathFactory):
+    path = demo_gguf_file()
+    if path is None or importlib.util.find_spec("gguf") is None:
+        pytest.skip(f"the real demo model is not installed ({INSTALL_HINT})")
+    srv = Server(path, str(tmp_path_factory.mktemp("serve-demo") / "server.log"))
+    yield openai.OpenAI(base_url=srv.base_url + "/v1", api_key="unused", max_retries=0)
+    srv.stop()
+
+
+@pytest.mark.parametrize("tool_choice", ["required", NAMED], ids=["required", "named"])
+def test_forced_call_streamed_equals_whole(client, tool_choice):
+    kwargs = dict(
+        model=MODEL_NAME,
+        messages=MESSAGES,
+        tools=TOOLS,
+        tool_choice=tool_choice,
+        parallel_tool_calls=False,
+        temperature=0,
+        seed=0,
+        max_tokens=48,
+    )
+    choice = client.chat.completions.create(**kwargs).choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (call,) = choice.message.tool_calls
+    jsonschema.validate(json.loads(call.function.arguments), PARAMS[call.function.name])
+    if tool_choice is NAMED:
+        assert call.function.name == "get_weather"
+
+    chunks = list(client.chat.completions.create(stream=True, **kwargs))
+    deltas = [d for chunk in chunks for c in chunk.choices for d in c.delta.tool_calls or []]
+    first, rest = deltas[0], deltas[1:]
+    assert first.id.startswith("chatcmpl-tool-") and first.function.name == call.function.name
+    assert not first.function.arguments  # the name first, alone
+    assert len(rest) >= 2 and all(d.id is None and d.function.name is None for d in rest)
+    assert all(d.index == 0 for d in deltas)
+    assert "".join(d.function.arguments for d in rest) == call.function.arguments
+    assert not "".join(c.delta.content or "" for chunk in chunks for c in chunk.choices)
+    assert [c.finish_reason for chunk in chunks for c in chunk.choices][-1] == "tool_calls"
