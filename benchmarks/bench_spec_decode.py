@@ -70,7 +70,7 @@ def build(engine: str, model_dir: str, spec: dict | None):
     options = {"enable_prefix_caching": False, "gpu_memory_utilization": 0.5, "seed": 0}
     options["max_model_len"] = 4096
     if spec is not None:
-        options["speculative_config"] = spec
+        options["speculative_config"] = dict(spec)  # vLLM writes into the dict it is given
     if engine == "vllm":
         from vllm import LLM, SamplingParams
 

@@ -10,6 +10,7 @@ every rank gets the same bits, and at two ranks the same bits as NCCL (a + b = b
 from __future__ import annotations
 
 import logging
+import socket
 import warnings
 from collections.abc import Callable
 from typing import Literal
@@ -170,7 +171,9 @@ def create_symm_buffer(device: torch.device, nbytes: int = BUFFER_BYTES) -> Symm
     once, or None on every rank (with the reason logged) when any rank cannot have one."""
     if device.type != "cuda":  # the same on every rank: no collective needed to agree
         return None
-    reason = symm_mem_unavailable(device)
+    # Symmetric memory maps peers' GPU memory over NVLink: one host only (collective).
+    reason = None if _on_one_host() else "the ranks span more than one host"
+    reason = reason or symm_mem_unavailable(device)
     if reason is None and _SETUPS_IN_THIS_PROCESS[0]:
         reason = "set up before in this process (torch's rendezvous counters would differ)"
     if not _all_ranks_ok(reason is None, device):
@@ -192,6 +195,13 @@ def create_symm_buffer(device: torch.device, nbytes: int = BUFFER_BYTES) -> Symm
         PLANS[symm.world_size],
     )
     return symm
+
+
+def _on_one_host() -> bool:
+    """Whether every rank of the default group runs on this host (collective)."""
+    hosts: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(hosts, socket.gethostname())
+    return len(set(hosts)) == 1
 
 
 def _all_ranks_ok(ok: bool, device: torch.device) -> bool:

@@ -8,7 +8,9 @@ import logging
 import sys
 import time
 
+from minivllm.config import EngineConfig
 from minivllm.demo_model import default_model
+from minivllm.engine.executor.node_worker import run_headless
 from minivllm.entrypoints.chat_cli import add_chat_parser, run_chat
 from minivllm.entrypoints.engine_args import add_engine_options, engine_options
 from minivllm.entrypoints.llm import LLM
@@ -45,6 +47,16 @@ def run_generate(args: argparse.Namespace) -> int:
     print(f"[minivllm] {num_tokens} tokens in {elapsed:.2f} s", file=sys.stderr)
     llm.shutdown()
     return 0
+
+
+def run_headless_node(args: argparse.Namespace) -> int:
+    """`minivllm serve MODEL --headless ...`: this node's ranks of node 0's engine."""
+    model = args.model
+    if model is None:
+        model, notice = default_model()
+        print(notice, file=sys.stderr)
+    config = EngineConfig.from_options(model, usage_context="server", **engine_options(args))
+    return run_headless(config)
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -93,7 +105,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     gen.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_engine_options(gen)
-    add_serve_parser(sub)
+    serve = add_serve_parser(sub)
+    serve.add_argument(
+        "--headless",
+        action="store_true",
+        help="run this node's tensor-parallel ranks only (no server), for the engine that "
+        "`minivllm serve` runs on node 0: give the same model, --tensor-parallel-size, "
+        "--nnodes, --master-addr and --master-port, and this node's --node-rank",
+    )
     add_chat_parser(sub)
     bench = sub.add_parser("bench", help="run a benchmark (prints one JSON line)")
     bench.add_argument(
@@ -108,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_generate(args)
         if args.command == "chat":
             return run_chat(args)
+        if args.command == "serve" and args.headless:
+            return run_headless_node(args)
         if args.command == "serve":
             # fastapi and uvicorn are optional (the `server` extra): imported only to serve.
             from minivllm.entrypoints.openai.api_server import run_serve

@@ -4,6 +4,10 @@ Every step, rank 0 writes the SchedulerOutput (compactly encoded) into a shared-
 then every rank, rank 0 included, runs the same runner call on it: the same model shard
 collectives, the same sampling on the same all-gathered logits. Rank 0's RunnerOutput is the
 one the scheduler sees; the workers' identical ones are dropped.
+
+Across nodes (nnodes > 1) this process starts only its own node's workers; the ranks of the
+other nodes are started there (`minivllm serve --headless`) and get each step over gloo
+(engine/executor/remote_ranks.py).
 """
 
 from __future__ import annotations
@@ -14,14 +18,21 @@ import threading
 import time
 import weakref
 from contextlib import contextmanager
+from dataclasses import replace
 
 import torch
 import torch.distributed as dist
 
 from minivllm.distributed.teardown import release_process_group
+from minivllm.engine.executor.remote_ranks import RemoteRanks, rendezvous_address
 from minivllm.engine.executor.shm_ring import ShmRing
 from minivllm.engine.executor.step_codec import Op, encode
-from minivllm.engine.executor.tp_worker import WorkerSpec, init_rank
+from minivllm.engine.executor.step_mask import SentMask
+from minivllm.engine.executor.tp_worker import (
+    WorkerSpec,
+    build_runner,
+    join_process_group,
+)
 from minivllm.engine.executor.worker_group import WorkerGroup
 from minivllm.engine.runner.step_handle import StepHandle
 from minivllm.engine.setup import EngineSetup
@@ -87,19 +98,30 @@ def _deferred_interrupt():
                 raise KeyboardInterrupt
 
 
-def _shutdown(group: WorkerGroup, ring: ShmRing, state: dict) -> None:
-    """Stops the workers and frees the ring and the process group; runs once (weakref
-    finalizer: at LLM.shutdown(), garbage collection or interpreter exit)."""
+def _shutdown(group: WorkerGroup, ring: ShmRing | None, state: dict) -> None:
+    """Stops the workers (this node's, and the other nodes' ranks) and frees the ring and the
+    process group; runs once (weakref finalizer: at LLM.shutdown(), garbage collection or
+    interpreter exit)."""
     told = False
-    if group.failure is None and state["in_sync"]:
+    remote: RemoteRanks | None = state["remote"]
+    if remote is not None:
+        remote.close_channel()
+    if group.failure is None and state["in_sync"] and state["ready"]:
         try:
             with _deferred_interrupt():
-                ring.write(encode(Op.SHUTDOWN), check=group.check)
+                data = encode(Op.SHUTDOWN)
+                if ring is not None:
+                    ring.write(data, check=group.check)
+                if remote is not None and remote.failure is None:
+                    remote.write(data)
             told = True
         except Exception:
             pass  # a worker is gone: reaping below is all that is left
+    if remote is not None:
+        remote.stop()
     group.stop(grace=10.0 if told else 0.0)
-    ring.close()
+    if ring is not None:
+        ring.close()
     release_process_group()
 
 
@@ -107,36 +129,48 @@ class TPExecutor:
     """The Executor of tensor_parallel_size > 1 when this process starts the workers."""
 
     def __init__(self, setup: EngineSetup) -> None:
-        world_size = setup.config.tensor_parallel_size
+        config = setup.config
+        world_size = config.tensor_parallel_size
+        local_size = world_size // config.nnodes  # the ranks of this node, rank 0 included
         check_shardable(setup.model_config, world_size)
-        if setup.device.type == "cuda" and torch.cuda.device_count() < world_size:
+        if setup.device.type == "cuda" and torch.cuda.device_count() < local_size:
             raise ValueError(
-                f"tensor_parallel_size={world_size} but only {torch.cuda.device_count()} GPUs "
-                "are visible"
+                f"tensor_parallel_size={world_size} over nnodes={config.nnodes} needs "
+                f"{local_size} GPUs on this node but only {torch.cuda.device_count()} are visible"
             )
         if dist.is_initialized():
             raise RuntimeError(
                 "a torch.distributed process group is already initialized in this process; "
                 "shut the other tensor-parallel LLM down first"
             )
-        init_method = f"tcp://127.0.0.1:{free_port()}"
-        self._ring = ShmRing.create(num_readers=world_size - 1)
-        ring = self._ring.handle
-        specs = [WorkerSpec(setup, r, init_method, ring) for r in range(1, world_size)]
-        self._state = {"in_sync": True}
+        if config.nnodes > 1:
+            init_method = rendezvous_address(config)
+        else:
+            init_method = f"tcp://127.0.0.1:{free_port()}"
+        self._ring = ShmRing.create(num_readers=local_size - 1) if local_size > 1 else None
+        ring = self._ring.handle if self._ring is not None else None
+        specs = [WorkerSpec(setup, r, init_method, ring) for r in range(1, local_size)]
+        self._state = {"in_sync": True, "ready": False, "remote": None}
         try:
             self._group = WorkerGroup(specs, on_failure=_abort_process_group)
         except BaseException:
-            self._ring.close()
+            if self._ring is not None:
+                self._ring.close()
             raise
         self._finalizer = weakref.finalize(self, _shutdown, self._group, self._ring, self._state)
         try:
             # Start-up errors of a worker (imports, device, config) fail here at once.
             self._group.wait_for("up", _STARTUP_TIMEOUT_S)
-            self.runner, self.num_blocks = init_rank(setup, 0, init_method, 0)
+            device = join_process_group(config, setup.device, 0, init_method, 0)
+            if config.nnodes > 1:
+                self._state["remote"] = RemoteRanks(setup, on_failure=_abort_process_group)
+            self.runner, self.num_blocks = build_runner(setup, device)
             self._group.wait_for("ready", _STARTUP_TIMEOUT_S)
+            self._state["ready"] = True
+            if self._state["remote"] is not None:
+                self._state["remote"].start_keep_alive()
         except BaseException as e:
-            failure = self._group.failure
+            failure = self._failure(explain=not isinstance(e, KeyboardInterrupt))
             self._finalizer()
             if failure is not None and not isinstance(e, KeyboardInterrupt):
                 raise RuntimeError(failure) from e
@@ -155,19 +189,18 @@ class TPExecutor:
     def _run(self, op: Op, sched_out: SchedulerOutput):
         if not self._finalizer.alive:
             raise RuntimeError("the tensor-parallel engine has shut down; create a new LLM")
-        # The step codec carries no bitmask: constrained requests are refused under TP.
-        assert sched_out.structured_output is None
-        self._group.check()
+        self._check()
         with _deferred_interrupt():
-            errors_before = self._group.num_step_errors()
+            errors_before = self._num_step_errors()
             self._broadcast(op, sched_out)
+            sched_out = self._sending_mask(sched_out)
             try:
                 if op == Op.EXECUTE_ASYNC:
                     return self.runner.execute_async(sched_out)
                 return self.runner.execute(sched_out)
             except Exception as e:
                 self._raise_if_failed(e)
-                if not self._group.wait_step_errors(errors_before + 1, _STEP_ERROR_WAIT_S):
+                if not self._wait_step_errors(errors_before + 1, _STEP_ERROR_WAIT_S):
                     # Only rank 0 failed: the workers wait in a collective that never comes.
                     self._state["in_sync"] = False
                     self._finalizer()
@@ -178,21 +211,73 @@ class TPExecutor:
                 raise  # it failed on every rank: they are all ready for the next step
 
     def _broadcast(self, op: Op, sched_out: SchedulerOutput) -> None:
+        self._write(encode(op, sched_out))
+
+    def _write(self, data: bytes | memoryview) -> None:
+        """Sends one message to every other rank: this node's through the ring, the other
+        nodes' over gloo."""
         try:
-            self._ring.write(encode(op, sched_out), check=self._group.check)
-        except BaseException:
+            if self._ring is not None:
+                self._ring.write(data, check=self._check)
+            if self._state["remote"] is not None:
+                self._state["remote"].write(data)
+        except BaseException as e:
             self._state["in_sync"] = False
+            self._raise_if_failed(e)
             raise
 
-    def _raise_if_failed(self, error: Exception) -> None:
-        """A collective that fails because a worker died says so, naming the rank."""
-        failure = self._group.failure
-        if failure is None and any(proc.poll() is not None for proc in self._group.procs):
-            # Gloo may see the closed socket before the watcher thread records the exit.
+    def _sending_mask(self, sched_out: SchedulerOutput) -> SchedulerOutput:
+        """The step as rank 0's runner runs it: a constrained step's mask, once filled, is
+        also sent to the workers (the next message after the step, step_mask.py)."""
+        if sched_out.structured_output is None:
+            return sched_out
+        mask = SentMask(sched_out.structured_output, self._send_mask)
+        return replace(sched_out, structured_output=mask)
+
+    def _send_mask(self, data: bytes | memoryview) -> None:
+        self._write(data)
+
+    def _check(self) -> None:
+        """Raises RuntimeError when a worker of this node or a rank of another has failed."""
+        self._group.check()
+        if self._state["remote"] is not None:
+            self._state["remote"].check()
+
+    def _num_step_errors(self) -> int:
+        """How many failed steps every other rank has reported so far."""
+        counts = [self._group.num_step_errors()] if self._group.procs else []
+        if self._state["remote"] is not None:
+            counts.append(self._state["remote"].num_step_errors())
+        return min(counts)
+
+    def _wait_step_errors(self, count: int, timeout: float) -> bool:
+        """Whether every other rank reports its count-th failed step within timeout."""
+        deadline = time.monotonic() + timeout
+        while self._num_step_errors() < count:
+            if self._failure(explain=False) is not None or time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
+    def _failure(self, explain: bool) -> str | None:
+        """What failed, or None. explain: a collective just failed, so wait a moment for the
+        record of a worker's death (gloo may see the closed socket first) and name the rank."""
+        group, remote = self._group, self._state["remote"]
+        if explain and group.failure is None and any(p.poll() is not None for p in group.procs):
             deadline = time.monotonic() + 2.0
-            while self._group.failure is None and time.monotonic() < deadline:
+            while group.failure is None and time.monotonic() < deadline:
                 time.sleep(0.01)
-            failure = self._group.failure
+        if group.failure is not None:
+            return group.failure
+        if remote is None:
+            return None
+        return remote.explain() if explain else remote.failure
+
+    def _raise_if_failed(self, error: BaseException) -> None:
+        """A collective that fails because a rank died says so, naming the rank."""
+        if isinstance(error, KeyboardInterrupt):
+            return
+        failure = self._failure(explain=True)
         if failure is not None:
             raise RuntimeError(failure) from error
 

@@ -17,21 +17,29 @@ import struct
 import sys
 import threading
 import traceback
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
 
+from minivllm.config import EngineConfig
 from minivllm.engine.executor.shm_ring import RingHandle, ShmRing
 from minivllm.engine.executor.step_codec import Op, decode
+from minivllm.engine.executor.step_mask import MaskReceiver
 from minivllm.engine.runner.model_runner import ModelRunner
 from minivllm.engine.setup import EngineSetup
 
-# A collective that waits longer than this means a rank is gone (dead workers are usually
-# noticed much sooner: see engine/executor/worker_group.py).
-COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=120)
 _LENGTH = struct.Struct("<Q")
+# How long the ranks wait for one another to join: other nodes are started by hand, and every
+# rank imports torch first. Once joined, a collective waits distributed_timeout_seconds.
+JOIN_TIMEOUT_S = 300.0
+
+
+class StepSource(Protocol):
+    def read(self) -> bytes: ...
 
 
 @dataclass(frozen=True)
@@ -50,22 +58,51 @@ def init_rank(
     """Joins the default process group (of setup's tensor_parallel_size ranks), builds this
     rank's runner and its KV cache (the smallest number of blocks that fits on every rank);
     returns (runner, num_blocks)."""
-    config = setup.config
-    world_size = config.tensor_parallel_size
-    device = setup.device
+    device = join_process_group(setup.config, setup.device, rank, init_method, local_rank)
+    return build_runner(setup, device)
+
+
+def join_process_group(
+    config: EngineConfig, device: torch.device, rank: int, init_method: str, local_rank: int
+) -> torch.device:
+    """Joins the default process group as `rank` (on CUDA: GPU `local_rank` of this node, and
+    NCCL); returns this rank's device. init_method: tcp://host:port (rank 0 hosts the store
+    there; the others wait up to JOIN_TIMEOUT_S for it) or env:// (torchrun's). A collective
+    that waits longer than config.distributed_timeout_seconds fails (dead workers are usually
+    noticed much sooner: engine/executor/worker_group.py, distributed/liveness.py)."""
     if device.type == "cuda":
+        if local_rank >= torch.cuda.device_count():
+            raise ValueError(
+                f"tensor-parallel rank {rank} needs GPU {local_rank} of its node but "
+                f"{torch.cuda.device_count()} are visible"
+            )
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
-    backend = "nccl" if device.type == "cuda" else "gloo"
+    store = None
+    if init_method.startswith("tcp://"):
+        url = urllib.parse.urlsplit(init_method)
+        store = dist.TCPStore(
+            url.hostname,
+            url.port,
+            config.tensor_parallel_size,
+            is_master=rank == 0,
+            timeout=datetime.timedelta(seconds=JOIN_TIMEOUT_S),
+        )
     dist.init_process_group(
-        backend,
-        init_method=init_method,
-        world_size=world_size,
+        "nccl" if device.type == "cuda" else "gloo",
+        init_method=None if store is not None else init_method,
+        store=store,
+        world_size=config.tensor_parallel_size,
         rank=rank,
-        timeout=COLLECTIVE_TIMEOUT,
+        timeout=datetime.timedelta(seconds=config.distributed_timeout_seconds),
         device_id=device if device.type == "cuda" else None,
     )
-    torch.manual_seed(config.seed)
+    return device
+
+
+def build_runner(setup: EngineSetup, device: torch.device) -> tuple[ModelRunner, int]:
+    """This rank's runner and KV cache, once it has joined the process group (collective)."""
+    torch.manual_seed(setup.config.seed)
     runner = ModelRunner(setup, device)  # chooses the TP all-reduce (collective)
     num_blocks = torch.tensor([runner.determine_num_blocks()], device=device)
     dist.all_reduce(num_blocks, op=dist.ReduceOp.MIN)
@@ -74,13 +111,15 @@ def init_rank(
     return runner, int(num_blocks.item())
 
 
-def serve_steps(runner: ModelRunner, ring: ShmRing, report: Callable[[tuple], None]) -> None:
-    """Runs every step rank 0 broadcasts, through the same runner calls as rank 0 (so every
-    rank samples the same tokens and keeps the same state), until SHUTDOWN. A step that
+def serve_steps(runner: ModelRunner, ring: StepSource, report: Callable[[tuple], None]) -> None:
+    """Runs every step rank 0 broadcasts (read from the shared-memory ring on rank 0's node, from
+    distributed/gloo_broadcast.py on the others), through the same runner calls as rank 0 (so
+    every rank samples the same tokens and keeps the same state), until SHUTDOWN. A step that
     raises is reported (rank 0 checks that it failed on every rank) and skipped."""
     pending = None  # the handle of a launched async step, collected at the next message
+    masks = mask_receiver(runner, ring)
     while True:
-        op, sched_out = decode(ring.read())
+        op, sched_out = decode(ring.read(), masks.expect)
         try:
             if op == Op.EXECUTE_ASYNC:
                 handle = runner.execute_async(sched_out)
@@ -98,6 +137,13 @@ def serve_steps(runner: ModelRunner, ring: ShmRing, report: Callable[[tuple], No
             # Every rank runs the same code on the same data, so rank 0 failed the same way
             # and raises it to the user; this rank stays ready for the next step.
             report(("step_error", f"{type(e).__name__}: {e}"))
+
+
+def mask_receiver(runner: ModelRunner, ring: StepSource) -> MaskReceiver:
+    """Where this worker's constrained steps read the mask rank 0 filled: the next message
+    from rank 0 after the step, read when the runner asks for it."""
+    pin_memory = runner.device.type == "cuda"
+    return MaskReceiver(ring.read, runner.limits.max_num_seqs, pin_memory)
 
 
 def _send(fd: int, message: tuple) -> None:

@@ -45,13 +45,20 @@ def _read_exact(fd: int, n: int) -> bytes | None:
 class WorkerGroup:
     """Ranks 1..N-1 as subprocesses. `failure` is None while all of them are healthy."""
 
-    def __init__(self, specs: list[WorkerSpec], on_failure: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        specs: list[WorkerSpec],
+        on_failure: Callable[[], None],
+        module: str = "minivllm.engine.executor.tp_worker",
+    ) -> None:
+        """module: the workers' entry point (`python -m module --status-fd N`)."""
         self.procs: list[subprocess.Popen] = []
         self.failure: str | None = None
         self._on_failure = on_failure
         self._status: dict[int, list[tuple]] = {spec.rank: [] for spec in specs}
         self._cond = threading.Condition()
         self._stopping = False
+        self._module = module
         env = dict(os.environ)
         # The worker imports this very minivllm, wherever it was imported from.
         root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
@@ -66,7 +73,7 @@ class WorkerGroup:
                 [
                     sys.executable,
                     "-m",
-                    "minivllm.engine.executor.tp_worker",
+                    self._module,
                     "--status-fd",
                     str(write_fd),
                 ],
@@ -134,14 +141,10 @@ class WorkerGroup:
         with self._cond:
             return min(sum(m[0] == "step_error" for m in ms) for ms in self._status.values())
 
-    def wait_step_errors(self, count: int, timeout: float) -> bool:
-        """Whether every worker reports its count-th failed step within timeout."""
-        deadline = time.monotonic() + timeout
-        while self.num_step_errors() < count:
-            if self.failure is not None or time.monotonic() > deadline:
-                return False
-            time.sleep(0.005)
-        return True
+    def error_of(self, rank: int) -> str | None:
+        """The start-up error a worker reported, if it did."""
+        with self._cond:
+            return next((m[1] for m in self._status[rank] if m[0] == "error"), None)
 
     def check(self) -> None:
         """Raises RuntimeError when a worker has failed or died."""
