@@ -20,7 +20,7 @@ import json
 import statistics
 import time
 
-CODE = '''def merge_intervals(intervals):
+CODE = """def merge_intervals(intervals):
     intervals.sort(key=lambda pair: pair[0])
     merged = []
     for start, end in intervals:
@@ -33,7 +33,7 @@ CODE = '''def merge_intervals(intervals):
 
 def total_length(intervals):
     return sum(end - start for start, end in merge_intervals(intervals))
-'''
+"""
 
 PARAGRAPH = (
     "The lighthouse on the northern cape was built in 1874 from granite blocks that were "

@@ -20,8 +20,7 @@ def check_speculative_config(config: SpeculativeConfig) -> None:
     """ValueError for options this engine does not run."""
     if config.method != "ngram":
         raise ValueError(
-            f"speculative method {config.method!r} is not supported by this engine yet; use "
-            "'ngram'"
+            f"speculative method {config.method!r} is not supported by this engine yet; use 'ngram'"
         )
 
 
