@@ -153,6 +153,7 @@ class EngineCore:
             num_preemptions=scheduler.num_preemptions,
             prefix_cache_queries=scheduler.prefix_cache_queries,
             prefix_cache_hits=scheduler.prefix_cache_hits,
+            **_spec_stats(scheduler),
         )
 
     def step(self) -> list[EngineOutput]:
@@ -166,3 +167,16 @@ class EngineCore:
     def shutdown(self) -> None:
         self.executor.shutdown()
         gc.unfreeze()
+
+
+def _spec_stats(scheduler: Scheduler) -> dict:
+    """The EngineStats fields of the scheduler's speculation counters (none: zeros)."""
+    if scheduler.speculator is None:
+        return {}
+    spec = scheduler.speculator.stats
+    return {
+        "spec_num_drafts": spec.num_drafts,
+        "spec_num_draft_tokens": spec.num_draft_tokens,
+        "spec_num_accepted_tokens": spec.num_accepted_tokens,
+        "spec_accepted_per_pos": list(spec.num_accepted_tokens_per_pos),
+    }

@@ -129,12 +129,21 @@ class DPCoreClient:
 
 
 def _sum_stats(stats: list[EngineStats]) -> EngineStats:
-    """The replicas' stats as one engine's: counts add up, the cache usage is the mean
-    (replicas have equal caches, up to profiling noise)."""
+    """The replicas' stats as one engine's: counts add up (per-position lists position by
+    position), the cache usage is the mean (replicas have equal caches, up to profiling
+    noise)."""
     names = [f.name for f in fields(EngineStats)]
-    total = EngineStats(**{name: sum(getattr(s, name) for s in stats) for name in names})
+    total = EngineStats(**{name: _add(getattr(s, name) for s in stats) for name in names})
     total.kv_cache_usage = total.kv_cache_usage / len(stats)
     return total
+
+
+def _add(values):
+    """The sum of numbers, or of equal-length lists element by element."""
+    values = list(values)
+    if isinstance(values[0], list):
+        return [sum(column) for column in zip(*values, strict=True)]
+    return sum(values)
 
 
 def _shutdown_replicas(replicas: list[EngineCoreClient]) -> None:

@@ -99,6 +99,17 @@ class ServerMetrics:
         self.preemptions = counter("num_preemptions", "Preemptions")
         self.prompt_tokens = counter("prompt_tokens", "Prefill tokens processed")
         self.generation_tokens = counter("generation_tokens", "Generation tokens processed")
+        self.spec_drafts = counter("spec_decode_num_drafts", "Speculative drafting steps")
+        self.spec_draft_tokens = counter("spec_decode_num_draft_tokens", "Draft tokens proposed")
+        self.spec_accepted = counter("spec_decode_num_accepted_tokens", "Draft tokens accepted")
+        self._spec_per_pos = own(
+            Counter(
+                _OWN_PREFIX + "spec_decode_num_accepted_tokens_per_pos",
+                "Draft tokens accepted, by draft position",
+                ["model_name", "position"],
+                registry=r,
+            )
+        )
         self._success = own(
             Counter(
                 _OWN_PREFIX + "request_success",
@@ -163,9 +174,16 @@ class ServerMetrics:
             (self.prefix_queries, stats.prefix_cache_queries, last.prefix_cache_queries),
             (self.prefix_hits, stats.prefix_cache_hits, last.prefix_cache_hits),
             (self.preemptions, stats.num_preemptions, last.num_preemptions),
+            (self.spec_drafts, stats.spec_num_drafts, last.spec_num_drafts),
+            (self.spec_draft_tokens, stats.spec_num_draft_tokens, last.spec_num_draft_tokens),
+            (self.spec_accepted, stats.spec_num_accepted_tokens, last.spec_num_accepted_tokens),
         ):
             if new > old:
                 counter.inc(new - old)
+        old_per_pos = last.spec_accepted_per_pos or [0] * len(stats.spec_accepted_per_pos)
+        for position, (new, old) in enumerate(zip(stats.spec_accepted_per_pos, old_per_pos)):
+            if new > old:
+                self._spec_per_pos.labels(position=str(position), **self._labels).inc(new - old)
 
     def _observe_request(self, output: RequestOutput, now: float) -> None:
         num_tokens = sum(len(c.token_ids) for c in output.outputs)

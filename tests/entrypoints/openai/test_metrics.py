@@ -119,3 +119,28 @@ def test_both_names_move_with_requests(server, client) -> None:
     assert delta("vllm:time_per_output_token_seconds_count") == delta(
         "vllm:inter_token_latency_seconds_count"
     )
+
+
+def test_speculative_decoding_counters() -> None:
+    """The engine's speculation counters reach /metrics under vLLM's names (what `vllm bench
+    serve` reads for the acceptance rate), as increments, per draft position too."""
+    from minivllm.engine.stats import EngineStats
+    from minivllm.entrypoints.openai.metrics import ServerMetrics
+
+    metrics = ServerMetrics(MODEL_NAME)
+    for drafts, tokens, accepted, per_pos in ((2, 8, 5, [2, 2, 1, 0]), (3, 12, 7, [3, 2, 1, 1])):
+        stats = EngineStats(
+            spec_num_drafts=drafts,
+            spec_num_draft_tokens=tokens,
+            spec_num_accepted_tokens=accepted,
+            spec_accepted_per_pos=per_pos,
+        )
+        metrics.on_step([], [], stats)
+    text = metrics.render().decode()
+    samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
+    for prefix in PREFIXES:
+        assert _value(samples, prefix + "spec_decode_num_drafts_total") == 3
+        assert _value(samples, prefix + "spec_decode_num_draft_tokens_total") == 12
+        assert _value(samples, prefix + "spec_decode_num_accepted_tokens_total") == 7
+        per_pos = prefix + "spec_decode_num_accepted_tokens_per_pos_total"
+        assert [_value(samples, per_pos, position=str(j)) for j in range(4)] == [3, 2, 1, 1]
