@@ -102,8 +102,13 @@ class Scheduler:
         )
 
     def _speculating(self) -> bool:
-        return self.speculator is not None and self.speculator.is_active(
-            len(self.running) + len(self.waiting)
+        """Whether this step may draft: speculation on at this batch size, and some running
+        request due to draft (engine/sched/speculation.py)."""
+        speculator = self.speculator
+        return (
+            speculator is not None
+            and speculator.is_active(len(self.running) + len(self.waiting))
+            and speculator.wants_last_tokens(self.running)
         )
 
     def get_request(self, req_id: str) -> Request | None:
@@ -360,7 +365,7 @@ class Scheduler:
         assert runner_out.num_accepted_drafts is not None
         num_accepted = runner_out.num_accepted_drafts[i]
         num_drafts = chunk.num_draft_tokens
-        self.speculator.observe(num_drafts, num_accepted)
+        self.speculator.observe(request, num_drafts, num_accepted)
         first_draft = len(chunk.token_ids) - num_drafts
         accepted = chunk.token_ids[first_draft : first_draft + num_accepted]
         if logprobs is not None:
@@ -377,6 +382,8 @@ class Scheduler:
         request.block_ids = []
         self.num_host_dependent -= needs_host_tokens(request)
         self.num_constrained -= request.structured_output is not None
+        if self.speculator is not None:
+            self.speculator.forget(request.req_id)
         self._finished_req_ids.append(request.req_id)
 
     def _first_admissible(self) -> Request | None:

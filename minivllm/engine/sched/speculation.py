@@ -5,6 +5,11 @@ A request drafts only when its next step would be a plain decode whose sampling 
 nothing the drafts change: no grammar (one mask per position is not built), no penalties (they
 would have to count the drafts before each position), and min_tokens reached (no EOS
 suppression that varies by position). Its drafts never run past max_tokens or max_model_len.
+
+A request whose drafting fails (no match, or none of its drafts accepted) backs off: it tries
+again after 1, 2, 4, ... up to MAX_BACKOFF_TOKENS more tokens, and succeeding resets it. A step
+in which no request is due to draft needs no host tokens, so it runs under async scheduling:
+text that does not repeat itself decodes at the speed it has without speculation.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ from minivllm.spec_decode.config import SpeculativeConfig
 from minivllm.spec_decode.metrics import SpecDecodingStats
 from minivllm.spec_decode.ngram import NgramProposer
 from minivllm.spec_decode.proposer import ProposeInput, Proposer
+
+MAX_BACKOFF_TOKENS = 16
 
 
 def check_speculative_config(config: SpeculativeConfig) -> None:
@@ -34,12 +41,25 @@ class Speculator:
         self.disable_by_batch_size = config.disable_by_batch_size
         self.max_model_len = max_model_len
         self.stats = SpecDecodingStats(config.num_speculative_tokens)
+        # req_id -> (output length at which it may draft again, consecutive failures).
+        self._backoff: dict[str, tuple[int, int]] = {}
 
     def is_active(self, num_running: int) -> bool:
         """Whether a step with num_running requests speculates (vLLM's disable_by_batch_size:
         off while more are running)."""
         limit = self.disable_by_batch_size
         return limit is None or num_running <= limit
+
+    def wants_last_tokens(self, requests: list[Request]) -> bool:
+        """Whether some request is due to draft once the step in flight is applied (then the
+        next step must start from every token, not run ahead)."""
+        backoff = self._backoff
+        for r in requests:
+            if _may_draft(r):
+                due = backoff.get(r.req_id)
+                if due is None or r.num_output_tokens + r.num_pending_tokens >= due[0]:
+                    return True
+        return False
 
     def propose(self, requests: list[Request]) -> dict[str, list[int]]:
         """req_id -> its drafts (at least one), for those of `requests` that may draft."""
@@ -51,19 +71,37 @@ class Speculator:
             [r.all_token_ids for r, _ in rows], [cap for _, cap in rows]
         )
         drafts = self.proposer.propose(batch).to_lists()
+        for (r, _), d in zip(rows, drafts, strict=True):
+            if not d:
+                self._failed(r)
         return {r.req_id: d for (r, _), d in zip(rows, drafts, strict=True) if d}
+
+    def observe(self, request: Request, num_draft_tokens: int, num_accepted: int) -> None:
+        """One request's drafts of a step, before its new tokens are appended."""
+        self.stats.observe_draft(num_draft_tokens, num_accepted)
+        if num_accepted:
+            self._backoff.pop(request.req_id, None)
+        else:
+            self._failed(request)
+
+    def forget(self, req_id: str) -> None:
+        self._backoff.pop(req_id, None)
+
+    def _failed(self, request: Request) -> None:
+        misses = self._backoff.get(request.req_id, (0, 0))[1] + 1
+        wait = min(1 << (misses - 1), MAX_BACKOFF_TOKENS)
+        self._backoff[request.req_id] = (request.num_output_tokens + 1 + wait, misses)
 
     def _max_drafts(self, request: Request) -> int:
         """How many drafts request may take this step (0: it decodes one token as usual)."""
         params = request.sampling_params
+        due = self._backoff.get(request.req_id)
         if (
             request.num_pending_tokens
             or request.num_computed_tokens != request.num_tokens - 1
             or request.num_output_tokens < max(params.min_tokens, 1)
-            or request.structured_output is not None
-            or params.presence_penalty
-            or params.frequency_penalty
-            or params.repetition_penalty != 1.0
+            or (due is not None and request.num_output_tokens < due[0])
+            or not _may_draft(request)
         ):
             return 0
         # The step adds the accepted drafts and one token: all must fit the request's limits.
@@ -72,5 +110,10 @@ class Speculator:
             cap = min(cap, params.max_tokens - request.num_output_tokens - 1)
         return max(cap, 0)
 
-    def observe(self, num_draft_tokens: int, num_accepted: int) -> None:
-        self.stats.observe_draft(num_draft_tokens, num_accepted)
+
+def _may_draft(request: Request) -> bool:
+    """Whether request may ever draft: no grammar, no penalties."""
+    params = request.sampling_params
+    return request.structured_output is None and not (
+        params.presence_penalty or params.frequency_penalty or params.repetition_penalty != 1.0
+    )

@@ -1,0 +1,59 @@
+"""Speculator: which requests draft, their caps, and the back-off of failing ones (which lets
+steps with no request due to draft run ahead under async scheduling)."""
+
+from __future__ import annotations
+
+from minivllm.engine.sched.request import Request
+from minivllm.engine.sched.speculation import MAX_BACKOFF_TOKENS, Speculator
+from minivllm.sampling_params import SamplingParams
+from minivllm.spec_decode.config import SpeculativeConfig
+
+CONFIG = SpeculativeConfig.from_dict(
+    {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2}
+)
+
+
+def _decoding(prompt: list[int], outputs: list[int], **params) -> Request:
+    """A request after its last update: every token but the last computed."""
+    request = Request("r", prompt, SamplingParams(**{"max_tokens": 100, **params}), 0.0)
+    for t in outputs:
+        request.append_output_token(t)
+    request.num_computed_tokens = request.num_tokens - 1
+    return request
+
+
+def test_drafts_what_followed_the_last_match() -> None:
+    speculator = Speculator(CONFIG, max_model_len=64)
+    request = _decoding([1, 2, 3, 4, 5, 1, 2], [3])
+    assert speculator.propose([request]) == {"r": [4, 5, 1]}
+
+
+def test_caps_and_ineligible_requests() -> None:
+    speculator = Speculator(CONFIG, max_model_len=64)
+    near_end = _decoding([1, 2, 3, 4, 5, 1, 2], [3], max_tokens=3)  # room for 1 draft
+    assert speculator.propose([near_end]) == {"r": [4]}
+    penalized = _decoding([1, 2, 3, 4, 5, 1, 2], [3], presence_penalty=0.5)
+    assert speculator.propose([penalized]) == {}
+    assert not speculator.wants_last_tokens([penalized])
+    in_flight = _decoding([1, 2, 3, 4, 5, 1, 2], [3])
+    in_flight.num_pending_tokens = 1
+    assert speculator.propose([in_flight]) == {}
+
+
+def test_failing_requests_back_off_and_success_resets() -> None:
+    speculator = Speculator(CONFIG, max_model_len=1000)
+    request = _decoding(list(range(10, 30)), [40])  # nothing repeats: no draft
+    waits = []
+    for _ in range(7):
+        assert speculator.wants_last_tokens([request])
+        assert speculator.propose([request]) == {}
+        steps = 0
+        while not speculator.wants_last_tokens([request]):
+            request.append_output_token(50 + request.num_tokens)  # never repeats either
+            request.num_computed_tokens += 1
+            steps += 1
+        waits.append(steps)
+    # The failed step's own token, then 1, 2, 4, ... more before the next try.
+    assert waits == [1 + w for w in (1, 2, 4, 8, 16, MAX_BACKOFF_TOKENS, MAX_BACKOFF_TOKENS)]
+    speculator.observe(request, 3, 1)  # an accepted draft: due at once again
+    assert speculator.wants_last_tokens([request])
