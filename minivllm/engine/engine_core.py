@@ -11,6 +11,7 @@ import logging
 import os
 
 from minivllm.config import EngineConfig
+from minivllm.engine.draft_model import DraftModelProposer
 from minivllm.engine.executor.build import build_executor
 from minivllm.engine.executor.torchrun import torchrun_rank
 from minivllm.engine.sched.async_scheduler import AsyncScheduler
@@ -28,6 +29,10 @@ from minivllm.structured_output.manager import StructuredOutputManager
 
 logger = logging.getLogger(__name__)
 
+# Requests a draft model's own KV cache holds at max_model_len when disable_by_batch_size is
+# not set (more drafting at once get no drafts).
+DRAFT_MODEL_MAX_REQUESTS = 16
+
 
 class EngineCore:
     """One engine replica in this process: an EngineClient (engine/client/protocol.py) that
@@ -41,9 +46,20 @@ class EngineCore:
                 f"data_parallel_size={config.data_parallel_size}: an engine core is one "
                 "replica (LLM and AsyncLLM run several through DPCoreClient)"
             )
-        if config.speculative_config is not None:
-            check_speculative_config(config.speculative_config)  # before the model loads
+        spec = config.speculative_config
+        if spec is not None:  # before the model loads
+            check_speculative_config(spec, config.tensor_parallel_size)
         self.setup = setup = resolve_setup(config, model_config)
+        # The draft model first: on CUDA the target's KV profiling then sees its memory used.
+        self.draft_proposer = None
+        if spec is not None and spec.method == "draft_model":
+            self.draft_proposer = DraftModelProposer(
+                config,
+                setup.max_model_len,
+                model_config.vocab_size,
+                spec.num_speculative_tokens,
+                max_requests=spec.disable_by_batch_size or DRAFT_MODEL_MAX_REQUESTS,
+            )
         logger.info(
             "scheduler limits (%s): max_num_seqs=%d, max_num_batched_tokens=%d",
             config.usage_context,
@@ -124,7 +140,7 @@ class EngineCore:
             speculator=(
                 None
                 if config.speculative_config is None
-                else Speculator(config.speculative_config, setup.max_model_len)
+                else Speculator(config.speculative_config, setup.max_model_len, self.draft_proposer)
             ),
         )
 

@@ -35,7 +35,10 @@ class ProposeInput:
 
     @classmethod
     def from_lists(
-        cls, token_ids: Sequence[Sequence[int]], max_num_draft_tokens: Sequence[int] | None = None
+        cls,
+        token_ids: Sequence[Sequence[int]],
+        max_num_draft_tokens: Sequence[int] | None = None,
+        req_ids: Sequence[str] = (),
     ) -> ProposeInput:
         """From ragged per-request id lists (tests, or an engine without a token buffer)."""
         num_tokens = np.array([len(t) for t in token_ids], np.int64)
@@ -46,7 +49,7 @@ class ProposeInput:
         caps = None
         if max_num_draft_tokens is not None:
             caps = np.asarray(max_num_draft_tokens, np.int64)
-        return cls(padded, num_tokens, max_num_draft_tokens=caps)
+        return cls(padded, num_tokens, tuple(req_ids), max_num_draft_tokens=caps)
 
     @property
     def num_requests(self) -> int:

@@ -93,3 +93,10 @@ class StructuredOutputBackend(Protocol):
         """Fills bitmask[row] for each (matcher, row) of this backend, in parallel where
         the engine can; bitmask: CPU int32 [num_rows, num_words], C-contiguous."""
         ...
+
+    def accept_token_batch(self, pairs: Sequence[tuple[GrammarMatcher, int]]) -> list[bool]:
+        """accept_tokens([token_id]) for each (matcher, token_id) of this backend, in parallel
+        where the engine can; one result per pair, in order. Unlike accept_tokens, a rejected
+        token may leave its matcher failed (error() then says why) rather than where it was:
+        the caller ends that request. This default advances them one by one."""
+        return [matcher.accept_tokens([token_id]) for matcher, token_id in pairs]

@@ -1,5 +1,6 @@
 """The llguidance backend: specs become llguidance grammars, compiled into a template
-LLMatcher that each request deep-copies; masks are filled by llguidance's thread pool."""
+LLMatcher that each request deep-copies; masks are filled, and a step's tokens consumed, by
+llguidance's thread pool."""
 
 from __future__ import annotations
 
@@ -131,6 +132,23 @@ class LLGuidanceBackend:
         if rows:
             pairs = [(m.matcher, row) for m, row in rows]
             llguidance.torch.fill_next_token_bitmask_par(self._executor, pairs, bitmask)
+
+    def accept_token_batch(self, pairs: Sequence[tuple[LLGuidanceMatcher, int]]) -> list[bool]:
+        accepted = [False] * len(pairs)
+        batch, batch_pairs = [], []
+        for k, (m, token_id) in enumerate(pairs):
+            if m.matcher.is_stopped():  # an EOS after the stop is checked, not consumed
+                accepted[k] = m.accept_tokens([token_id])
+            else:
+                batch.append(k)
+                batch_pairs.append((m.matcher, token_id))
+        if batch_pairs:
+            # Unlike consume_token after validate_tokens, a rejected token fails its matcher.
+            for k, ok in zip(batch, self._executor.consume_token_par(batch_pairs)):
+                accepted[k] = ok
+                if ok:
+                    pairs[k][0]._counted.append(True)
+        return accepted
 
 
 def grammar_text(spec: StructuredOutputSpec) -> str:

@@ -22,6 +22,10 @@ class GrammarViolation(RuntimeError):
     excluded (a bug upstream), or the matcher failed (a resource limit of the engine)."""
 
 
+# One token's advance: the grammar ended ("stop"), goes on (None), or failed the request.
+AdvanceOutcome = Literal["stop"] | GrammarViolation | None
+
+
 class StructuredOutputRequest:
     """One request's grammar state.
 
@@ -72,15 +76,11 @@ class StructuredOutputRequest:
         request fails); the allowed tokens before a disallowed one are kept."""
         new_token_ids = list(new_token_ids)
         if not self.matcher.accept_tokens(new_token_ids):
-            error = self.matcher.error()
-            if error is not None:
-                raise GrammarViolation(f"the {self.spec.kind} grammar failed: {error}")
-            num_valid = self.matcher.validate_tokens(new_token_ids)
-            self._accept(new_token_ids[:num_valid])
-            raise GrammarViolation(
-                f"output token {new_token_ids[num_valid]} at position "
-                f"{self.num_accepted_tokens} is not allowed by the {self.spec.kind} grammar"
-            )
+            num_valid = 0
+            if self.matcher.error() is None:  # a rejected token: keep the allowed ones before it
+                num_valid = self.matcher.validate_tokens(new_token_ids)
+                self._accept(new_token_ids[:num_valid])
+            raise self._violation(new_token_ids[num_valid])
         self.accepted_token_ids.extend(new_token_ids)
         return "stop" if self.matcher.is_finished() else None
 
@@ -102,7 +102,38 @@ class StructuredOutputRequest:
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         self.matcher.fill_bitmask(bitmask, row)
 
+    def _violation(self, token_id: int) -> GrammarViolation:
+        """Why the matcher did not take token_id, the output token after the accepted ones."""
+        error = self.matcher.error()
+        if error is not None:
+            return GrammarViolation(f"the {self.spec.kind} grammar failed: {error}")
+        return GrammarViolation(
+            f"output token {token_id} at position {self.num_accepted_tokens} is not allowed "
+            f"by the {self.spec.kind} grammar"
+        )
+
     def _accept(self, token_ids: list[int]) -> None:
         if not self.matcher.accept_tokens(token_ids):
             raise GrammarViolation("the matcher rejected tokens it had validated")
         self.accepted_token_ids.extend(token_ids)
+
+
+def advance_batch(
+    backend: StructuredOutputBackend,
+    requests: Sequence[StructuredOutputRequest],
+    token_ids: Sequence[int],
+) -> list[AdvanceOutcome]:
+    """requests[k].advance([token_ids[k]]) for every k, in one backend.accept_token_batch call
+    (requests: ready, with matchers of backend): per request "stop", None, or the
+    GrammarViolation that advance would raise, which fails that request alone (its matcher
+    may be left failed)."""
+    matchers = [request.matcher for request in requests]
+    accepted = backend.accept_token_batch(list(zip(matchers, token_ids)))
+    outcomes: list[AdvanceOutcome] = []
+    for request, matcher, token_id, ok in zip(requests, matchers, token_ids, accepted):
+        if ok:
+            request.accepted_token_ids.append(token_id)
+            outcomes.append("stop" if matcher.is_finished() else None)
+        else:
+            outcomes.append(request._violation(token_id))
+    return outcomes

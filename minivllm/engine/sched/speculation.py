@@ -23,20 +23,26 @@ from minivllm.spec_decode.proposer import ProposeInput, Proposer
 MAX_BACKOFF_TOKENS = 16
 
 
-def check_speculative_config(config: SpeculativeConfig) -> None:
+def check_speculative_config(config: SpeculativeConfig, tensor_parallel_size: int) -> None:
     """ValueError for options this engine does not run."""
-    if config.method != "ngram":
+    if config.method == "draft_model" and tensor_parallel_size > 1:
         raise ValueError(
-            f"speculative method {config.method!r} is not supported by this engine yet; use 'ngram'"
+            "speculative method 'draft_model' runs with tensor_parallel_size=1 only; use "
+            "'ngram' under tensor parallelism"
         )
 
 
 class Speculator:
     """Drafts tokens for the scheduler's decode-ready requests; counts what is accepted."""
 
-    def __init__(self, config: SpeculativeConfig, max_model_len: int) -> None:
-        check_speculative_config(config)
-        self.proposer: Proposer = NgramProposer.from_config(config)
+    def __init__(
+        self, config: SpeculativeConfig, max_model_len: int, proposer: Proposer | None = None
+    ) -> None:
+        """proposer: the draft model's (engine/draft_model.py), built by the engine; None for
+        ngram, which is built here."""
+        if proposer is None and config.method != "ngram":
+            raise ValueError(f"speculative method {config.method!r} needs its proposer")
+        self.proposer: Proposer = proposer or NgramProposer.from_config(config)
         self.num_speculative_tokens = config.num_speculative_tokens
         self.disable_by_batch_size = config.disable_by_batch_size
         self.max_model_len = max_model_len
@@ -68,7 +74,9 @@ class Speculator:
         if not rows:
             return {}
         batch = ProposeInput.from_lists(
-            [r.all_token_ids for r, _ in rows], [cap for _, cap in rows]
+            [r.all_token_ids for r, _ in rows],
+            [cap for _, cap in rows],
+            [r.req_id for r, _ in rows],
         )
         drafts = self.proposer.propose(batch).to_lists()
         for (r, _), d in zip(rows, drafts, strict=True):
@@ -86,6 +94,7 @@ class Speculator:
 
     def forget(self, req_id: str) -> None:
         self._backoff.pop(req_id, None)
+        self.proposer.remove_requests([req_id])
 
     def _failed(self, request: Request) -> None:
         misses = self._backoff.get(request.req_id, (0, 0))[1] + 1

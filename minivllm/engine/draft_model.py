@@ -1,0 +1,173 @@
+"""DraftModelProposer: speculative drafts from a smaller model with the target's vocabulary, run
+by our own ModelRunner (its own KV cache and CUDA graphs), greedily.
+
+Each call catches the draft model's KV up with every request's history (the prompt the first
+time, then the tokens the last step added), samples the first draft from the last position,
+and decodes one more draft per step up to the request's cap: one mixed step, then up to k - 1
+decode steps, each batched over the drafting requests. Its drafts are certain (q one-hot), so
+exact verification keeps the output the target's own, whatever the draft model says.
+
+The draft's KV is its own, in blocks of its own pool (no prefix sharing): enough for
+`max_requests` requests of max_model_len tokens. A request that finds no room, or more than
+`max_requests` drafting at once, simply gets no drafts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import torch
+
+from minivllm.config import EngineConfig
+from minivllm.engine.runner.model_runner import ModelRunner
+from minivllm.engine.setup import resolve_setup
+from minivllm.engine.types import NewRequestData, ScheduledChunk, SchedulerOutput
+from minivllm.models.model_config import ModelConfig
+from minivllm.sampling_params import SamplingParams
+from minivllm.spec_decode.proposer import DraftTokens, ProposeInput
+
+_GREEDY = SamplingParams(temperature=0.0, ignore_eos=True)
+
+
+@dataclass
+class _DraftRequest:
+    """The draft model's view of one request."""
+
+    block_ids: list[int] = field(default_factory=list)
+    num_sent_blocks: int = 0  # of block_ids, those the runner's block table has
+    num_computed: int = 0  # tokens whose draft KV is valid
+    drafts: list[int] = field(default_factory=list)  # the last drafts whose KV was written
+
+
+class DraftModelProposer:
+    """The Proposer protocol (spec_decode/proposer.py) over a draft model."""
+
+    def __init__(
+        self,
+        target: EngineConfig,
+        max_model_len: int,
+        vocab_size: int,
+        num_speculative_tokens: int,
+        max_requests: int,
+    ) -> None:
+        """target: the engine's config (device, dtype, block size); the draft model is
+        speculative_config.model, built with the same options at max_model_len."""
+        path = target.speculative_config.model
+        config = replace(
+            target,
+            model=path,
+            tokenizer=None,
+            speculative_config=None,
+            tensor_parallel_size=1,
+            data_parallel_size=1,
+            max_model_len=max_model_len,
+            num_gpu_blocks_override=None,
+        )
+        model_config = ModelConfig.from_hf(path)
+        if model_config.vocab_size != vocab_size:
+            raise ValueError(
+                f"the draft model's vocabulary ({model_config.vocab_size} tokens) must be the "
+                f"target's ({vocab_size})"
+            )
+        setup = resolve_setup(config, model_config)
+        self.num_speculative_tokens = num_speculative_tokens
+        self.max_requests = max_requests
+        self.block_size = config.block_size
+        num_blocks = max_requests * -(-max_model_len // self.block_size)
+        self.runner = ModelRunner(setup, setup.device)
+        self.runner.initialize_kv_cache(num_blocks)
+        self._free_blocks = list(range(num_blocks - 1, -1, -1))
+        self._requests: dict[str, _DraftRequest] = {}
+        self._finished: list[str] = []
+
+    def propose(self, batch: ProposeInput) -> DraftTokens:
+        k = self.num_speculative_tokens
+        num_rows = batch.num_requests
+        drafts = np.full((num_rows, k), -1, np.int64)
+        num_drafts = np.zeros(num_rows, np.int64)
+        caps = batch.max_num_draft_tokens
+        rows = []  # (row, req_id, history, cap)
+        for i, req_id in enumerate(batch.req_ids):
+            cap = k if caps is None else min(k, int(caps[i]))
+            history = batch.token_ids[i, : batch.num_tokens[i]].tolist()
+            if cap > 0 and self._reserve(req_id, history, cap):
+                rows.append((i, req_id, history, cap))
+        if not rows:
+            return DraftTokens(drafts, num_drafts)
+        tokens = self._first_drafts(rows)
+        for j in range(1, max(cap for *_, cap in rows)):
+            going = [(n, r) for n, r in enumerate(rows) if r[3] > j]
+            step = self._decode([(r[1], tokens[n][-1], len(r[2]) + j - 1) for n, r in going])
+            for (n, _), token in zip(going, step, strict=True):
+                tokens[n].append(token)
+        for (i, req_id, history, cap), row_tokens in zip(rows, tokens, strict=True):
+            drafts[i, :cap] = row_tokens
+            num_drafts[i] = cap
+            state = self._requests[req_id]
+            state.num_computed = len(history)
+            state.drafts = row_tokens[:-1]  # the last draft was sampled, never fed back
+        return DraftTokens(drafts, num_drafts)
+
+    def remove_requests(self, req_ids: Sequence[str]) -> None:
+        for req_id in req_ids:
+            state = self._requests.pop(req_id, None)
+            if state is not None:
+                self._free_blocks += state.block_ids
+                self._finished.append(req_id)
+
+    def _reserve(self, req_id: str, history: list[int], cap: int) -> bool:
+        """Brings req_id's state up to `history` (its drafts that history confirms keep their
+        KV) and gives it blocks for history + cap - 1 tokens; False when there is no room."""
+        state = self._requests.get(req_id)
+        if state is None:
+            if len(self._requests) >= self.max_requests:
+                return False
+            state = self._requests[req_id] = _DraftRequest()
+        confirmed = 0
+        new_tokens = history[state.num_computed :]
+        while confirmed < min(len(state.drafts), len(new_tokens) - 1):
+            if new_tokens[confirmed] != state.drafts[confirmed]:
+                break
+            confirmed += 1
+        state.num_computed += confirmed
+        state.drafts = []
+        num_blocks = -(-(len(history) + cap - 1) // self.block_size) - len(state.block_ids)
+        if num_blocks > len(self._free_blocks):
+            return False
+        for _ in range(num_blocks):
+            state.block_ids.append(self._free_blocks.pop())
+        return True
+
+    def _chunk(self, req_id: str, token_ids: list[int], start: int) -> ScheduledChunk:
+        state = self._requests[req_id]
+        new_blocks = state.block_ids[state.num_sent_blocks :]
+        chunk = ScheduledChunk(req_id, token_ids, start, new_blocks, state.num_sent_blocks, True)
+        state.num_sent_blocks = len(state.block_ids)
+        return chunk
+
+    def _first_drafts(self, rows: list) -> list[list[int]]:
+        """One step over each row's uncomputed tokens: each row's first draft."""
+        chunks, new = [], []
+        for _, req_id, history, _ in rows:
+            state = self._requests[req_id]
+            if not state.num_sent_blocks:
+                new.append(NewRequestData(req_id, history, _GREEDY))
+            start = state.num_computed
+            chunks.append(self._chunk(req_id, history[start:], start))
+        out = self._execute(SchedulerOutput(chunks, 0, new, self._take_finished()))
+        return [[t] for t in out]
+
+    def _decode(self, rows: list[tuple[str, int, int]]) -> list[int]:
+        """One decode step: (req_id, token, its position) per row."""
+        chunks = [self._chunk(req_id, [token], pos) for req_id, token, pos in rows]
+        return self._execute(SchedulerOutput(chunks, len(chunks), [], self._take_finished()))
+
+    def _execute(self, sched_out: SchedulerOutput) -> list[int]:
+        with torch.inference_mode():
+            return self.runner.execute(sched_out).sampled_token_ids
+
+    def _take_finished(self) -> list[str]:
+        finished, self._finished = self._finished, []
+        return finished
