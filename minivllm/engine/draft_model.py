@@ -8,8 +8,10 @@ decode steps, each batched over the drafting requests. Its drafts are certain (q
 exact verification keeps the output the target's own, whatever the draft model says.
 
 The draft's KV is its own, in blocks of its own pool (no prefix sharing): enough for
-`max_requests` requests of max_model_len tokens. A request that finds no room, or more than
-`max_requests` drafting at once, simply gets no drafts.
+`max_requests` requests of max_model_len tokens, fewer where the memory the target left (on
+CUDA, what gpu_memory_utilization leaves free: the draft is built after the target's KV cache)
+holds fewer. A request that finds no room, or more than `max_requests` drafting at once,
+simply gets no drafts.
 """
 
 from __future__ import annotations
@@ -71,12 +73,25 @@ class DraftModelProposer:
                 f"the draft model's vocabulary ({model_config.vocab_size} tokens) must be the "
                 f"target's ({vocab_size})"
             )
+        device = config.resolved_device()
+        if device.type == "cuda":  # the draft lives in what the target left free
+            free, total = torch.cuda.mem_get_info(device)
+            config = replace(config, gpu_memory_utilization=max(free / total * 0.95, 0.01))
         setup = resolve_setup(config, model_config)
         self.num_speculative_tokens = num_speculative_tokens
         self.max_requests = max_requests
         self.block_size = config.block_size
-        num_blocks = max_requests * -(-max_model_len // self.block_size)
+        blocks_per_request = -(-max_model_len // self.block_size)
+        num_blocks = max_requests * blocks_per_request
         self.runner = ModelRunner(setup, setup.device)
+        if device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(device)
+            num_blocks = min(num_blocks, self.runner.kv_spec.num_blocks_for(int(free * 0.8)))
+            if num_blocks < blocks_per_request:
+                raise ValueError(
+                    "no room for the draft model's KV cache next to the target's: lower "
+                    "gpu_memory_utilization"
+                )
         self.runner.initialize_kv_cache(num_blocks)
         self._free_blocks = list(range(num_blocks - 1, -1, -1))
         self._requests: dict[str, _DraftRequest] = {}

@@ -50,16 +50,6 @@ class EngineCore:
         if spec is not None:  # before the model loads
             check_speculative_config(spec, config.tensor_parallel_size)
         self.setup = setup = resolve_setup(config, model_config)
-        # The draft model first: on CUDA the target's KV profiling then sees its memory used.
-        self.draft_proposer = None
-        if spec is not None and spec.method == "draft_model":
-            self.draft_proposer = DraftModelProposer(
-                config,
-                setup.max_model_len,
-                model_config.vocab_size,
-                spec.num_speculative_tokens,
-                max_requests=spec.disable_by_batch_size or DRAFT_MODEL_MAX_REQUESTS,
-            )
         logger.info(
             "scheduler limits (%s): max_num_seqs=%d, max_num_batched_tokens=%d",
             config.usage_context,
@@ -98,6 +88,20 @@ class EngineCore:
                 config.block_size,
                 self.num_blocks * config.block_size,
             )
+            # The draft model in what the target's KV cache left (engine/draft_model.py).
+            self.draft_proposer = None
+            if spec is not None and spec.method == "draft_model":
+                try:
+                    self.draft_proposer = DraftModelProposer(
+                        config,
+                        setup.max_model_len,
+                        model_config.vocab_size,
+                        spec.num_speculative_tokens,
+                        max_requests=spec.disable_by_batch_size or DRAFT_MODEL_MAX_REQUESTS,
+                    )
+                except Exception:
+                    self.executor.shutdown()  # a bad draft model leaves no workers behind
+                    raise
             # Under TP every rank samples the same ids and fills placeholders from its own copy.
             self.async_scheduling = config.async_scheduling
             self._execute = (

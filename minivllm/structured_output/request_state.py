@@ -1,5 +1,6 @@
 """StructuredOutputRequest: what the engine keeps per constrained request: its compile
-future, then its matcher and the output tokens the matcher has accepted."""
+future, then its matcher and the output tokens the matcher has accepted; and the advance of
+many requests by one token each in one batched call."""
 
 from __future__ import annotations
 

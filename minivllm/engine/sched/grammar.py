@@ -1,14 +1,19 @@
 """The scheduler's structured-output steps: which waiting request's grammar is ready, the
-constrained rows of a step, and the matcher's advance on each sampled token."""
+constrained rows of a step, and the matchers' advance on the sampled tokens (one batched
+call a step)."""
 
 from __future__ import annotations
 
 from collections import deque
 
 from minivllm.engine.sched.request import Request, RequestStatus
-from minivllm.engine.types import ScheduledChunk
+from minivllm.engine.types import RunnerOutput, ScheduledChunk
 from minivllm.structured_output.manager import StepBitmask, StructuredOutputManager
-from minivllm.structured_output.request_state import GrammarViolation
+from minivllm.structured_output.request_state import (
+    AdvanceOutcome,
+    GrammarViolation,
+    advance_batch,
+)
 
 
 def fail_request(request: Request, error: str) -> None:
@@ -58,6 +63,40 @@ def step_bitmask(
     return StepBitmask(constrained, rows, manager) if constrained else None
 
 
+def advance_grammars(
+    requests: dict[str, Request], runner_out: RunnerOutput, manager: StructuredOutputManager
+) -> dict[str, AdvanceOutcome]:
+    """The step's grammar advance in one batched call, before update() appends the tokens:
+    each live constrained request whose sampled row brings one new token (no accepted
+    drafts) feeds it to its matcher. Returns req_id -> outcome, which end_grammar() applies
+    at that token; a request with several new tokens is left to advance_grammar."""
+    batch: list[Request] = []
+    token_ids: list[int] = []
+    num_accepted = runner_out.num_accepted_drafts
+    for k, (req_id, token_id) in enumerate(zip(runner_out.req_ids, runner_out.sampled_token_ids)):
+        request = requests.get(req_id)
+        if request is None or request.structured_output is None:
+            continue
+        if request.finish_reason is not None:
+            continue  # finished by the step before: update() skips it too
+        if num_accepted is None or not num_accepted[k]:
+            batch.append(request)
+            token_ids.append(token_id)
+    if not batch:
+        return {}
+    states = [request.structured_output for request in batch]
+    outcomes = advance_batch(manager.backend, states, token_ids)
+    return {request.req_id: outcome for request, outcome in zip(batch, outcomes)}
+
+
+def end_grammar(request: Request, advanced: dict[str, AdvanceOutcome]) -> bool:
+    """advance_grammar(request), or the outcome advance_grammars took for its token (used
+    once: popped)."""
+    if request.req_id in advanced:
+        return _apply(request, advanced.pop(request.req_id))
+    return advance_grammar(request)
+
+
 def advance_grammar(request: Request) -> bool:
     """Feeds the request's last output token to its matcher; returns whether that ended the
     request: the grammar's end (finish reason 'stop', also before min_tokens: nothing else
@@ -65,11 +104,19 @@ def advance_grammar(request: Request) -> bool:
     so = request.structured_output
     assert so is not None
     try:
-        ended = so.advance(request.output_token_ids[-1:]) == "stop"
+        outcome = so.advance(request.output_token_ids[-1:])
     except GrammarViolation as e:
-        fail_request(request, str(e))
+        outcome = e
+    return _apply(request, outcome)
+
+
+def _apply(request: Request, outcome: AdvanceOutcome) -> bool:
+    """Ends the request where its grammar's advance ended it; returns whether it did."""
+    if isinstance(outcome, GrammarViolation):
+        fail_request(request, str(outcome))
         return True
-    if ended:
+    if outcome == "stop":
         request.status = RequestStatus.FINISHED_STOPPED
         request.finish_reason = "stop"
-    return ended
+        return True
+    return False

@@ -11,7 +11,12 @@ from collections import deque
 from collections.abc import Iterable
 
 from minivllm.engine.sched.block_manager import BlockManager
-from minivllm.engine.sched.grammar import advance_grammar, first_admissible, step_bitmask
+from minivllm.engine.sched.grammar import (
+    advance_grammars,
+    end_grammar,
+    first_admissible,
+    step_bitmask,
+)
 from minivllm.engine.sched.request import Request, RequestStatus, needs_host_tokens
 from minivllm.engine.sched.speculation import Speculator
 from minivllm.engine.sched.stop_checker import check_stop
@@ -308,6 +313,10 @@ class Scheduler:
         outputs = self.take_failed_outputs()
         all_logprobs, all_prompt_logprobs = runner_out.logprobs, runner_out.prompt_logprobs
         any_running_finished = False
+        advanced = {}  # the batched grammar advance of the step's one-token constrained rows
+        if self.num_constrained:
+            assert self.structured_outputs is not None
+            advanced = advance_grammars(self.requests, runner_out, self.structured_outputs)
         i = -1  # the runner samples one token per chunk with sample=True, in chunk order
         for chunk in sched_out.chunks:
             if chunk.sample:
@@ -335,7 +344,9 @@ class Scheduler:
             for n, token_id in enumerate(token_ids, 1):
                 request.append_output_token(token_id)
                 # The grammar's matcher follows every token; its end or failure ends the request.
-                grammar_ended = request.structured_output is not None and advance_grammar(request)
+                grammar_ended = request.structured_output is not None and end_grammar(
+                    request, advanced
+                )
                 if grammar_ended or check_stop(request, self.max_model_len):
                     if was_waiting:
                         self.waiting.remove(request)  # preempted while this token was in flight
