@@ -74,3 +74,14 @@ def test_default_mode_greedy_tokens(model_dir: str) -> None:
     same = sum(a[0] == b[0] for a, b in zip(got, ref, strict=True))
     assert same >= len(PROMPTS) - 1  # bf16 near-ties may flip one
     assert stats.num_accepted_tokens > 0 and all_free
+
+
+def test_draft_model_drafting_for_itself(model_dir: str) -> None:
+    """The target as its own draft model (built beside it, CUDA graphs): every draft accepted
+    in deterministic mode, the same bits as without speculation."""
+    params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True, logprobs=1)
+    spec = {"method": "draft_model", "model": model_dir, "num_speculative_tokens": 3}
+    ref, _, _ = _run(model_dir, params, deterministic=True)
+    got, stats, all_free = _run(model_dir, params, spec=spec, deterministic=True)
+    assert got == ref and all_free
+    assert stats.num_draft_tokens > 0 and stats.num_accepted_tokens == stats.num_draft_tokens
