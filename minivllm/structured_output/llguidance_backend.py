@@ -146,7 +146,7 @@ class LLGuidanceBackend:
             # Unlike consume_token after validate_tokens, a rejected token fails its matcher.
             for k, ok in zip(batch, self._executor.consume_token_par(batch_pairs)):
                 accepted[k] = ok
-                if ok:
+                if ok:  # as accept_tokens records a consumed token
                     pairs[k][0]._counted.append(True)
         return accepted
 

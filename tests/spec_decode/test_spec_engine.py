@@ -101,17 +101,21 @@ def test_seeded_sampling_same_tokens(tiny_qwen3_dir: str) -> None:
 
 
 def test_stop_inside_accepted_drafts(tiny_qwen3_dir: str) -> None:
-    """A stop token, max_tokens and min_tokens end the request at the same token with drafts."""
+    """A stop token, max_tokens and min_tokens end the request at the same token with drafts
+    (the three variants batched in one run)."""
     ref, _, _ = _run(tiny_qwen3_dir, _params())
     # A token that first occurs some way into a greedy output, so that drafts may cover it.
     stop_id = next(t for t in ref[0][0][8:] if t not in ref[0][0][:8])
-    for kw in ({"stop_token_ids": [stop_id]}, {"max_tokens": 13}, {"min_tokens": 9}):
-        params = _params(**{"stop_token_ids": [stop_id], **kw})
-        plain, _, _ = _run(tiny_qwen3_dir, params)
-        got, _, all_free = _run(tiny_qwen3_dir, params, spec=NGRAM)
-        _assert_same(got, plain)
-        assert all_free, kw
+    params, prompts = [], []
+    for kw in ({}, {"max_tokens": 13}, {"min_tokens": 9}):
+        params += _params(**{"stop_token_ids": [stop_id], **kw})
+        prompts += PROMPTS
+    plain, _, _ = _run(tiny_qwen3_dir, params, prompts)
+    got, _, all_free = _run(tiny_qwen3_dir, params, prompts, spec=NGRAM)
+    _assert_same(got, plain)
+    assert all_free
     assert plain[0][0][-1] == stop_id and len(plain[0][0]) > 9
+    assert len(plain[len(PROMPTS)][0]) <= 13
 
 
 def test_stop_string_with_drafts(tiny_qwen3_dir: str) -> None:
