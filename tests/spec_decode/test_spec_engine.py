@@ -163,3 +163,26 @@ def test_deterministic_mode_bit_identical(tiny_qwen3_dir: str) -> None:
         got, stats, all_free = _run(tiny_qwen3_dir, params, prompts, spec=NGRAM, **options)
         assert got == ref and all_free
         assert stats.num_accepted_tokens > 0
+
+
+def test_constrained_requests_beside_drafting_ones(tiny_qwen3_dir: str) -> None:
+    """A regex-constrained request batched with drafting ones: its mask lands on its own row
+    (the drafting chunks have a row per position before it) and it is the same with
+    speculation."""
+    import re
+
+    from minivllm.structured_output.params import StructuredOutputsParams
+
+    pattern = r"[0-9]{6}-[a-c]{4}"
+    constrained = SamplingParams(
+        temperature=0.0, max_tokens=40, structured_outputs=StructuredOutputsParams(regex=pattern)
+    )
+    params = [*_params(len(PROMPTS) - 1), constrained]
+    ref, _, _ = _run(tiny_qwen3_dir, params)
+    got, stats, all_free = _run(tiny_qwen3_dir, params, spec=NGRAM)
+    _assert_same(got, ref)
+    assert stats.num_accepted_tokens > 0 and all_free and got[-1][2] == "stop"
+    llm = LLM(tiny_qwen3_dir, device="cpu")
+    text = llm.get_tokenizer().decode(got[-1][0], skip_special_tokens=True)
+    llm.shutdown()
+    assert re.fullmatch(pattern, text), text

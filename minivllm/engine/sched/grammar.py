@@ -49,17 +49,17 @@ def step_bitmask(
     chunks: list[ScheduledChunk], requests: dict[str, Request], manager: StructuredOutputManager
 ) -> StepBitmask | None:
     """The constrained rows among the step's sampled rows (chunks with sample=True, in
-    order), or None when there are none."""
+    order; a chunk with drafts has a row per position), or None when there are none."""
     constrained, rows = [], []
     row = 0
     for chunk in chunks:
         if not chunk.sample:
             continue
         so = requests[chunk.req_id].structured_output
-        if so is not None:
+        if so is not None:  # never drafts: its one row
             constrained.append(so)
             rows.append(row)
-        row += 1
+        row += 1 + chunk.num_draft_tokens
     return StepBitmask(constrained, rows, manager) if constrained else None
 
 
