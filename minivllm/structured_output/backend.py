@@ -42,6 +42,11 @@ class GrammarMatcher(Protocol):
         """Writes the next token's mask into bitmask[row] (a CPU int32 tensor)."""
         ...
 
+    def forced_tokens(self) -> list[int]:
+        """Tokens that spell what the grammar admits as its only continuation from here
+        (JSON keys, punctuation), consuming none; may be empty."""
+        ...
+
     def rollback(self, num_tokens: int) -> None:
         """Undoes the last num_tokens accepted tokens; more than were accepted is a
         ValueError."""

@@ -56,6 +56,11 @@ class LLGuidanceMatcher:
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         llguidance.torch.fill_next_token_bitmask(self.matcher, bitmask, row)
 
+    def forced_tokens(self) -> list[int]:
+        if self.matcher.is_stopped() or self.matcher.is_error():
+            return []
+        return list(self.matcher.compute_ff_tokens())
+
     def rollback(self, num_tokens: int) -> None:
         if not 0 <= num_tokens <= len(self._counted):
             raise ValueError(

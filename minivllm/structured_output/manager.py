@@ -71,15 +71,19 @@ class StepBitmask:
         requests: Sequence[StructuredOutputRequest],
         rows: Sequence[int],
         manager: StructuredOutputManager,
+        drafts: Sequence[Sequence[int]] | None = None,
     ) -> None:
+        """rows: the sampled rows masked, in order: each request's one row, or with drafts
+        (drafts[i], its draft tokens) one row per position, len(drafts[i]) + 1."""
         self.requests = requests
-        self.rows = rows  # each request's row among the step's sampled rows
+        self.rows = rows
+        self.drafts = drafts
         self._manager = manager
 
     def fill(self) -> tuple[torch.Tensor, torch.Tensor]:
         """bitmask int32 [num_rows, num_words] and rows int64 [num_rows], CPU (pinned on
         CUDA). They are the manager's reused buffers: valid until the next step's fill()."""
-        return self._manager.fill(self.requests, self.rows)
+        return self._manager.fill(self.requests, self.rows, self.drafts)
 
 
 class StructuredOutputManager:
@@ -147,7 +151,10 @@ class StructuredOutputManager:
         return grammar
 
     def fill(
-        self, requests: Sequence[StructuredOutputRequest], rows: Sequence[int]
+        self,
+        requests: Sequence[StructuredOutputRequest],
+        rows: Sequence[int],
+        drafts: Sequence[Sequence[int]] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if self._bitmask is None:
             # Pinned once: allocating pinned memory in a step would synchronize the device.
@@ -155,13 +162,39 @@ class StructuredOutputManager:
             self._rows = torch.empty(
                 self.max_num_seqs, dtype=torch.int64, pin_memory=self.pin_memory
             )
-        n = len(requests)
+        n = len(rows)
         # Safe to overwrite: a constrained step waits for the step before it (its tokens
         # advance the matchers), so that step's copies of these buffers are done.
         bitmask, row_ids = self._bitmask[:n], self._rows[:n]
         row_ids.copy_(torch.as_tensor(rows, dtype=torch.int64))
-        self.backend.fill_bitmasks([(r.matcher, i) for i, r in enumerate(requests)], bitmask)
+        plain, row = [], 0
+        for i, request in enumerate(requests):
+            draft = drafts[i] if drafts is not None else ()
+            if draft:
+                fill_draft_positions(request.matcher, draft, bitmask, row)
+            else:
+                plain.append((request.matcher, row))
+            row += 1 + len(draft)
+        self.backend.fill_bitmasks(plain, bitmask)
         return bitmask, row_ids
+
+
+def fill_draft_positions(
+    matcher: GrammarMatcher, draft: Sequence[int], bitmask: torch.Tensor, row: int
+) -> None:
+    """The masks of a request's draft positions, rows row .. row + len(draft): at its last
+    token, then after each draft token (taken on trial and rolled back). Past a draft token
+    the grammar rejects, the rows repeat the last mask (the target's own token there differs
+    from the draft, so verification stops before them)."""
+    num_taken = 0
+    for j in range(len(draft) + 1):
+        if j == num_taken:
+            matcher.fill_bitmask(bitmask, row + j)
+        else:
+            bitmask[row + j] = bitmask[row + j - 1]
+        if j < len(draft) and j == num_taken and matcher.accept_tokens([draft[j]]):
+            num_taken += 1
+    matcher.rollback(num_taken)
 
 
 class _LazyBackend:

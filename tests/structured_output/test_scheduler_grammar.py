@@ -46,8 +46,13 @@ def constrained(req_id: str, **spec) -> Request:
 
 
 def run(scheduler: Scheduler, sched_out: SchedulerOutput, token_ids: list[int]):
-    req_ids = [c.req_id for c in sched_out.chunks if c.sample]
-    return scheduler.update(sched_out, RunnerOutput(req_ids, token_ids))
+    """A runner that samples token_ids (one per sampled chunk) and accepts no draft (the
+    grammar's forced tokens go in as drafts: jump-forward)."""
+    sampled = [c for c in sched_out.chunks if c.sample]
+    out = RunnerOutput([c.req_id for c in sampled], token_ids)
+    if any(c.num_draft_tokens for c in sampled):
+        out.num_accepted_drafts = [0] * len(sampled)
+    return scheduler.update(sched_out, out)
 
 
 def test_compiling_request_waits_without_holding_up_others(tiny_backend) -> None:

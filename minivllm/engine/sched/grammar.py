@@ -15,6 +15,9 @@ from minivllm.structured_output.request_state import (
     advance_batch,
 )
 
+# The most forced tokens one step appends for a request (jump-forward).
+MAX_FORCED_TOKENS = 16
+
 
 def fail_request(request: Request, error: str) -> None:
     """Marks request finished with an error (it fails alone; the caller releases it)."""
@@ -50,17 +53,48 @@ def step_bitmask(
 ) -> StepBitmask | None:
     """The constrained rows among the step's sampled rows (chunks with sample=True, in
     order; a chunk with drafts has a row per position), or None when there are none."""
-    constrained, rows = [], []
+    constrained, rows, drafts = [], [], []
     row = 0
     for chunk in chunks:
         if not chunk.sample:
             continue
+        num_drafts = chunk.num_draft_tokens
         so = requests[chunk.req_id].structured_output
-        if so is not None:  # never drafts: its one row
+        if so is not None:
             constrained.append(so)
-            rows.append(row)
-        row += 1 + chunk.num_draft_tokens
-    return StepBitmask(constrained, rows, manager) if constrained else None
+            rows += range(row, row + 1 + num_drafts)
+            drafts.append(chunk.token_ids[len(chunk.token_ids) - num_drafts :])
+        row += 1 + num_drafts
+    if not constrained:
+        return None
+    return StepBitmask(constrained, rows, manager, drafts if any(drafts) else None)
+
+
+def forced_drafts(requests: list[Request], max_model_len: int) -> dict[str, list[int]]:
+    """req_id -> the tokens its grammar forces next (jump-forward: JSON keys, punctuation),
+    as drafts, for the decode-ready constrained requests among `requests`. Verified like any
+    draft, each under its own position's mask, so the output is what decoding token by token
+    gives; capped like speculative drafts by max_tokens and max_model_len."""
+    out = {}
+    for request in requests:
+        so = request.structured_output
+        if (
+            so is None
+            or request.num_pending_tokens
+            or request.num_computed_tokens != request.num_tokens - 1
+            or request.num_output_tokens < 1
+        ):
+            continue
+        params = request.sampling_params
+        cap = min(MAX_FORCED_TOKENS, max_model_len - request.num_tokens - 1)
+        if params.max_tokens is not None:
+            cap = min(cap, params.max_tokens - request.num_output_tokens - 1)
+        if params.min_tokens > request.num_output_tokens:
+            cap = 0  # EOS suppression varies by position
+        forced = so.matcher.forced_tokens()[: max(cap, 0)] if cap > 0 else []
+        if forced:
+            out[request.req_id] = forced
+    return out
 
 
 def advance_grammars(

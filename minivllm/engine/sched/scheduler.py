@@ -15,6 +15,7 @@ from minivllm.engine.sched.grammar import (
     advance_grammars,
     end_grammar,
     first_admissible,
+    forced_drafts,
     step_bitmask,
 )
 from minivllm.engine.sched.request import Request, RequestStatus, needs_host_tokens
@@ -169,6 +170,8 @@ class Scheduler:
         running = self.running
         allocate = self.block_manager.allocate_slots
         drafts = self.speculator.propose(running) if self._speculating() else {}
+        if self.num_constrained:
+            drafts |= forced_drafts(running, self.max_model_len)
         # Each draft is one more decode row (draft_step.py); decode rows fit max_num_seqs.
         draft_rows = self.max_num_seqs - len(running)
         i = 0
@@ -376,7 +379,8 @@ class Scheduler:
         assert runner_out.num_accepted_drafts is not None
         num_accepted = runner_out.num_accepted_drafts[i]
         num_drafts = chunk.num_draft_tokens
-        self.speculator.observe(request, num_drafts, num_accepted)
+        if self.speculator is not None and request.structured_output is None:
+            self.speculator.observe(request, num_drafts, num_accepted)
         first_draft = len(chunk.token_ids) - num_drafts
         accepted = chunk.token_ids[first_draft : first_draft + num_accepted]
         if logprobs is not None:

@@ -108,11 +108,11 @@ def test_failed_fill_on_rank0_fails_the_step_and_engine_goes_on(
     fill = manager.fill
     calls = [0]
 
-    def fail_third(requests, rows):
+    def fail_third(requests, rows, drafts=None):
         calls[0] += 1
         if calls[0] == 3:
             raise ValueError("injected fill failure")
-        return fill(requests, rows)
+        return fill(requests, rows, drafts)
 
     monkeypatch.setattr(manager, "fill", fail_third)
     params = [JSON_SEEDED, PLAIN_GREEDY]

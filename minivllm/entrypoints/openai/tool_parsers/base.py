@@ -28,7 +28,9 @@ class ToolCall:
 @dataclass
 class StreamDelta:
     """What one piece of a choice's text adds: content, and tool-call deltas (OpenAI's: the
-    first of a call has index, id, type, function.name; later ones function.arguments)."""
+    first of a call has index, id, type, function.name; later ones function.arguments). A
+    call's header stays a delta of its own, even when its arguments come in the same piece
+    (several tokens a step: jump-forward, speculative decoding): the name first, alone."""
 
     content: str = ""
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
@@ -37,7 +39,12 @@ class StreamDelta:
         self.content += other.content
         for delta in other.tool_calls:
             last = self.tool_calls[-1] if self.tool_calls else None
-            if last is not None and last["index"] == delta["index"] and "id" not in delta:
+            if (
+                last is not None
+                and last["index"] == delta["index"]
+                and "id" not in delta
+                and "id" not in last
+            ):
                 last["function"]["arguments"] += delta["function"]["arguments"]
             else:
                 self.tool_calls.append(delta)

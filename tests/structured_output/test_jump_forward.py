@@ -1,0 +1,75 @@
+"""Jump-forward: the tokens a grammar forces (JSON keys, punctuation) go in as drafts, each
+verified under its own position's mask, several per step; the output (tokens, logprobs, seeded
+draws) is what decoding them one by one gives, and every KV block is free afterwards."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from minivllm import LLM, SamplingParams
+from minivllm.engine.sched import scheduler as scheduler_module
+from minivllm.structured_output.params import StructuredOutputsParams
+
+# Long literal runs (forced) between short free parts.
+GRAMMAR = r"""
+start: "{\"alpha_key\": " NUM ", \"beta_value_key\": \"" WORD "\", \"gamma\": [" NUM "]}"
+NUM: /[0-9]{1,3}/
+WORD: "xx" | "yy"
+"""
+PATTERN = r'\{"alpha_key": [0-9]{1,3}, "beta_value_key": "(xx|yy)", "gamma": \[[0-9]{1,3}\]\}'
+PROMPTS = [list(range(3 + i, 20 + i)) for i in range(4)]
+FORCED_DRAFTS = scheduler_module.forced_drafts
+
+
+def _run(model_dir: str, jump_forward: bool, monkeypatch: pytest.MonkeyPatch, **options):
+    forced = []
+
+    def counting(requests, max_model_len):
+        out = FORCED_DRAFTS(requests, max_model_len) if jump_forward else {}
+        forced.extend(len(d) for d in out.values())
+        return out
+
+    monkeypatch.setattr(scheduler_module, "forced_drafts", counting)
+    params = [
+        SamplingParams(
+            temperature=0.0 if i % 2 else 0.8,
+            seed=i,
+            max_tokens=80,
+            logprobs=1,
+            structured_outputs=StructuredOutputsParams(grammar=GRAMMAR),
+        )
+        for i in range(len(PROMPTS))
+    ]
+    llm = LLM(model_dir, device="cpu", block_size=8, **options)
+    outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
+    block_manager = llm.engine.scheduler.block_manager
+    all_free = block_manager.num_free_blocks == block_manager.num_blocks
+    llm.shutdown()
+    results = [
+        (
+            list(o.outputs[0].token_ids),
+            [sorted((t, lp.logprob) for t, lp in e.items()) for e in o.outputs[0].logprobs],
+            o.outputs[0].text,
+            o.outputs[0].finish_reason,
+        )
+        for o in outs
+    ]
+    return results, sum(forced), all_free
+
+
+@pytest.mark.parametrize("options", [{}, {"num_gpu_blocks_override": 16}])
+def test_same_output_with_and_without(tiny_qwen3_dir, monkeypatch, options) -> None:
+    ref, none, _ = _run(tiny_qwen3_dir, False, monkeypatch, **options)
+    got, num_forced, all_free = _run(tiny_qwen3_dir, True, monkeypatch, **options)
+    assert none == 0 and num_forced > 0 and all_free
+    assert [r[0] for r in got] == [r[0] for r in ref]
+    # Logprobs to float rounding: a verify step's logits may differ from a decode step's in the
+    # last bits outside deterministic mode (preemption moves them too).
+    for (_, got_lp, *_), (_, ref_lp, *_) in zip(got, ref, strict=True):
+        assert [[t for t, _ in e] for e in got_lp] == [[t for t, _ in e] for e in ref_lp]
+        got_values = [v for e in got_lp for _, v in e]
+        assert got_values == pytest.approx([v for e in ref_lp for _, v in e], abs=1e-4)
+    for _, _, text, finish_reason in got:
+        assert finish_reason == "stop" and re.fullmatch(PATTERN, text), text
