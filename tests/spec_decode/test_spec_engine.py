@@ -186,3 +186,29 @@ def test_constrained_requests_beside_drafting_ones(tiny_qwen3_dir: str) -> None:
     text = llm.get_tokenizer().decode(got[-1][0], skip_special_tokens=True)
     llm.shutdown()
     assert re.fullmatch(pattern, text), text
+
+
+def test_constrained_request_drafts_under_its_masks(tiny_qwen3_dir: str) -> None:
+    """A constrained request takes ngram drafts too, each position under its own grammar
+    mask: the output is the same with speculation, valid, and some drafts are accepted."""
+    import re
+
+    from minivllm.structured_output.params import StructuredOutputsParams
+
+    pattern = r"[ab]{30}"
+    params = [
+        SamplingParams(
+            temperature=0.0,
+            max_tokens=40,
+            logprobs=1,
+            structured_outputs=StructuredOutputsParams(regex=pattern),
+        )
+    ]
+    ref, _, _ = _run(tiny_qwen3_dir, params, PROMPTS[:1])
+    got, stats, all_free = _run(tiny_qwen3_dir, params, PROMPTS[:1], spec=NGRAM)
+    _assert_same(got, ref)
+    assert all_free and 0 < stats.num_accepted_tokens
+    llm = LLM(tiny_qwen3_dir, device="cpu")
+    text = llm.get_tokenizer().decode(got[0][0], skip_special_tokens=True)
+    llm.shutdown()
+    assert re.fullmatch(pattern, text), text

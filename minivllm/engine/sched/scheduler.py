@@ -75,6 +75,8 @@ class Scheduler:
         self.num_constrained = 0  # unfinished requests with a grammar
         self.speculator = speculator
         self._num_drafted_chunks = 0  # scheduled chunks with drafts whose step is unapplied
+        # Requests whose drafts of the last schedule() are their grammar's forced tokens.
+        self._forced_req_ids: Iterable[str] = set()
         # Requests that failed alone (a grammar that did not compile) before any step ran
         # them: the next update() reports them.
         self._failed: list[Request] = []
@@ -170,8 +172,11 @@ class Scheduler:
         running = self.running
         allocate = self.block_manager.allocate_slots
         drafts = self.speculator.propose(running) if self._speculating() else {}
-        if self.num_constrained:
-            drafts |= forced_drafts(running, self.max_model_len)
+        self._forced_req_ids = set()
+        if self.num_constrained:  # a grammar's forced tokens win over proposed drafts
+            forced = forced_drafts(running, self.max_model_len)
+            drafts |= forced
+            self._forced_req_ids = forced.keys()
         # Each draft is one more decode row (draft_step.py); decode rows fit max_num_seqs.
         draft_rows = self.max_num_seqs - len(running)
         i = 0
@@ -379,7 +384,7 @@ class Scheduler:
         assert runner_out.num_accepted_drafts is not None
         num_accepted = runner_out.num_accepted_drafts[i]
         num_drafts = chunk.num_draft_tokens
-        if self.speculator is not None and request.structured_output is None:
+        if self.speculator is not None and request.req_id not in self._forced_req_ids:
             self.speculator.observe(request, num_drafts, num_accepted)
         first_draft = len(chunk.token_ids) - num_drafts
         accepted = chunk.token_ids[first_draft : first_draft + num_accepted]

@@ -2,9 +2,11 @@
 drafts themselves (from the proposer), and the acceptance counters.
 
 A request drafts only when its next step would be a plain decode whose sampling depends on
-nothing the drafts change: no grammar (one mask per position is not built), no penalties (they
-would have to count the drafts before each position), and min_tokens reached (no EOS
-suppression that varies by position). Its drafts never run past max_tokens or max_model_len.
+nothing the drafts change: no penalties (they would have to count the drafts before each
+position), and min_tokens reached (no EOS suppression that varies by position). A constrained
+request drafts as well (its draft positions get a grammar mask each); where its grammar forces
+the next tokens, those are its drafts instead (jump-forward, engine/sched/grammar.py).
+Drafts never run past max_tokens or max_model_len.
 
 A request whose drafting fails (no match, or none of its drafts accepted) backs off: it tries
 again after 1, 2, 4, ... up to MAX_BACKOFF_TOKENS more tokens, and succeeding resets it. A step
@@ -121,8 +123,9 @@ class Speculator:
 
 
 def _may_draft(request: Request) -> bool:
-    """Whether request may ever draft: no grammar, no penalties."""
+    """Whether request may ever draft: no penalties. (A grammar's request drafts too: its
+    draft positions get a mask each, structured_output/manager.fill_draft_positions.)"""
     params = request.sampling_params
-    return request.structured_output is None and not (
+    return not (
         params.presence_penalty or params.frequency_penalty or params.repetition_penalty != 1.0
     )
