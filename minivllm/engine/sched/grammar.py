@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from minivllm.engine.sched.request import Request, RequestStatus
+from minivllm.engine.sched.request import Request, RequestStatus, draft_room
 from minivllm.engine.types import RunnerOutput, ScheduledChunk
 from minivllm.structured_output.manager import StepBitmask, StructuredOutputManager
 from minivllm.structured_output.request_state import (
@@ -78,20 +78,8 @@ def forced_drafts(requests: list[Request], max_model_len: int) -> dict[str, list
     out = {}
     for request in requests:
         so = request.structured_output
-        if (
-            so is None
-            or request.num_pending_tokens
-            or request.num_computed_tokens != request.num_tokens - 1
-            or request.num_output_tokens < 1
-        ):
-            continue
-        params = request.sampling_params
-        cap = min(MAX_FORCED_TOKENS, max_model_len - request.num_tokens - 1)
-        if params.max_tokens is not None:
-            cap = min(cap, params.max_tokens - request.num_output_tokens - 1)
-        if params.min_tokens > request.num_output_tokens:
-            cap = 0  # EOS suppression varies by position
-        forced = so.matcher.forced_tokens()[: max(cap, 0)] if cap > 0 else []
+        room = 0 if so is None else draft_room(request, MAX_FORCED_TOKENS, max_model_len)
+        forced = so.matcher.forced_tokens()[:room] if room else []
         if forced:
             out[request.req_id] = forced
     return out

@@ -101,3 +101,21 @@ def needs_host_tokens(request: Request) -> bool:
         or p.logprobs is not None
         or p.prompt_logprobs is not None
     )
+
+
+def draft_room(request: Request, limit: int, max_model_len: int) -> int:
+    """How many drafts (speculative or a grammar's forced tokens) request may take this step,
+    at most limit: 0 unless its next step is a plain decode with every token known and
+    min_tokens reached (EOS suppression would vary by position); the step's accepted drafts
+    and one token must fit max_tokens and max_model_len."""
+    params = request.sampling_params
+    if (
+        request.num_pending_tokens
+        or request.num_computed_tokens != request.num_tokens - 1
+        or request.num_output_tokens < max(params.min_tokens, 1)
+    ):
+        return 0
+    room = min(limit, max_model_len - request.num_tokens - 1)
+    if params.max_tokens is not None:
+        room = min(room, params.max_tokens - request.num_output_tokens - 1)
+    return max(room, 0)

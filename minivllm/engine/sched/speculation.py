@@ -16,7 +16,7 @@ text that does not repeat itself decodes at the speed it has without speculation
 
 from __future__ import annotations
 
-from minivllm.engine.sched.request import Request
+from minivllm.engine.sched.request import Request, draft_room
 from minivllm.spec_decode.config import SpeculativeConfig
 from minivllm.spec_decode.metrics import SpecDecodingStats
 from minivllm.spec_decode.ngram import NgramProposer
@@ -105,21 +105,10 @@ class Speculator:
 
     def _max_drafts(self, request: Request) -> int:
         """How many drafts request may take this step (0: it decodes one token as usual)."""
-        params = request.sampling_params
         due = self._backoff.get(request.req_id)
-        if (
-            request.num_pending_tokens
-            or request.num_computed_tokens != request.num_tokens - 1
-            or request.num_output_tokens < max(params.min_tokens, 1)
-            or (due is not None and request.num_output_tokens < due[0])
-            or not _may_draft(request)
-        ):
+        if (due is not None and request.num_output_tokens < due[0]) or not _may_draft(request):
             return 0
-        # The step adds the accepted drafts and one token: all must fit the request's limits.
-        cap = min(self.num_speculative_tokens, self.max_model_len - request.num_tokens - 1)
-        if params.max_tokens is not None:
-            cap = min(cap, params.max_tokens - request.num_output_tokens - 1)
-        return max(cap, 0)
+        return draft_room(request, self.num_speculative_tokens, self.max_model_len)
 
 
 def _may_draft(request: Request) -> bool:

@@ -87,6 +87,10 @@ class ServerMetrics:
         def counter(name: str, doc: str) -> Counter:
             return own(Counter(_OWN_PREFIX + name, doc, names, registry=r)).labels(**labels)
 
+        def labelled_counter(name: str, doc: str, label: str) -> Counter:
+            """A family with one more label than model_name (labels() per value)."""
+            return own(Counter(_OWN_PREFIX + name, doc, [*names, label], registry=r))
+
         def histogram(name: str, doc: str, buckets) -> Histogram:
             family = Histogram(_OWN_PREFIX + name, doc, names, buckets=buckets, registry=r)
             return own(family).labels(**labels)
@@ -102,21 +106,13 @@ class ServerMetrics:
         self.spec_drafts = counter("spec_decode_num_drafts", "Speculative drafting steps")
         self.spec_draft_tokens = counter("spec_decode_num_draft_tokens", "Draft tokens proposed")
         self.spec_accepted = counter("spec_decode_num_accepted_tokens", "Draft tokens accepted")
-        self._spec_per_pos = own(
-            Counter(
-                _OWN_PREFIX + "spec_decode_num_accepted_tokens_per_pos",
-                "Draft tokens accepted, by draft position",
-                ["model_name", "position"],
-                registry=r,
-            )
+        self._spec_per_pos = labelled_counter(
+            "spec_decode_num_accepted_tokens_per_pos",
+            "Draft tokens accepted, by draft position",
+            "position",
         )
-        self._success = own(
-            Counter(
-                _OWN_PREFIX + "request_success",
-                "Finished requests, by finish reason",
-                ["model_name", "finished_reason"],
-                registry=r,
-            )
+        self._success = labelled_counter(
+            "request_success", "Finished requests, by finish reason", "finished_reason"
         )
         self.ttft = histogram(
             "time_to_first_token_seconds", "Time to first token", _LATENCY_BUCKETS
