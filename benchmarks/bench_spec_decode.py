@@ -10,6 +10,12 @@ outputs' token ids' hash (equal across engines' runs only if the texts are).
 
 TPOT of a prompt: (time of its full generate - time of a one-token generate of it) / (output
 tokens - 1), each alone, prefix caching off (a TTFT that hits the cache would flatter TPOT).
+
+    python benchmarks/bench_spec_decode.py minivllm /tmp/smollm2 --batch 1,8,32,64 [--spec ...]
+
+--batch: instead, for each batch size B, one generate of B prompts (the tasks in turn) and its
+output tokens per second: where speculation stops paying as the batch grows
+(`disable_by_batch_size`). One JSON line per batch size.
 """
 
 from __future__ import annotations
@@ -103,9 +109,13 @@ def main() -> None:
     parser.add_argument("model_dir")
     parser.add_argument("--spec", type=json.loads, default=None)
     parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--batch", default=None, help="comma-separated batch sizes")
     args = parser.parse_args()
     prompt_ids = prompts(args.model_dir)
     llm, sampling_params = build(args.engine, args.model_dir, args.spec)
+    if args.batch is not None:
+        batch_throughput(args, llm, sampling_params, prompt_ids)
+        return
 
     def timed(prompt: list[int], max_tokens: int) -> tuple[float, list[int]]:
         params = sampling_params(temperature=0.0, max_tokens=max_tokens)
@@ -136,6 +146,33 @@ def main() -> None:
         ),
         flush=True,
     )
+
+
+def batch_throughput(args, llm, sampling_params, prompt_ids: list[list[int]]) -> None:
+    params = sampling_params(temperature=0.0, max_tokens=args.max_tokens)
+    llm.generate([{"prompt_token_ids": p} for p in prompt_ids], params, use_tqdm=False)
+    for batch in [int(b) for b in args.batch.split(",")]:
+        batch_prompts = [
+            {"prompt_token_ids": prompt_ids[i % len(prompt_ids)]} for i in range(batch)
+        ]
+        start = time.perf_counter()
+        outs = llm.generate(batch_prompts, params, use_tqdm=False)
+        elapsed = time.perf_counter() - start
+        num_tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+        print(
+            json.dumps(
+                {
+                    "engine": args.engine,
+                    "spec": args.spec,
+                    "batch": batch,
+                    "output_tok_s": round(num_tokens / elapsed, 1),
+                    "seconds": round(elapsed, 3),
+                    "output_tokens": num_tokens,
+                    "mean_accepted_length": accepted_length(args.engine, llm),
+                }
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":
