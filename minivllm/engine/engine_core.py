@@ -30,7 +30,7 @@ from minivllm.structured_output.manager import StructuredOutputManager
 logger = logging.getLogger(__name__)
 
 # Requests a draft model's own KV cache holds at max_model_len when disable_by_batch_size is
-# not set (more drafting at once get no drafts).
+# None (more drafting at once get no drafts).
 DRAFT_MODEL_MAX_REQUESTS = 16
 
 

@@ -14,6 +14,10 @@ METHODS: tuple[str, ...] = ("ngram", "draft_model")
 ACCEPTANCES: tuple[str, ...] = ("exact", "rejection")
 # vLLM's default n-gram window when neither bound is given.
 DEFAULT_PROMPT_LOOKUP = 5
+# Above this many running requests a step does not speculate: where n-gram drafting stopped
+# paying on real text on the H200 (docs/speculative_decoding.md, "Performance"). vLLM's default
+# is never; None here means the same.
+DEFAULT_DISABLE_BY_BATCH_SIZE = 16
 
 
 @dataclass(frozen=True)
@@ -25,8 +29,8 @@ class SpeculativeConfig:
     k + 1 query slots). prompt_lookup_max / prompt_lookup_min: the n-gram lengths tried,
     longest first (ngram only). acceptance: "exact" (a draft token is kept iff it is the
     token the target itself samples), "rejection" (Leviathan/Chen) or None: resolve_acceptance
-    picks. disable_by_batch_size: new requests are not speculated while more than this many
-    are running (None: never disabled).
+    picks. disable_by_batch_size: a step does not speculate while more than this many requests
+    are running or waiting (None: never disabled).
     """
 
     method: Method
@@ -35,7 +39,7 @@ class SpeculativeConfig:
     prompt_lookup_min: int = DEFAULT_PROMPT_LOOKUP
     model: str | None = None
     acceptance: Acceptance | None = None
-    disable_by_batch_size: int | None = None
+    disable_by_batch_size: int | None = DEFAULT_DISABLE_BY_BATCH_SIZE
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:

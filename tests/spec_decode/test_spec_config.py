@@ -7,14 +7,22 @@ import dataclasses
 
 import pytest
 
-from minivllm.spec_decode.config import SpeculativeConfig, resolve_acceptance
+from minivllm.spec_decode.config import (
+    DEFAULT_DISABLE_BY_BATCH_SIZE,
+    SpeculativeConfig,
+    resolve_acceptance,
+)
 
 
 def test_ngram_defaults_follow_vllm():
     config = SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 4})
     assert (config.prompt_lookup_max, config.prompt_lookup_min) == (5, 5)
     assert config.model is None and config.acceptance is None
-    assert config.disable_by_batch_size is None
+    assert config.disable_by_batch_size == DEFAULT_DISABLE_BY_BATCH_SIZE
+    never = SpeculativeConfig.from_dict(
+        {"method": "ngram", "num_speculative_tokens": 4, "disable_by_batch_size": None}
+    )
+    assert never.disable_by_batch_size is None
     one = SpeculativeConfig.from_dict(
         {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}
     )
