@@ -39,6 +39,10 @@ class RequestMetrics:
     first_token_time: float | None = None
     finished_time: float | None = None
     num_cached_tokens: int = 0
+    # Speculative decoding: draft tokens proposed for the request (its n samples together)
+    # and how many of them the target accepted.
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
 
 
 @dataclass

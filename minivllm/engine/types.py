@@ -131,3 +131,6 @@ class EngineOutput:
     num_cached_tokens: int = 0
     first_scheduled_time: float | None = None
     error: str | None = None  # why, when finish_reason == "error"
+    # This step's speculative drafts of the request and how many were accepted.
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0

@@ -158,6 +158,8 @@ class OutputProcessor:
             parent.metrics.first_scheduled_time = out.first_scheduled_time
         if parent.metrics.first_token_time is None and out.new_token_ids:
             parent.metrics.first_token_time = now
+        parent.metrics.num_draft_tokens += out.num_draft_tokens
+        parent.metrics.num_accepted_tokens += out.num_accepted_tokens
         parent.metrics.num_cached_tokens = max(
             parent.metrics.num_cached_tokens, out.num_cached_tokens
         )

@@ -29,10 +29,11 @@ def _run(model_dir: str, params, prompts=PROMPTS, spec=None, **options):
     llm = LLM(model_dir, device="cpu", block_size=8, speculative_config=spec, **options)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     scheduler = llm.engine.scheduler
-    if spec is not None:  # the engine's stats carry the same counters
-        assert llm.engine.stats().spec_num_accepted_tokens == (
-            scheduler.speculator.stats.num_accepted_tokens
-        )
+    if spec is not None:  # the engine's stats and the requests' metrics carry the same counters
+        counters = scheduler.speculator.stats
+        assert llm.engine.stats().spec_num_accepted_tokens == counters.num_accepted_tokens
+        assert sum(o.metrics.num_draft_tokens for o in outs) == counters.num_draft_tokens
+        assert sum(o.metrics.num_accepted_tokens for o in outs) == counters.num_accepted_tokens
     all_free = scheduler.block_manager.num_free_blocks == scheduler.block_manager.num_blocks
     stats = scheduler.speculator.stats if scheduler.speculator is not None else None
     llm.shutdown()

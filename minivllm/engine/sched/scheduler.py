@@ -343,10 +343,14 @@ class Scheduler:
             new_logprobs = None
             if all_logprobs is not None and all_logprobs[i] is not None:
                 new_logprobs = [all_logprobs[i]]
+            num_drafts = num_accepted = 0  # speculative ones (forced drafts do not count)
             if chunk.num_draft_tokens:
                 token_ids, new_logprobs = self._accept_drafts(
                     request, chunk, runner_out, i, token_ids, new_logprobs
                 )
+                if request.req_id not in self._forced_req_ids:
+                    num_drafts = chunk.num_draft_tokens
+                    num_accepted = runner_out.num_accepted_drafts[i]
             request.num_pending_tokens -= 1
             was_waiting = request.status == RequestStatus.WAITING
             for n, token_id in enumerate(token_ids, 1):
@@ -365,7 +369,10 @@ class Scheduler:
                     if new_logprobs is not None:
                         del new_logprobs[n:]
                     break
-            outputs.append(self._make_output(request, token_ids, new_logprobs, prompt_logprobs))
+            output = self._make_output(request, token_ids, new_logprobs, prompt_logprobs)
+            if num_drafts:
+                output.num_draft_tokens, output.num_accepted_tokens = num_drafts, num_accepted
+            outputs.append(output)
         if any_running_finished:
             self.running = [r for r in self.running if not r.is_finished]
         return outputs
