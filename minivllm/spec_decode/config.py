@@ -15,8 +15,8 @@ ACCEPTANCES: tuple[str, ...] = ("exact", "rejection")
 # vLLM's default n-gram window when neither bound is given.
 DEFAULT_PROMPT_LOOKUP = 5
 # Above this many running requests a step does not speculate: where n-gram drafting stopped
-# paying on real text on the H200 (docs/speculative_decoding.md, "Performance"). vLLM's default
-# is never; None here means the same.
+# paying on real text on the H200 (docs/performance.md, "Speculation and batch size").
+# vLLM's default is never; None here means the same.
 DEFAULT_DISABLE_BY_BATCH_SIZE = 16
 
 

@@ -14,11 +14,11 @@ from minivllm.spec_decode.config import (
 )
 
 
-def test_ngram_defaults_follow_vllm():
+def test_ngram_defaults():
     config = SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 4})
     assert (config.prompt_lookup_max, config.prompt_lookup_min) == (5, 5)
     assert config.model is None and config.acceptance is None
-    assert config.disable_by_batch_size == DEFAULT_DISABLE_BY_BATCH_SIZE
+    assert config.disable_by_batch_size == DEFAULT_DISABLE_BY_BATCH_SIZE  # ours; vLLM: None
     never = SpeculativeConfig.from_dict(
         {"method": "ngram", "num_speculative_tokens": 4, "disable_by_batch_size": None}
     )
