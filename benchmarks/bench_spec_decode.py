@@ -13,9 +13,9 @@ tokens - 1), each alone, prefix caching off (a TTFT that hits the cache would fl
 
     python benchmarks/bench_spec_decode.py minivllm /tmp/smollm2 --batch 1,8,32,64 [--spec ...]
 
---batch: instead, for each batch size B, one generate of B prompts (the tasks in turn) and its
-output tokens per second: where speculation stops paying as the batch grows
-(`disable_by_batch_size`). One JSON line per batch size.
+--batch: instead, for each batch size B, generates of B prompts (the tasks in turn) and their
+output tokens per second (median of three generates): where speculation stops paying as the
+batch grows (`disable_by_batch_size`). One JSON line per batch size.
 """
 
 from __future__ import annotations

@@ -345,12 +345,9 @@ class Scheduler:
                 new_logprobs = [all_logprobs[i]]
             num_drafts = num_accepted = 0  # speculative ones (forced drafts do not count)
             if chunk.num_draft_tokens:
-                token_ids, new_logprobs = self._accept_drafts(
+                token_ids, new_logprobs, num_drafts, num_accepted = self._accept_drafts(
                     request, chunk, runner_out, i, token_ids, new_logprobs
                 )
-                if request.req_id not in self._forced_req_ids:
-                    num_drafts = chunk.num_draft_tokens
-                    num_accepted = runner_out.num_accepted_drafts[i]
             request.num_pending_tokens -= 1
             was_waiting = request.status == RequestStatus.WAITING
             for n, token_id in enumerate(token_ids, 1):
@@ -385,13 +382,16 @@ class Scheduler:
         i: int,
         token_ids: list[int],
         logprobs: list[LogprobsDict] | None,
-    ) -> tuple[list[int], list[LogprobsDict] | None]:
+    ) -> tuple[list[int], list[LogprobsDict] | None, int, int]:
         """The new tokens (and logprobs) of sampled chunk i, which had drafts: the accepted
-        ones, then the target's own token. The rejected drafts' KV slots are given back."""
+        ones, then the target's own token; and its speculative drafts and accepted drafts as
+        counted (0, 0 for a grammar's forced tokens). The rejected drafts' KV slots are given
+        back."""
         assert runner_out.num_accepted_drafts is not None
         num_accepted = runner_out.num_accepted_drafts[i]
         num_drafts = chunk.num_draft_tokens
-        if self.speculator is not None and request.req_id not in self._forced_req_ids:
+        speculative = request.req_id not in self._forced_req_ids
+        if self.speculator is not None and speculative:
             self.speculator.observe(request, num_drafts, num_accepted)
         first_draft = len(chunk.token_ids) - num_drafts
         accepted = chunk.token_ids[first_draft : first_draft + num_accepted]
@@ -401,7 +401,8 @@ class Scheduler:
         # KV is valid through the last accepted draft; the target's token is computed next.
         request.num_computed_tokens -= num_drafts - num_accepted
         self.block_manager.trim(request, request.num_computed_tokens + 1)
-        return accepted + token_ids, logprobs
+        counted = (num_drafts, num_accepted) if speculative else (0, 0)
+        return accepted + token_ids, logprobs, *counted
 
     def _finish(self, request: Request) -> None:
         """Releases a request whose status is already final (it may still be in running)."""
