@@ -3,7 +3,7 @@ vLLM-style API, against the same run unconstrained; and batch-1 TTFT with a cach
 Prints one JSON line.
 
     python benchmarks/bench_structured.py make DIR      # Qwen3-0.6B shape, SmolLM2's tokenizer
-    python benchmarks/bench_structured.py run minivllm DIR [--unconstrained]
+    python benchmarks/bench_structured.py run minivllm DIR [--unconstrained] [--sync]
     PYTHONPATH=/tmp/vsite python benchmarks/bench_structured.py run vllm DIR [--backend guidance]
 
 DIR: a dummy-weights Qwen3-0.6B-shaped model directory whose tokenizer is a real byte-level BPE
@@ -63,8 +63,9 @@ def make(out_dir: str) -> None:
     print(out_dir)
 
 
-def build(engine: str, model_dir: str, backend: str | None):
-    """(llm, params factory (max_tokens, constrained) -> SamplingParams)."""
+def build(engine: str, model_dir: str, backend: str | None, sync: bool = False):
+    """(llm, params factory (max_tokens, constrained) -> SamplingParams). sync: minivllm
+    without async scheduling."""
     if engine == "vllm":
         from vllm import LLM, SamplingParams
         from vllm.sampling_params import StructuredOutputsParams
@@ -75,7 +76,7 @@ def build(engine: str, model_dir: str, backend: str | None):
         from minivllm import LLM, SamplingParams
         from minivllm.structured_output.params import StructuredOutputsParams
 
-        llm = LLM(model_dir, load_format="dummy", max_model_len=4096)
+        llm = LLM(model_dir, load_format="dummy", max_model_len=4096, async_scheduling=not sync)
 
     def params(max_tokens: int, constrained: bool, temperature: float = 0.6):
         so = StructuredOutputsParams(json=SCHEMA) if constrained else None
@@ -98,7 +99,7 @@ def ttft(llm, params, constrained: bool) -> float:
 
 
 def run(args: argparse.Namespace) -> None:
-    llm, params = build(args.engine, args.model_dir, args.backend)
+    llm, params = build(args.engine, args.model_dir, args.backend, args.sync)
     constrained = not args.unconstrained
     llm.generate([{"prompt_token_ids": [1, 2, 3, 4]}], params(8, False), use_tqdm=False)
     start = time.perf_counter()
@@ -120,6 +121,7 @@ def run(args: argparse.Namespace) -> None:
         except ValueError:
             pass
     result = {"engine": args.engine, "backend": args.backend, "constrained": constrained}
+    result["async_scheduling"] = args.engine == "vllm" or not args.sync
     result |= result_fields(workload, generated, seconds)
     result["valid_json"] = valid
     result["first_request_with_compile_ms"] = round(first_compile * 1e3, 2)
@@ -138,6 +140,7 @@ def main() -> None:
     r.add_argument("model_dir")
     r.add_argument("--backend", default=None, help="vLLM's structured-output backend")
     r.add_argument("--unconstrained", action="store_true")
+    r.add_argument("--sync", action="store_true", help="minivllm without async scheduling")
     r.add_argument("--num-requests", type=int, default=None, help="default: the headline's 256")
     r.add_argument("--max-tokens", type=int, default=None, help="a cap on each output (smoke runs)")
     args = parser.parse_args()

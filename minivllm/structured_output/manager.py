@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, wait
 from concurrent.futures import TimeoutError as FutureTimeout
 
@@ -63,6 +63,9 @@ class StepBitmask:
     the host (llguidance releases the GIL) while the device runs the forward; the runner
     applies the result.
 
+    before_fill, when given, runs first: under async scheduling it applies the step in flight,
+    whose tokens the matchers must have taken before this step's masks are filled.
+
     Lives on the host of the scheduler's rank; it never crosses a process boundary (under
     tensor parallelism the executor sends the other ranks its rows and the filled mask)."""
 
@@ -72,6 +75,7 @@ class StepBitmask:
         rows: Sequence[int],
         manager: StructuredOutputManager,
         drafts: Sequence[Sequence[int]] | None = None,
+        before_fill: Callable[[], None] | None = None,
     ) -> None:
         """rows: the sampled rows masked, in order: each request's one row, or with drafts
         (drafts[i], its draft tokens) one row per position, len(drafts[i]) + 1."""
@@ -79,10 +83,13 @@ class StepBitmask:
         self.rows = rows
         self.drafts = drafts
         self._manager = manager
+        self._before_fill = before_fill
 
     def fill(self) -> tuple[torch.Tensor, torch.Tensor]:
         """bitmask int32 [num_rows, num_words] and rows int64 [num_rows], CPU (pinned on
         CUDA). They are the manager's reused buffers: valid until the next step's fill()."""
+        if self._before_fill is not None:
+            self._before_fill()
         return self._manager.fill(self.requests, self.rows, self.drafts)
 
 
@@ -163,14 +170,18 @@ class StructuredOutputManager:
                 self.max_num_seqs, dtype=torch.int64, pin_memory=self.pin_memory
             )
         n = len(rows)
-        # Safe to overwrite: a constrained step waits for the step before it (its tokens
-        # advance the matchers), so that step's copies of these buffers are done.
+        # Safe to overwrite: a constrained step's fill waits for the step before it (its
+        # tokens advance the matchers), so that step's copies of these buffers are done.
         bitmask, row_ids = self._bitmask[:n], self._rows[:n]
         row_ids.copy_(torch.as_tensor(rows, dtype=torch.int64))
         plain, row = [], 0
         for i, request in enumerate(requests):
             draft = drafts[i] if drafts is not None else ()
-            if draft:
+            if request.matcher.error() is not None:
+                # Failed by the step applied just before this fill: its rows are dropped, any
+                # mask serves (all tokens, so that sampling them stays well defined).
+                bitmask[row : row + 1 + len(draft)] = -1
+            elif draft:
                 fill_draft_positions(request.matcher, draft, bitmask, row)
             else:
                 plain.append((request.matcher, row))

@@ -23,12 +23,23 @@ PROMPTS = [list(range(3 + i, 20 + i)) for i in range(4)]
 FORCED_DRAFTS = scheduler_module.forced_drafts
 
 
-def _run(model_dir: str, jump_forward: bool, monkeypatch: pytest.MonkeyPatch, **options):
+def _run(
+    model_dir: str,
+    jump_forward: bool,
+    monkeypatch: pytest.MonkeyPatch,
+    logprobs: int | None = 1,
+    after_pending: list[int] | None = None,
+    **options,
+):
+    """after_pending: collects the number of forced drafts scheduled after a token in flight."""
     forced = []
 
     def counting(requests, max_model_len):
         out = FORCED_DRAFTS(requests, max_model_len) if jump_forward else {}
         forced.extend(len(d) for d in out.values())
+        if after_pending is not None:
+            pending = {r.req_id for r in requests if r.num_pending_tokens}
+            after_pending.extend(len(d) for req_id, d in out.items() if req_id in pending)
         return out
 
     monkeypatch.setattr(scheduler_module, "forced_drafts", counting)
@@ -37,7 +48,7 @@ def _run(model_dir: str, jump_forward: bool, monkeypatch: pytest.MonkeyPatch, **
             temperature=0.0 if i % 2 else 0.8,
             seed=i,
             max_tokens=80,
-            logprobs=1,
+            logprobs=logprobs,
             structured_outputs=StructuredOutputsParams(grammar=GRAMMAR),
         )
         for i in range(len(PROMPTS))
@@ -50,7 +61,7 @@ def _run(model_dir: str, jump_forward: bool, monkeypatch: pytest.MonkeyPatch, **
     results = [
         (
             list(o.outputs[0].token_ids),
-            [sorted((t, lp.logprob) for t, lp in e.items()) for e in o.outputs[0].logprobs],
+            [sorted((t, lp.logprob) for t, lp in e.items()) for e in o.outputs[0].logprobs or []],
             o.outputs[0].text,
             o.outputs[0].finish_reason,
         )
@@ -71,5 +82,20 @@ def test_same_output_with_and_without(tiny_qwen3_dir, monkeypatch, options) -> N
         assert [[t for t, _ in e] for e in got_lp] == [[t for t, _ in e] for e in ref_lp]
         got_values = [v for e in got_lp for _, v in e]
         assert got_values == pytest.approx([v for e in ref_lp for _, v in e], abs=1e-4)
+    for _, _, text, finish_reason in got:
+        assert finish_reason == "stop" and re.fullmatch(PATTERN, text), text
+
+
+def test_async_scheduling_drafts_after_the_token_in_flight(tiny_qwen3_dir, monkeypatch) -> None:
+    """Without logprobs a constrained step is scheduled while the step before it runs: its
+    forced drafts follow the token in flight (the grammar's guess of it), and the output is
+    still what decoding token by token, synchronously, gives."""
+    ref, _, _ = _run(tiny_qwen3_dir, False, monkeypatch, None, async_scheduling=False)
+    after_pending: list[int] = []
+    got, num_forced, all_free = _run(
+        tiny_qwen3_dir, True, monkeypatch, None, after_pending, async_scheduling=True
+    )
+    assert num_forced > 0 and sum(after_pending) > 0 and all_free
+    assert [r[0] for r in got] == [r[0] for r in ref]
     for _, _, text, finish_reason in got:
         assert finish_reason == "stop" and re.fullmatch(PATTERN, text), text

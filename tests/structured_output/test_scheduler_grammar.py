@@ -8,10 +8,11 @@ from concurrent.futures import Future
 
 import pytest
 
+from minivllm.engine.sched.async_scheduler import AsyncScheduler
 from minivllm.engine.sched.block_manager import BlockManager
 from minivllm.engine.sched.request import Request
 from minivllm.engine.sched.scheduler import Scheduler
-from minivllm.engine.types import RunnerOutput, SchedulerOutput
+from minivllm.engine.types import PLACEHOLDER_TOKEN_ID, RunnerOutput, SchedulerOutput
 from minivllm.sampling_params import SamplingParams
 from minivllm.structured_output import StructuredOutputRequest, StructuredOutputsParams
 from minivllm.structured_output.bitmask import unpack_bitmask
@@ -117,6 +118,47 @@ def test_grammar_end_finishes_with_stop(tiny_backend) -> None:
         (out,) = run(scheduler, sched_out, [token_id])
     assert out.finished and out.finish_reason == "stop"
     assert scheduler.num_constrained == 0 and scheduler.can_schedule_ahead
+
+
+class InFlight:
+    """A launched step's handle whose result() the test can see being waited for."""
+
+    def __init__(self, out: RunnerOutput) -> None:
+        self.out = out
+        self.waited = False
+
+    def result(self) -> RunnerOutput:
+        self.waited = True
+        return self.out
+
+
+def test_async_step_fills_its_mask_after_the_step_in_flight(tiny_backend) -> None:
+    """A constrained step is scheduled while the step before it is in flight; its fill
+    applies that step first (the matcher takes the token, the mask follows it), and a request
+    the applied token fails gets every token allowed in its row (it is dropped anyway)."""
+    manager = ControlledManager(tiny_backend)
+    scheduler = AsyncScheduler(4, 64, 64, BlockManager(32, 4, False), structured_outputs=manager)
+    spec = StructuredOutputsParams(regex="[ab][cd]").spec_key()
+    for req_id in "xy":
+        scheduler.add_request(constrained(req_id, regex="[ab][cd]"))
+    for future in manager.futures:
+        future.set_result(tiny_backend.compile(spec))
+    token = {ch: tiny_backend.tokenizer.tokenize_str(ch)[0] for ch in "abcd"}
+    prefill = scheduler.schedule()
+    prefill.structured_output.fill()
+    in_flight = InFlight(RunnerOutput(["x", "y"], [token["a"], token["c"]]))  # "c": not allowed
+    assert scheduler.update(prefill, in_flight) == []
+    decode = scheduler.schedule()
+    assert not in_flight.waited  # scheduled ahead of the step in flight
+    assert [c.token_ids for c in decode.chunks] == [[PLACEHOLDER_TOKEN_ID]] * 2
+    bitmask, rows = decode.structured_output.fill()
+    assert in_flight.waited and rows.tolist() == [0, 1]
+    allowed = unpack_bitmask(bitmask, tiny_backend.vocab_size)
+    assert allowed[0, token["c"]] and allowed[0, token["d"]] and not allowed[0, token["a"]]
+    assert bool(allowed[1].all())  # y failed on "c"
+    outputs = {o.req_id: o for o in scheduler.update(decode, InFlight(RunnerOutput([], [])))}
+    assert outputs["x"].new_token_ids == [token["a"]] and not outputs["x"].finished
+    assert outputs["y"].finish_reason == "error" and "satisfy the grammar" in outputs["y"].error
 
 
 def test_manager_builds_its_backend_off_the_caller_thread(tiny_qwen3_dir: str) -> None:

@@ -285,15 +285,16 @@ class ModelRunner:
         }
         placeholder_rows = np.flatnonzero(inputs.input_ids < 0)
         if placeholder_rows.size:
-            # Placeholders only stand for decode tokens, whose row is their chunk's index.
+            # Placeholders only stand for decode tokens, each its chunk's first (drafts follow).
             assert sched_out is not None and placeholder_rows[-1] < inputs.num_decode_tokens
             prev_sampled, prev_req_ids = self._last_sampled
             prev_row = {req_id: i for i, req_id in enumerate(prev_req_ids)}
             chunks = sched_out.chunks
+            chunk_of_row = np.searchsorted(inputs.chunk_start_loc, placeholder_rows, "right") - 1
             arrays["placeholder_rows"] = placeholder_rows.astype(np.int64, copy=False)
             # Row of each placeholder's token in the previous step's sampled ids.
             arrays["prev_rows"] = np.fromiter(
-                (prev_row[chunks[r].req_id] for r in placeholder_rows.tolist()),
+                (prev_row[chunks[c].req_id] for c in chunk_of_row.tolist()),
                 np.int64,
                 placeholder_rows.size,
             )

@@ -3,6 +3,8 @@ are applied, so that the host work of one step overlaps the device work of the o
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from minivllm.engine.sched.scheduler import Scheduler
 from minivllm.engine.types import EngineOutput, PendingRunnerOutput, RunnerOutput, SchedulerOutput
 
@@ -15,9 +17,13 @@ class AsyncScheduler(Scheduler):
     The tokens step N samples enter step N + 1 as placeholders (see Scheduler). A step in
     flight whose requests were all aborted is simply applied (to nothing) by the next update.
 
-    While some request reads sampled tokens on the host (penalties, min_tokens, logprobs, a
-    grammar: can_schedule_ahead is False), schedule() first applies the step in flight, so that the
+    While some request reads sampled tokens on the host (penalties, min_tokens, logprobs:
+    can_schedule_ahead is False), schedule() first applies the step in flight, so that the
     next step starts from every token, as a synchronous step does.
+
+    A grammar needs the tokens only for the step's mask, which the runner fills once the
+    forward is launched: a constrained step scheduled ahead applies the step in flight there
+    (StepBitmask.before_fill), while the device runs its forward, as vLLM defers the bitmask.
     """
 
     def __init__(self, *args, **kwargs) -> None:
@@ -28,8 +34,15 @@ class AsyncScheduler(Scheduler):
 
     def schedule(self, now: float | None = None) -> SchedulerOutput:
         if not self.can_schedule_ahead:
-            self._early_outputs += self._apply_in_flight()
+            self._apply_early()
         return super().schedule(now)
+
+    def _before_fill(self) -> Callable[[], None] | None:
+        return None if self._in_flight is None else self._apply_early
+
+    def _apply_early(self) -> None:
+        """Applies the step in flight now; the next update() returns its outputs."""
+        self._early_outputs += self._apply_in_flight()
 
     def update(
         self, sched_out: SchedulerOutput, runner_out: RunnerOutput | PendingRunnerOutput

@@ -5,6 +5,7 @@ call a step)."""
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 from minivllm.engine.sched.request import Request, RequestStatus, draft_room
 from minivllm.engine.types import RunnerOutput, ScheduledChunk
@@ -49,10 +50,14 @@ def first_admissible(waiting: deque[Request], failed: list[Request]) -> Request 
 
 
 def step_bitmask(
-    chunks: list[ScheduledChunk], requests: dict[str, Request], manager: StructuredOutputManager
+    chunks: list[ScheduledChunk],
+    requests: dict[str, Request],
+    manager: StructuredOutputManager,
+    before_fill: Callable[[], None] | None = None,
 ) -> StepBitmask | None:
     """The constrained rows among the step's sampled rows (chunks with sample=True, in
-    order; a chunk with drafts has a row per position), or None when there are none."""
+    order; a chunk with drafts has a row per position), or None when there are none.
+    before_fill: see StepBitmask."""
     constrained, rows, drafts = [], [], []
     row = 0
     for chunk in chunks:
@@ -67,19 +72,27 @@ def step_bitmask(
         row += 1 + num_drafts
     if not constrained:
         return None
-    return StepBitmask(constrained, rows, manager, drafts if any(drafts) else None)
+    return StepBitmask(constrained, rows, manager, drafts if any(drafts) else None, before_fill)
 
 
 def forced_drafts(requests: list[Request], max_model_len: int) -> dict[str, list[int]]:
     """req_id -> the tokens its grammar forces next (jump-forward: JSON keys, punctuation),
     as drafts, for the decode-ready constrained requests among `requests`. Verified like any
     draft, each under its own position's mask, so the output is what decoding token by token
-    gives; capped like speculative drafts by max_tokens and max_model_len."""
+    gives; capped like speculative drafts by max_tokens and max_model_len.
+
+    A request whose last token is still in flight (async scheduling) drafts after it: its
+    matcher stands before that token, so the first forced token is the guess of it and the
+    rest are the drafts. A wrong guess costs only rejected drafts (the mask of each draft
+    position follows the real token: it is filled once the step in flight is applied)."""
     out = {}
     for request in requests:
         so = request.structured_output
-        room = 0 if so is None else draft_room(request, MAX_FORCED_TOKENS, max_model_len)
-        forced = so.matcher.forced_tokens()[:room] if room else []
+        if so is None:
+            continue
+        pending = request.num_pending_tokens
+        room = draft_room(request, MAX_FORCED_TOKENS, max_model_len, after_pending=True)
+        forced = so.matcher.forced_tokens()[pending : pending + room] if room else []
         if forced:
             out[request.req_id] = forced
     return out

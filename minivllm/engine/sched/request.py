@@ -89,12 +89,12 @@ class Request:
 
 
 def needs_host_tokens(request: Request) -> bool:
-    """Penalties, min_tokens, logprobs and a grammar (its next mask follows the last token)
-    read sampled tokens on the host each step."""
+    """Penalties, min_tokens and logprobs read sampled tokens on the host each step. (A
+    grammar does too, but only once the next step's forward is launched: the AsyncScheduler
+    applies the step in flight before that step's mask is filled.)"""
     p = request.sampling_params
     return bool(
-        p.structured_outputs is not None
-        or p.presence_penalty
+        p.presence_penalty
         or p.frequency_penalty
         or p.repetition_penalty != 1.0
         or p.min_tokens
@@ -103,19 +103,25 @@ def needs_host_tokens(request: Request) -> bool:
     )
 
 
-def draft_room(request: Request, limit: int, max_model_len: int) -> int:
+def draft_room(
+    request: Request, limit: int, max_model_len: int, after_pending: bool = False
+) -> int:
     """How many drafts (speculative or a grammar's forced tokens) request may take this step,
-    at most limit: 0 unless its next step is a plain decode with every token known and
-    min_tokens reached (EOS suppression would vary by position); the step's accepted drafts
-    and one token must fit max_tokens and max_model_len."""
+    at most limit: 0 unless its next step is a plain decode with min_tokens reached (EOS
+    suppression would vary by position) and every token known, or, with after_pending, all
+    but the one in flight (async scheduling: the drafts follow a placeholder); the step's
+    accepted drafts and one token must fit max_tokens and max_model_len."""
     params = request.sampling_params
+    num_pending = request.num_pending_tokens
+    num_tokens = request.num_tokens + num_pending
+    num_output_tokens = request.num_output_tokens + num_pending
     if (
-        request.num_pending_tokens
-        or request.num_computed_tokens != request.num_tokens - 1
-        or request.num_output_tokens < max(params.min_tokens, 1)
+        (num_pending and not after_pending)
+        or request.num_computed_tokens != num_tokens - 1
+        or num_output_tokens < max(params.min_tokens, 1)
     ):
         return 0
-    room = min(limit, max_model_len - request.num_tokens - 1)
+    room = min(limit, max_model_len - num_tokens - 1)
     if params.max_tokens is not None:
-        room = min(room, params.max_tokens - request.num_output_tokens - 1)
+        room = min(room, params.max_tokens - num_output_tokens - 1)
     return max(room, 0)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from minivllm.engine.sched.block_manager import BlockManager
 from minivllm.engine.sched.grammar import (
@@ -158,11 +158,16 @@ class Scheduler:
             new_requests=new_requests,
             finished_req_ids=finished_req_ids,
             structured_output=(
-                step_bitmask(chunks, self.requests, self.structured_outputs)
+                step_bitmask(chunks, self.requests, self.structured_outputs, self._before_fill())
                 if self.num_constrained
                 else None
             ),
         )
+
+    def _before_fill(self) -> Callable[[], None] | None:
+        """What a constrained step's mask runs before it is filled (StepBitmask.before_fill):
+        nothing here, where the steps before it have all been applied."""
+        return None
 
     def _schedule_running(
         self, budget: int, decodes: list[ScheduledChunk], others: list[ScheduledChunk]
@@ -270,17 +275,18 @@ class Scheduler:
         """Appends request's chunk to decodes (one sampled token past the prompt) or others,
         and advances the request past it. new_block_ids: the blocks allocated for it this
         step, which the chunk carries to the runner's copy of the block table. draft: draft
-        tokens after the last known one (num_new_tokens counts them)."""
+        tokens after the last known one, or after the pending one (num_new_tokens counts
+        them)."""
         num_computed_tokens = request.num_computed_tokens
         end = num_computed_tokens + num_new_tokens
         num_known_tokens = len(request.all_token_ids)
         token_ids = request.all_token_ids[num_computed_tokens:end]
         num_draft_tokens = len(draft) if draft else 0
+        if end - num_draft_tokens > num_known_tokens:  # the pending token, not known yet
+            token_ids.append(PLACEHOLDER_TOKEN_ID)
         if num_draft_tokens:
             token_ids += draft
             self._num_drafted_chunks += 1
-        elif end > num_known_tokens:  # the pending token, not known yet
-            token_ids.append(PLACEHOLDER_TOKEN_ID)
         sample = end == num_known_tokens + request.num_pending_tokens + num_draft_tokens
         num_prior_blocks = len(request.block_ids)
         # Positional: at a thousand chunks a step, keyword arguments cost twice the time.
