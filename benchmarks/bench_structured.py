@@ -15,9 +15,12 @@ guidance backend refuses it. The random weights make the grammar do all the work
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import os
+import pstats
 import statistics
+import sys
 import time
 
 from workloads import make_workload, result_fields
@@ -109,9 +112,15 @@ def run(args: argparse.Namespace) -> None:
     prompts = [{"prompt_token_ids": p} for p in workload.prompts]
     caps = [min(n, args.max_tokens or n) for n in workload.output_lens]
     all_params = [params(n, constrained) for n in caps]
+    profile = cProfile.Profile() if args.profile else None
     start = time.perf_counter()
+    if profile is not None:
+        profile.enable()
     outputs = llm.generate(prompts, all_params, use_tqdm=False)
     seconds = time.perf_counter() - start
+    if profile is not None:
+        profile.disable()
+        pstats.Stats(profile, stream=sys.stderr).sort_stats("tottime").print_stats(30)
     generated = sum(len(o.outputs[0].token_ids) for o in outputs)
     valid = 0
     for o in outputs:
@@ -141,6 +150,7 @@ def main() -> None:
     r.add_argument("--backend", default=None, help="vLLM's structured-output backend")
     r.add_argument("--unconstrained", action="store_true")
     r.add_argument("--sync", action="store_true", help="minivllm without async scheduling")
+    r.add_argument("--profile", action="store_true", help="the host's profile, on stderr")
     r.add_argument("--num-requests", type=int, default=None, help="default: the headline's 256")
     r.add_argument("--max-tokens", type=int, default=None, help="a cap on each output (smoke runs)")
     args = parser.parse_args()

@@ -4,10 +4,11 @@ weights. Prints one JSON line (output tok/s, TTFT and TPOT medians), so that the
 at high concurrency can be set against the engine's offline rate.
 
 Usage: python benchmarks/offline_like_serve.py MODEL_DIR [NUM_PROMPTS] [INPUT_LEN] [OUTPUT_LEN]
-       [MAX_NUM_SEQS] [MAX_NUM_BATCHED_TOKENS]
+       [MAX_NUM_SEQS] [MAX_NUM_BATCHED_TOKENS] [MAX_MIXED_GRAPH_TOKENS]
 MAX_NUM_SEQS: e.g. 128, the concurrency the server was driven at; MAX_NUM_BATCHED_TOKENS: e.g.
 8192, the server's default (the log's "scheduler limits (server)"), so that the comparison is
 the same engine with and without the serving path; both default to the offline engine's.
+MAX_MIXED_GRAPH_TOKENS: the largest mixed step replayed as piecewise CUDA graphs.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ num_prompts = int(sys.argv[2]) if len(sys.argv) > 2 else 512
 input_len = int(sys.argv[3]) if len(sys.argv) > 3 else 1000
 output_len = int(sys.argv[4]) if len(sys.argv) > 4 else 200
 limits = {}
-for index, name in ((5, "max_num_seqs"), (6, "max_num_batched_tokens")):
+names = ((5, "max_num_seqs"), (6, "max_num_batched_tokens"), (7, "max_mixed_graph_tokens"))
+for index, name in names:
     if len(sys.argv) > index:
         limits[name] = int(sys.argv[index])
 
@@ -55,6 +57,7 @@ print(
             "input_len": input_len,
             "output_len": output_len,
             **llm.engine.setup.limits._asdict(),
+            "options": limits,
             "seconds": round(seconds, 3),
             "output_tok_s": round(num_output / seconds, 1),
             "ttft_p50_ms": round(1000 * percentile(ttfts, 0.5), 2),

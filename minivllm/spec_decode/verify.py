@@ -1,9 +1,11 @@
 """Verification of draft tokens on the device (torch, batched): exact acceptance against the
-target's own keyed draws, and Leviathan/Chen rejection sampling. No host sync inside.
+target's own keyed draws, Leviathan/Chen rejection sampling, and vLLM's synthetic acceptance
+(forced rates, for benchmarks). No host sync inside.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -68,6 +70,53 @@ def verify_exact(
     is_draft = torch.arange(k, device=rows.device) < num_draft_tokens[:, None]
     match = (draft_token_ids == target[:, :k]) & is_draft
     num_accepted = _leading_true(match)
+    final = target.gather(1, num_accepted[:, None]).squeeze(1)
+    return VerifyOutput(num_accepted, _assemble(draft_token_ids, num_accepted, final))
+
+
+def synthetic_conditional_rates(rates: Sequence[float]) -> list[float]:
+    """Unconditional rates p (entry i: the probability that drafts 0..i are all accepted,
+    non-increasing) -> the conditional c_i = p_i / p_{i-1} (p_{-1} = 1) that draft i is
+    accepted given that all before it were; 0 after a p of 0."""
+    out, previous = [], 1.0
+    for p in rates:
+        out.append(p / previous if previous > 0 else 0.0)
+        previous = p
+    return out
+
+
+def verify_synthetic(
+    target_token_ids: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    num_draft_tokens: torch.Tensor,
+    conditional_rates: torch.Tensor,
+    generator: torch.Generator | None = None,
+    draft_allowed: torch.Tensor | None = None,
+) -> VerifyOutput:
+    """vLLM's synthetic acceptance (benchmarks): draft j is kept with probability
+    conditional_rates[j] given that all before it were, whatever the target says, so the
+    output is not the target's; the extra token is the target's own at the first rejected
+    position, or the bonus position's.
+
+    target_token_ids: [T] int64 and draft_token_ids / num_draft_tokens as for verify_exact.
+    conditional_rates: [R] float32 on the device (synthetic_conditional_rates of the
+    unconditional ones); positions j >= R are never accepted. generator: the source of the
+    uniforms (on the drafts' device).
+    draft_allowed: [N, K] bool or None; a draft where it is False is rejected (one the
+    target cannot sample at all, e.g. a grammar's mask bans it).
+    """
+    num_rows, k = draft_token_ids.shape
+    device = draft_token_ids.device
+    rows = position_rows(num_draft_tokens, k).clamp_(max=target_token_ids.shape[0] - 1)
+    target = target_token_ids[rows]  # [N, K + 1]
+    rates = conditional_rates[:k]
+    if rates.shape[0] < k:
+        rates = torch.cat([rates, rates.new_zeros(k - rates.shape[0])])
+    uniforms = torch.rand(num_rows, k, generator=generator, device=device)
+    accept = (uniforms < rates) & (torch.arange(k, device=device) < num_draft_tokens[:, None])
+    if draft_allowed is not None:
+        accept &= draft_allowed
+    num_accepted = _leading_true(accept)
     final = target.gather(1, num_accepted[:, None]).squeeze(1)
     return VerifyOutput(num_accepted, _assemble(draft_token_ids, num_accepted, final))
 

@@ -1,5 +1,6 @@
 """SpeculativeConfig.from_dict: vLLM's keys and defaults, unknown keys (TypeError), bad values
-(ValueError), and the acceptance rule it resolves to."""
+(ValueError), the acceptance rule it resolves to, and vLLM's rejection_sample_method with its
+synthetic acceptance rates (or length, resolved to rates)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ from minivllm.spec_decode.config import (
     DEFAULT_DISABLE_BY_BATCH_SIZE,
     SpeculativeConfig,
     resolve_acceptance,
+    synthetic_rates_for_length,
 )
+
+SYNTHETIC = {"method": "ngram", "num_speculative_tokens": 4, "rejection_sample_method": "synthetic"}
 
 
 def test_ngram_defaults():
@@ -99,3 +103,126 @@ def test_acceptance_rule():
     assert resolve_acceptance(default, deterministic=False) == "rejection"
     forced = SpeculativeConfig("ngram", 3, acceptance="exact")
     assert resolve_acceptance(forced, deterministic=False) == "exact"
+
+
+@pytest.mark.parametrize(
+    "method, acceptance", [("strict", "exact"), ("probabilistic", "rejection")]
+)
+def test_rejection_sample_method_names_the_acceptance(method, acceptance):
+    options = {"method": "ngram", "num_speculative_tokens": 3, "rejection_sample_method": method}
+    config = SpeculativeConfig.from_dict(options)
+    assert config.acceptance == acceptance and config.synthetic_acceptance_rates is None
+    both = SpeculativeConfig.from_dict({**options, "acceptance": acceptance})
+    assert both == config
+    assert resolve_acceptance(config, deterministic=acceptance != "exact") == acceptance
+
+
+def test_synthetic_rates_and_length():
+    rates = SpeculativeConfig.from_dict(
+        {**SYNTHETIC, "synthetic_acceptance_rates": [1, 0.5, 0.5, 0]}
+    )
+    assert rates.acceptance == "synthetic"
+    assert rates.synthetic_acceptance_rates == (1, 0.5, 0.5, 0)  # a tuple: frozen and hashable
+    length = SpeculativeConfig.from_dict({**SYNTHETIC, "synthetic_acceptance_length": 2.5})
+    assert length.synthetic_acceptance_rates == (1.0, 0.5, 0.0, 0.0)
+    assert resolve_acceptance(length, deterministic=True) == "synthetic"
+    direct = SpeculativeConfig.from_dict(
+        {
+            "method": "ngram",
+            "num_speculative_tokens": 4,
+            "acceptance": "synthetic",
+            "synthetic_acceptance_length": 2.5,
+        }
+    )
+    assert direct == length
+    assert (
+        SpeculativeConfig(
+            "ngram", 4, acceptance="synthetic", synthetic_acceptance_rates=(1.0, 0.5, 0.0, 0.0)
+        )
+        == length
+    )
+
+
+@pytest.mark.parametrize(
+    "length, k, rates",
+    [
+        (2.5, 4, (1.0, 0.5, 0.0, 0.0)),
+        (1.0, 4, (0.0, 0.0, 0.0, 0.0)),
+        (1.5, 4, (0.5, 0.0, 0.0, 0.0)),
+        (3, 4, (1.0, 1.0, 0.0, 0.0)),
+        (5, 4, (1.0, 1.0, 1.0, 1.0)),  # k + 1: every draft, the schedule truncated to k
+        (4.75, 4, (1.0, 1.0, 1.0, 0.75)),
+        (2, 1, (1.0,)),
+    ],
+)
+def test_length_to_rates_minimum_variance_schedule(length, k, rates):
+    assert synthetic_rates_for_length(length, k) == pytest.approx(rates)
+    # The schedule's mean acceptance length (the target's own token counted) is the length.
+    assert 1 + sum(rates) == pytest.approx(length)
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"rejection_sample_method": "typical"}, "rejection_sample_method must be one of"),
+        (
+            {"rejection_sample_method": "strict", "acceptance": "rejection"},
+            r"acceptance='rejection' and rejection_sample_method='strict' disagree",
+        ),
+        (
+            {**SYNTHETIC, "acceptance": "exact", "synthetic_acceptance_length": 2},
+            r"acceptance='exact' and rejection_sample_method='synthetic' disagree",
+        ),
+        (SYNTHETIC, "needs synthetic_acceptance_rates or synthetic_acceptance_length"),
+        (
+            {
+                **SYNTHETIC,
+                "synthetic_acceptance_rates": [1, 1, 1, 1],
+                "synthetic_acceptance_length": 5,
+            },
+            "not both",
+        ),
+        (
+            {"synthetic_acceptance_rates": [1.0, 1.0, 1.0, 1.0]},
+            "synthetic_acceptance_rates applies to rejection_sample_method 'synthetic'",
+        ),
+        (
+            {"rejection_sample_method": "strict", "synthetic_acceptance_length": 2.0},
+            "synthetic_acceptance_length applies to rejection_sample_method 'synthetic'",
+        ),
+        (
+            {**SYNTHETIC, "synthetic_acceptance_rates": [1, 1, 1]},
+            "num_speculative_tokens=4 entries",
+        ),
+        ({**SYNTHETIC, "synthetic_acceptance_rates": [1, 1, 1, 1.5]}, r"in \[0, 1\]"),
+        ({**SYNTHETIC, "synthetic_acceptance_rates": [1, 1, 1, -0.1]}, r"in \[0, 1\]"),
+        (
+            {**SYNTHETIC, "synthetic_acceptance_rates": [1, float("nan"), 0, 0]},
+            r"in \[0, 1\]",
+        ),
+        ({**SYNTHETIC, "synthetic_acceptance_rates": [0.5, 0.6, 0, 0]}, "non-increasing"),
+        ({**SYNTHETIC, "synthetic_acceptance_rates": [1, True, 0, 0]}, "numbers"),
+        ({**SYNTHETIC, "synthetic_acceptance_rates": "1,1,0,0"}, "numbers"),
+        (
+            {**SYNTHETIC, "synthetic_acceptance_length": 0.9},
+            r"synthetic_acceptance_length .*\[1, 5\]",
+        ),
+        ({**SYNTHETIC, "synthetic_acceptance_length": 5.01}, "synthetic_acceptance_length"),
+        ({**SYNTHETIC, "synthetic_acceptance_length": float("nan")}, "synthetic_acceptance_length"),
+        ({**SYNTHETIC, "synthetic_acceptance_length": "2"}, "synthetic_acceptance_length"),
+        (
+            {**SYNTHETIC, "num_speculative_tokens": 0, "synthetic_acceptance_length": 1},
+            "num_speculative_tokens must be >= 1",
+        ),
+    ],
+)
+def test_bad_synthetic_options_raise_value_error(options, message):
+    with pytest.raises(ValueError, match=message):
+        SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 4, **options})
+
+
+def test_direct_construction_checks_the_rates():
+    with pytest.raises(ValueError, match="tuple"):
+        SpeculativeConfig("ngram", 2, acceptance="synthetic", synthetic_acceptance_rates=[1, 0])
+    with pytest.raises(ValueError, match="needs synthetic_acceptance_rates"):
+        SpeculativeConfig("ngram", 2, acceptance="synthetic")

@@ -7,9 +7,14 @@ token at the first mismatch (or after the last draft). The output is the target'
 token. For drafts that are certain (ngram: one-hot q), Leviathan / Chen rejection sampling
 accepts draft x with probability p(x) and resamples from p without x: the law of the target's
 own draw, so this one rule serves both `exact` and `rejection` (docs/speculative_decoding.md).
+Synthetic acceptance (benchmarks only) keeps drafts with forced probabilities instead
+(SyntheticAcceptance): then the output is not the target's.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -17,8 +22,15 @@ import torch
 from minivllm.engine.runner.prompt_logprobs import PromptLogprobsTracker
 from minivllm.engine.runner.sampling_state import SamplingState, to_runner_logprobs
 from minivllm.engine.types import RunnerOutput, SchedulerOutput
-from minivllm.layers.sampler import Sampler, SamplerOutput
-from minivllm.spec_decode.verify import VerifyOutput, verify_exact
+from minivllm.layers.sampler import Sampler, SamplerOutput, gather_logprobs
+from minivllm.spec_decode.config import SpeculativeConfig
+from minivllm.spec_decode.verify import (
+    VerifyOutput,
+    position_rows,
+    synthetic_conditional_rates,
+    verify_exact,
+    verify_synthetic,
+)
 
 
 def draft_token_ids(sched_out: SchedulerOutput, num_draft_tokens: np.ndarray) -> np.ndarray:
@@ -31,6 +43,52 @@ def draft_token_ids(sched_out: SchedulerOutput, num_draft_tokens: np.ndarray) ->
         if n:
             drafts[row, :n] = chunk.token_ids[-n:]
     return drafts
+
+
+class SyntheticAcceptance:
+    """vLLM's synthetic acceptance (rejection_sample_method "synthetic", benchmarks only):
+    draft j is kept with a forced probability, whatever the target samples there. The
+    conditional rates are on the device, built once; the uniforms come from a generator
+    seeded with the engine's seed, so every TP rank keeps the same drafts."""
+
+    def __init__(self, rates: Sequence[float], device: torch.device, seed: int) -> None:
+        """rates: the unconditional rates (SpeculativeConfig.synthetic_acceptance_rates)."""
+        conditional = synthetic_conditional_rates(rates)
+        self.conditional_rates = torch.tensor(conditional, dtype=torch.float32, device=device)
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(seed)
+
+    @classmethod
+    def for_config(
+        cls, spec: SpeculativeConfig | None, device: torch.device, seed: int
+    ) -> SyntheticAcceptance | None:
+        """The engine's synthetic acceptance; None when drafts are verified against the
+        target's own draws (no speculation, "exact" or "rejection")."""
+        if spec is None or spec.acceptance != "synthetic":
+            return None
+        assert spec.synthetic_acceptance_rates is not None  # SpeculativeConfig requires them
+        return cls(spec.synthetic_acceptance_rates, device, seed)
+
+    def verify(
+        self,
+        logits: torch.Tensor,
+        target_token_ids: torch.Tensor,
+        draft_token_ids: torch.Tensor,
+        num_draft_tokens: torch.Tensor,
+    ) -> VerifyOutput:
+        """verify_synthetic over a step's rows. A draft whose logit is -inf (a grammar's mask
+        bans it there) is rejected: every kept token is one the request may take."""
+        k = draft_token_ids.shape[1]
+        rows = position_rows(num_draft_tokens, k)[:, :k].clamp_(max=logits.shape[0] - 1)
+        allowed = logits[rows, draft_token_ids.clamp(min=0)] > float("-inf")  # [N, K]
+        return verify_synthetic(
+            target_token_ids,
+            draft_token_ids,
+            num_draft_tokens,
+            self.conditional_rates,
+            self.generator,
+            allowed,
+        )
 
 
 class DraftedStep:
@@ -46,9 +104,11 @@ class DraftedStep:
         req_ids: list[str],
         num_draft_tokens: np.ndarray,
         drafts: tuple[torch.Tensor, torch.Tensor],
+        synthetic: SyntheticAcceptance | None = None,
     ) -> None:
         """logits: [sum(num_draft_tokens + 1), V], each chunk's rows in order; drafts: the
-        drafts [N, K] (draft_token_ids) and num_draft_tokens [N] on the logits' device."""
+        drafts [N, K] (draft_token_ids) and num_draft_tokens [N] on the logits' device;
+        synthetic: verify by forced rates instead of the target's own draws."""
         self.sampling_state = sampling_state
         self.req_ids = req_ids
         self.num_draft_tokens = num_draft_tokens.tolist()
@@ -60,7 +120,14 @@ class DraftedStep:
         self.vocab_size = logits.shape[1]
         meta = sampling_state.build_metadata(self.row_req_ids)
         self.sampler_out: SamplerOutput = sampler(logits, meta)
-        self.verified: VerifyOutput = verify_exact(self.sampler_out.sampled_token_ids, *drafts)
+        target_token_ids = self.sampler_out.sampled_token_ids
+        if synthetic is None:
+            self.verified: VerifyOutput = verify_exact(target_token_ids, *drafts)
+        else:
+            self.verified = synthetic.verify(logits, target_token_ids, *drafts)
+            if self.sampler_out.logprobs is not None:
+                # A kept draft need not be the target's sample: score the token kept.
+                self.sampler_out = _rescored(self.sampler_out, logits, self.verified, drafts[1])
         self.num_logprobs: list[int | None] | None = None
         if self.sampler_out.logprobs is not None:
             self.num_logprobs = sampling_state.num_logprobs(self.row_req_ids)
@@ -99,3 +166,31 @@ class DraftedStep:
         if self.prompt_logprobs_jobs is not None:
             out.prompt_logprobs = PromptLogprobsTracker.collect(*self.prompt_logprobs_jobs)
         return out
+
+
+def _rescored(
+    sampler_out: SamplerOutput,
+    logits: torch.Tensor,
+    verified: VerifyOutput,
+    num_draft_tokens: torch.Tensor,
+) -> SamplerOutput:
+    """sampler_out with each row's first logprob entry and rank for the token the step keeps
+    at that row (rows past a rejection keep the sampled token's; they are dropped); the top
+    logprobs are the row's either way. logits: [T, V] raw; num_draft_tokens: [N]."""
+    total = logits.shape[0]
+    n = num_draft_tokens.to(torch.int64) + 1
+    request = torch.repeat_interleave(n, output_size=total)  # [T]: each row's request
+    row_start = torch.repeat_interleave(torch.cumsum(n, 0) - n, n, output_size=total)
+    position = torch.arange(total, device=n.device) - row_start  # [T], <= k_i <= K
+    kept = verified.output_token_ids[request, position]
+    is_kept = position <= verified.num_accepted[request]
+    token_ids = torch.where(is_kept, kept, sampler_out.sampled_token_ids)
+    logprobs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
+    ids, values, ranks = gather_logprobs(logprobs, token_ids, 0)  # [T, 1], [T, 1], [T]
+    assert sampler_out.logprob_token_ids is not None and sampler_out.logprobs is not None
+    return replace(
+        sampler_out,
+        logprob_token_ids=torch.cat([ids, sampler_out.logprob_token_ids[:, 1:]], 1),
+        logprobs=torch.cat([values, sampler_out.logprobs[:, 1:]], 1),
+        ranks=ranks,
+    )

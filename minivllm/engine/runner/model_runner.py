@@ -17,7 +17,7 @@ from minivllm.distributed.all_reduce import create_symm_buffer
 from minivllm.engine.runner.block_table import BlockTable
 from minivllm.engine.runner.cuda_graph import CUDAGraphRunner
 from minivllm.engine.runner.device_inputs import InputStaging
-from minivllm.engine.runner.draft_step import DraftedStep, draft_token_ids
+from minivllm.engine.runner.draft_step import DraftedStep, SyntheticAcceptance, draft_token_ids
 from minivllm.engine.runner.input_prep import StepInputs, prepare_inputs
 from minivllm.engine.runner.kv_cache import KVCacheSpec, bind_kv_caches
 from minivllm.engine.runner.piecewise_graph import PiecewiseGraphRunner
@@ -78,6 +78,10 @@ class ModelRunner:
         )
         self.sampler = Sampler(use_triton_kernels(device))
         self.sampling_state = SamplingState(device, seed=config.seed)
+        # Drafts kept by forced rates (benchmarks), or None: by the target's own draws.
+        self.synthetic_acceptance = SyntheticAcceptance.for_config(
+            config.speculative_config, device, config.seed
+        )
         self.prompt_logprobs = PromptLogprobsTracker()
         self.block_table = BlockTable(-(-max_model_len // self.block_size), max_num_seqs)
         self.kv_spec = KVCacheSpec.for_model(
@@ -207,6 +211,7 @@ class ModelRunner:
             inputs.sample_req_ids,
             num_draft_tokens,
             (dev["drafts"], dev["num"]),
+            self.synthetic_acceptance,
         )
         self._last_sampled = (step.sampled_token_ids, inputs.sample_req_ids)
         return step

@@ -49,6 +49,9 @@ class Speculator:
         self.disable_by_batch_size = config.disable_by_batch_size
         self.max_model_len = max_model_len
         self.stats = SpecDecodingStats(config.num_speculative_tokens)
+        # Under synthetic acceptance (benchmarks) a rejection is a coin's, not the text's: no
+        # back-off, so that every step drafts, as in vLLM.
+        self._backs_off = config.acceptance != "synthetic"
         # req_id -> (output length at which it may draft again, consecutive failures).
         self._backoff: dict[str, tuple[int, int]] = {}
 
@@ -91,7 +94,7 @@ class Speculator:
         self.stats.observe_draft(num_draft_tokens, num_accepted)
         if num_accepted:
             self._backoff.pop(request.req_id, None)
-        else:
+        elif self._backs_off:
             self._failed(request)
 
     def forget(self, req_id: str) -> None:
