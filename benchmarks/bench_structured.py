@@ -134,7 +134,14 @@ def run(args: argparse.Namespace) -> None:
     result |= result_fields(workload, generated, seconds)
     result["valid_json"] = valid
     result["first_request_with_compile_ms"] = round(first_compile * 1e3, 2)
+    profile = cProfile.Profile() if args.profile else None
+    if profile is not None:
+        profile.enable()
     result["ttft_ms"] = round(ttft(llm, params, constrained) * 1e3, 2)
+    if profile is not None:
+        profile.disable()
+        print("TTFT profile", file=sys.stderr)
+        pstats.Stats(profile, stream=sys.stderr).sort_stats("tottime").print_stats(25)
     print(json.dumps(result), flush=True)
     if args.engine == "minivllm":
         llm.shutdown()
