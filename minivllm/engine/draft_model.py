@@ -4,7 +4,9 @@ by our own ModelRunner (its own KV cache and CUDA graphs), greedily.
 Each call catches the draft model's KV up with every request's history (the prompt the first
 time, then the tokens the last step added), samples the first draft from the last position,
 and decodes one more draft per step up to the request's cap: one mixed step, then up to k - 1
-decode steps, each batched over the drafting requests. Its drafts are certain (q one-hot), so
+decode steps, each batched over the drafting requests and launched before the step it
+continues is read (its input a placeholder, as under async scheduling), so the host's read of
+one step overlaps the device's next. Its drafts are certain (q one-hot), so
 exact verification keeps the output the target's own, whatever the draft model says.
 
 The draft's KV is its own, in blocks of its own pool (no prefix sharing): enough for
@@ -24,8 +26,14 @@ import torch
 
 from minivllm.config import EngineConfig
 from minivllm.engine.runner.model_runner import ModelRunner
+from minivllm.engine.runner.step_handle import StepHandle
 from minivllm.engine.setup import resolve_setup
-from minivllm.engine.types import NewRequestData, ScheduledChunk, SchedulerOutput
+from minivllm.engine.types import (
+    PLACEHOLDER_TOKEN_ID,
+    NewRequestData,
+    ScheduledChunk,
+    SchedulerOutput,
+)
 from minivllm.models.model_config import ModelConfig
 from minivllm.sampling_params import SamplingParams
 from minivllm.spec_decode.proposer import DraftTokens, ProposeInput
@@ -111,12 +119,20 @@ class DraftModelProposer:
                 rows.append((i, req_id, history, cap))
         if not rows:
             return DraftTokens(drafts, num_drafts)
-        tokens = self._first_drafts(rows)
-        for j in range(1, max(cap for *_, cap in rows)):
-            going = [(n, r) for n, r in enumerate(rows) if r[3] > j]
-            step = self._decode([(r[1], tokens[n][-1], len(r[2]) + j - 1) for n, r in going])
-            for (n, _), token in zip(going, step, strict=True):
+        # Each decode step is launched before the step it continues is read: its input is a
+        # placeholder the runner fills on the device from that step's sampled ids, so the
+        # host reads step j - 1 while step j runs.
+        in_flight = self._first_drafts(rows)
+        tokens: list[list[int]] = [[] for _ in rows]
+        going = list(range(len(rows)))
+        for j in range(1, max(cap for *_, cap in rows) + 1):
+            previous, going = going, [n for n in going if rows[n][3] > j]
+            launched = None
+            if going:
+                launched = self._decode([(rows[n][1], len(rows[n][2]) + j - 1) for n in going])
+            for n, token in zip(previous, in_flight.result().sampled_token_ids, strict=True):
                 tokens[n].append(token)
+            in_flight = launched
         for (i, req_id, history, cap), row_tokens in zip(rows, tokens, strict=True):
             drafts[i, :cap] = row_tokens
             num_drafts[i] = cap
@@ -162,8 +178,8 @@ class DraftModelProposer:
         state.num_sent_blocks = len(state.block_ids)
         return chunk
 
-    def _first_drafts(self, rows: list) -> list[list[int]]:
-        """One step over each row's uncomputed tokens: each row's first draft."""
+    def _first_drafts(self, rows: list) -> StepHandle:
+        """One step over each row's uncomputed tokens, launched: each row's first draft."""
         chunks, new = [], []
         for _, req_id, history, _ in rows:
             state = self._requests[req_id]
@@ -171,17 +187,17 @@ class DraftModelProposer:
                 new.append(NewRequestData(req_id, history, _GREEDY))
             start = state.num_computed
             chunks.append(self._chunk(req_id, history[start:], start))
-        out = self._execute(SchedulerOutput(chunks, 0, new, self._take_finished()))
-        return [[t] for t in out]
+        return self._launch(SchedulerOutput(chunks, 0, new, self._take_finished()))
 
-    def _decode(self, rows: list[tuple[str, int, int]]) -> list[int]:
-        """One decode step: (req_id, token, its position) per row."""
-        chunks = [self._chunk(req_id, [token], pos) for req_id, token, pos in rows]
-        return self._execute(SchedulerOutput(chunks, len(chunks), [], self._take_finished()))
+    def _decode(self, rows: list[tuple[str, int]]) -> StepHandle:
+        """One decode step, launched: (req_id, position) per row, whose token is the one the
+        step before it (still running) samples for that request."""
+        chunks = [self._chunk(req_id, [PLACEHOLDER_TOKEN_ID], pos) for req_id, pos in rows]
+        return self._launch(SchedulerOutput(chunks, len(chunks), [], self._take_finished()))
 
-    def _execute(self, sched_out: SchedulerOutput) -> list[int]:
+    def _launch(self, sched_out: SchedulerOutput) -> StepHandle:
         with torch.inference_mode():
-            return self.runner.execute(sched_out).sampled_token_ids
+            return self.runner.execute_async(sched_out)
 
     def _take_finished(self) -> list[str]:
         finished, self._finished = self._finished, []
