@@ -64,14 +64,10 @@ def verify_exact(
     int64 padded with -1; num_draft_tokens: [N] (k_i <= K). With the sampler's own draws the
     output equals what non-speculative decoding samples, token for token.
     """
-    num_rows, k = draft_token_ids.shape
-    rows = position_rows(num_draft_tokens, k).clamp_(max=target_token_ids.shape[0] - 1)
-    target = target_token_ids[rows]  # [N, K + 1]
-    is_draft = torch.arange(k, device=rows.device) < num_draft_tokens[:, None]
-    match = (draft_token_ids == target[:, :k]) & is_draft
-    num_accepted = _leading_true(match)
-    final = target.gather(1, num_accepted[:, None]).squeeze(1)
-    return VerifyOutput(num_accepted, _assemble(draft_token_ids, num_accepted, final))
+    k = draft_token_ids.shape[1]
+    target = _position_targets(target_token_ids, num_draft_tokens, k)
+    match = draft_token_ids == target[:, :k]
+    return _keep_leading(draft_token_ids, num_draft_tokens, target, match)
 
 
 def synthetic_conditional_rates(rates: Sequence[float]) -> list[float]:
@@ -106,16 +102,36 @@ def verify_synthetic(
     target cannot sample at all, e.g. a grammar's mask bans it).
     """
     num_rows, k = draft_token_ids.shape
-    device = draft_token_ids.device
-    rows = position_rows(num_draft_tokens, k).clamp_(max=target_token_ids.shape[0] - 1)
-    target = target_token_ids[rows]  # [N, K + 1]
+    target = _position_targets(target_token_ids, num_draft_tokens, k)
     rates = conditional_rates[:k]
     if rates.shape[0] < k:
         rates = torch.cat([rates, rates.new_zeros(k - rates.shape[0])])
-    uniforms = torch.rand(num_rows, k, generator=generator, device=device)
-    accept = (uniforms < rates) & (torch.arange(k, device=device) < num_draft_tokens[:, None])
+    uniforms = torch.rand(num_rows, k, generator=generator, device=draft_token_ids.device)
+    accept = uniforms < rates
     if draft_allowed is not None:
         accept &= draft_allowed
+    return _keep_leading(draft_token_ids, num_draft_tokens, target, accept)
+
+
+def _position_targets(
+    target_token_ids: torch.Tensor, num_draft_tokens: torch.Tensor, k: int
+) -> torch.Tensor:
+    """[N, K + 1]: the target's token at each request's positions (past k_i: clamped rows,
+    which callers mask)."""
+    rows = position_rows(num_draft_tokens, k).clamp_(max=target_token_ids.shape[0] - 1)
+    return target_token_ids[rows]
+
+
+def _keep_leading(
+    draft_token_ids: torch.Tensor,
+    num_draft_tokens: torch.Tensor,
+    target: torch.Tensor,
+    accept: torch.Tensor,
+) -> VerifyOutput:
+    """Keeps each request's leading drafts where accept [N, K] holds (within its k_i), then
+    the target's token at the first position not kept."""
+    k = draft_token_ids.shape[1]
+    accept = accept & (torch.arange(k, device=accept.device) < num_draft_tokens[:, None])
     num_accepted = _leading_true(accept)
     final = target.gather(1, num_accepted[:, None]).squeeze(1)
     return VerifyOutput(num_accepted, _assemble(draft_token_ids, num_accepted, final))
