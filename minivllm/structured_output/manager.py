@@ -63,8 +63,9 @@ class StepBitmask:
     the host (llguidance releases the GIL) while the device runs the forward; the runner
     applies the result.
 
-    before_fill, when given, runs first: under async scheduling it applies the step in flight,
-    whose tokens the matchers must have taken before this step's masks are filled.
+    before_fill, when given, runs first: under async scheduling it applies the step that was
+    in flight when this one was scheduled (unless applied already), whose tokens the
+    matchers must have taken before this step's masks are filled.
 
     Lives on the host of the scheduler's rank; it never crosses a process boundary (under
     tensor parallelism the executor sends the other ranks its rows and the filled mask)."""

@@ -22,9 +22,9 @@ from minivllm.engine.runner.input_prep import StepInputs, prepare_inputs
 from minivllm.engine.runner.kv_cache import KVCacheSpec, bind_kv_caches
 from minivllm.engine.runner.piecewise_graph import PiecewiseGraphRunner
 from minivllm.engine.runner.profiling import memory_baseline, profile_kv_budget
-from minivllm.engine.runner.prompt_logprobs import PromptLogprobsTracker
+from minivllm.engine.runner.prompt_logprobs import PromptLogprobsJob, PromptLogprobsTracker
 from minivllm.engine.runner.sampling_state import SamplingState
-from minivllm.engine.runner.step_handle import StepHandle
+from minivllm.engine.runner.step_handle import DeferredSampling, StepHandle
 from minivllm.engine.setup import EngineSetup
 from minivllm.engine.types import RunnerOutput, SchedulerOutput
 from minivllm.layers.dispatch import use_triton_kernels
@@ -98,6 +98,11 @@ class ModelRunner:
                 torch.empty(max_num_seqs, dtype=torch.int64, pin_memory=True) for _ in range(3)
             ]
         self._num_steps = 0
+        # A constrained step's sampling waits for the next launch (DeferredSampling). Not
+        # under TP: the workers read rank 0's mask right after the step it belongs to
+        # (executor/step_mask.py), which a later fill would reorder.
+        self.defer_constrained_sampling = tp_size == 1
+        self._deferred: DeferredSampling | None = None
         # A step's input arrays go to the device in one copy from reused pinned buffers,
         # sized for the largest step's token arrays (block tables grow them when needed).
         max_tokens = self.limits.max_num_batched_tokens
@@ -166,17 +171,45 @@ class ModelRunner:
         return self.execute_async(sched_out).result()
 
     @torch.inference_mode()
-    def execute_async(self, sched_out: SchedulerOutput) -> StepHandle | DraftedStep:
+    def execute_async(
+        self, sched_out: SchedulerOutput
+    ) -> StepHandle | DraftedStep | DeferredSampling:
         """Launches one step and returns at once; the handle's result() waits for its tokens
-        (and its logprobs, whose host copies it makes)."""
-        self._update_requests(sched_out)
+        (and its logprobs, whose host copies it makes). A constrained step's sampling waits
+        for the next launch (DeferredSampling) where defer_constrained_sampling."""
         if sched_out.is_empty:
+            self._launch_deferred()
+            self._update_requests(sched_out)
             self.block_table.update(sched_out)  # forget finished requests
             return StepHandle(self.sampling_state, [])
         inputs = prepare_inputs(sched_out, self.block_size, self.block_table)
+        # The step before samples now (its placeholders in this step need its tokens), and
+        # before this step's finished requests leave the sampling state.
+        self._launch_deferred()
+        self._update_requests(sched_out)
         jobs = self.prompt_logprobs.plan(sched_out, inputs.chunk_start_loc, self.sampling_state)
         extra_rows = np.concatenate([job.rows for job in jobs]) if jobs else None
         logits = self.run_model(inputs, sched_out, extra_rows)
+        if sched_out.structured_output is not None and self.defer_constrained_sampling:
+            self._deferred = DeferredSampling(lambda: self._sample(logits, inputs, sched_out, jobs))
+            return self._deferred
+        return self._sample(logits, inputs, sched_out, jobs)
+
+    def _launch_deferred(self) -> None:
+        """Launches the sampling of the step before, if it waits (DeferredSampling)."""
+        if self._deferred is not None:
+            deferred, self._deferred = self._deferred, None
+            deferred.launch()
+
+    @torch.inference_mode()  # also when result() launches it, from the scheduler
+    def _sample(
+        self,
+        logits: torch.Tensor,
+        inputs: StepInputs,
+        sched_out: SchedulerOutput,
+        jobs: list[PromptLogprobsJob],
+    ) -> StepHandle | DraftedStep:
+        """Masks (a constrained step) and samples the step's logits; the handle of the step."""
         if sched_out.structured_output is not None:
             # The device runs the forward (a graph's too) meanwhile; the mask is applied to
             # its output, before the sampler (and its logprobs) see the logits.

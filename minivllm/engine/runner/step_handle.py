@@ -3,8 +3,11 @@ when the engine asks for them (async scheduling keeps one in flight)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
+from minivllm.engine.runner.draft_step import DraftedStep
 from minivllm.engine.runner.prompt_logprobs import PromptLogprobsJob, PromptLogprobsTracker
 from minivllm.engine.runner.sampling_state import SamplingState, to_runner_logprobs
 from minivllm.engine.types import RunnerOutput
@@ -57,3 +60,31 @@ class StepHandle:
         if self.prompt_logprobs_jobs is not None:
             out.prompt_logprobs = PromptLogprobsTracker.collect(*self.prompt_logprobs_jobs)
         return out
+
+
+class DeferredSampling:
+    """A constrained step whose forward is launched and whose mask and sampling wait: under
+    async scheduling the runner launches them just before the next step's forward, once the
+    scheduler has applied the step before this one (its tokens advance the matchers) and
+    scheduled the next. The host's work of a step then overlaps this step's forward instead
+    of leaving the device idle between the sampling and the next forward.
+
+    sample: fills the mask, applies it and launches the sampling; it runs once, at the
+    runner's next launch or at result(), whichever comes first.
+    """
+
+    def __init__(self, sample: Callable[[], StepHandle | DraftedStep]) -> None:
+        self._sample: Callable[[], StepHandle | DraftedStep] | None = sample
+        self._handle: StepHandle | DraftedStep | None = None
+
+    def launch(self) -> StepHandle | DraftedStep:
+        """Launches the sampling (once) and returns the step's handle."""
+        if self._handle is None:
+            sample, self._sample = self._sample, None
+            if sample is None:
+                raise RuntimeError("the sampling of this step failed at its launch")
+            self._handle = sample()
+        return self._handle
+
+    def result(self) -> RunnerOutput:
+        return self.launch().result()

@@ -22,8 +22,10 @@ class AsyncScheduler(Scheduler):
     next step starts from every token, as a synchronous step does.
 
     A grammar needs the tokens only for the step's mask, which the runner fills once the
-    forward is launched: a constrained step scheduled ahead applies the step in flight there
-    (StepBitmask.before_fill), while the device runs its forward, as vLLM defers the bitmask.
+    forward is launched. On one device it fills it just before the next step's forward
+    (runner/step_handle.DeferredSampling), once this scheduler's update() has applied the
+    step before; under TP it fills it at once, and a constrained step scheduled ahead applies
+    the step in flight there (StepBitmask.before_fill), as vLLM defers the bitmask.
     """
 
     def __init__(self, *args, **kwargs) -> None:
@@ -38,7 +40,16 @@ class AsyncScheduler(Scheduler):
         return super().schedule(now)
 
     def _before_fill(self) -> Callable[[], None] | None:
-        return None if self._in_flight is None else self._apply_early
+        in_flight = self._in_flight
+        if in_flight is None:
+            return None
+
+        def apply_if_in_flight() -> None:
+            # A fill deferred past the next update() finds that step applied already.
+            if self._in_flight is in_flight:
+                self._apply_early()
+
+        return apply_if_in_flight
 
     def _apply_early(self) -> None:
         """Applies the step in flight now; the next update() returns its outputs."""

@@ -1,0 +1,157 @@
+"""A constrained step's mask and sampling wait for the next step's launch under async
+scheduling on one device (runner/step_handle.DeferredSampling): the scheduler schedules the
+next step while this step's forward runs. The tokens are those of synchronous steps, also
+when a request is aborted or ends between the launch and the sampling."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from minivllm import LLM, SamplingParams
+from minivllm.engine.runner.model_runner import ModelRunner
+from minivllm.engine.runner.step_handle import DeferredSampling
+from minivllm.engine.sched.scheduler import Scheduler
+from minivllm.engine.types import EngineRequest
+from minivllm.structured_output import StructuredOutputsParams
+from minivllm.structured_output.manager import StepBitmask
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer"}},
+    "required": ["ok", "n"],
+    "additionalProperties": False,
+    "x-guidance": {"whitespace_flexible": False},
+}
+
+
+def constrained(seed: int, max_tokens: int = 40, **kwargs) -> SamplingParams:
+    return SamplingParams(
+        temperature=1.0,
+        seed=seed,
+        max_tokens=max_tokens,
+        structured_outputs=StructuredOutputsParams(json=SCHEMA),
+        **kwargs,
+    )
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_qwen3_dir: str):
+    engine = LLM(tiny_qwen3_dir, device="cpu")
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def sync_llm(tiny_qwen3_dir: str):
+    engine = LLM(tiny_qwen3_dir, device="cpu", async_scheduling=False)
+    yield engine
+    engine.shutdown()
+
+
+def run(engine, requests: list[EngineRequest], abort_at: dict[int, str] | None = None):
+    """Steps the engine core until it is idle; abort_at: step number -> req_id aborted
+    before that step (the core reports nothing more of it: the frontend ends it). Returns
+    req_id -> (token ids, finish reason)."""
+    engine.add_requests(requests)
+    tokens: dict[str, list[int]] = {r.req_id: [] for r in requests}
+    finished = {}
+    num_steps = 0
+    while engine.has_unfinished_requests():
+        num_steps += 1
+        aborted = (abort_at or {}).get(num_steps)
+        if aborted is not None and aborted not in finished:
+            engine.abort_requests([aborted])
+            finished[aborted] = "abort"
+        for out in engine.step():
+            tokens[out.req_id] += out.new_token_ids
+            if out.finished:
+                finished[out.req_id] = out.finish_reason
+    return {req_id: (tokens[req_id], finished[req_id]) for req_id in tokens}
+
+
+def test_the_mask_is_filled_after_the_next_step_is_scheduled(llm: LLM, monkeypatch) -> None:
+    events: list[str] = []
+
+    def record(name, method):
+        def wrapped(self, *args, **kwargs):
+            events.append(name)
+            return method(self, *args, **kwargs)
+
+        return wrapped
+
+    monkeypatch.setattr(Scheduler, "schedule", record("schedule", Scheduler.schedule))
+    monkeypatch.setattr(ModelRunner, "run_model", record("forward", ModelRunner.run_model))
+    monkeypatch.setattr(StepBitmask, "fill", record("fill", StepBitmask.fill))
+    handles = []
+    execute_async = ModelRunner.execute_async
+
+    def keep(self, sched_out):
+        handle = execute_async(self, sched_out)
+        handles.append(handle)
+        return handle
+
+    monkeypatch.setattr(ModelRunner, "execute_async", keep)
+    # A regex that forces nothing (forced tokens are drafts, which schedule after the step).
+    params = SamplingParams(
+        temperature=1.0,
+        seed=1,
+        max_tokens=6,
+        ignore_eos=True,
+        structured_outputs=StructuredOutputsParams(regex="[a-z ]+"),
+    )
+    llm.generate(["hello there"], params, use_tqdm=False)
+    assert any(isinstance(h, DeferredSampling) for h in handles)
+    # Each constrained step: its forward, the next step's schedule, then its fill.
+    firsts = [i for i, e in enumerate(events) if e == "forward"]
+    assert len(firsts) >= 3
+    for start in firsts[:-1]:
+        following = events[start + 1 :]
+        assert "fill" in following and "schedule" in following[: following.index("fill")], events
+
+
+def test_aborts_between_launch_and_sampling_lose_nothing(llm: LLM, sync_llm: LLM) -> None:
+    prompt = [5, 9, 13, 17, 21]
+
+    def requests():
+        return [EngineRequest(f"r{i}", prompt, constrained(seed=i), 0.0) for i in range(4)]
+
+    expected = run(sync_llm.engine, requests())
+    got = run(llm.engine, requests(), abort_at={3: "r1", 6: "r2"})
+    assert got["r1"][1] == "abort" and got["r2"][1] == "abort"
+    for req_id in ("r0", "r3"):
+        assert got[req_id] == expected[req_id]
+    # The aborted ones stopped partway along the same tokens.
+    for req_id in ("r1", "r2"):
+        assert got[req_id][0] == expected[req_id][0][: len(got[req_id][0])]
+    tokenizer = llm.get_tokenizer()
+    for req_id in ("r0", "r3"):
+        assert expected[req_id][1] == "stop"
+        text = tokenizer.decode(expected[req_id][0])
+        jsonschema.validate(json.loads(text), {k: v for k, v in SCHEMA.items() if k[0] != "x"})
+    assert llm.engine.stats().num_free_blocks == llm.engine.num_blocks
+
+
+def test_stop_strings_and_logprobs_end_requests_as_sync_steps_do(
+    llm: LLM, sync_llm: LLM
+) -> None:
+    """Requests that read tokens on the host (logprobs) and end on a stop string between a
+    deferred launch and its sampling."""
+    params = [
+        constrained(seed=3, stop=['"n"']),
+        constrained(seed=4, logprobs=2),
+        constrained(seed=5),
+    ]
+    prompts = ["hello there", "a b c", "the quick brown fox"]
+    outs = {
+        name: [o.outputs[0] for o in engine.generate(prompts, params, use_tqdm=False)]
+        for name, engine in (("async", llm), ("sync", sync_llm))
+    }
+    for a, s in zip(outs["async"], outs["sync"], strict=True):
+        assert a.token_ids == s.token_ids and a.finish_reason == s.finish_reason
+    assert outs["async"][0].finish_reason == "stop" and '"n"' not in outs["async"][0].text
+    assert [list(e) for e in outs["async"][1].logprobs] == [
+        list(e) for e in outs["sync"][1].logprobs
+    ]
