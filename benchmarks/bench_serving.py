@@ -7,7 +7,7 @@ rate), then runs the same prompts through LLM.generate.
 python benchmarks/bench_serving.py [--model DIR | --model-name qwen3-0.6b] [--num-prompts 512]
     [--max-concurrency 128] [--request-rate R] [--no-warm-up] [--input-len 1000]
     [--output-len 200] [--skip-offline] [--text-prompts] [--temperature T] [--port P] [--seed S]
-    [-- extra engine flags]
+    [--json-schema] [-- extra engine flags]
 
 --request-rate: requests start at Poisson arrival times of R per second (as `vllm bench serve
 --request-rate`), still at most --max-concurrency at once. --no-warm-up: the measured requests
@@ -17,6 +17,10 @@ token ids decoded, as `vllm bench serve --dataset-name random` sends them), so t
 server's tokenization counts. --temperature: 0 (greedy) unless given; `vllm bench serve` sends
 none, so its requests sample at the server's default, 1.0. --port: drive a server already
 running there (no offline run unless --model is given and --skip-offline is not).
+--json-schema: every request (served and offline) under bench_structured.py's JSON schema,
+sent as vLLM's `structured_outputs` field; output tok/s counts the tokens the server reports
+(a grammar that ends stops its request early). The model needs a real tokenizer
+(`bench_structured.py make DIR`).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import sys
 import time
 import urllib.request
 
+from bench_structured import SCHEMA
 from common import dummy_model_dir, percentile
 from sse_client import stream_completion
 from workloads import MAX_TOKEN_ID, random_prompts
@@ -44,7 +49,14 @@ def _free_port() -> int:
 
 
 async def _one(
-    port: int, model: str, prompt, output_len: int, temperature: float, sem, at: float
+    port: int,
+    model: str,
+    prompt,
+    output_len: int,
+    temperature: float,
+    sem,
+    at: float,
+    schema: dict | None = None,
 ) -> dict:
     await asyncio.sleep(at)
     async with sem:
@@ -54,13 +66,18 @@ async def _one(
             "max_tokens": output_len,
             "temperature": temperature,
             "stream": True,
+            "stream_options": {"include_usage": True},
             "ignore_eos": True,
         }
+        if schema is not None:  # vLLM's request field, which both servers take
+            body["structured_outputs"] = {"json": schema}
         result = await stream_completion(port, body)
         times = result.text_times
         return {
             "ttft": times[0] - result.start,
             "itl": [b - a for a, b in zip(times, times[1:])],
+            # A grammar that ends stops its request before max_tokens.
+            "tokens": result.usage["completion_tokens"] if result.usage else output_len,
         }
 
 
@@ -72,6 +89,7 @@ async def _drive(
     concurrency: int,
     rate: float | None = None,
     temperature: float = 0.0,
+    schema: dict | None = None,
 ) -> dict:
     sem = asyncio.Semaphore(concurrency)
     rng = random.Random(1)
@@ -82,7 +100,7 @@ async def _drive(
     start = time.perf_counter()
     results = await asyncio.gather(
         *(
-            _one(port, model, p, output_len, temperature, sem, at)
+            _one(port, model, p, output_len, temperature, sem, at, schema)
             for p, at in zip(prompts, arrivals)
         )
     )
@@ -90,7 +108,7 @@ async def _drive(
     ttfts = [r["ttft"] for r in results]
     itls = [x for r in results for x in r["itl"]]
     return {
-        "output_tok_s": len(prompts) * output_len / elapsed,
+        "output_tok_s": sum(r["tokens"] for r in results) / elapsed,
         "ttft_p50_ms": 1e3 * percentile(ttfts, 0.5),
         "ttft_p99_ms": 1e3 * percentile(ttfts, 0.99),
         "itl_p50_ms": 1e3 * percentile(itls, 0.5),
@@ -120,17 +138,25 @@ def _serve(model: str, port: int, flags: list[str]) -> subprocess.Popen:
     raise RuntimeError("the server did not start")
 
 
-def _offline(model: str, prompts, output_len: int, temperature: float, flags: dict) -> float:
+def _offline(
+    model: str, prompts, output_len: int, temperature: float, flags: dict, schema: dict | None
+) -> float:
     from minivllm import LLM, SamplingParams
+    from minivllm.structured_output import StructuredOutputsParams
 
     llm = LLM(model, **flags)
-    params = SamplingParams(temperature=temperature, max_tokens=output_len, ignore_eos=True)
+    params = SamplingParams(
+        temperature=temperature,
+        max_tokens=output_len,
+        ignore_eos=True,
+        structured_outputs=None if schema is None else StructuredOutputsParams(json=schema),
+    )
     llm.generate([{"prompt_token_ids": p} for p in prompts[:8]], params, use_tqdm=False)
     start = time.perf_counter()
-    llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     elapsed = time.perf_counter() - start
     llm.shutdown()
-    return len(prompts) * output_len / elapsed
+    return sum(len(o.outputs[0].token_ids) for o in outputs) / elapsed
 
 
 def _engine_flags(extra: list[str]) -> dict:
@@ -159,9 +185,15 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--port", type=int, default=None, help="a server already running")
     parser.add_argument("--seed", type=int, default=0, help="of the random prompts")
+    parser.add_argument(
+        "--json-schema",
+        action="store_true",
+        help="every request under bench_structured.py's JSON schema (needs a real tokenizer)",
+    )
     parser.add_argument("extra", nargs=argparse.REMAINDER, help="engine flags, after --")
     args = parser.parse_args()
     extra = [a for a in args.extra if a != "--"]
+    schema = SCHEMA if args.json_schema else None
     model = args.model or dummy_model_dir(args.model_name)
     has_weights = args.model is not None and (
         os.path.isfile(model)  # a .gguf file
@@ -193,6 +225,7 @@ def main() -> None:
                 args.max_concurrency,
                 args.request_rate,
                 args.temperature,
+                schema,
             )
         )
     finally:
@@ -203,7 +236,9 @@ def main() -> None:
     flags = {"max_num_seqs": args.max_concurrency, **_engine_flags(extra)}
     skip_offline = args.skip_offline or (args.port is not None and args.model is None)
     offline = (
-        None if skip_offline else _offline(model, prompts, args.output_len, args.temperature, flags)
+        None
+        if skip_offline
+        else _offline(model, prompts, args.output_len, args.temperature, flags, schema)
     )
     result = {
         "bench": "serving",
@@ -217,6 +252,7 @@ def main() -> None:
         "engine_flags": extra,
         "text_prompts": args.text_prompts,
         "temperature": args.temperature,
+        "json_schema": args.json_schema,
         "served": served,
         "offline_output_tok_s": offline,
         "served_over_offline": None if offline is None else served["output_tok_s"] / offline,

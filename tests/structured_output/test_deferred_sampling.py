@@ -134,9 +134,7 @@ def test_aborts_between_launch_and_sampling_lose_nothing(llm: LLM, sync_llm: LLM
     assert llm.engine.stats().num_free_blocks == llm.engine.num_blocks
 
 
-def test_stop_strings_and_logprobs_end_requests_as_sync_steps_do(
-    llm: LLM, sync_llm: LLM
-) -> None:
+def test_stop_strings_and_logprobs_end_requests_as_sync_steps_do(llm: LLM, sync_llm: LLM) -> None:
     """Requests that read tokens on the host (logprobs) and end on a stop string between a
     deferred launch and its sampling."""
     params = [
