@@ -119,6 +119,26 @@ def test_stop_inside_accepted_drafts(tiny_qwen3_dir: str) -> None:
     assert len(plain[len(PROMPTS)][0]) <= 13
 
 
+def test_penalties_draft_and_keep_their_tokens(tiny_qwen3_dir: str) -> None:
+    """Requests with presence, frequency and repetition penalties draft: each position is
+    penalized as if the drafts before it were output, so the tokens are the target's own."""
+    penalties = [
+        {"repetition_penalty": 1.3},
+        {"presence_penalty": 0.4, "frequency_penalty": 0.3},
+        {"repetition_penalty": 0.9, "frequency_penalty": -0.2},
+    ]
+    params = [_params(1, **kw)[0] for kw in penalties] + _params(2)
+    prompts = PROMPTS[:3] + PROMPTS[3:]
+    ref, _, _ = _run(tiny_qwen3_dir, params, prompts)
+    llm = LLM(tiny_qwen3_dir, device="cpu", block_size=8, speculative_config=NGRAM)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    llm.shutdown()
+    assert [list(o.outputs[0].token_ids) for o in outs] == [t for t, _, _ in ref]
+    penalized = [o.metrics for o in outs[:3]]  # they drafted, and kept some
+    assert sum(m.num_draft_tokens for m in penalized) > 0
+    assert sum(m.num_accepted_tokens for m in penalized) > 0
+
+
 def test_stop_string_with_drafts(tiny_qwen3_dir: str) -> None:
     ref, _, _ = _run(tiny_qwen3_dir, _params())
     llm = LLM(tiny_qwen3_dir, device="cpu", block_size=8)
@@ -159,6 +179,7 @@ def test_deterministic_mode_bit_identical(tiny_qwen3_dir: str) -> None:
     for params in (
         _params(3, max_tokens=10),
         [SamplingParams(temperature=0.05, seed=i, max_tokens=10, logprobs=1) for i in range(3)],
+        _params(3, max_tokens=10, repetition_penalty=1.2, presence_penalty=0.3),
     ):
         ref, _, _ = _run(tiny_qwen3_dir, params, prompts, **options)
         got, stats, all_free = _run(tiny_qwen3_dir, params, prompts, spec=NGRAM, **options)

@@ -105,10 +105,13 @@ class DraftedStep:
         num_draft_tokens: np.ndarray,
         drafts: tuple[torch.Tensor, torch.Tensor],
         synthetic: SyntheticAcceptance | None = None,
+        host_drafts: np.ndarray | None = None,
     ) -> None:
         """logits: [sum(num_draft_tokens + 1), V], each chunk's rows in order; drafts: the
         drafts [N, K] (draft_token_ids) and num_draft_tokens [N] on the logits' device;
-        synthetic: verify by forced rates instead of the target's own draws."""
+        synthetic: verify by forced rates instead of the target's own draws; host_drafts:
+        the drafts [N, K] on the host, which penalties and min_tokens count at the positions
+        after them (needed when a drafting request has either)."""
         self.sampling_state = sampling_state
         self.req_ids = req_ids
         self.num_draft_tokens = num_draft_tokens.tolist()
@@ -118,7 +121,15 @@ class DraftedStep:
         drafting = [r for r, n in zip(req_ids, self.num_draft_tokens, strict=True) if n]
         self.generator_states = sampling_state.generator_states(drafting)
         self.vocab_size = logits.shape[1]
-        meta = sampling_state.build_metadata(self.row_req_ids)
+        drafted = None  # per row, the drafts before its position
+        if any(sampling_state.reads_output(r) for r in drafting):
+            assert host_drafts is not None
+            drafted = [
+                host_drafts[i, :j].tolist()
+                for i, n in enumerate(self.num_draft_tokens)
+                for j in range(n + 1)
+            ]
+        meta = sampling_state.build_metadata(self.row_req_ids, drafted)
         self.sampler_out: SamplerOutput = sampler(logits, meta)
         target_token_ids = self.sampler_out.sampled_token_ids
         if synthetic is None:

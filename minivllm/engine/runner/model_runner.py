@@ -234,9 +234,8 @@ class ModelRunner:
     ) -> DraftedStep:
         """Samples every drafted position and verifies the drafts (draft_step.py)."""
         num_draft_tokens = inputs.num_draft_tokens
-        dev = self._staging.upload(
-            {"drafts": draft_token_ids(sched_out, num_draft_tokens), "num": num_draft_tokens}
-        )
+        drafts = draft_token_ids(sched_out, num_draft_tokens)
+        dev = self._staging.upload({"drafts": drafts, "num": num_draft_tokens})
         step = DraftedStep(
             self.sampling_state,
             self.sampler,
@@ -245,6 +244,7 @@ class ModelRunner:
             num_draft_tokens,
             (dev["drafts"], dev["num"]),
             self.synthetic_acceptance,
+            drafts,
         )
         self._last_sampled = (step.sampled_token_ids, inputs.sample_req_ids)
         return step

@@ -72,12 +72,16 @@ class SamplingState:
             if state is not None:
                 state.output_token_ids.append(token_id)
 
-    def build_metadata(self, req_ids: list[str]) -> SamplingMetadata:
+    def build_metadata(
+        self, req_ids: list[str], drafted: list[list[int]] | None = None
+    ) -> SamplingMetadata:
         """SamplingMetadata for rows req_ids (one row per sampled position, in order).
 
         Each row is one sampled token: it advances its request's num_sampled. A request with
         drafts has one row per position, consecutive, each keyed as the token it would be
         without speculation; unsample() takes back the rows of rejected positions.
+        drafted: per row, the drafts before its position, which penalties count and
+        min_tokens counts as output (the row is sampled as if they had been).
         """
         key = tuple(req_ids)
         states = [self.requests[req_id] for req_id in req_ids]
@@ -85,10 +89,10 @@ class SamplingState:
         for s in states:
             draw_index.append(s.num_sampled)
             s.num_sampled += 1
-        if self._reusable is not None and self._reusable[0] == key:
+        if self._reusable is not None and self._reusable[0] == key and drafted is None:
             meta = self._reusable[1]
         else:
-            meta = self._build_metadata(states)
+            meta = self._build_metadata(states, drafted)
             # Without penalties or suppressed tokens nothing in it changes while the batch
             # stays, except the draw keys (seeds and offsets, replaced below).
             static = meta.no_penalties and meta.suppressed_token_ids is None
@@ -151,7 +155,21 @@ class SamplingState:
                 offsets[row] = draw_index[row] << DRAW_SHIFT
         return self._staging.upload({"seeds": seeds, "offsets": offsets})
 
-    def _build_metadata(self, states: list[_RequestState]) -> SamplingMetadata:
+    def reads_output(self, req_id: str) -> bool:
+        """Whether req_id's sampling depends on its output so far: penalties, or min_tokens
+        not reached (its rows with drafts need build_metadata's drafted)."""
+        s = self.requests[req_id]
+        p = s.params
+        return bool(
+            p.presence_penalty
+            or p.frequency_penalty
+            or p.repetition_penalty != 1.0
+            or len(s.output_token_ids) < p.min_tokens
+        )
+
+    def _build_metadata(
+        self, states: list[_RequestState], drafted: list[list[int]] | None = None
+    ) -> SamplingMetadata:
         device = self.device
         params = [s.params for s in states]
         random_params = [p for p in params if not p.is_greedy]
@@ -160,11 +178,14 @@ class SamplingState:
             p.presence_penalty == 0.0 and p.frequency_penalty == 0.0 for p in params
         )
         num_logprobs = [p.logprobs for p in params if p.logprobs is not None]
-        output_ids = None if no_penalties else _padded([s.output_token_ids for s in states], device)
+        outputs = [s.output_token_ids for s in states]
+        if drafted is not None:
+            outputs = [out + before for out, before in zip(outputs, drafted, strict=True)]
+        output_ids = None if no_penalties else _padded(outputs, device)
         prompt_ids = (
             _padded([s.prompt_token_ids for s in states], device) if has_repetition else None
         )
-        suppressed_ids = _suppressed_token_ids(states, device)
+        suppressed_ids = _suppressed_token_ids(states, [len(out) for out in outputs], device)
         bias_ids, bias_values = _logit_bias(params, device)
         no_filters = {
             "no_top_k": all(p.top_k == 0 for p in random_params),
@@ -294,12 +315,15 @@ def _param_tensors(params: list[SamplingParams], staging: InputStaging) -> dict[
     return tensors
 
 
-def _suppressed_token_ids(states: list[_RequestState], device: torch.device) -> torch.Tensor | None:
-    """[N, max_num_suppressed] ids banned this step by min_tokens, or None when none are."""
+def _suppressed_token_ids(
+    states: list[_RequestState], num_outputs: list[int], device: torch.device
+) -> torch.Tensor | None:
+    """[N, max_num_suppressed] ids banned this step by min_tokens, or None when none are.
+    num_outputs: per row, the output tokens before it (drafts before its position too)."""
     rows: list[list[int]] = []
-    for s in states:
+    for s, num_output in zip(states, num_outputs, strict=True):
         banned: list[int] = []
-        if len(s.output_token_ids) < s.params.min_tokens:
+        if num_output < s.params.min_tokens:
             banned = list(s.params.stop_token_ids)
             if not s.params.ignore_eos:
                 banned += s.params.eos_token_ids

@@ -90,8 +90,8 @@ class Request:
 
 def needs_host_tokens(request: Request) -> bool:
     """Penalties, min_tokens and logprobs read sampled tokens on the host each step. (A
-    grammar does too, but only once the next step's forward is launched: the AsyncScheduler
-    applies the step in flight before that step's mask is filled.)"""
+    grammar does too, but only for the next step's mask, which is filled once the step in
+    flight has been applied: engine/sched/async_scheduler.py.)"""
     p = request.sampling_params
     return bool(
         p.presence_penalty
@@ -107,10 +107,10 @@ def draft_room(
     request: Request, limit: int, max_model_len: int, after_pending: bool = False
 ) -> int:
     """How many drafts (speculative or a grammar's forced tokens) request may take this step,
-    at most limit: 0 unless its next step is a plain decode with min_tokens reached (EOS
-    suppression would vary by position) and every token known, or, with after_pending, all
-    but the one in flight (async scheduling: the drafts follow a placeholder); the step's
-    accepted drafts and one token must fit max_tokens and max_model_len."""
+    at most limit: 0 unless its next step is a plain decode after its first output token
+    with every token known, or, with after_pending, all but the one in flight (async
+    scheduling: the drafts follow a placeholder); the step's accepted drafts and one token
+    must fit max_tokens and max_model_len."""
     params = request.sampling_params
     num_pending = request.num_pending_tokens
     num_tokens = request.num_tokens + num_pending
@@ -118,7 +118,7 @@ def draft_room(
     if (
         (num_pending and not after_pending)
         or request.num_computed_tokens != num_tokens - 1
-        or num_output_tokens < max(params.min_tokens, 1)
+        or num_output_tokens < 1
     ):
         return 0
     room = min(limit, max_model_len - num_tokens - 1)

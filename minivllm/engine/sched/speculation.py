@@ -1,12 +1,11 @@
 """Speculation in the scheduler: which running requests get draft tokens this step, the
 drafts themselves (from the proposer), and the acceptance counters.
 
-A request drafts only when its next step would be a plain decode whose sampling depends on
-nothing the drafts change: no penalties (they would have to count the drafts before each
-position), and min_tokens reached (no EOS suppression that varies by position). A constrained
-request drafts as well (its draft positions get a grammar mask each); where its grammar forces
-the next tokens, those are its drafts instead (jump-forward, engine/sched/grammar.py).
-Drafts never run past max_tokens or max_model_len.
+A request drafts when its next step would be a plain decode. Each draft position is sampled
+as if the drafts before it were output: penalties count them and min_tokens counts them
+(runner/draft_step.py), and a constrained request's draft positions get a grammar mask each;
+where its grammar forces the next tokens, those are its drafts instead (jump-forward,
+engine/sched/grammar.py). Drafts never run past max_tokens or max_model_len.
 
 A request whose drafting fails (no match, or none of its drafts accepted) backs off: it tries
 again after 1, 2, 4, ... up to MAX_BACKOFF_TOKENS more tokens, and succeeding resets it. A step
@@ -66,10 +65,9 @@ class Speculator:
         next step must start from every token, not run ahead)."""
         backoff = self._backoff
         for r in requests:
-            if _may_draft(r):
-                due = backoff.get(r.req_id)
-                if due is None or r.num_output_tokens + r.num_pending_tokens >= due[0]:
-                    return True
+            due = backoff.get(r.req_id)
+            if due is None or r.num_output_tokens + r.num_pending_tokens >= due[0]:
+                return True
         return False
 
     def propose(self, requests: list[Request]) -> dict[str, list[int]]:
@@ -109,15 +107,6 @@ class Speculator:
     def _max_drafts(self, request: Request) -> int:
         """How many drafts request may take this step (0: it decodes one token as usual)."""
         due = self._backoff.get(request.req_id)
-        if (due is not None and request.num_output_tokens < due[0]) or not _may_draft(request):
+        if due is not None and request.num_output_tokens < due[0]:
             return 0
         return draft_room(request, self.num_speculative_tokens, self.max_model_len)
-
-
-def _may_draft(request: Request) -> bool:
-    """Whether request may ever draft: no penalties. (A grammar's request drafts too: its
-    draft positions get a mask each, structured_output/manager.fill_draft_positions.)"""
-    params = request.sampling_params
-    return not (
-        params.presence_penalty or params.frequency_penalty or params.repetition_penalty != 1.0
-    )
