@@ -28,13 +28,16 @@ def test_drafts_what_followed_the_last_match() -> None:
     assert speculator.propose([request]) == {"r": [4, 5, 1]}
 
 
-def test_caps_and_ineligible_requests() -> None:
+def test_caps_and_eligible_requests() -> None:
     speculator = Speculator(CONFIG, max_model_len=64)
     near_end = _decoding([1, 2, 3, 4, 5, 1, 2], [3], max_tokens=3)  # room for 1 draft
     assert speculator.propose([near_end]) == {"r": [4]}
-    penalized = _decoding([1, 2, 3, 4, 5, 1, 2], [3], presence_penalty=0.5)
-    assert speculator.propose([penalized]) == {}
-    assert not speculator.wants_last_tokens([penalized])
+    # Penalties and min_tokens do not stop drafting (each position counts the drafts before).
+    penalized = _decoding([1, 2, 3, 4, 5, 1, 2], [3], presence_penalty=0.5, min_tokens=5)
+    assert speculator.propose([penalized]) == {"r": [4, 5, 1]}
+    assert speculator.wants_last_tokens([penalized])
+    first = _decoding([1, 2, 3, 4, 5, 1, 2, 3], [])  # no output token yet: a prefill first
+    assert speculator.propose([first]) == {}
     in_flight = _decoding([1, 2, 3, 4, 5, 1, 2], [3])
     in_flight.num_pending_tokens = 1
     assert speculator.propose([in_flight]) == {}
