@@ -6,6 +6,8 @@ Prints one JSON line.
     python benchmarks/bench_structured.py run minivllm DIR [--unconstrained] [--sync]
     PYTHONPATH=/tmp/vsite python benchmarks/bench_structured.py run vllm DIR [--backend guidance]
 
+vLLM logs its shutdown to stdout after the JSON line: keep the line with `grep '"engine"'`.
+
 DIR: a dummy-weights Qwen3-0.6B-shaped model directory whose tokenizer is a real byte-level BPE
 (the demo GGUF's, 49,152 tokens; `vocab_size` set to match): with the word-level tokenizer of
 make_dummy_model.py vLLM's xgrammar ends every constrained request after one token and its
