@@ -1,6 +1,7 @@
 """Fixtures: the tiny byte-level BPE tokenizer and the demo model's (SmolLM2) real vocabulary,
-each with its llguidance backend, built once per session; a driver that samples masked
-random logits until the grammar ends."""
+each with its llguidance backend, built once per session; the tiny model's engine with and
+without async scheduling (one per module); a driver that samples masked random logits until
+the grammar ends."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any, BinaryIO
 import pytest
 import torch
 
+from minivllm import LLM
 from minivllm.demo_model import demo_gguf_file
 from minivllm.structured_output import StructuredOutputsParams, allocate_bitmask, apply_bitmask
 from minivllm.structured_output.llguidance_backend import LLGuidanceBackend
@@ -96,6 +98,22 @@ def demo_tokenizer():
 @pytest.fixture(scope="session")
 def demo_backend(demo_tokenizer) -> LLGuidanceBackend:
     return LLGuidanceBackend(demo_tokenizer, num_threads=2)
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_qwen3_dir: str):
+    """The tiny model's engine on the CPU, async scheduling (one per test module)."""
+    engine = LLM(tiny_qwen3_dir, device="cpu")
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def sync_llm(tiny_qwen3_dir: str):
+    """The same without async scheduling."""
+    engine = LLM(tiny_qwen3_dir, device="cpu", async_scheduling=False)
+    yield engine
+    engine.shutdown()
 
 
 def generate(

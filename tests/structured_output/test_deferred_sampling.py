@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 
 import jsonschema
-import pytest
 
 from minivllm import LLM, SamplingParams
 from minivllm.engine.runner.model_runner import ModelRunner
@@ -35,20 +34,6 @@ def constrained(seed: int, max_tokens: int = 40, **kwargs) -> SamplingParams:
         structured_outputs=StructuredOutputsParams(json=SCHEMA),
         **kwargs,
     )
-
-
-@pytest.fixture(scope="module")
-def llm(tiny_qwen3_dir: str):
-    engine = LLM(tiny_qwen3_dir, device="cpu")
-    yield engine
-    engine.shutdown()
-
-
-@pytest.fixture(scope="module")
-def sync_llm(tiny_qwen3_dir: str):
-    engine = LLM(tiny_qwen3_dir, device="cpu", async_scheduling=False)
-    yield engine
-    engine.shutdown()
 
 
 def run(engine, requests: list[EngineRequest], abort_at: dict[int, str] | None = None):

@@ -39,20 +39,6 @@ def so_params(max_tokens: int = 48, **kwargs) -> SamplingParams:
 SO_KINDS = ("json", "regex", "choice", "grammar", "json_object")
 
 
-@pytest.fixture(scope="module")
-def llm(tiny_qwen3_dir: str):
-    engine = LLM(tiny_qwen3_dir, device="cpu")
-    yield engine
-    engine.shutdown()
-
-
-@pytest.fixture(scope="module")
-def sync_llm(tiny_qwen3_dir: str):
-    engine = LLM(tiny_qwen3_dir, device="cpu", async_scheduling=False)
-    yield engine
-    engine.shutdown()
-
-
 def generate(llm: LLM, prompts, params):
     return [o.outputs for o in llm.generate(prompts, params, use_tqdm=False)]
 
