@@ -183,6 +183,13 @@ class SamplingParams:
         return derived
 
     @property
+    def has_penalties(self) -> bool:
+        """Whether a presence, frequency or repetition penalty is on."""
+        return bool(
+            self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+        )
+
+    @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0
 

@@ -159,13 +159,7 @@ class SamplingState:
         """Whether req_id's sampling depends on its output so far: penalties, or min_tokens
         not reached (its rows with drafts need build_metadata's drafted)."""
         s = self.requests[req_id]
-        p = s.params
-        return bool(
-            p.presence_penalty
-            or p.frequency_penalty
-            or p.repetition_penalty != 1.0
-            or len(s.output_token_ids) < p.min_tokens
-        )
+        return s.params.has_penalties or len(s.output_token_ids) < s.params.min_tokens
 
     def _build_metadata(
         self, states: list[_RequestState], drafted: list[list[int]] | None = None

@@ -94,12 +94,7 @@ def needs_host_tokens(request: Request) -> bool:
     flight has been applied: engine/sched/async_scheduler.py.)"""
     p = request.sampling_params
     return bool(
-        p.presence_penalty
-        or p.frequency_penalty
-        or p.repetition_penalty != 1.0
-        or p.min_tokens
-        or p.logprobs is not None
-        or p.prompt_logprobs is not None
+        p.has_penalties or p.min_tokens or p.logprobs is not None or p.prompt_logprobs is not None
     )
 
 
