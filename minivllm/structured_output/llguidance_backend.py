@@ -11,11 +11,21 @@ from typing import Any
 
 import llguidance
 import llguidance.hf
-import llguidance.torch
 import torch
 from llguidance.gbnf_to_lark import any_to_lark
 
 from minivllm.structured_output.params import StructuredOutputSpec
+
+
+def _host_words(bitmask: torch.Tensor) -> torch.Tensor:
+    """The bitmask llguidance writes through a raw pointer: int32 words, on the host, one
+    contiguous block (anything else would be written out of bounds)."""
+    if bitmask.dtype != torch.int32 or bitmask.device.type != "cpu" or not bitmask.is_contiguous():
+        raise ValueError(
+            f"the grammar bitmask must be a contiguous int32 host tensor, got {bitmask.dtype} "
+            f"on {bitmask.device} (contiguous={bitmask.is_contiguous()})"
+        )
+    return bitmask
 
 
 @dataclass(frozen=True)
@@ -54,7 +64,10 @@ class LLGuidanceMatcher:
         return self.matcher.validate_tokens(token_ids)
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
-        llguidance.torch.fill_next_token_bitmask(self.matcher, bitmask, row)
+        # llguidance.torch has the same call, but importing it compiles a torch function
+        # (torch._dynamo: ~1.5 s at every process start); the raw pointer call is all it does.
+        words = _host_words(bitmask)[row]
+        self.matcher.unsafe_compute_mask_ptr(words.data_ptr(), words.numel() * 4)
 
     def forced_tokens(self) -> list[int]:
         if self.matcher.is_stopped() or self.matcher.is_error():
@@ -136,7 +149,8 @@ class LLGuidanceBackend:
     ) -> None:
         if rows:
             pairs = [(m.matcher, row) for m, row in rows]
-            llguidance.torch.fill_next_token_bitmask_par(self._executor, pairs, bitmask)
+            batch, words = _host_words(bitmask).shape
+            self._executor.unsafe_compute_mask_ptr(pairs, bitmask.data_ptr(), words * 4, batch)
 
     def accept_token_batch(self, pairs: Sequence[tuple[LLGuidanceMatcher, int]]) -> list[bool]:
         accepted = [False] * len(pairs)

@@ -161,6 +161,27 @@ def test_parallel_fill_equals_one_by_one(tiny_backend, tiny_tokenizer):
     assert (together[2] == -1).all()
 
 
+@pytest.mark.parametrize(
+    "bad",
+    [
+        lambda words: torch.full((2, words), -1, dtype=torch.int64),
+        lambda words: torch.full((words, 2), -1, dtype=torch.int32).t(),
+    ],
+    ids=["int64", "not-contiguous"],
+)
+def test_a_bitmask_llguidance_cannot_write_is_refused(tiny_backend, bad):
+    """llguidance writes masks through a raw pointer: a tensor of another layout is an error,
+    never memory written out of bounds."""
+    matcher = tiny_backend.new_matcher(
+        tiny_backend.compile(StructuredOutputsParams(json_object=True).spec_key())
+    )
+    bitmask = bad(allocate_bitmask(1, tiny_backend.vocab_size).shape[1])
+    with pytest.raises(ValueError, match="contiguous int32 host tensor"):
+        tiny_backend.fill_bitmasks([(matcher, 0)], bitmask)
+    with pytest.raises(ValueError, match="contiguous int32 host tensor"):
+        matcher.fill_bitmask(bitmask, 0)
+
+
 def test_model_vocab_larger_than_the_tokenizer(tiny_tokenizer):
     backend = LLGuidanceBackend(tiny_tokenizer, vocab_size=600)
     assert backend.vocab_size == 600
