@@ -1,5 +1,5 @@
 """Soak: many streaming clients with random lengths, disconnects and aborts on a small KV cache
-(preemptions, prefix hits) for MINIVLLM_SOAK_SECONDS (default 10). Afterwards every finished
+(preemptions, prefix hits) for MINIVLLM_SOAK_SECONDS (default 5). Afterwards every finished
 response equals the offline greedy text, the engine is idle with every block free, no 5xx,
 and resident memory is flat."""
 
@@ -64,7 +64,7 @@ async def _one_request(client, rng: random.Random, refs: dict, tally: dict) -> N
 
 
 def test_soak(tiny_qwen3_dir, tmp_path) -> None:
-    seconds = float(os.environ.get("MINIVLLM_SOAK_SECONDS", "10"))
+    seconds = float(os.environ.get("MINIVLLM_SOAK_SECONDS", "5"))
     llm = LLM(tiny_qwen3_dir, dtype="float32", device="cpu", block_size=4)
     keys = [(i, length) for i in range(len(PROMPTS)) for length in LENGTHS]
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for _, n in keys]
