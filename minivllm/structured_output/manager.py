@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, wait
 from concurrent.futures import TimeoutError as FutureTimeout
 
 import torch
@@ -63,13 +63,6 @@ class StepBitmask:
     the host (llguidance releases the GIL) while the device runs the forward; the runner
     applies the result.
 
-    start() begins the fill on the manager's grammar thread, once the matchers stand where
-    the masks need them (the async scheduler calls it when it has applied the step before):
-    the masks are then written while the main thread makes that step's outputs and schedules
-    the next; fill() only waits for them. The same job computes the running requests' forced
-    tokens (jump-forward), which the next schedule reads. Without start(), fill() does the
-    work.
-
     before_fill, when given, runs first: under async scheduling it applies the step that was
     in flight when this one was scheduled (unless applied already), whose tokens the
     matchers must have taken before this step's masks are filled.
@@ -92,28 +85,13 @@ class StepBitmask:
         self.drafts = drafts
         self._manager = manager
         self._before_fill = before_fill
-        self._filled: Future[tuple[torch.Tensor, torch.Tensor]] | None = None
-
-    def start(self, forced_for: Sequence[StructuredOutputRequest] = ()) -> None:
-        """Begins the fill on the grammar thread, then the forced tokens of forced_for (the
-        requests the next schedule looks at); once, and a no-op after fill()."""
-        if self._filled is None:
-            if self._before_fill is not None:
-                self._before_fill()
-            self._filled = self._manager.start_fill(
-                self.requests, self.rows, self.drafts, forced_for
-            )
 
     def fill(self) -> tuple[torch.Tensor, torch.Tensor]:
         """bitmask int32 [num_rows, num_words] and rows int64 [num_rows], CPU (pinned on
         CUDA). They are the manager's reused buffers: valid until the next step's fill()."""
-        if self._filled is None:
-            if self._before_fill is not None:
-                self._before_fill()
-            self._manager.settle()
-            self._filled = Future()
-            self._filled.set_result(self._manager.fill(self.requests, self.rows, self.drafts))
-        return self._filled.result()
+        if self._before_fill is not None:
+            self._before_fill()
+        return self._manager.fill(self.requests, self.rows, self.drafts)
 
 
 class StructuredOutputManager:
@@ -145,10 +123,6 @@ class StructuredOutputManager:
         self._compiler: Future[GrammarCompiler] | None = None
         self._bitmask: torch.Tensor | None = None
         self._rows: torch.Tensor | None = None
-        # The grammar thread (one: a step's fill reads the matchers the next one moves) and
-        # its job in flight, which settle() waits for before the matchers are read again.
-        self._thread: ThreadPoolExecutor | None = None
-        self._job: Future | None = None
 
     @property
     def backend(self) -> StructuredOutputBackend:
@@ -183,44 +157,6 @@ class StructuredOutputManager:
         grammar: Future[CompiledGrammar] = Future()
         building.add_done_callback(lambda built: _chain(built, spec, grammar))
         return grammar
-
-    def start_fill(
-        self,
-        requests: Sequence[StructuredOutputRequest],
-        rows: Sequence[int],
-        drafts: Sequence[Sequence[int]] | None = None,
-        forced_for: Sequence[StructuredOutputRequest] = (),
-    ) -> Future[tuple[torch.Tensor, torch.Tensor]]:
-        """fill(), then the forced tokens of forced_for (kept by each request: forced_tokens()),
-        on the grammar thread. Until settle() the caller must not touch those matchers."""
-        self.settle()
-
-        def job() -> tuple[torch.Tensor, torch.Tensor]:
-            filled = self.fill(requests, rows, drafts)
-            for request in forced_for:
-                request.forced_tokens()
-            return filled
-
-        self._job = self._grammar_thread().submit(job)
-        return self._job
-
-    def start_forced(self, forced_for: Sequence[StructuredOutputRequest]) -> None:
-        """The forced tokens of forced_for on the grammar thread, for a step without masks
-        to fill (its constrained requests all wait for drafts in flight)."""
-        self.settle()
-        self._job = self._grammar_thread().submit(lambda: [r.forced_tokens() for r in forced_for])
-
-    def _grammar_thread(self) -> ThreadPoolExecutor:
-        if self._thread is None:
-            self._thread = ThreadPoolExecutor(1, thread_name_prefix="minivllm-grammar-step")
-        return self._thread
-
-    def settle(self) -> None:
-        """Waits for the grammar thread's job, if one runs (its error, if any, is raised by
-        the StepBitmask's fill(), not here)."""
-        if self._job is not None:
-            wait([self._job])
-            self._job = None
 
     def fill(
         self,

@@ -47,8 +47,6 @@ class StructuredOutputRequest:
         self._backend = backend
         self._matcher: GrammarMatcher | None = None
         self.accepted_token_ids: list[int] = []
-        # The matcher's forced tokens where it stands (None: not computed since it moved).
-        self._forced: list[int] | None = None
 
     def is_ready(self) -> bool:
         """True once the grammar is compiled; re-raises the compile's ValueError (a bad
@@ -72,21 +70,12 @@ class StructuredOutputRequest:
     def is_finished(self) -> bool:
         return self.matcher.is_finished()
 
-    def forced_tokens(self) -> list[int]:
-        """The tokens the grammar forces next (jump-forward), computed once per matcher
-        position: the grammar thread computes them with a step's masks, the scheduler reads
-        them."""
-        if self._forced is None:
-            self._forced = self.matcher.forced_tokens()
-        return self._forced
-
     def advance(self, new_token_ids: Sequence[int]) -> Literal["stop"] | None:
         """Feeds newly sampled output tokens to the matcher; "stop" once the grammar has
         ended (it takes nothing more, or took EOS): the request finishes with reason
         'stop'. A disallowed token or a failed matcher raises GrammarViolation (the
         request fails); the allowed tokens before a disallowed one are kept."""
         new_token_ids = list(new_token_ids)
-        self._forced = None
         if not self.matcher.accept_tokens(new_token_ids):
             num_valid = 0
             if self.matcher.error() is None:  # a rejected token: keep the allowed ones before it
@@ -99,7 +88,6 @@ class StructuredOutputRequest:
     def rollback(self, num_tokens: int) -> None:
         """Forgets the last num_tokens accepted tokens (ValueError if more than accepted)."""
         self.matcher.rollback(num_tokens)
-        self._forced = None
         del self.accepted_token_ids[len(self.accepted_token_ids) - num_tokens :]
 
     def sync(self, output_token_ids: Sequence[int]) -> Literal["stop"] | None:
@@ -126,7 +114,6 @@ class StructuredOutputRequest:
         )
 
     def _accept(self, token_ids: list[int]) -> None:
-        self._forced = None
         if not self.matcher.accept_tokens(token_ids):
             raise GrammarViolation("the matcher rejected tokens it had validated")
         self.accepted_token_ids.extend(token_ids)
@@ -145,7 +132,6 @@ def advance_batch(
     accepted = backend.accept_token_batch(list(zip(matchers, token_ids)))
     outcomes: list[AdvanceOutcome] = []
     for request, matcher, token_id, ok in zip(requests, matchers, token_ids, accepted):
-        request._forced = None
         if ok:
             request.accepted_token_ids.append(token_id)
             outcomes.append("stop" if matcher.is_finished() else None)

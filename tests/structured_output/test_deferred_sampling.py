@@ -6,19 +6,16 @@ when a request is aborted or ends between the launch and the sampling."""
 from __future__ import annotations
 
 import json
-import threading
 
 import jsonschema
 
 from minivllm import LLM, SamplingParams
 from minivllm.engine.runner.model_runner import ModelRunner
 from minivllm.engine.runner.step_handle import DeferredSampling
-from minivllm.engine.sched.async_scheduler import AsyncScheduler
 from minivllm.engine.sched.scheduler import Scheduler
 from minivllm.engine.types import EngineRequest
 from minivllm.structured_output import StructuredOutputsParams
-from minivllm.structured_output.llguidance_backend import LLGuidanceMatcher
-from minivllm.structured_output.manager import StepBitmask, StructuredOutputManager
+from minivllm.structured_output.manager import StepBitmask
 
 SCHEMA = {
     "type": "object",
@@ -141,48 +138,3 @@ def test_stop_strings_and_logprobs_end_requests_as_sync_steps_do(llm: LLM, sync_
     assert [list(e) for e in outs["async"][1].logprobs] == [
         list(e) for e in outs["sync"][1].logprobs
     ]
-
-
-def test_masks_and_forced_tokens_are_computed_on_the_grammar_thread(
-    llm: LLM, sync_llm: LLM, monkeypatch
-) -> None:
-    """Under async scheduling, once update() has started the grammar job of the step in
-    flight, its mask fill and the next schedule's forced-token lookups run on the grammar
-    thread (beside the main thread's outputs and schedule) -- unless that schedule first
-    applies the step in flight itself (drafts in flight), which moves the matchers. The
-    tokens are those of synchronous steps, jump-forward included."""
-    events: list[str] = []
-
-    def record(name, method):
-        def wrapped(self, *args, **kwargs):
-            events.append(name if name else threading.current_thread().name)
-            return method(self, *args, **kwargs)
-
-        return wrapped
-
-    prompts = ["hello there", "a b c", "the quick brown fox"]
-    params = [constrained(seed=s, max_tokens=200) for s in range(3)]
-    expected = [o.outputs[0] for o in sync_llm.generate(prompts, params, use_tqdm=False)]
-    monkeypatch.setattr(StructuredOutputManager, "fill", record("", StructuredOutputManager.fill))
-    monkeypatch.setattr(
-        LLGuidanceMatcher, "forced_tokens", record("", LLGuidanceMatcher.forced_tokens)
-    )
-    job = record("job", AsyncScheduler._start_grammar_job)
-    monkeypatch.setattr(AsyncScheduler, "_start_grammar_job", job)
-    monkeypatch.setattr(
-        AsyncScheduler, "_apply_early", record("early", AsyncScheduler._apply_early)
-    )
-    got = [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
-    assert [(o.token_ids, o.finish_reason) for o in got] == [
-        (o.token_ids, o.finish_reason) for o in expected
-    ]
-    assert all(o.finish_reason == "stop" for o in got)
-    grammar_thread = "minivllm-grammar-step_0"
-    assert events.count(grammar_thread) > 2 * len(prompts)
-    assert "early" in events  # the case the exception is for happens here
-    last_marker = None
-    for event in events:
-        if event in ("job", "early"):
-            last_marker = event
-        elif event != grammar_thread:
-            assert event == "MainThread" and last_marker != "job", events

@@ -22,11 +22,10 @@ class AsyncScheduler(Scheduler):
     next step starts from every token, as a synchronous step does.
 
     A grammar needs the tokens only for the step's mask, which the runner fills once the
-    forward is launched. On one device it samples just before the next step's forward
-    (runner/step_handle.DeferredSampling), and update(), once it has applied the step
-    before, starts the mask's fill on the grammar thread (StepBitmask.start); under TP the
-    runner fills it at once, and a constrained step scheduled ahead applies the step in
-    flight there (StepBitmask.before_fill), as vLLM defers the bitmask.
+    forward is launched. On one device it fills it just before the next step's forward
+    (runner/step_handle.DeferredSampling), once this scheduler's update() has applied the
+    step before; under TP it fills it at once, and a constrained step scheduled ahead applies
+    the step in flight there (StepBitmask.before_fill), as vLLM defers the bitmask.
     """
 
     def __init__(self, *args, **kwargs) -> None:
@@ -67,20 +66,7 @@ class AsyncScheduler(Scheduler):
             outputs += super().update(sched_out, runner_out)
         elif not sched_out.is_empty:  # an empty step only handed finished ids to the runner
             self._in_flight = (sched_out, runner_out)
-            if self.num_constrained:
-                self._start_grammar_job(sched_out)
         return outputs + self.take_failed_outputs()
-
-    def _start_grammar_job(self, sched_out: SchedulerOutput) -> None:
-        """The matchers have taken every token the in-flight step's masks need: the masks,
-        and the forced tokens the next schedule reads, are computed on the grammar thread
-        while this step's outputs are made and the next one scheduled."""
-        assert self.structured_outputs is not None
-        forced_for = [r.structured_output for r in self.running if r.structured_output]
-        if sched_out.structured_output is not None:
-            sched_out.structured_output.start(forced_for)
-        else:
-            self.structured_outputs.start_forced(forced_for)
 
     def _apply_in_flight(self) -> list[EngineOutput]:
         if self._in_flight is None:

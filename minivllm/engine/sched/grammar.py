@@ -90,7 +90,7 @@ def forced_drafts(requests: list[Request], max_model_len: int) -> dict[str, list
         so = request.structured_output
         if so is None:
             continue
-        forced = so.forced_tokens()
+        forced = so.matcher.forced_tokens()
         pending = request.num_pending_tokens
         if len(forced) <= pending:
             continue  # the usual case: checked first, since it is the cheaper test

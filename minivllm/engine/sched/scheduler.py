@@ -179,8 +179,6 @@ class Scheduler:
         drafts = self.speculator.propose(running) if self._speculating() else {}
         self._forced_req_ids = set()
         if self.num_constrained:  # a grammar's forced tokens win over proposed drafts
-            assert self.structured_outputs is not None
-            self.structured_outputs.settle()  # the grammar thread's fill has left the matchers
             forced = forced_drafts(running, self.max_model_len)
             drafts |= forced
             self._forced_req_ids = forced.keys()
@@ -332,7 +330,6 @@ class Scheduler:
         advanced = {}  # the batched grammar advance of the step's one-token constrained rows
         if self.num_constrained:
             assert self.structured_outputs is not None
-            self.structured_outputs.settle()
             advanced = advance_grammars(self.requests, runner_out, self.structured_outputs)
         i = -1  # the runner samples one token per chunk with sample=True, in chunk order
         for chunk in sched_out.chunks:
