@@ -70,9 +70,9 @@ class LLGuidanceMatcher:
         self.matcher.unsafe_compute_mask_ptr(words.data_ptr(), words.numel() * 4)
 
     def forced_tokens(self) -> list[int]:
-        if self.matcher.is_stopped() or self.matcher.is_error():
+        if self.matcher.is_stopped():  # also true of a failed matcher
             return []
-        return list(self.matcher.compute_ff_tokens())
+        return self.matcher.compute_ff_tokens()
 
     def rollback(self, num_tokens: int) -> None:
         if not 0 <= num_tokens <= len(self._counted):
