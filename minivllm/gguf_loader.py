@@ -7,6 +7,7 @@ is minivllm/gguf_convert.py.
 
 from __future__ import annotations
 
+import functools
 import glob
 import os
 from collections.abc import Iterator
@@ -76,7 +77,20 @@ def import_gguf(path: str):
 
 
 def open_gguf(path: str):
-    """A gguf.GGUFReader over `path` (memory-mapped; tensors are read when touched)."""
+    """A gguf.GGUFReader over `path` (memory-mapped; tensors are read when touched). Parsing
+    the metadata takes seconds for a large vocabulary (a view per token and merge), so the
+    last file's reader is kept: the config and the weights of one load read it once."""
+    try:
+        stat = os.stat(path)
+    except OSError as e:
+        raise ValueError(f"cannot read GGUF file {path!r}: {e}") from e
+    return _cached_reader(os.path.abspath(path), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=1)
+def _cached_reader(path: str, mtime_ns: int, size: int):
+    """open_gguf's reader, keyed by the file's path, modification time and size (a file
+    rewritten in place is read again)."""
     gguf = import_gguf(path)
     try:
         return gguf.GGUFReader(path)

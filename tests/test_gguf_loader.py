@@ -19,7 +19,7 @@ gguf = pytest.importorskip("gguf", reason="GGUF support needs the gguf package")
 from safetensors.torch import load_file  # noqa: E402
 
 from minivllm.attention.torch_sdpa import TorchSDPABackend  # noqa: E402
-from minivllm.gguf_loader import LLAMA3_ROPE, find_gguf_file  # noqa: E402
+from minivllm.gguf_loader import LLAMA3_ROPE, find_gguf_file, open_gguf  # noqa: E402
 from minivllm.model_loader import build_model  # noqa: E402
 from minivllm.models.model_config import ModelConfig  # noqa: E402
 from minivllm.tiny_model import build_tiny_model  # noqa: E402
@@ -209,3 +209,17 @@ def test_missing_metadata_is_a_clear_error(tmp_path) -> None:
     writer.close()
     with pytest.raises(ValueError, match="no 'llama.attention.head_count' metadata"):
         ModelConfig.from_hf(str(tmp_path / "m.gguf"))
+
+
+def test_a_file_rewritten_in_place_is_read_again(tmp_path) -> None:
+    """The last file's reader is kept (config and weights parse it once); a new file at the
+    same path is another key (its size and modification time), so its own contents are read."""
+    path = str(tmp_path / "m.gguf")
+    freqs = (np.linspace(1.0, 4.0, 32, dtype=np.float32), None)
+    minimal_gguf(path, "llama", {"rope_freqs.weight": freqs})
+    assert open_gguf(path) is open_gguf(path)
+    with pytest.raises(ValueError, match="not Llama 3's RoPE scaling"):
+        ModelConfig.from_hf(path)
+    minimal_gguf(path, "gpt2", {"output_norm.weight": (np.ones(256, dtype=np.float32), None)})
+    with pytest.raises(ValueError, match=r"'gpt2'.*supported"):
+        ModelConfig.from_hf(path)
