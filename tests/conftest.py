@@ -5,7 +5,15 @@ from __future__ import annotations
 import os
 import sys
 
-import torch
+# Each pytest-xdist worker, and every process it starts (servers, ranks), gets its share of
+# the cores: torch's default of one thread per core in every process oversubscribes them,
+# and OpenMP threads that spin while they wait made two workers on the 2-core CI box run
+# their tests ~2.5x slower. Set before torch is imported; a value given outside wins.
+_NUM_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _NUM_WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _NUM_WORKERS)))
+
+import torch  # noqa: E402
 
 # Triton kernels run in the interpreter on a CPU-only machine; this must be set before
 # anything imports triton (this file is loaded before every test module).
