@@ -5,6 +5,7 @@ each node's launcher posts how a rank of its node died, and node 0 watches both.
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import threading
 import time
@@ -17,6 +18,8 @@ FAILURE_KEY = "minivllm/failure"
 # After a collective failed: how long to wait for a launcher's report (or for the lost rank's
 # heartbeat to fall silent) that names the rank that went away.
 EXPLAIN_WAIT_S = 4 * BEAT_INTERVAL_S + 1.0
+# How long stopping a store thread waits for its call in flight.
+STOP_WAIT_S = 2.0
 
 
 def beat_key(rank: int) -> str:
@@ -38,20 +41,50 @@ def connect_store(host: str, port: int, timeout_s: float) -> dist.TCPStore:
     )
 
 
-def start_heartbeat(store: dist.Store, rank: int, on_lost: Callable[[str], None]) -> None:
+def start_heartbeat(store: dist.Store, rank: int, on_lost: Callable[[str], None]) -> Heartbeat:
+    """This rank's heartbeat in the store, beating until its stop() (or the interpreter's exit)."""
+    return Heartbeat(store, rank, on_lost)
+
+
+class Heartbeat:
     """Bumps this rank's counter every BEAT_INTERVAL_S on a daemon thread; calls on_lost once
     (and stops) when the store is gone, which means node 0's rank 0 is gone."""
 
-    def beat() -> None:
-        while True:
+    def __init__(self, store: dist.Store, rank: int, on_lost: Callable[[str], None]) -> None:
+        self._stop = threading.Event()
+        self._thread = _start_store_thread(self._beat, (store, rank, on_lost), "minivllm-heartbeat")
+        atexit.register(self.stop)
+
+    def _beat(self, store: dist.Store, rank: int, on_lost: Callable[[str], None]) -> None:
+        while not self._stop.is_set():
             try:
                 store.add(beat_key(rank), 1)
             except Exception as e:  # the store lives in node 0's engine process
-                on_lost(f"lost node 0 (rank 0, the rendezvous store): {type(e).__name__}: {e}")
+                if not self._stop.is_set():
+                    on_lost(f"lost node 0 (rank 0, the rendezvous store): {type(e).__name__}: {e}")
                 return
-            time.sleep(BEAT_INTERVAL_S)
+            self._stop.wait(BEAT_INTERVAL_S)
 
-    threading.Thread(target=beat, name="minivllm-heartbeat", daemon=True).start()
+    def stop(self) -> None:
+        _stop_store_thread(self._stop, self._thread, self.stop)
+
+
+def _start_store_thread(target: Callable, args: tuple, name: str) -> threading.Thread:
+    thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+    thread.start()
+    return thread
+
+
+def _stop_store_thread(stop: threading.Event, thread: threading.Thread, handler) -> None:
+    """Stops a thread that calls the store and waits for the call in flight (at most
+    STOP_WAIT_S: the store may be gone). A daemon thread still inside a store call when the
+    interpreter finalizes is ended under the store's C++ frames (CPython ends such threads
+    with pthread_exit) and the process aborts: "terminate called without an active
+    exception". So the owners stop them, and atexit does it for those nobody stopped."""
+    stop.set()
+    atexit.unregister(handler)
+    if thread is not threading.current_thread():
+        thread.join(STOP_WAIT_S)
 
 
 class NodeMonitor:
@@ -75,7 +108,8 @@ class NodeMonitor:
         now = time.monotonic()
         self._beats = {rank: (-1, now) for rank in rank_to_node}  # rank -> (count, changed at)
         self._stop = threading.Event()
-        threading.Thread(target=self._watch, name="minivllm-node-monitor", daemon=True).start()
+        self._thread = _start_store_thread(self._watch, (), "minivllm-node-monitor")
+        atexit.register(self.stop)
 
     def _watch(self) -> None:
         while not self._stop.wait(BEAT_INTERVAL_S):
@@ -139,4 +173,4 @@ class NodeMonitor:
             return min(self._store.add(step_errors_key(r), 0) for r in self._nodes)
 
     def stop(self) -> None:
-        self._stop.set()
+        _stop_store_thread(self._stop, self._thread, self.stop)

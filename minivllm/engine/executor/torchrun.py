@@ -6,7 +6,12 @@ import os
 
 import torch.distributed as dist
 
-from minivllm.distributed.liveness import NodeMonitor, connect_store, start_heartbeat
+from minivllm.distributed.liveness import (
+    Heartbeat,
+    NodeMonitor,
+    connect_store,
+    start_heartbeat,
+)
 from minivllm.distributed.teardown import release_process_group
 from minivllm.engine.executor.local import LocalExecutor
 from minivllm.engine.executor.tp_executor import _abort_process_group, check_shardable
@@ -49,7 +54,9 @@ class TorchrunExecutor(LocalExecutor):
             )
         check_shardable(setup.model_config, world_size)
         self.runner, self.num_blocks = init_rank(setup, rank, "env://", local_rank)
-        self._monitor = _watch_peers(setup.config.distributed_timeout_seconds, rank, world_size)
+        self._heartbeat, self._monitor = _watch_peers(
+            setup.config.distributed_timeout_seconds, rank, world_size
+        )
         self._closed = False
 
     def execute(self, sched_out: SchedulerOutput) -> RunnerOutput:
@@ -76,10 +83,11 @@ class TorchrunExecutor(LocalExecutor):
         if not self._closed:
             self._closed = True
             self._monitor.stop()
+            self._heartbeat.stop()
             release_process_group()
 
 
-def _watch_peers(timeout_s: float, rank: int, world_size: int) -> NodeMonitor:
+def _watch_peers(timeout_s: float, rank: int, world_size: int) -> tuple[Heartbeat, NodeMonitor]:
     """This rank's heartbeat and its watch over the others, in the store of torchrun's agent
     on the first node (MASTER_ADDR:MASTER_PORT; it outlives the ranks). The nodes of the
     ranks come from LOCAL_WORLD_SIZE (torchrun gives every node as many)."""
@@ -88,7 +96,7 @@ def _watch_peers(timeout_s: float, rank: int, world_size: int) -> NodeMonitor:
     # Keys of this attempt only: after a restart (torchrun --max-restarts) the store still
     # holds the last attempt's beats and failure.
     store = dist.PrefixStore(f"attempt{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/", store)
-    start_heartbeat(store, rank, on_lost=lambda message: None)  # the collectives will fail
+    heartbeat = start_heartbeat(store, rank, on_lost=lambda message: None)  # collectives fail
     per_node = int(env.get("LOCAL_WORLD_SIZE", world_size))
     peers = {r: r // per_node for r in range(world_size) if r != rank}
-    return NodeMonitor(store, peers, timeout_s, on_failure=_abort_process_group)
+    return heartbeat, NodeMonitor(store, peers, timeout_s, on_failure=_abort_process_group)
