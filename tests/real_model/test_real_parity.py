@@ -71,6 +71,7 @@ def test_batched_greedy_matches_hf(batched, prompts, hf_model) -> None:
     check_all(hf_model, prompts, batched)
 
 
+@pytest.mark.usefixtures("batched")  # the batched run fills the prefix cache first
 def test_alone_and_prefix_hit_match_hf(gguf_llm, prompts, hf_model) -> None:
     alone = [gguf_llm.generate({"prompt_token_ids": p}, GREEDY, use_tqdm=False)[0] for p in prompts]
     check_all(hf_model, prompts, alone)
