@@ -41,50 +41,47 @@ def connect_store(host: str, port: int, timeout_s: float) -> dist.TCPStore:
     )
 
 
-def start_heartbeat(store: dist.Store, rank: int, on_lost: Callable[[str], None]) -> Heartbeat:
-    """This rank's heartbeat in the store, beating until its stop() (or the interpreter's exit)."""
-    return Heartbeat(store, rank, on_lost)
+class StoreThread:
+    """A daemon thread that calls the rendezvous store: target(stopping) runs until the event
+    is set. stop() sets it and waits for the store call in flight (at most STOP_WAIT_S: the
+    store may be gone); an exit hook stops a thread nobody stopped. A daemon thread still
+    inside a store call when the interpreter finalizes is ended under the store's C++ frames
+    (CPython ends such threads with pthread_exit) and the process aborts: "terminate called
+    without an active exception"."""
 
-
-class Heartbeat:
-    """Bumps this rank's counter every BEAT_INTERVAL_S on a daemon thread; calls on_lost once
-    (and stops) when the store is gone, which means node 0's rank 0 is gone."""
-
-    def __init__(self, store: dist.Store, rank: int, on_lost: Callable[[str], None]) -> None:
-        self._stop = threading.Event()
-        self._thread = _start_store_thread(self._beat, (store, rank, on_lost), "minivllm-heartbeat")
+    def __init__(self, target: Callable[[threading.Event], None], name: str) -> None:
+        self.stopping = threading.Event()
+        self._thread = threading.Thread(
+            target=target, args=(self.stopping,), name=name, daemon=True
+        )
+        self._thread.start()
         atexit.register(self.stop)
 
-    def _beat(self, store: dist.Store, rank: int, on_lost: Callable[[str], None]) -> None:
-        while not self._stop.is_set():
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        atexit.unregister(self.stop)
+        if self._thread is not threading.current_thread():
+            self._thread.join(STOP_WAIT_S)
+
+
+def start_heartbeat(store: dist.Store, rank: int, on_lost: Callable[[str], None]) -> StoreThread:
+    """Bumps this rank's counter every BEAT_INTERVAL_S until stopped; calls on_lost once (and
+    stops) when the store is gone, which means node 0's rank 0 is gone."""
+
+    def beat(stopping: threading.Event) -> None:
+        while not stopping.is_set():
             try:
                 store.add(beat_key(rank), 1)
             except Exception as e:  # the store lives in node 0's engine process
-                if not self._stop.is_set():
+                if not stopping.is_set():
                     on_lost(f"lost node 0 (rank 0, the rendezvous store): {type(e).__name__}: {e}")
                 return
-            self._stop.wait(BEAT_INTERVAL_S)
+            stopping.wait(BEAT_INTERVAL_S)
 
-    def stop(self) -> None:
-        _stop_store_thread(self._stop, self._thread, self.stop)
-
-
-def _start_store_thread(target: Callable, args: tuple, name: str) -> threading.Thread:
-    thread = threading.Thread(target=target, args=args, name=name, daemon=True)
-    thread.start()
-    return thread
-
-
-def _stop_store_thread(stop: threading.Event, thread: threading.Thread, handler) -> None:
-    """Stops a thread that calls the store and waits for the call in flight (at most
-    STOP_WAIT_S: the store may be gone). A daemon thread still inside a store call when the
-    interpreter finalizes is ended under the store's C++ frames (CPython ends such threads
-    with pthread_exit) and the process aborts: "terminate called without an active
-    exception". So the owners stop them, and atexit does it for those nobody stopped."""
-    stop.set()
-    atexit.unregister(handler)
-    if thread is not threading.current_thread():
-        thread.join(STOP_WAIT_S)
+    return StoreThread(beat, "minivllm-heartbeat")
 
 
 class NodeMonitor:
@@ -107,17 +104,15 @@ class NodeMonitor:
         self._on_failure = on_failure
         now = time.monotonic()
         self._beats = {rank: (-1, now) for rank in rank_to_node}  # rank -> (count, changed at)
-        self._stop = threading.Event()
-        self._thread = _start_store_thread(self._watch, (), "minivllm-node-monitor")
-        atexit.register(self.stop)
+        self._thread = StoreThread(self._watch, "minivllm-node-monitor")
 
-    def _watch(self) -> None:
-        while not self._stop.wait(BEAT_INTERVAL_S):
+    def _watch(self, stopping: threading.Event) -> None:
+        while not stopping.wait(BEAT_INTERVAL_S):
             try:
                 failure = self._poll()
             except Exception as e:
                 failure = f"the rendezvous store failed: {type(e).__name__}: {e}"
-            if failure is not None and not self._stop.is_set():
+            if failure is not None and not stopping.is_set():
                 self.failure = failure + "; the engine cannot continue, start it again"
                 self._on_failure()
                 self._post(failure)
@@ -173,4 +168,4 @@ class NodeMonitor:
             return min(self._store.add(step_errors_key(r), 0) for r in self._nodes)
 
     def stop(self) -> None:
-        _stop_store_thread(self._stop, self._thread, self.stop)
+        self._thread.stop()

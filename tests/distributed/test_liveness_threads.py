@@ -13,14 +13,14 @@ import threading
 
 import torch.distributed as dist
 
-from minivllm.distributed.liveness import Heartbeat, NodeMonitor, beat_key
+from minivllm.distributed.liveness import NodeMonitor, beat_key, start_heartbeat
 from minivllm.engine.executor.tp_executor import free_port
 
 SCRIPT = textwrap.dedent(
     """
     import atexit, sys, threading, time
     import torch.distributed as dist
-    from minivllm.distributed.liveness import Heartbeat, NodeMonitor
+    from minivllm.distributed.liveness import NodeMonitor, start_heartbeat
 
     def report():  # registered first, so it runs after the liveness objects' own exit hooks
         names = {t.name for t in threading.enumerate()}
@@ -28,7 +28,7 @@ SCRIPT = textwrap.dedent(
 
     atexit.register(report)
     store = dist.TCPStore("127.0.0.1", int(sys.argv[1]), is_master=True, wait_for_workers=False)
-    Heartbeat(store, 1, on_lost=print)
+    start_heartbeat(store, 1, on_lost=print)
     NodeMonitor(store, {1: 1}, 30.0, on_failure=lambda: None)
     time.sleep(1.2)  # a few beats; then exit without stopping either
     """
@@ -37,11 +37,11 @@ SCRIPT = textwrap.dedent(
 
 def test_stop_ends_and_joins_the_threads() -> None:
     store = dist.TCPStore("127.0.0.1", free_port(), is_master=True, wait_for_workers=False)
-    heartbeat = Heartbeat(store, 3, on_lost=lambda message: None)
+    heartbeat = start_heartbeat(store, 3, on_lost=lambda message: None)
     monitor = NodeMonitor(store, {3: 1}, 30.0, on_failure=lambda: None)
     heartbeat.stop()
     monitor.stop()
-    assert not heartbeat._thread.is_alive() and not monitor._thread.is_alive()
+    assert not heartbeat.is_alive() and not monitor._thread.is_alive()
     beats = store.add(beat_key(3), 0)
     assert beats >= 1
     threading.Event().wait(0.7)  # longer than a beat

@@ -7,8 +7,8 @@ import os
 import torch.distributed as dist
 
 from minivllm.distributed.liveness import (
-    Heartbeat,
     NodeMonitor,
+    StoreThread,
     connect_store,
     start_heartbeat,
 )
@@ -87,7 +87,7 @@ class TorchrunExecutor(LocalExecutor):
             release_process_group()
 
 
-def _watch_peers(timeout_s: float, rank: int, world_size: int) -> tuple[Heartbeat, NodeMonitor]:
+def _watch_peers(timeout_s: float, rank: int, world_size: int) -> tuple[StoreThread, NodeMonitor]:
     """This rank's heartbeat and its watch over the others, in the store of torchrun's agent
     on the first node (MASTER_ADDR:MASTER_PORT; it outlives the ranks). The nodes of the
     ranks come from LOCAL_WORLD_SIZE (torchrun gives every node as many)."""
