@@ -1,11 +1,12 @@
-"""Is cuBLAS already M-invariant for some GEMM shapes? For each linear layer of a model shape,
-compares each of the first rows of x @ w.T computed in a batch of M rows with the same row
-computed alone (M = 1), bitwise, over a ladder of M; and times cuBLAS against the
-batch-invariant Triton GEMM of deterministic mode (kernels/matmul.py). One JSON line per
-layer: the Ms whose rows differ from M = 1 (for cuBLAS and, as a check of the probe, for the
-Triton GEMM, which must be empty), and both GEMMs' times at a few Ms.
+"""Where does cuBLAS give the batch-invariant GEMM's bits? For each linear layer of a model shape
+(and its LM head), the check deterministic mode runs when it builds a model
+(layers/invariant_gemm.py: cuBLAS against the Triton GEMM of kernels/matmul.py at every rung of
+the row ladder, all rows, bitwise, random inputs): the rungs where they differ; and the times
+of cuBLAS, of deterministic mode's GEMM (InvariantGemm: cuBLAS padded to a rung where it
+matched, Triton elsewhere) and of the Triton GEMM. One JSON line per layer.
 
-    python benchmarks/probe_cublas_invariance.py [--model qwen3-0.6b]
+    python benchmarks/probe_cublas_invariance.py [--model qwen3-0.6b|qwen3-8b|smollm2-135m]
+        [--max-rows 16384] [--bias] [--no-times]
     CUBLAS_WORKSPACE_CONFIG=:0:0 python benchmarks/probe_cublas_invariance.py   # no workspace
 
 The environment is read by cuBLAS when it starts: set it outside the process.
@@ -21,16 +22,24 @@ from importlib import resources
 import torch
 import torch.nn.functional as F
 
-LADDER = [1, 2, 3, 4, 5, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512]
-LADDER += [768, 1024, 1536, 2048, 3072, 4096, 8192]
-TIMED = [1, 8, 64, 256, 1024, 4096, 8192]
-NUM_ROWS_CHECKED = 4
+TIMED = [1, 8, 64, 200, 256, 1000, 1024, 4096, 5000, 8192]
+# SmolLM2-135M (the demo model): no config file in the package.
+SMOLLM2 = {
+    "hidden_size": 576,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "intermediate_size": 1536,
+    "vocab_size": 49152,
+}
 
 
 def layer_shapes(model: str) -> dict[str, tuple[int, int]]:
     """name -> (N, K) of each GEMM of one decoder layer and the LM head."""
-    with resources.as_file(resources.files("minivllm") / "configs" / f"{model}.json") as path:
-        cfg = json.loads(path.read_text())
+    if model == "smollm2-135m":
+        cfg = SMOLLM2
+    else:
+        with resources.as_file(resources.files("minivllm") / "configs" / f"{model}.json") as p:
+            cfg = json.loads(p.read_text())
     hidden, heads = cfg["hidden_size"], cfg["num_attention_heads"]
     head_dim = cfg.get("head_dim", hidden // heads)
     kv = cfg["num_key_value_heads"]
@@ -55,44 +64,42 @@ def time_ms(gemm, x: torch.Tensor, w: torch.Tensor, iters: int = 20) -> float:
     return start.elapsed_time(end) / iters
 
 
-def differing_ms(gemm, x: torch.Tensor, w: torch.Tensor) -> list[int]:
-    """The Ms of LADDER at which one of the first rows differs from that row alone."""
-    alone = torch.cat([gemm(x[i : i + 1], w) for i in range(NUM_ROWS_CHECKED)])
-    out = []
-    for m in LADDER:
-        rows = gemm(x[:m], w)[:NUM_ROWS_CHECKED]
-        if not torch.equal(rows, alone[: rows.shape[0]]):
-            out.append(m)
-    return out
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="qwen3-0.6b")
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--max-rows", type=int, default=16384)
+    parser.add_argument("--bias", action="store_true", help="with a bias (Qwen2's q/k/v)")
+    parser.add_argument("--no-times", action="store_true")
     args = parser.parse_args()
     from minivllm.kernels.matmul import matmul
+    from minivllm.layers.invariant_gemm import InvariantGemm
 
     dtype = getattr(torch, args.dtype)
-    torch.manual_seed(0)
+    device = torch.device("cuda")
+    gemm = InvariantGemm(matmul, args.max_rows)
     for name, (n, k) in layer_shapes(args.model).items():
-        x = torch.randn(max(LADDER), k, device="cuda", dtype=dtype)
-        w = torch.randn(n, k, device="cuda", dtype=dtype) / k**0.5
+        key = (n, k, dtype, args.bias)
+        gemm.verify([key], device)
+        checked = [r for r in gemm.ladder if r <= gemm.top_rung[key]]
         result = {
             "model": args.model,
             "layer": name,
             "N": n,
             "K": k,
             "dtype": args.dtype,
+            "bias": args.bias,
+            "torch": torch.__version__,
             "cublas_workspace": os.environ.get("CUBLAS_WORKSPACE_CONFIG", "default"),
-            "cublas_differs_at": differing_ms(F.linear, x, w),
-            "triton_differs_at": differing_ms(matmul, x, w),
-            "cublas_ms": {},
-            "triton_ms": {},
+            "rungs_checked": len(checked),
+            "top_rung": checked[-1],
+            "cublas_ne_triton": [r for r in checked if r not in gemm.fast_rungs[key]],
         }
-        for m in TIMED:
-            result["cublas_ms"][m] = round(time_ms(F.linear, x[:m], w), 4)
-            result["triton_ms"][m] = round(time_ms(matmul, x[:m], w), 4)
+        if not args.no_times:
+            x = torch.randn(max(TIMED), k, device=device, dtype=dtype)
+            w = torch.randn(n, k, device=device, dtype=dtype) / k**0.5
+            for label, fn in (("cublas", F.linear), ("deterministic", gemm), ("triton", matmul)):
+                result[f"{label}_ms"] = {m: round(time_ms(fn, x[:m], w), 4) for m in TIMED}
         print(json.dumps(result), flush=True)
 
 

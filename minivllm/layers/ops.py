@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from minivllm.distributed.all_reduce import Reduce, SymmBuffer, tp_all_reduce
 from minivllm.distributed.parallel_state import all_reduce
+from minivllm.layers.invariant_gemm import InvariantGemm
 
 # (x [num_tokens, in], weight [out, in], bias [out] | None) -> [num_tokens, out]
 Gemm = Callable[..., torch.Tensor]
@@ -19,7 +20,8 @@ Gemm = Callable[..., torch.Tensor]
 
 @dataclass(frozen=True)
 class LayerOps:
-    # F.linear (cuBLAS), or the batch-invariant GEMM (kernels/matmul.py) in deterministic mode.
+    # F.linear (cuBLAS); in deterministic mode the batch-invariant Triton GEMM
+    # (kernels/matmul.py), on CUDA behind cuBLAS where it is shown invariant (InvariantGemm).
     gemm: Gemm = F.linear
     # The embedding's sum over ranks: one rank holds each row, so any order gives its bits.
     reduce: Reduce = all_reduce
@@ -27,14 +29,23 @@ class LayerOps:
     row_reduce: Reduce = all_reduce
 
 
-def layer_ops(deterministic: bool, symm: SymmBuffer | None = None) -> LayerOps:
+def layer_ops(
+    deterministic: bool,
+    symm: SymmBuffer | None = None,
+    device: torch.device | None = None,
+    max_rows: int = 1,
+) -> LayerOps:
     """The layers' ops: batch-invariant ones when `deterministic`; the symmetric-memory
-    all-reduce where `symm` (this rank's buffer, or None: NCCL only) gives the same sums."""
+    all-reduce where `symm` (this rank's buffer, or None: NCCL only) gives the same sums.
+    On CUDA the deterministic GEMM is an InvariantGemm for steps of up to max_rows rows: the
+    runner verifies it once the model is built (InvariantGemm.verify_model)."""
     gemm: Gemm = F.linear
     if deterministic:
         from minivllm.kernels.matmul import matmul  # Triton: imported only when it runs
 
         gemm = matmul
+        if device is not None and device.type == "cuda":
+            gemm = InvariantGemm(matmul, max_rows)
     return LayerOps(
         gemm=gemm,
         reduce=tp_all_reduce(symm, ordered=False),

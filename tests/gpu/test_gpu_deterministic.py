@@ -53,6 +53,39 @@ def test_matmul_rows_independent_of_m() -> None:
                 torch.backends.cuda.preferred_blas_library(library)
 
 
+def test_invariant_gemm_rows_independent_of_m() -> None:
+    """Deterministic mode's GEMM on CUDA (cuBLAS at the rungs where it matched the Triton GEMM,
+    the Triton GEMM elsewhere): off the ladder, eagerly and replayed in a CUDA graph, a row has
+    the bits it has in a 4,096-row product and in the Triton GEMM. Qwen3-0.6B's shapes, bf16."""
+    import torch.nn.functional as F
+
+    from minivllm.kernels.matmul import matmul
+    from minivllm.layers.invariant_gemm import InvariantGemm
+
+    device = torch.device("cuda")
+    shapes = ((4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072), (151936, 1024))
+    gemm = InvariantGemm(matmul, max_rows=4096)
+    counts = gemm.verify([(n, k, torch.bfloat16, False) for n, k in shapes], device)
+    rungs = [(key[:2], count) for key, count in counts.items()]
+    print(f"\nGPU-determinism InvariantGemm cuBLAS rungs per shape: {rungs}")
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    for n, k in shapes:
+        x = torch.randn(4096, k, device="cuda", generator=gen).to(torch.bfloat16)
+        w = (torch.randn(n, k, device="cuda", generator=gen) / k**0.5).to(torch.bfloat16)
+        full = gemm(x, w)
+        torch.testing.assert_close(full.float(), F.linear(x, w).float(), atol=3e-2, rtol=3e-2)
+        assert torch.equal(full, matmul(x, w)), f"N={n} K={k}"
+        for m in (1, 3, 37, 100, 1000, 3000):
+            assert torch.equal(gemm(x[:m], w), full[:m]), f"N={n} K={k} M={m}"
+        static = x[:37].clone()
+        gemm(static, w)  # warm-up outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = gemm(static, w)
+        graph.replay()
+        assert torch.equal(out, full[:37]), f"graph N={n} K={k}"
+
+
 def test_matmul_table_rows_independent_of_m() -> None:
     """Every shape of kernels/matmul_configs.TABLE (the tuned M buckets, bf16): a row has the
     same bits at M = 1, 7 and on both sides of every bucket bound as in a 4096-row product."""

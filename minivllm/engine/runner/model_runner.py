@@ -28,6 +28,7 @@ from minivllm.engine.runner.step_handle import DeferredSampling, StepHandle
 from minivllm.engine.setup import EngineSetup
 from minivllm.engine.types import RunnerOutput, SchedulerOutput
 from minivllm.layers.dispatch import use_triton_kernels
+from minivllm.layers.invariant_gemm import InvariantGemm
 from minivllm.layers.ops import layer_ops
 from minivllm.layers.sampler import Sampler
 from minivllm.model_loader import build_model
@@ -66,6 +67,8 @@ class ModelRunner:
         symm = None
         if tp_size > 1 and device.type == "cuda" and not config.disable_custom_all_reduce:
             symm = create_symm_buffer(device)
+        max_rows = max(self.limits.max_num_batched_tokens, max_num_seqs)
+        ops = layer_ops(config.deterministic, symm, device, max_rows)
         self.model = build_model(
             model_config,
             self.attn_backend,
@@ -74,8 +77,10 @@ class ModelRunner:
             model_dir=config.model,
             load_format=config.load_format,
             seed=config.seed,
-            ops=layer_ops(config.deterministic, symm),
+            ops=ops,
         )
+        if isinstance(ops.gemm, InvariantGemm):
+            ops.gemm.verify_model(self.model, device)
         self.sampler = Sampler(use_triton_kernels(device))
         self.sampling_state = SamplingState(device, seed=config.seed)
         # Drafts kept by forced rates (benchmarks), or None: by the target's own draws.

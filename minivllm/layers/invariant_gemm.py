@@ -1,0 +1,154 @@
+"""Deterministic mode's GEMM on CUDA: cuBLAS wherever it gives the batch-invariant GEMM's bits.
+
+The Triton GEMM (kernels/matmul.py) is batch-invariant by construction: each output element is
+one in-order chain of MMA k-steps, wherever its row sits and however many rows there are. A
+cuBLAS kernel without split-K (or stream-K) runs the same chain, and on the H200 gives the same
+bits (docs/determinism.md); with split-K it does not. Which kernel cuBLAS picks depends on the
+row count and the library, and nothing promises the bits, so they are checked, not assumed:
+
+- every call pads its rows up to a rung of a fixed ladder (`gemm_ladder`), so cuBLAS only ever
+  runs at a finite set of row counts;
+- when the model is built, `verify` runs cuBLAS and the Triton GEMM for each weight shape of
+  the model at every rung on random inputs and keeps the rungs where every row has the same
+  bits in both;
+- a call runs cuBLAS at such a rung and the Triton GEMM otherwise (a shape or rung that failed,
+  or that nobody verified). Every row therefore has the Triton GEMM's bits, whatever its batch.
+  Rows past the largest rung checked (the LM head's are capped by the check's memory) go in
+  chunks of that rung.
+
+cuBLAS is faster at most shapes, by up to ~3x at prefill sizes (docs/determinism.md).
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from collections.abc import Callable, Iterable
+
+import torch
+import torch.nn.functional as F
+
+logger = logging.getLogger(__name__)
+
+# The check's output at its largest rung is at most this many bytes (it holds two).
+CHECK_BYTES = 512 << 20
+
+# (x [rows, K], weight [N, K], bias [N] | None) -> [rows, N]
+Gemm = Callable[..., torch.Tensor]
+# (N, K, dtype, has_bias) of a weight as the GEMM sees it.
+ShapeKey = tuple[int, int, torch.dtype, bool]
+
+
+def gemm_ladder(max_rows: int) -> list[int]:
+    """The row counts cuBLAS runs at: 1, 2, 4, every 8 to 256, every 16 to 1,024 (the decode
+    graphs' sizes), every 64 to 2,048, every 256 beyond (the mixed-step graphs' sizes); the
+    last rung is the first of them >= max_rows. Padding adds at most ~12 %."""
+    rungs = [1, 2, 4] + list(range(8, 257, 8)) + list(range(272, 1025, 16))
+    rungs += list(range(1088, 2049, 64))
+    top = max(max_rows, 1)
+    while rungs[-1] < top:
+        rungs.append(rungs[-1] + 256 if rungs[-1] >= 2048 else rungs[-1] + 64)
+    return [r for r in rungs if r < top] + [next(r for r in rungs if r >= top)]
+
+
+def rungs_matching(
+    gemm: Gemm,
+    reference: Gemm,
+    n: int,
+    k: int,
+    dtype: torch.dtype,
+    has_bias: bool,
+    rungs: list[int],
+    device: torch.device,
+) -> list[int]:
+    """The rungs at which gemm gives every row the bits `reference` gives it (random inputs of
+    the shape: weight [n, k], a bias if has_bias, rungs[-1] rows at most)."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(rungs[-1], k, device=device, dtype=dtype, generator=gen)
+    w = torch.randn(n, k, device=device, dtype=dtype, generator=gen) / k**0.5
+    b = torch.randn(n, device=device, dtype=dtype, generator=gen) if has_bias else None
+    return [m for m in rungs if torch.equal(gemm(x[:m], w, b), reference(x[:m], w, b))]
+
+
+class InvariantGemm:
+    """gemm(x, weight, bias=None) -> [rows, N]: `fast` (cuBLAS) at the rungs where it matched
+    `reference` (the batch-invariant Triton GEMM), `reference` everywhere else."""
+
+    def __init__(self, reference: Gemm, max_rows: int, fast: Gemm = F.linear) -> None:
+        self.reference = reference
+        self.fast = fast
+        self.ladder = gemm_ladder(max_rows)
+        # Verified shapes -> the rungs where fast runs, and the largest rung checked.
+        self.fast_rungs: dict[ShapeKey, frozenset[int]] = {}
+        self.top_rung: dict[ShapeKey, int] = {}
+
+    def verify(self, shapes: Iterable[ShapeKey], device: torch.device) -> dict[ShapeKey, int]:
+        """Checks each shape at every rung its memory allows; returns shape -> how many rungs
+        run `fast`."""
+        counts = {}
+        for key in sorted(set(shapes), key=str):
+            n, k, dtype, has_bias = key
+            cap = max(1, CHECK_BYTES // (n * dtype.itemsize))
+            rungs = [r for r in self.ladder if r <= cap] or [1]
+            same = rungs_matching(self.fast, self.reference, n, k, dtype, has_bias, rungs, device)
+            self.fast_rungs[key] = frozenset(same)
+            self.top_rung[key] = rungs[-1]
+            counts[key] = len(same)
+        return counts
+
+    def verify_model(self, model: torch.nn.Module, device: torch.device) -> None:
+        """Verifies the shapes of every layer of `model` that calls this GEMM (a layer with a
+        bias also without it: under TP only rank 0 adds a row-parallel bias)."""
+        shapes = set()
+        for module in model.modules():
+            if getattr(module, "gemm", None) is not self:
+                continue
+            weight, bias = module.weight, getattr(module, "bias", None)
+            shapes.add((weight.shape[0], weight.shape[1], weight.dtype, False))
+            if bias is not None:
+                shapes.add((weight.shape[0], weight.shape[1], weight.dtype, True))
+        for key, count in self.verify(shapes, device).items():
+            n, k, dtype, has_bias = key
+            checked = bisect.bisect_right(self.ladder, self.top_rung[key])
+            logger.info(
+                "deterministic GEMM %dx%d %s%s: cuBLAS at %d of %d row counts, Triton elsewhere",
+                n, k, str(dtype).removeprefix("torch."), " + bias" if has_bias else "", count,
+                checked,
+            )  # fmt: skip
+        if device.type == "cuda":
+            torch.cuda.empty_cache()  # the check's buffers
+
+    def __call__(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        key = (weight.shape[0], weight.shape[1], weight.dtype, bias is not None)
+        fast_rungs = self.fast_rungs.get(key)
+        rows = x.shape[0]
+        if not fast_rungs or x.dim() != 2 or rows == 0:
+            return self.reference(x, weight, bias)
+        top = self.top_rung[key]
+        if rows <= top:
+            return self._at_rung(x, weight, bias, fast_rungs)
+        parts = [
+            self._at_rung(x[i : i + top], weight, bias, fast_rungs) for i in range(0, rows, top)
+        ]
+        return torch.cat(parts)
+
+    def _at_rung(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        fast_rungs: frozenset[int],
+    ) -> torch.Tensor:
+        rows = x.shape[0]
+        rung = self.ladder[bisect.bisect_left(self.ladder, rows)]
+        if rung not in fast_rungs:
+            return self.reference(x, weight, bias)
+        if rung == rows:
+            return self.fast(x, weight, bias)
+        # Rows are independent (every row matched the reference), so the padding rows may hold
+        # anything: one copy, no fill.
+        padded = x.new_empty(rung, x.shape[1])
+        padded[:rows] = x
+        return self.fast(padded, weight, bias)[:rows]

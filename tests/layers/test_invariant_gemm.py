@@ -1,0 +1,139 @@
+"""InvariantGemm (deterministic mode's GEMM on CUDA): the fast GEMM runs only at rungs of the
+ladder where the check found it equal to the reference, the reference everywhere else. CPU
+stand-ins: the reference computes every row alone (invariant by construction); the fast ones
+are the same, or other bits above 16 rows (as cuBLAS is where it switches to split-K)."""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minivllm.attention.torch_sdpa import TorchSDPABackend
+from minivllm.engine.runner.cuda_graph import graph_batch_sizes
+from minivllm.engine.runner.piecewise_graph import mixed_graph_sizes
+from minivllm.layers import invariant_gemm
+from minivllm.layers.invariant_gemm import InvariantGemm, gemm_ladder, rungs_matching
+from minivllm.layers.ops import layer_ops
+from minivllm.model_loader import build_model
+from minivllm.models.model_config import ModelConfig
+
+CPU = torch.device("cpu")
+
+
+def row_alone(x, w, b=None):
+    """Every row computed by itself: the same bits whatever the batch."""
+    return torch.cat([F.linear(x[i : i + 1], w, b) for i in range(x.shape[0])])
+
+
+def shifts_above_16(x, w, b=None):
+    """Like a library that switches kernels at 17 rows: other bits there."""
+    out = row_alone(x, w, b)
+    return out * (1 + 2**-10) if x.shape[0] > 16 else out
+
+
+class Spy:
+    """Records the row counts the wrapped GEMM is called with."""
+
+    def __init__(self, gemm):
+        self.gemm, self.rows = gemm, []
+
+    def __call__(self, x, w, b=None):
+        self.rows.append(x.shape[0])
+        return self.gemm(x, w, b)
+
+
+def test_ladder_holds_every_graph_size_and_pads_little() -> None:
+    ladder = gemm_ladder(16384)
+    assert ladder == sorted(set(ladder)) and ladder[0] == 1 and ladder[-1] == 16384
+    # Graph replays run at a rung: no padding copy inside the graphs.
+    assert set(graph_batch_sizes(1024)) <= set(ladder)
+    assert set(mixed_graph_sizes(16384)) <= set(ladder)
+    for rows in range(1, 16385, 7):
+        rung = ladder[bisect.bisect_left(ladder, rows)]
+        assert rows <= rung <= max(rows * 1.125, rows + 8)
+    assert gemm_ladder(1000)[-1] == 1008 and gemm_ladder(1) == [1]
+
+
+def test_the_check_finds_the_rungs_where_a_gemm_matches_the_reference() -> None:
+    rungs = gemm_ladder(40)
+    assert rungs == [1, 2, 4, 8, 16, 24, 32, 40]
+    assert rungs_matching(row_alone, row_alone, 24, 16, torch.float32, True, rungs, CPU) == rungs
+    got = rungs_matching(shifts_above_16, row_alone, 24, 16, torch.float32, False, rungs, CPU)
+    assert got == [1, 2, 4, 8, 16]
+
+
+def test_verified_shapes_run_fast_at_rungs_and_others_fall_back() -> None:
+    fast, reference = Spy(row_alone), Spy(row_alone)
+    gemm = InvariantGemm(reference, max_rows=40, fast=fast)
+    assert gemm.verify([(24, 16, torch.float32, False)], CPU) == {(24, 16, torch.float32, False): 8}
+    gen = torch.Generator().manual_seed(1)
+    x, w = torch.randn(100, 16, generator=gen), torch.randn(24, 16, generator=gen)
+    fast.rows.clear(), reference.rows.clear()
+    for rows in (1, 3, 13, 40):
+        out = gemm(x[:rows], w)
+        assert torch.equal(out, row_alone(x[:rows], w))
+    assert fast.rows == [1, 4, 16, 40] and reference.rows == []
+    # Past the top rung: chunks of it, the rest padded to a rung.
+    fast.rows.clear()
+    assert torch.equal(gemm(x, w), row_alone(x, w))
+    assert fast.rows == [40, 40, 24]
+    # A shape nobody verified (here: with a bias) goes to the reference.
+    b = torch.randn(24, generator=gen)
+    assert torch.equal(gemm(x[:5], w, b), row_alone(x[:5], w, b))
+    assert reference.rows == [5]
+
+
+def test_rungs_that_fail_the_check_run_the_reference() -> None:
+    fast, reference = Spy(shifts_above_16), Spy(row_alone)
+    gemm = InvariantGemm(reference, max_rows=40, fast=fast)
+    key = (24, 16, torch.float32, False)
+    assert gemm.verify([key], CPU) == {key: 5}
+    fast.rows.clear(), reference.rows.clear()
+    x, w = torch.randn(100, 16), torch.randn(24, 16)
+    for rows in (3, 16, 17, 30, 100):  # 100: chunks of 40, 40 and 20 (rung 24)
+        assert torch.equal(gemm(x[:rows], w), row_alone(x[:rows], w))
+    assert fast.rows == [4, 16] and reference.rows == [17, 30, 40, 40, 20]
+
+
+def test_the_check_stays_within_its_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(invariant_gemm, "CHECK_BYTES", 64 << 10)
+    checked = Spy(row_alone)
+    gemm = InvariantGemm(row_alone, max_rows=16384, fast=checked)
+    key = (1024, 8, torch.float32, False)  # 4 KiB a row: 16 rows fit in 64 KiB
+    gemm.verify([key], CPU)
+    assert max(checked.rows) == 16 and gemm.top_rung[key] == 16
+
+
+def test_verify_model_checks_every_layer_shape(tiny_qwen2_dir: str) -> None:
+    """Qwen2's q/k/v have a bias: checked with it and without (TP ranks > 0 add none)."""
+    config = ModelConfig.from_hf(tiny_qwen2_dir)
+    ops = layer_ops(deterministic=True)
+    fast = Spy(row_alone)
+    gemm = InvariantGemm(ops.gemm, max_rows=8, fast=fast)
+    model = build_model(
+        config, TorchSDPABackend(), dtype=torch.float32, device=CPU, model_dir=tiny_qwen2_dir,
+        ops=replace(ops, gemm=gemm),
+    )  # fmt: skip
+    gemm.verify_model(model, CPU)
+    h, inter = config.hidden_size, config.intermediate_size
+    qkv = (config.num_attention_heads + 2 * config.num_key_value_heads) * config.head_dim
+    expected = {
+        (qkv, h, torch.float32, True),
+        (qkv, h, torch.float32, False),
+        (h, config.num_attention_heads * config.head_dim, torch.float32, False),
+        (2 * inter, h, torch.float32, False),
+        (h, inter, torch.float32, False),
+        (model.lm_head.weight.shape[0], h, torch.float32, False),  # vocab padded
+    }
+    assert set(gemm.fast_rungs) == expected
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_layer_ops_use_it_on_cuda_only(device: str) -> None:
+    ops = layer_ops(deterministic=True, device=torch.device(device), max_rows=64)
+    assert isinstance(ops.gemm, InvariantGemm) == (device == "cuda")
+    assert layer_ops(deterministic=False, device=torch.device(device)).gemm is F.linear
