@@ -16,7 +16,7 @@ row count and the library, and nothing promises the bits, so they are checked, n
   Rows past the largest rung checked (the LM head's are capped by the check's memory) go in
   chunks of that rung.
 
-cuBLAS is faster at most shapes, by up to ~3x at prefill sizes (docs/determinism.md).
+cuBLAS is the faster of the two at most shapes (measured: docs/determinism.md).
 """
 
 from __future__ import annotations
