@@ -1,12 +1,23 @@
 """Loads a model's HF tokenizer: from a directory's tokenizer files, or from a GGUF file's
-metadata (vocab, merges, special tokens, chat template)."""
+metadata (vocab, merges, special tokens, chat template).
+
+Building a tokenizer from GGUF metadata takes seconds (transformers parses the file and
+converts the vocabulary); the result is kept as tokenizer files in a cache directory keyed by
+the file's path, size and mtime and the transformers version, and loaded from there next time.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import os
+import shutil
+import tempfile
 from typing import Any
 
 from minivllm.gguf_loader import find_gguf_file, import_gguf
+
+logger = logging.getLogger(__name__)
 
 # Any one of these makes a directory loadable by AutoTokenizer (fast, SentencePiece, BPE...).
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model", "vocab.txt")
@@ -34,5 +45,49 @@ def load_tokenizer(model: str) -> Any:
         check_tokenizer_files(model)
         return AutoTokenizer.from_pretrained(model)
     import_gguf(gguf_file)  # transformers' own message would not say which package
+    cached = gguf_tokenizer_cache_dir(gguf_file)
+    if os.path.isdir(cached):
+        return AutoTokenizer.from_pretrained(cached)
     directory, name = os.path.split(os.path.abspath(gguf_file))
-    return AutoTokenizer.from_pretrained(directory, gguf_file=name)
+    tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name)
+    _save_to_cache(tokenizer, cached)
+    return tokenizer
+
+
+def cache_root() -> str:
+    """$MINIVLLM_CACHE_DIR, else $XDG_CACHE_HOME/minivllm, else ~/.cache/minivllm."""
+    root = os.environ.get("MINIVLLM_CACHE_DIR")
+    if root:
+        return root
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(xdg, "minivllm")
+
+
+def gguf_tokenizer_cache_dir(gguf_file: str) -> str:
+    """Where the tokenizer built from gguf_file is kept: one directory per (absolute path, size,
+    mtime, transformers version), so a rewritten file or another transformers builds anew."""
+    import transformers
+
+    path = os.path.abspath(gguf_file)
+    stat = os.stat(path)
+    key = f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\0{transformers.__version__}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:24]
+    return os.path.join(cache_root(), "gguf-tokenizers", digest)
+
+
+def _save_to_cache(tokenizer: Any, cached: str) -> None:
+    """Writes the tokenizer's files into a temporary directory beside `cached`, then renames it
+    into place, so that a reader never sees a half-written one (a concurrent writer that got
+    there first wins). A cache that cannot be written is skipped."""
+    tmp = None
+    try:
+        os.makedirs(os.path.dirname(cached), exist_ok=True)
+        tmp = tempfile.mkdtemp(dir=os.path.dirname(cached), prefix=".partial-")
+        tokenizer.save_pretrained(tmp)
+        os.rename(tmp, cached)
+        tmp = None
+    except OSError as err:
+        logger.debug("tokenizer cache not written to %s: %s", cached, err)
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
