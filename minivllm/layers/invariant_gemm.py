@@ -33,7 +33,7 @@ logger = logging.getLogger(__name__)
 # The check's output at its largest rung is at most this many bytes (it holds two).
 CHECK_BYTES = 512 << 20
 
-# (x [rows, K], weight [N, K], bias [N] | None) -> [rows, N]
+# (x [num_tokens, in], weight [out, in], bias [out] | None) -> [num_tokens, out]
 Gemm = Callable[..., torch.Tensor]
 # (N, K, dtype, has_bias) of a weight as the GEMM sees it.
 ShapeKey = tuple[int, int, torch.dtype, bool]

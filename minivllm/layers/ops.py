@@ -4,7 +4,6 @@ as they are built (docs/determinism.md, docs/parallelism.md)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -12,16 +11,13 @@ import torch.nn.functional as F
 
 from minivllm.distributed.all_reduce import Reduce, SymmBuffer, tp_all_reduce
 from minivllm.distributed.parallel_state import all_reduce
-from minivllm.layers.invariant_gemm import InvariantGemm
-
-# (x [num_tokens, in], weight [out, in], bias [out] | None) -> [num_tokens, out]
-Gemm = Callable[..., torch.Tensor]
+from minivllm.layers.invariant_gemm import Gemm, InvariantGemm
 
 
 @dataclass(frozen=True)
 class LayerOps:
     # F.linear (cuBLAS); in deterministic mode the batch-invariant Triton GEMM
-    # (kernels/matmul.py), on CUDA behind cuBLAS where it is shown invariant (InvariantGemm).
+    # (kernels/matmul.py), on CUDA behind cuBLAS where it gives the same bits (InvariantGemm).
     gemm: Gemm = F.linear
     # The embedding's sum over ranks: one rank holds each row, so any order gives its bits.
     reduce: Reduce = all_reduce
