@@ -8,11 +8,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from importlib import resources
 from typing import Any
 
 import torch
+
+from minivllm.cache_dir import cache_root, publish_dir
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 CHAT_TEMPLATE = (
@@ -170,17 +171,10 @@ def parity_prompts(num: int, length: int, seed: int = 0) -> list[list[int]]:
 
 
 def default_tiny_model_dir() -> str:
-    """~/.cache/minivllm/tiny-qwen3, built on first use."""
-    out_dir = os.path.join(os.path.expanduser("~"), ".cache", "minivllm", "tiny-qwen3")
+    """tiny-qwen3 in minivllm's cache (~/.cache/minivllm unless set), built on first use."""
+    out_dir = os.path.join(cache_root(), "tiny-qwen3")
     if not os.path.isdir(out_dir):
-        # Built aside and renamed into place, so a concurrent reader never sees half a model.
-        os.makedirs(os.path.dirname(out_dir), exist_ok=True)
-        tmp_dir = tempfile.mkdtemp(prefix="tiny-qwen3-", dir=os.path.dirname(out_dir))
-        build_tiny_model(tmp_dir)
-        try:
-            os.rename(tmp_dir, out_dir)
-        except OSError:  # another process won the race
-            shutil.rmtree(tmp_dir, ignore_errors=True)
+        publish_dir(out_dir, build_tiny_model)  # a concurrent reader never sees half a model
     return out_dir
 
 

@@ -11,10 +11,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import shutil
-import tempfile
 from typing import Any
 
+from minivllm.cache_dir import cache_root, publish_dir
 from minivllm.gguf_loader import find_gguf_file, import_gguf
 
 logger = logging.getLogger(__name__)
@@ -54,15 +53,6 @@ def load_tokenizer(model: str) -> Any:
     return tokenizer
 
 
-def cache_root() -> str:
-    """$MINIVLLM_CACHE_DIR, else $XDG_CACHE_HOME/minivllm, else ~/.cache/minivllm."""
-    root = os.environ.get("MINIVLLM_CACHE_DIR")
-    if root:
-        return root
-    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(xdg, "minivllm")
-
-
 def gguf_tokenizer_cache_dir(gguf_file: str) -> str:
     """Where the tokenizer built from gguf_file is kept: one directory per (absolute path, size,
     mtime, transformers version), so a rewritten file or another transformers builds anew."""
@@ -76,18 +66,10 @@ def gguf_tokenizer_cache_dir(gguf_file: str) -> str:
 
 
 def _save_to_cache(tokenizer: Any, cached: str) -> None:
-    """Writes the tokenizer's files into a temporary directory beside `cached`, then renames it
-    into place, so that a reader never sees a half-written one (a concurrent writer that got
-    there first wins). A cache that cannot be written is skipped."""
-    tmp = None
+    """Publishes the tokenizer's files at `cached` (cache_dir.publish_dir: a reader never sees
+    half of them; a concurrent writer that got there first wins). A cache that cannot be
+    written is skipped."""
     try:
-        os.makedirs(os.path.dirname(cached), exist_ok=True)
-        tmp = tempfile.mkdtemp(dir=os.path.dirname(cached), prefix=".partial-")
-        tokenizer.save_pretrained(tmp)
-        os.rename(tmp, cached)
-        tmp = None
+        publish_dir(cached, tokenizer.save_pretrained)
     except OSError as err:
         logger.debug("tokenizer cache not written to %s: %s", cached, err)
-    finally:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
