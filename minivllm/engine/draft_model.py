@@ -114,7 +114,7 @@ class DraftModelProposer:
         rows = []  # (row, req_id, history, cap)
         for i, req_id in enumerate(batch.req_ids):
             cap = k if caps is None else min(k, int(caps[i]))
-            history = batch.token_ids[i, : batch.num_tokens[i]].tolist()
+            history = list(batch.token_ids[i])  # kept past this call: a copy
             if cap > 0 and self._reserve(req_id, history, cap):
                 rows.append((i, req_id, history, cap))
         if not rows:

@@ -18,17 +18,15 @@ if TYPE_CHECKING:
 class ProposeInput:
     """The requests to draft for, one row each (N rows).
 
-    token_ids: [N, W] int64, row i's prompt + output so far left-aligned in its first
-    num_tokens[i] columns (the rest is padding, -1); the layout of a runner's persistent
-    token buffer, so no copy is needed. max_num_draft_tokens: [N] integers, a per-request cap on
-    top of k (tokens left before max_tokens or max_model_len; 0 = do not draft).
-    target_hidden_states: for model-based proposers (EAGLE-style heads): the target's last
-    hidden state of each row, [N, hidden]; None for ngram. req_ids: row -> request id, for
-    proposers that keep per-request state.
+    token_ids: row i's prompt + output so far, the request's own list (no copy: a proposer
+    reads it during propose and neither changes nor keeps it). max_num_draft_tokens: [N]
+    integers, a per-request cap on top of k (tokens left before max_tokens or max_model_len;
+    0 = do not draft). target_hidden_states: for model-based proposers (EAGLE-style heads):
+    the target's last hidden state of each row, [N, hidden]; None for ngram. req_ids: row ->
+    request id, for proposers that keep per-request state.
     """
 
-    token_ids: np.ndarray
-    num_tokens: np.ndarray
+    token_ids: Sequence[Sequence[int]]
     req_ids: tuple[str, ...] = ()
     max_num_draft_tokens: np.ndarray | None = None
     target_hidden_states: torch.Tensor | None = None
@@ -40,20 +38,14 @@ class ProposeInput:
         max_num_draft_tokens: Sequence[int] | None = None,
         req_ids: Sequence[str] = (),
     ) -> ProposeInput:
-        """From ragged per-request id lists (tests, or an engine without a token buffer)."""
-        num_tokens = np.array([len(t) for t in token_ids], np.int64)
-        width = int(num_tokens.max(initial=0))
-        padded = np.full((len(token_ids), width), -1, np.int64)
-        for row, ids in enumerate(token_ids):
-            padded[row, : len(ids)] = ids
         caps = None
         if max_num_draft_tokens is not None:
             caps = np.asarray(max_num_draft_tokens, np.int64)
-        return cls(padded, num_tokens, tuple(req_ids), max_num_draft_tokens=caps)
+        return cls(tuple(token_ids), tuple(req_ids), max_num_draft_tokens=caps)
 
     @property
     def num_requests(self) -> int:
-        return int(self.num_tokens.shape[0])
+        return len(self.token_ids)
 
 
 @dataclass(frozen=True)
@@ -75,9 +67,10 @@ class DraftTokens:
 
 
 class Proposer(Protocol):
-    """Drafts tokens for a batch. Stateless proposers (ngram) need only propose; a draft model
-    or an EAGLE head will also keep per-request state (its own KV cache), released by
-    remove_requests, and rewound by the scheduler's rollback like the target's."""
+    """Drafts tokens for a batch. A proposer may keep per-request state (ngram: an index of
+    the history's n-grams; a draft model or an EAGLE head: its own KV cache), released by
+    remove_requests; a draft model's is rewound by the scheduler's rollback like the
+    target's."""
 
     num_speculative_tokens: int
 
@@ -86,5 +79,5 @@ class Proposer(Protocol):
         ...
 
     def remove_requests(self, req_ids: Sequence[str]) -> None:
-        """Forgets finished requests (a no-op for stateless proposers)."""
+        """Forgets finished requests."""
         ...

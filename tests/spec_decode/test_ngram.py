@@ -1,5 +1,6 @@
 """NgramProposer: hand-made histories (longest n first, earliest occurrence, no match, k cut at
-the end, caps) and random batches against a brute-force reference."""
+the end, caps) and random batches against a brute-force reference, also as histories grow
+step by step under their request ids (the per-request index extended, not rebuilt)."""
 
 from __future__ import annotations
 
@@ -90,6 +91,37 @@ def test_random_batches_match_the_reference(max_n, min_n):
         ]
         expected = [reference(h, k, max_n, min_n) for h in histories]
         assert propose(histories, k=k, max_n=max_n, min_n=min_n) == expected
+
+
+@pytest.mark.parametrize("max_n,min_n", [(4, 2), (3, 1), (5, 5)])
+def test_growing_histories_match_the_reference_at_every_step(max_n, min_n):
+    """Requests keep their index between calls: each step appends 1-5 tokens (as accepted
+    drafts do), some rows skip a step (cap 0), one request leaves and its id returns with
+    another, longer history (a stale index would propose from the old one)."""
+    rng = np.random.default_rng(max_n)
+    k = 4
+    proposer = NgramProposer(k, max_n, min_n)
+    histories = {str(i): rng.integers(0, 4, int(rng.integers(0, 20))).tolist() for i in range(5)}
+    for step in range(60):
+        if step == 30:  # request 0 finishes; a new one reuses its id
+            proposer.remove_requests(["0"])
+            histories["0"] = rng.integers(0, 4, 300).tolist()
+        ids = sorted(histories)
+        caps = [int(rng.integers(0, 6)) for _ in ids]
+        batch = ProposeInput.from_lists([histories[i] for i in ids], caps, ids)
+        got = proposer.propose(batch).to_lists()
+        expected = [reference(histories[i], min(k, c), max_n, min_n) for i, c in zip(ids, caps)]
+        assert got == expected, f"step {step}"
+        for i in ids:
+            histories[i] += rng.integers(0, 4, int(rng.integers(1, 6))).tolist()
+
+
+def test_an_index_is_rebuilt_for_a_history_that_is_not_the_one_it_indexed():
+    proposer = NgramProposer(2, 2, 2)
+    long = [1, 2, 3, 1, 2, 4, 4, 4, 4]
+    assert proposer.propose(ProposeInput.from_lists([long], None, ["a"])).to_lists() == [[4, 4]]
+    short = [5, 6, 7, 5, 6]  # shorter than what "a" indexed: a fresh index
+    assert proposer.propose(ProposeInput.from_lists([short], None, ["a"])).to_lists() == [[7, 5]]
 
 
 def test_from_config():
