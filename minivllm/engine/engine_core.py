@@ -186,6 +186,7 @@ class EngineCore:
 
     def shutdown(self) -> None:
         self.executor.shutdown()
+        self.structured_outputs.shutdown()
         gc.unfreeze()
 
 

@@ -35,6 +35,15 @@ def allocate_bitmask(num_rows: int, vocab_size: int, pin_memory: bool = False) -
     return torch.full(shape, -1, dtype=torch.int32, pin_memory=pin_memory)
 
 
+def wide_rows(bitmask: torch.Tensor) -> list[bool]:
+    """Per row, whether it allows tokens in more than a quarter of its words (of at most 64
+    words spread across the row): a grammar state in free text (a string's content), which
+    has no single continuation. A forced one (a JSON key, punctuation) allows a few tokens,
+    all spelling its start. bitmask: int32 [num_rows, num_words], on the CPU."""
+    sampled = bitmask[:, :: max(1, bitmask.shape[1] // 64)]
+    return (sampled.count_nonzero(dim=1) * 4 > sampled.shape[1]).tolist()
+
+
 def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """bitmask: int32 [num_rows, num_words] -> bool [num_rows, vocab_size], True = allowed.
     Ids past the bitmask's 32 * num_words (a model vocab padded past the tokenizer's) are

@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from concurrent.futures import TimeoutError as FutureTimeout
 
 import torch
@@ -17,7 +17,7 @@ from minivllm.structured_output.backend import (
     GrammarMatcher,
     StructuredOutputBackend,
 )
-from minivllm.structured_output.bitmask import allocate_bitmask
+from minivllm.structured_output.bitmask import allocate_bitmask, wide_rows
 from minivllm.structured_output.compiler import GrammarCompiler
 from minivllm.structured_output.llguidance_backend import LLGuidanceBackend
 from minivllm.structured_output.params import StructuredOutputsParams, StructuredOutputSpec
@@ -67,6 +67,10 @@ class StepBitmask:
     in flight when this one was scheduled (unless applied already), whose tokens the
     matchers must have taken before this step's masks are filled.
 
+    start() fills on the manager's fill thread instead, beside the caller's own work, from
+    the moment the matchers have taken the step before's tokens; fill() then waits for it.
+    Until then nothing else may use these requests' matchers.
+
     Lives on the host of the scheduler's rank; it never crosses a process boundary (under
     tensor parallelism the executor sends the other ranks its rows and the filled mask)."""
 
@@ -85,13 +89,29 @@ class StepBitmask:
         self.drafts = drafts
         self._manager = manager
         self._before_fill = before_fill
+        self._filled: Future[tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    def start(self) -> None:
+        """Starts the fill on the manager's fill thread; nothing if it has been started or
+        done already (before_fill runs here)."""
+        if self._filled is None:
+            if self._before_fill is not None:
+                self._before_fill()
+            self._filled = self._manager.fill_in_background(self.requests, self.rows, self.drafts)
 
     def fill(self) -> tuple[torch.Tensor, torch.Tensor]:
         """bitmask int32 [num_rows, num_words] and rows int64 [num_rows], CPU (pinned on
-        CUDA). They are the manager's reused buffers: valid until the next step's fill()."""
-        if self._before_fill is not None:
-            self._before_fill()
-        return self._manager.fill(self.requests, self.rows, self.drafts)
+        CUDA); filled once. They are the manager's reused buffers: valid until the next
+        step's fill()."""
+        if self._filled is None:
+            if self._before_fill is not None:
+                self._before_fill()
+            self._filled = Future()
+            try:
+                self._filled.set_result(self._manager.fill(self.requests, self.rows, self.drafts))
+            except BaseException as e:
+                self._filled.set_exception(e)
+        return self._filled.result()
 
 
 class StructuredOutputManager:
@@ -123,6 +143,7 @@ class StructuredOutputManager:
         self._compiler: Future[GrammarCompiler] | None = None
         self._bitmask: torch.Tensor | None = None
         self._rows: torch.Tensor | None = None
+        self._fill_thread: ThreadPoolExecutor | None = None
 
     @property
     def backend(self) -> StructuredOutputBackend:
@@ -158,6 +179,23 @@ class StructuredOutputManager:
         building.add_done_callback(lambda built: _chain(built, spec, grammar))
         return grammar
 
+    def fill_in_background(
+        self,
+        requests: Sequence[StructuredOutputRequest],
+        rows: Sequence[int],
+        drafts: Sequence[Sequence[int]] | None = None,
+    ) -> Future[tuple[torch.Tensor, torch.Tensor]]:
+        """fill() on the manager's fill thread: the masks are written (llguidance's native
+        call, without the GIL) while the caller's Python goes on."""
+        if self._fill_thread is None:
+            self._fill_thread = ThreadPoolExecutor(1, thread_name_prefix="minivllm-grammar-fill")
+        return self._fill_thread.submit(self.fill, requests, rows, drafts)
+
+    def shutdown(self) -> None:
+        """Ends the fill thread (a fill under way completes)."""
+        if self._fill_thread is not None:
+            self._fill_thread.shutdown(wait=False)
+
     def fill(
         self,
         requests: Sequence[StructuredOutputRequest],
@@ -175,10 +213,11 @@ class StructuredOutputManager:
         # tokens advance the matchers), so that step's copies of these buffers are done.
         bitmask, row_ids = self._bitmask[:n], self._rows[:n]
         row_ids.copy_(torch.as_tensor(rows, dtype=torch.int64))
-        plain, row = [], 0
+        plain, first_rows, row = [], [], 0
         for i, request in enumerate(requests):
             draft = drafts[i] if drafts is not None else ()
-            if request.matcher.error() is not None:
+            first_rows.append(row)
+            if request.failed:
                 # Failed by the step applied just before this fill: its rows are dropped, any
                 # mask serves (all tokens, so that sampling them stays well defined).
                 bitmask[row : row + 1 + len(draft)] = -1
@@ -188,6 +227,9 @@ class StructuredOutputManager:
                 plain.append((request.matcher, row))
             row += 1 + len(draft)
         self.backend.fill_bitmasks(plain, bitmask)
+        wide = wide_rows(bitmask)
+        for request, first in zip(requests, first_rows):
+            request.in_free_text = wide[first]
         return bitmask, row_ids
 
 

@@ -47,6 +47,11 @@ class StructuredOutputRequest:
         self._backend = backend
         self._matcher: GrammarMatcher | None = None
         self.accepted_token_ids: list[int] = []
+        # An advance failed the request (GrammarViolation): its matcher takes nothing more.
+        self.failed = False
+        # Its last mask was wide (bitmask.wide_rows): it is in free text, where the grammar
+        # forces nothing, and the scheduler does not look up forced tokens for it.
+        self.in_free_text = False
 
     def is_ready(self) -> bool:
         """True once the grammar is compiled; re-raises the compile's ValueError (a bad
@@ -77,6 +82,7 @@ class StructuredOutputRequest:
         request fails); the allowed tokens before a disallowed one are kept."""
         new_token_ids = list(new_token_ids)
         if not self.matcher.accept_tokens(new_token_ids):
+            self.failed = True
             num_valid = 0
             if self.matcher.error() is None:  # a rejected token: keep the allowed ones before it
                 num_valid = self.matcher.validate_tokens(new_token_ids)
@@ -136,5 +142,6 @@ def advance_batch(
             request.accepted_token_ids.append(token_id)
             outcomes.append("stop" if matcher.is_finished() else None)
         else:
+            request.failed = True
             outcomes.append(request._violation(token_id))
     return outcomes

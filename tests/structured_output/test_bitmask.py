@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from minivllm.structured_output import allocate_bitmask, apply_bitmask, num_bitmask_words
-from minivllm.structured_output.bitmask import unpack_bitmask
+from minivllm.structured_output.bitmask import unpack_bitmask, wide_rows
 
 
 def reference_apply(logits, bitmask, rows):
@@ -58,3 +58,16 @@ def test_no_rows_and_bad_arguments():
         apply_bitmask(logits, torch.zeros(1, 1, dtype=torch.int64), [0])
     with pytest.raises(ValueError, match="1 bitmask rows but 2 logits rows"):
         apply_bitmask(logits, torch.zeros(1, 1, dtype=torch.int32), [0, 1])
+
+
+@pytest.mark.parametrize("vocab_size", [500, 49152])
+def test_wide_rows(vocab_size):
+    """Wide: tokens in more than a quarter of the row's words (a free-text state)."""
+    words = num_bitmask_words(vocab_size)
+    bitmask = torch.zeros(5, words, dtype=torch.int32)
+    bitmask[0] = -1  # every token
+    bitmask[1, 3] = 1 << 4  # one token
+    bitmask[2, ::2] = 7  # three tokens in every other word
+    bitmask[3, : words // 10] = -1  # the first tenth of the vocabulary
+    bitmask[4, : words // 2] = 1  # one token in each word of the first half
+    assert wide_rows(bitmask) == [True, False, True, False, True]

@@ -84,11 +84,15 @@ def forced_drafts(requests: list[Request], max_model_len: int) -> dict[str, list
     A request whose last token is still in flight (async scheduling) drafts after it: its
     matcher stands before that token, so the first forced token is the guess of it and the
     rest are the drafts. A wrong guess costs only rejected drafts (the mask of each draft
-    position follows the real token: it is filled once the step in flight is applied)."""
+    position follows the real token: it is filled once the step in flight is applied).
+
+    A request whose last mask was wide (in free text: a string's content) is not looked up:
+    the lookup is the costly part at large batch, and a free-text state forces nothing.
+    Its first forced run after free text then starts a step later; the output is the same."""
     out = {}
     for request in requests:
         so = request.structured_output
-        if so is None:
+        if so is None or so.in_free_text:  # a wide mask: it was in free text a step ago
             continue
         forced = so.matcher.forced_tokens()
         pending = request.num_pending_tokens
