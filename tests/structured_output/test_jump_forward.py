@@ -57,6 +57,7 @@ def _run(
     outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
     block_manager = llm.engine.scheduler.block_manager
     all_free = block_manager.num_free_blocks == block_manager.num_blocks
+    num_preemptions = llm.engine.scheduler.num_preemptions
     llm.shutdown()
     results = [
         (
@@ -67,13 +68,13 @@ def _run(
         )
         for o in outs
     ]
-    return results, sum(forced), all_free
+    return results, sum(forced), all_free, num_preemptions
 
 
 @pytest.mark.parametrize("options", [{}, {"num_gpu_blocks_override": 16}])
 def test_same_output_with_and_without(tiny_qwen3_dir, monkeypatch, options) -> None:
-    ref, none, _ = _run(tiny_qwen3_dir, False, monkeypatch, **options)
-    got, num_forced, all_free = _run(tiny_qwen3_dir, True, monkeypatch, **options)
+    ref, none, *_ = _run(tiny_qwen3_dir, False, monkeypatch, **options)
+    got, num_forced, all_free, _ = _run(tiny_qwen3_dir, True, monkeypatch, **options)
     assert none == 0 and num_forced > 0 and all_free
     assert [r[0] for r in got] == [r[0] for r in ref]
     # Logprobs to float rounding: a verify step's logits may differ from a decode step's in the
@@ -86,16 +87,22 @@ def test_same_output_with_and_without(tiny_qwen3_dir, monkeypatch, options) -> N
         assert finish_reason == "stop" and re.fullmatch(PATTERN, text), text
 
 
-def test_async_scheduling_drafts_after_the_token_in_flight(tiny_qwen3_dir, monkeypatch) -> None:
+@pytest.mark.parametrize("options", [{}, {"num_gpu_blocks_override": 16}])
+def test_async_scheduling_drafts_after_the_token_in_flight(
+    tiny_qwen3_dir, monkeypatch, options
+) -> None:
     """Without logprobs a constrained step is scheduled while the step before it runs: its
-    forced drafts follow the token in flight (the grammar's guess of it), and the output is
-    still what decoding token by token, synchronously, gives."""
-    ref, _, _ = _run(tiny_qwen3_dir, False, monkeypatch, None, async_scheduling=False)
+    forced drafts follow the token in flight (the grammar's guess of it), a step with drafts
+    in flight does not stop the next from being scheduled ahead (the drafted request sits it
+    out, or is preempted meanwhile), and the output is still what decoding token by token,
+    synchronously, gives."""
+    ref, *_ = _run(tiny_qwen3_dir, False, monkeypatch, None, async_scheduling=False)
     after_pending: list[int] = []
-    got, num_forced, all_free = _run(
-        tiny_qwen3_dir, True, monkeypatch, None, after_pending, async_scheduling=True
+    got, num_forced, all_free, num_preemptions = _run(
+        tiny_qwen3_dir, True, monkeypatch, None, after_pending, async_scheduling=True, **options
     )
     assert num_forced > 0 and sum(after_pending) > 0 and all_free
+    assert bool(num_preemptions) == bool(options)
     assert [r[0] for r in got] == [r[0] for r in ref]
     for _, _, text, finish_reason in got:
         assert finish_reason == "stop" and re.fullmatch(PATTERN, text), text

@@ -244,3 +244,44 @@ def test_requests_in_free_text_skip_the_forced_token_lookup(tiny_backend) -> Non
         assert so.advance([token_id]) is None
     manager.fill([so], [0])
     assert so.in_free_text
+
+
+def test_forced_drafts_in_flight_do_not_stop_scheduling_ahead(tiny_backend) -> None:
+    """Under async scheduling a step whose forced drafts are in flight does not make the
+    next schedule wait for it: the other requests are scheduled ahead, the drafted one sits
+    that step out, and once update() has applied its drafts it goes on from its last token."""
+    grammar = 'start: "{\\"key\\": \\"" /[a-z]+/ "\\"}"'
+    manager = ControlledManager(tiny_backend)
+    scheduler = AsyncScheduler(4, 64, 64, BlockManager(32, 4, False), structured_outputs=manager)
+    scheduler.add_request(constrained("r", grammar=grammar))
+    scheduler.add_request(Request("u", [4, 5, 6], SamplingParams(temperature=0.0), 0.0))
+    manager.futures[0].set_result(
+        tiny_backend.compile(StructuredOutputsParams(grammar=grammar).spec_key())
+    )
+    forced = tiny_backend.tokenizer.tokenize_str('{"key": "')
+    letter = tiny_backend.tokenizer.tokenize_str("a")[0]
+    prefill = scheduler.schedule()
+    prefill.structured_output.fill()
+    prefill_out = InFlight(RunnerOutput(["r", "u"], [forced[0], 7]))
+    scheduler.update(prefill, prefill_out)
+    decode = scheduler.schedule()  # r: its forced text drafted after the token in flight
+    (r_chunk,) = [c for c in decode.chunks if c.req_id == "r"]
+    num_drafts = r_chunk.num_draft_tokens  # as many as fit the decode rows
+    assert num_drafts >= 1 and r_chunk.token_ids == [PLACEHOLDER_TOKEN_ID, *forced[1 : 1 + num_drafts]]
+    decode.structured_output.fill()
+    target = forced[1 + num_drafts]
+    decode_out = InFlight(
+        RunnerOutput(["r", "u"], [target, 8], num_accepted_drafts=[num_drafts, 0])
+    )
+    scheduler.update(decode, decode_out)
+    ahead = scheduler.schedule()
+    assert not decode_out.waited  # scheduled ahead of the drafted step
+    assert [c.req_id for c in ahead.chunks] == ["u"]  # r sits it out
+    outputs = {o.req_id: o for o in scheduler.update(ahead, InFlight(RunnerOutput(["u"], [9])))}
+    assert outputs["r"].new_token_ids == forced[1 : 2 + num_drafts]  # forced[0]: the step before
+    request = scheduler.requests["r"]
+    assert request.output_token_ids == forced[: 2 + num_drafts]
+    assert request.num_computed_tokens == request.num_tokens - 1
+    after = scheduler.schedule()
+    (r_chunk,) = [c for c in after.chunks if c.req_id == "r"]
+    assert r_chunk.token_ids[0] == target and r_chunk.num_computed_tokens == request.num_tokens - 1

@@ -84,7 +84,9 @@ def forced_drafts(requests: list[Request], max_model_len: int) -> dict[str, list
     A request whose last token is still in flight (async scheduling) drafts after it: its
     matcher stands before that token, so the first forced token is the guess of it and the
     rest are the drafts. A wrong guess costs only rejected drafts (the mask of each draft
-    position follows the real token: it is filled once the step in flight is applied).
+    position follows the real token: it is filled once the step in flight is applied). A
+    request whose drafts are in flight sits this step out (the scheduler's rule); the
+    other requests are scheduled ahead as usual.
 
     A request whose last mask was wide (in free text: a string's content) is not looked up:
     the lookup is the costly part at large batch, and a free-text state forces nothing.
@@ -94,6 +96,8 @@ def forced_drafts(requests: list[Request], max_model_len: int) -> dict[str, list
         so = request.structured_output
         if so is None or so.in_free_text:  # a wide mask: it was in free text a step ago
             continue
+        if request.num_computed_tokens >= request.num_tokens + request.num_pending_tokens:
+            continue  # its drafts are in flight: it is not scheduled this step
         forced = so.matcher.forced_tokens()
         pending = request.num_pending_tokens
         if len(forced) <= pending:

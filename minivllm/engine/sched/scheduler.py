@@ -74,7 +74,6 @@ class Scheduler:
         self.structured_outputs = structured_outputs
         self.num_constrained = 0  # unfinished requests with a grammar
         self.speculator = speculator
-        self._num_drafted_chunks = 0  # scheduled chunks with drafts whose step is unapplied
         # Requests whose drafts of the last schedule() are their grammar's forced tokens.
         self._forced_req_ids: Iterable[str] = set()
         # Requests that failed alone (a grammar that did not compile) before any step ran
@@ -102,12 +101,10 @@ class Scheduler:
     @property
     def can_schedule_ahead(self) -> bool:
         """Whether async scheduling is safe: no request samples from host-side token history,
-        and no step drafts (drafts continue from the last token, which must be known)."""
-        return (
-            self.num_host_dependent == 0
-            and not self._num_drafted_chunks
-            and not self._speculating()
-        )
+        and no step speculates (the proposers read the last token, which must be known). A
+        request whose drafts are in flight is not scheduled again until update() has applied
+        them (how many were accepted decides where it goes on); the others are."""
+        return self.num_host_dependent == 0 and not self._speculating()
 
     def _speculating(self) -> bool:
         """Whether this step may draft: speculation on at this batch size, and some running
@@ -194,8 +191,10 @@ class Scheduler:
             request = running[i]
             num_pending = request.num_pending_tokens
             num_needed = len(request.all_token_ids) + num_pending - request.num_computed_tokens
-            if num_needed == 0 or (num_pending and self._finishes_with_pending(request)):
-                i += 1  # nothing to compute until update() applies its pending token
+            if num_needed <= 0 or (num_pending and self._finishes_with_pending(request)):
+                # Nothing to compute until update() applies its pending token (fewer than
+                # nothing: its drafts are in flight, and their acceptance decides).
+                i += 1
                 continue
             # A decode with drafts computes its last token and them (as many as fit).
             draft = drafts.get(request.req_id, [])[: min(budget - 1, draft_rows)]
@@ -291,7 +290,6 @@ class Scheduler:
             token_ids.append(PLACEHOLDER_TOKEN_ID)
         if num_draft_tokens:
             token_ids += draft
-            self._num_drafted_chunks += 1
         sample = end == num_known_tokens + request.num_pending_tokens + num_draft_tokens
         num_prior_blocks = len(request.block_ids)
         # Positional: at a thousand chunks a step, keyword arguments cost twice the time.
@@ -340,7 +338,6 @@ class Scheduler:
         for chunk in sched_out.chunks:
             if chunk.sample:
                 i += 1
-            self._num_drafted_chunks -= chunk.num_draft_tokens > 0
             request = self.requests.get(chunk.req_id)
             if request is None or request.finish_reason is not None:
                 continue  # aborted, or finished by the step before this one
@@ -410,8 +407,10 @@ class Scheduler:
             assert runner_out.draft_logprobs is not None
             logprobs = runner_out.draft_logprobs[i][:num_accepted] + logprobs
         # KV is valid through the last accepted draft; the target's token is computed next.
-        request.num_computed_tokens -= num_drafts - num_accepted
-        self.block_manager.trim(request, request.num_computed_tokens + 1)
+        # (Preempted while the step ran, it has no KV left: it is recomputed.)
+        if request.status == RequestStatus.RUNNING:
+            request.num_computed_tokens -= num_drafts - num_accepted
+            self.block_manager.trim(request, request.num_computed_tokens + 1)
         counted = (num_drafts, num_accepted) if speculative else (0, 0)
         return accepted + token_ids, logprobs, *counted
 
