@@ -186,7 +186,6 @@ class EngineCore:
 
     def shutdown(self) -> None:
         self.executor.shutdown()
-        self.structured_outputs.shutdown()
         gc.unfreeze()
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, wait
 from concurrent.futures import TimeoutError as FutureTimeout
 
 import torch
@@ -67,10 +67,6 @@ class StepBitmask:
     in flight when this one was scheduled (unless applied already), whose tokens the
     matchers must have taken before this step's masks are filled.
 
-    start() fills on the manager's fill thread instead, beside the caller's own work, from
-    the moment the matchers have taken the step before's tokens; fill() then waits for it.
-    Until then nothing else may use these requests' matchers.
-
     Lives on the host of the scheduler's rank; it never crosses a process boundary (under
     tensor parallelism the executor sends the other ranks its rows and the filled mask)."""
 
@@ -89,29 +85,13 @@ class StepBitmask:
         self.drafts = drafts
         self._manager = manager
         self._before_fill = before_fill
-        self._filled: Future[tuple[torch.Tensor, torch.Tensor]] | None = None
-
-    def start(self) -> None:
-        """Starts the fill on the manager's fill thread; nothing if it has been started or
-        done already (before_fill runs here)."""
-        if self._filled is None:
-            if self._before_fill is not None:
-                self._before_fill()
-            self._filled = self._manager.fill_in_background(self.requests, self.rows, self.drafts)
 
     def fill(self) -> tuple[torch.Tensor, torch.Tensor]:
         """bitmask int32 [num_rows, num_words] and rows int64 [num_rows], CPU (pinned on
-        CUDA); filled once. They are the manager's reused buffers: valid until the next
-        step's fill()."""
-        if self._filled is None:
-            if self._before_fill is not None:
-                self._before_fill()
-            self._filled = Future()
-            try:
-                self._filled.set_result(self._manager.fill(self.requests, self.rows, self.drafts))
-            except BaseException as e:
-                self._filled.set_exception(e)
-        return self._filled.result()
+        CUDA). They are the manager's reused buffers: valid until the next step's fill()."""
+        if self._before_fill is not None:
+            self._before_fill()
+        return self._manager.fill(self.requests, self.rows, self.drafts)
 
 
 class StructuredOutputManager:
@@ -143,7 +123,6 @@ class StructuredOutputManager:
         self._compiler: Future[GrammarCompiler] | None = None
         self._bitmask: torch.Tensor | None = None
         self._rows: torch.Tensor | None = None
-        self._fill_thread: ThreadPoolExecutor | None = None
 
     @property
     def backend(self) -> StructuredOutputBackend:
@@ -178,23 +157,6 @@ class StructuredOutputManager:
         grammar: Future[CompiledGrammar] = Future()
         building.add_done_callback(lambda built: _chain(built, spec, grammar))
         return grammar
-
-    def fill_in_background(
-        self,
-        requests: Sequence[StructuredOutputRequest],
-        rows: Sequence[int],
-        drafts: Sequence[Sequence[int]] | None = None,
-    ) -> Future[tuple[torch.Tensor, torch.Tensor]]:
-        """fill() on the manager's fill thread: the masks are written (llguidance's native
-        call, without the GIL) while the caller's Python goes on."""
-        if self._fill_thread is None:
-            self._fill_thread = ThreadPoolExecutor(1, thread_name_prefix="minivllm-grammar-fill")
-        return self._fill_thread.submit(self.fill, requests, rows, drafts)
-
-    def shutdown(self) -> None:
-        """Ends the fill thread (a fill under way completes)."""
-        if self._fill_thread is not None:
-            self._fill_thread.shutdown(wait=False)
 
     def fill(
         self,

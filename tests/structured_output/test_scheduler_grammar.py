@@ -4,7 +4,6 @@ the step carries the constrained rows, and the grammar's end finishes the reques
 
 from __future__ import annotations
 
-import threading
 from concurrent.futures import Future
 
 import pytest
@@ -176,46 +175,6 @@ def test_manager_builds_its_backend_off_the_caller_thread(tiny_qwen3_dir: str) -
     bad._grammar.exception(timeout=60)
     with pytest.raises(ValueError, match="regex"):
         bad.is_ready()
-
-
-def test_schedule_starts_the_mask_of_the_step_in_flight(tiny_backend) -> None:
-    """Under async scheduling the step in flight's mask is filled on the manager's thread
-    from the moment the next schedule has looked up the forced tokens (the matchers are
-    ready then): the runner's fill() finds it done, and it is the mask that filling it
-    then would give."""
-    manager = ControlledManager(tiny_backend)
-    scheduler = AsyncScheduler(4, 64, 64, BlockManager(32, 4, False), structured_outputs=manager)
-    fill_threads = []
-    fill = manager.fill
-
-    def recording_fill(*args):
-        fill_threads.append(threading.current_thread().name)
-        return fill(*args)
-
-    manager.fill = recording_fill
-    spec = StructuredOutputsParams(regex="[ab][cd]").spec_key()
-    for req_id in "xy":
-        scheduler.add_request(constrained(req_id, regex="[ab][cd]"))
-    for future in manager.futures:
-        future.set_result(tiny_backend.compile(spec))
-    token = {ch: tiny_backend.tokenizer.tokenize_str(ch)[0] for ch in "abcd"}
-    prefill = scheduler.schedule()
-    assert fill_threads == []  # nothing in flight yet: the runner fills it
-    in_flight = InFlight(RunnerOutput(["x", "y"], [token["a"], token["b"]]))
-    scheduler.update(prefill, in_flight)
-    decode = scheduler.schedule()
-    assert fill_threads == ["minivllm-grammar-fill_0"] and not in_flight.waited
-    bitmask, rows = prefill.structured_output.fill()  # the runner's call: done already
-    assert len(fill_threads) == 1 and rows.tolist() == [0, 1]
-    allowed = unpack_bitmask(bitmask, tiny_backend.vocab_size)
-    for row in range(2):  # the start of "[ab][cd]"
-        assert allowed[row, token["a"]] and allowed[row, token["b"]]
-        assert not allowed[row, token["c"]]
-    bitmask, _ = decode.structured_output.fill()  # in the runner's thread, after the step
-    assert fill_threads[1] == threading.current_thread().name and in_flight.waited
-    allowed = unpack_bitmask(bitmask, tiny_backend.vocab_size)
-    assert allowed[0, token["c"]] and not allowed[0, token["a"]]
-    manager.shutdown()
 
 
 def test_requests_in_free_text_skip_the_forced_token_lookup(tiny_backend) -> None:

@@ -7,7 +7,6 @@ from collections.abc import Callable
 
 from minivllm.engine.sched.scheduler import Scheduler
 from minivllm.engine.types import EngineOutput, PendingRunnerOutput, RunnerOutput, SchedulerOutput
-from minivllm.structured_output.manager import StepBitmask
 
 
 class AsyncScheduler(Scheduler):
@@ -51,16 +50,6 @@ class AsyncScheduler(Scheduler):
                 self._apply_early()
 
         return apply_if_in_flight
-
-    def _start_mask_in_flight(self) -> None:
-        """The step in flight has its tokens' predecessor applied (its matchers are ready)
-        once this schedule has looked up the forced tokens: its mask is filled on the
-        manager's thread while the rest of the schedule and the next step's inputs are
-        made, instead of after them (when the runner samples that step)."""
-        if self._in_flight is not None:
-            mask = self._in_flight[0].structured_output
-            if isinstance(mask, StepBitmask):
-                mask.start()
 
     def _apply_early(self) -> None:
         """Applies the step in flight now; the next update() returns its outputs."""

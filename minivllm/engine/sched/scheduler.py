@@ -166,10 +166,6 @@ class Scheduler:
         nothing here, where the steps before it have all been applied."""
         return None
 
-    def _start_mask_in_flight(self) -> None:
-        """Starts filling the mask of the step in flight (StepBitmask.start): nothing here,
-        where no step is in flight."""
-
     def _schedule_running(
         self, budget: int, decodes: list[ScheduledChunk], others: list[ScheduledChunk]
     ) -> tuple[int, bool]:
@@ -183,7 +179,6 @@ class Scheduler:
             forced = forced_drafts(running, self.max_model_len)
             drafts |= forced
             self._forced_req_ids = forced.keys()
-            self._start_mask_in_flight()  # the matchers are not read again this schedule
         # Each draft is one more decode row (draft_step.py); decode rows fit max_num_seqs.
         draft_rows = self.max_num_seqs - len(running)
         i = 0
