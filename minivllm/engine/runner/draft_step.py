@@ -94,7 +94,12 @@ class SyntheticAcceptance:
 class DraftedStep:
     """A launched step with drafts: result() waits for its tokens, records them in the
     sampling state (accepted drafts and the target's token; rejected positions unsampled) and
-    returns them as a RunnerOutput."""
+    returns them as a RunnerOutput.
+
+    On CUDA its accepted counts and tokens are copied into a pinned host buffer behind the
+    step's kernels, and result() waits for that copy alone: under async scheduling the next
+    step's forward is already queued behind it, and reading the device tensors directly
+    would wait for that too."""
 
     def __init__(
         self,
@@ -106,12 +111,14 @@ class DraftedStep:
         drafts: tuple[torch.Tensor, torch.Tensor],
         synthetic: SyntheticAcceptance | None = None,
         host_drafts: np.ndarray | None = None,
+        host_buffer: torch.Tensor | None = None,
     ) -> None:
         """logits: [sum(num_draft_tokens + 1), V], each chunk's rows in order; drafts: the
         drafts [N, K] (draft_token_ids) and num_draft_tokens [N] on the logits' device;
         synthetic: verify by forced rates instead of the target's own draws; host_drafts:
         the drafts [N, K] on the host, which penalties and min_tokens count at the positions
-        after them (needed when a drafting request has either)."""
+        after them (needed when a drafting request has either); host_buffer: a pinned int64
+        buffer of at least N * (K + 2) elements that the runner owns (CUDA), or None."""
         self.sampling_state = sampling_state
         self.req_ids = req_ids
         self.num_draft_tokens = num_draft_tokens.tolist()
@@ -143,6 +150,16 @@ class DraftedStep:
         if self.sampler_out.logprobs is not None:
             self.num_logprobs = sampling_state.num_logprobs(self.row_req_ids)
         self.prompt_logprobs_jobs = None  # set by the runner, collected as StepHandle does
+        # [N, K + 2]: each chunk's accepted count, then its output tokens.
+        v = self.verified
+        packed = torch.cat([v.num_accepted[:, None], v.output_token_ids], 1)
+        self.host, self.event = packed, None
+        if host_buffer is not None:
+            self.host = host_buffer[: packed.numel()].view(packed.shape)
+            self.host.copy_(packed, non_blocking=True)
+            if packed.is_cuda:
+                self.event = torch.cuda.Event()
+                self.event.record()
 
     @property
     def sampled_token_ids(self) -> torch.Tensor:
@@ -152,8 +169,9 @@ class DraftedStep:
 
     @torch.inference_mode()
     def result(self) -> RunnerOutput:
-        v = self.verified
-        rows = torch.cat([v.num_accepted[:, None], v.output_token_ids], 1).tolist()
+        if self.event is not None:
+            self.event.synchronize()
+        rows = self.host.tolist()
         out = RunnerOutput(req_ids=self.req_ids, sampled_token_ids=[], num_accepted_drafts=[])
         state = self.sampling_state
         for req_id, n, row in zip(self.req_ids, self.num_draft_tokens, rows, strict=True):

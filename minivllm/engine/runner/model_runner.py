@@ -250,6 +250,7 @@ class ModelRunner:
             (dev["drafts"], dev["num"]),
             self.synthetic_acceptance,
             drafts,
+            self._next_host_buffer(drafts.shape[0] * (drafts.shape[1] + 2)),
         )
         self._last_sampled = (step.sampled_token_ids, inputs.sample_req_ids)
         return step
@@ -262,17 +263,23 @@ class ModelRunner:
         for new in sched_out.new_requests:
             self.sampling_state.add_request(new)
 
-    def _next_host_buffer(self) -> torch.Tensor | None:
-        """The next pinned buffer of the ring the sampled ids are copied into (CUDA only).
+    def _next_host_buffer(self, numel: int = 0) -> torch.Tensor | None:
+        """The next pinned int64 buffer of the ring a step's ids are copied into (CUDA only),
+        of at least numel elements (default: max_num_seqs, one sampled id a request).
 
         Steps in flight at once are at most two (launched, and being applied): a ring of three
-        is never overwritten before it is read, and no step allocates pinned memory
-        (cudaHostAlloc synchronizes the device).
+        is never overwritten before it is read. Steps allocate no pinned memory
+        (cudaHostAlloc synchronizes the device), but for a drafted step larger than any
+        before, whose slot then grows to it (a step in flight keeps the buffer it holds).
         """
         if self._host_ids is None:
             return None
         self._num_steps += 1
-        return self._host_ids[self._num_steps % len(self._host_ids)]
+        slot = self._num_steps % len(self._host_ids)
+        if self._host_ids[slot].numel() < numel:
+            size = max(numel, 2 * self._host_ids[slot].numel())
+            self._host_ids[slot] = torch.empty(size, dtype=torch.int64, pin_memory=True)
+        return self._host_ids[slot]
 
     @torch.inference_mode()
     def run_model(
