@@ -9,6 +9,8 @@ from typing import Protocol
 
 import torch
 
+from minivllm.layers.dispatch import use_triton_kernels
+
 BITS_PER_WORD = 32
 
 
@@ -74,6 +76,11 @@ def apply_bitmask(
         raise ValueError(f"{bitmask.shape[0]} bitmask rows but {rows.numel()} logits rows")
     if rows.numel() == 0:
         return
-    allowed = unpack_bitmask(bitmask.to(logits.device, non_blocking=True), logits.shape[1])
-    # allowed: [len(rows), vocab_size]
+    bitmask = bitmask.to(logits.device, non_blocking=True)
+    if use_triton_kernels(logits.device):  # one kernel, writing only the disallowed logits
+        from minivllm.kernels.bitmask import mask_logits
+
+        mask_logits(logits, bitmask, rows)
+        return
+    allowed = unpack_bitmask(bitmask, logits.shape[1])  # [len(rows), vocab_size]
     logits[rows] = torch.where(allowed, logits[rows], float("-inf"))

@@ -218,7 +218,6 @@ def test_forced_drafts_in_flight_do_not_stop_scheduling_ahead(tiny_backend) -> N
         tiny_backend.compile(StructuredOutputsParams(grammar=grammar).spec_key())
     )
     forced = tiny_backend.tokenizer.tokenize_str('{"key": "')
-    letter = tiny_backend.tokenizer.tokenize_str("a")[0]
     prefill = scheduler.schedule()
     prefill.structured_output.fill()
     prefill_out = InFlight(RunnerOutput(["r", "u"], [forced[0], 7]))
@@ -226,7 +225,8 @@ def test_forced_drafts_in_flight_do_not_stop_scheduling_ahead(tiny_backend) -> N
     decode = scheduler.schedule()  # r: its forced text drafted after the token in flight
     (r_chunk,) = [c for c in decode.chunks if c.req_id == "r"]
     num_drafts = r_chunk.num_draft_tokens  # as many as fit the decode rows
-    assert num_drafts >= 1 and r_chunk.token_ids == [PLACEHOLDER_TOKEN_ID, *forced[1 : 1 + num_drafts]]
+    assert num_drafts >= 1
+    assert r_chunk.token_ids == [PLACEHOLDER_TOKEN_ID, *forced[1 : 1 + num_drafts]]
     decode.structured_output.fill()
     target = forced[1 + num_drafts]
     decode_out = InFlight(
