@@ -1,4 +1,5 @@
-"""Kernel benchmarks on one GPU: paged decode and prefill attention, fused ops, sampling.
+"""Kernel benchmarks on one GPU: paged decode and prefill attention, fused ops, sampling,
+the grammar bitmask.
 
 Prints one JSON line per case: time, achieved TB/s or TFLOP/s, and the ratio to a torch
 reference timed in the same run (speedup = reference time / kernel time). A failing case
@@ -270,6 +271,37 @@ def sample_plain_case(batch: int, vocab_size: int, quick: bool) -> dict:
     return result
 
 
+def bitmask_case(rows: int, vocab_size: int, quick: bool) -> dict:
+    """A grammar's bitmask applied to fp32 logits: the kernel against apply_bitmask's torch
+    definition (unpack to bool, gather, select, scatter), on the device; equal results."""
+    from minivllm.kernels.bitmask import mask_logits
+    from minivllm.structured_output.bitmask import num_bitmask_words, unpack_bitmask
+
+    logits = torch.randn(rows, vocab_size, device="cuda")
+    words = num_bitmask_words(vocab_size)
+    bitmask = torch.randint(-(2**31), 2**31, (rows, words), device="cuda").to(torch.int32)
+    row_ids = torch.arange(rows, device="cuda")
+
+    def reference(out: torch.Tensor) -> None:
+        allowed = unpack_bitmask(bitmask, vocab_size)
+        out[row_ids] = torch.where(allowed, out[row_ids], float("-inf"))
+
+    got, expected = logits.clone(), logits.clone()
+    mask_logits(got, bitmask, row_ids)
+    reference(expected)
+    ms = bench(lambda: mask_logits(got, bitmask, row_ids), quick)
+    ref_ms = bench(lambda: reference(expected), quick)
+    return {
+        "kernel": "mask_logits",
+        "rows": rows,
+        "vocab_size": vocab_size,
+        "equal": bool(torch.equal(got, expected)),
+        "ms": round(ms, 4),
+        "ref_ms": round(ref_ms, 4),
+        "speedup_vs_ref": round(ref_ms / ms, 3),
+    }
+
+
 def cases(quick: bool, every_case: bool = False):
     """(name, run) pairs; quick: fewer repetitions, and only the first five unless every_case."""
     yield "decode_b256_ctx1000", lambda: decode_case(256, 1000, 16, 8, 128, None, quick)
@@ -287,6 +319,8 @@ def cases(quick: bool, every_case: bool = False):
     yield "prefill_4096_32_8", lambda: prefill_case([4096], 32, 8, 128, quick)
     yield "fused_ops_8192", lambda: fused_ops_case(8192, 1024, 3072, quick)
     yield "sample_plain_b1024_v151936", lambda: sample_plain_case(1024, 151936, quick)
+    for rows, vocab in ((1, 151936), (256, 49152), (256, 151936)):
+        yield f"bitmask_r{rows}_v{vocab}", lambda r=rows, v=vocab: bitmask_case(r, v, quick)
     # Config sweeps for the tables in decode_attention.py / prefill_attention.py.
     for cfg in ((32, 4, 2), (64, 4, 2), (64, 8, 3), (128, 4, 2), (128, 8, 3)):
         yield (
