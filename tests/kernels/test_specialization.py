@@ -12,6 +12,7 @@ from minivllm.kernels import (
     prefill_attention,
     rope,
     sampling,
+    verify,
 )
 
 
@@ -43,6 +44,11 @@ VARYING = {
     rope._rope_kernel: (set(), {"positions_ptr", "slot_ptr"}),
     # Views into one per-step staging tensor (engine/runner/sampling_state.py).
     sampling._chunk_max_kernel: (set(), {"temperature_ptr", "seeds_ptr", "offsets_ptr"}),
+    # The step's most drafts a request changes from step to step; its inputs are staged views.
+    verify._verify_exact_kernel: (
+        {"num_cols"},
+        {"target_ptr", "drafts_ptr", "num_drafts_ptr", "starts_ptr"},
+    ),
 }
 
 
