@@ -1,5 +1,5 @@
 """Kernel benchmarks on one GPU: paged decode and prefill attention, fused ops, sampling,
-the grammar bitmask.
+the grammar bitmask, draft verification.
 
 Prints one JSON line per case: time, achieved TB/s or TFLOP/s, and the ratio to a torch
 reference timed in the same run (speedup = reference time / kernel time). A failing case
@@ -302,6 +302,39 @@ def bitmask_case(rows: int, vocab_size: int, quick: bool) -> dict:
     }
 
 
+def verify_case(rows: int, drafts: int, quick: bool) -> dict:
+    """Exact verification: the kernel against verify_exact's torch definition (the same
+    launch sequence the CPU path runs, here on the device); equal results."""
+    from minivllm.kernels.verify import verify_exact_fused
+    from minivllm.spec_decode import verify as verify_module
+
+    num_drafts = torch.full((rows,), drafts, device="cuda")
+    draft_ids = torch.randint(0, 4, (rows, drafts), device="cuda")
+    target = torch.randint(0, 4, (rows * (drafts + 1),), device="cuda")
+
+    def reference():
+        k = draft_ids.shape[1]
+        position = verify_module._position_targets(target, num_drafts, k)
+        match = draft_ids == position[:, :k]
+        return verify_module._keep_leading(draft_ids, num_drafts, position, match)
+
+    got, expected = verify_exact_fused(target, draft_ids, num_drafts), reference()
+    ms = bench(lambda: verify_exact_fused(target, draft_ids, num_drafts), quick)
+    ref_ms = bench(reference, quick)
+    return {
+        "kernel": "verify_exact",
+        "rows": rows,
+        "drafts": drafts,
+        "equal": bool(
+            torch.equal(got[0], expected.num_accepted)
+            and torch.equal(got[1], expected.output_token_ids)
+        ),
+        "ms": round(ms, 4),
+        "ref_ms": round(ref_ms, 4),
+        "speedup_vs_ref": round(ref_ms / ms, 3),
+    }
+
+
 def cases(quick: bool, every_case: bool = False):
     """(name, run) pairs; quick: fewer repetitions, and only the first five unless every_case."""
     yield "decode_b256_ctx1000", lambda: decode_case(256, 1000, 16, 8, 128, None, quick)
@@ -321,6 +354,8 @@ def cases(quick: bool, every_case: bool = False):
     yield "sample_plain_b1024_v151936", lambda: sample_plain_case(1024, 151936, quick)
     for rows, vocab in ((1, 151936), (256, 49152), (256, 151936)):
         yield f"bitmask_r{rows}_v{vocab}", lambda r=rows, v=vocab: bitmask_case(r, v, quick)
+    for rows, drafts in ((1, 4), (256, 4), (256, 16)):
+        yield f"verify_r{rows}_k{drafts}", lambda r=rows, k=drafts: verify_case(r, k, quick)
     # Config sweeps for the tables in decode_attention.py / prefill_attention.py.
     for cfg in ((32, 4, 2), (64, 4, 2), (64, 8, 3), (128, 4, 2), (128, 8, 3)):
         yield (
