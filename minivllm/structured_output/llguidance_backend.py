@@ -1,11 +1,19 @@
-"""The llguidance backend: specs become llguidance grammars, compiled into a template
-LLMatcher that each request deep-copies; masks are filled, and a step's tokens consumed, by
-llguidance's thread pool."""
+"""The llguidance backend: specs become llguidance grammars, compiled into template
+LLMatchers ("lanes") that requests deep-copy in turn; masks are filled, and a step's tokens
+consumed, by llguidance's thread pool.
+
+Why lanes: an LLMatcher's deep copy shares its template's lexer state (the lazily built
+DFA) behind one mutex, so the copies of one template take turns in the thread pool, however
+many threads it has. One independently built template per pool thread lets the requests of
+one grammar (the usual case at large batch) be matched in parallel."""
 
 from __future__ import annotations
 
+import itertools
+import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from json import dumps, loads
 from typing import Any
 
@@ -28,10 +36,22 @@ def _host_words(bitmask: torch.Tensor) -> torch.Tensor:
     return bitmask
 
 
-@dataclass(frozen=True)
+def default_num_threads() -> int:
+    """llguidance's own default pool size: 80 % of the usable cores, 1 to 32."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return min(32, max(1, (cores or 1) * 80 // 100))
+
+
+@dataclass(frozen=True, eq=False)
 class LLGuidanceGrammar:
     spec: StructuredOutputSpec
-    template: llguidance.LLMatcher  # at the start, never advanced; requests get deep copies
+    # Templates at the start, never advanced, each with a lexer state of its own; a
+    # request gets a deep copy of the next one in turn.
+    lanes: tuple[llguidance.LLMatcher, ...]
+    turn: itertools.count = field(default_factory=itertools.count)
+
+    def next_lane(self) -> llguidance.LLMatcher:
+        return self.lanes[next(self.turn) % len(self.lanes)]
 
 
 class LLGuidanceMatcher:
@@ -103,9 +123,9 @@ class LLGuidanceBackend:
     """A StructuredOutputBackend over llguidance, for one HF fast tokenizer.
 
     vocab_size: the tokenizer's (default) or larger, e.g. the model's padded vocabulary;
-    num_threads: llguidance's mask-filling pool (None: its default); limits: its parser
-    limits, which bound the work of one compile or one mask (None: its defaults, with
-    errors that do not dump the parser state).
+    num_threads: llguidance's mask-filling pool, and the lanes of each grammar (None:
+    llguidance's default); limits: its parser limits, which bound the work of one compile
+    or one mask (None: its defaults, with errors that do not dump the parser state).
     """
 
     def __init__(
@@ -118,7 +138,10 @@ class LLGuidanceBackend:
     ) -> None:
         # Expensive (about a second for a 150k vocabulary): once per engine.
         self.tokenizer = llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=vocab_size)
-        self._executor = llguidance.LLExecutor(num_threads)
+        self.num_threads = num_threads or default_num_threads()
+        self._executor = llguidance.LLExecutor(self.num_threads)
+        # Builds a grammar's lanes side by side (llguidance drops the GIL while it builds).
+        self._lane_builder = ThreadPoolExecutor(self.num_threads, "minivllm-grammar-lane")
         self._limits = limits or llguidance.LLParserLimits(verbose_errors=False)
 
     @property
@@ -131,18 +154,27 @@ class LLGuidanceBackend:
 
     def compile(self, spec: StructuredOutputSpec) -> LLGuidanceGrammar:
         grammar = grammar_text(spec)
+        rest = [
+            self._lane_builder.submit(self._template, grammar) for _ in range(1, self.num_threads)
+        ]
+        first = self._template(grammar)
+        if first.is_error():
+            for lane in rest:
+                lane.cancel()
+            raise ValueError(f"invalid structured output {spec.kind}: {first.get_error()}")
+        return LLGuidanceGrammar(spec, (first, *(lane.result() for lane in rest)))
+
+    def _template(self, grammar: str) -> llguidance.LLMatcher:
         # Building the matcher builds the lexer (the costly part; llguidance drops the GIL)
         # and reports every grammar error; it never raises for them.
         template = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0, limits=self._limits)
         # The first mask builds lexer states that deep copies share: build them here, on the
         # compile thread, not on the engine's at the request's first step (ms for a schema).
         template.compute_bitmask()
-        if template.is_error():
-            raise ValueError(f"invalid structured output {spec.kind}: {template.get_error()}")
-        return LLGuidanceGrammar(spec, template)
+        return template
 
     def new_matcher(self, grammar: LLGuidanceGrammar) -> LLGuidanceMatcher:
-        return LLGuidanceMatcher(grammar.template.deep_copy(), self.eos_token_ids)
+        return LLGuidanceMatcher(grammar.next_lane().deep_copy(), self.eos_token_ids)
 
     def fill_bitmasks(
         self, rows: Sequence[tuple[LLGuidanceMatcher, int]], bitmask: torch.Tensor

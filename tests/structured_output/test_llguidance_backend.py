@@ -192,3 +192,25 @@ def test_model_vocab_larger_than_the_tokenizer(tiny_tokenizer):
     assert bitmask.shape == (1, 19)
     bits = (bitmask[0].unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1
     assert bits.flatten()[len(tiny_tokenizer) :].sum() == 0
+
+
+def test_requests_of_one_grammar_take_its_lanes_in_turn(tiny_tokenizer):
+    """A grammar has one template per pool thread, each built on its own (a deep copy
+    shares its template's lexer state, and with it one mutex); requests take them in turn
+    and match alike whichever they got."""
+    backend = LLGuidanceBackend(tiny_tokenizer, num_threads=3)
+    grammar = backend.compile(StructuredOutputsParams(json=PERSON).spec_key())
+    assert len(grammar.lanes) == 3 and len({id(lane) for lane in grammar.lanes}) == 3
+    taken = [grammar.next_lane() for _ in range(6)]
+    assert taken[:3] == taken[3:] and len({id(lane) for lane in taken[:3]}) == 3
+    matchers = [backend.new_matcher(grammar) for _ in range(4)]  # every lane, one twice
+    prefix = tiny_tokenizer.encode('{"name": "Al", "ag')
+    for matcher in matchers:
+        assert matcher.accept_tokens(prefix)
+    together = allocate_bitmask(4, backend.vocab_size)
+    backend.fill_bitmasks([(m, row) for row, m in enumerate(matchers)], together)
+    alone = mask_of(matchers[0], backend.vocab_size)[0]
+    assert not (alone == -1).all()
+    for row in range(4):
+        assert torch.equal(together[row], alone)
+    assert backend.accept_token_batch([(m, prefix[0]) for m in matchers]) == [False] * 4
