@@ -3,7 +3,7 @@ vLLM-style API, against the same run unconstrained; and batch-1 TTFT with a cach
 Prints one JSON line.
 
     python benchmarks/bench_structured.py make DIR      # Qwen3-0.6B shape, SmolLM2's tokenizer
-    python benchmarks/bench_structured.py run minivllm DIR [--unconstrained] [--sync]
+    python benchmarks/bench_structured.py run minivllm DIR [--unconstrained] [--sync] [--phases]
     PYTHONPATH=/tmp/vsite python benchmarks/bench_structured.py run vllm DIR [--backend guidance]
 
 vLLM logs its shutdown to stdout after the JSON line: keep the line with `grep '"engine"'`.
@@ -25,6 +25,7 @@ import statistics
 import sys
 import time
 
+from step_phases import StepPhases
 from workloads import make_workload, result_fields
 
 SCHEMA = {
@@ -115,11 +116,16 @@ def run(args: argparse.Namespace) -> None:
     caps = [min(n, args.max_tokens or n) for n in workload.output_lens]
     all_params = [params(n, constrained) for n in caps]
     profile = cProfile.Profile() if args.profile else None
+    phases = StepPhases() if args.phases else None
+    if phases is not None:
+        phases.install()
     start = time.perf_counter()
     if profile is not None:
         profile.enable()
     outputs = llm.generate(prompts, all_params, use_tqdm=False)
     seconds = time.perf_counter() - start
+    if phases is not None:
+        phases.uninstall()
     if profile is not None:
         profile.disable()
         pstats.Stats(profile, stream=sys.stderr).sort_stats("tottime").print_stats(30)
@@ -136,6 +142,8 @@ def run(args: argparse.Namespace) -> None:
     result |= result_fields(workload, generated, seconds)
     result["valid_json"] = valid
     result["first_request_with_compile_ms"] = round(first_compile * 1e3, 2)
+    if phases is not None:
+        result["phases"] = phases.report()
     profile = cProfile.Profile() if args.profile else None
     if profile is not None:
         profile.enable()
@@ -160,6 +168,9 @@ def main() -> None:
     r.add_argument("--unconstrained", action="store_true")
     r.add_argument("--sync", action="store_true", help="minivllm without async scheduling")
     r.add_argument("--profile", action="store_true", help="the host's profile, on stderr")
+    r.add_argument(
+        "--phases", action="store_true", help="minivllm: host time per step phase (step_phases.py)"
+    )
     r.add_argument("--num-requests", type=int, default=None, help="default: the headline's 256")
     r.add_argument("--max-tokens", type=int, default=None, help="a cap on each output (smoke runs)")
     args = parser.parse_args()
