@@ -59,6 +59,7 @@ def step_bitmask(
     order; a chunk with drafts has a row per position), or None when there are none.
     before_fill: see StepBitmask."""
     constrained, rows, drafts = [], [], []
+    any_drafts = False
     row = 0
     for chunk in chunks:
         if not chunk.sample:
@@ -67,12 +68,17 @@ def step_bitmask(
         so = requests[chunk.req_id].structured_output
         if so is not None:
             constrained.append(so)
-            rows += range(row, row + 1 + num_drafts)
-            drafts.append(chunk.token_ids[len(chunk.token_ids) - num_drafts :])
+            if num_drafts:
+                rows += range(row, row + 1 + num_drafts)
+                drafts.append(chunk.token_ids[-num_drafts:])
+                any_drafts = True
+            else:  # the usual row, kept cheap: this loop runs over every request each step
+                rows.append(row)
+                drafts.append(())
         row += 1 + num_drafts
     if not constrained:
         return None
-    return StepBitmask(constrained, rows, manager, drafts if any(drafts) else None, before_fill)
+    return StepBitmask(constrained, rows, manager, drafts if any_drafts else None, before_fill)
 
 
 def forced_drafts(requests: list[Request], max_model_len: int) -> dict[str, list[int]]:
