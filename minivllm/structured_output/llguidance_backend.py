@@ -4,8 +4,10 @@ consumed, by llguidance's thread pool.
 
 Why lanes: an LLMatcher's deep copy shares its template's lexer state (the lazily built
 DFA) behind one mutex, so the copies of one template take turns in the thread pool, however
-many threads it has. One independently built template per pool thread lets the requests of
-one grammar (the usual case at large batch) be matched in parallel."""
+many threads it has. A grammar that a second request asks for (shared: the usual case at
+large batch) gets one independently built template per pool thread, built in the
+background, so that its requests are matched in parallel; a grammar used once keeps the
+one its compile built and costs no more."""
 
 from __future__ import annotations
 
@@ -45,13 +47,11 @@ def default_num_threads() -> int:
 @dataclass(frozen=True, eq=False)
 class LLGuidanceGrammar:
     spec: StructuredOutputSpec
-    # Templates at the start, never advanced, each with a lexer state of its own; a
-    # request gets a deep copy of the next one in turn.
-    lanes: tuple[llguidance.LLMatcher, ...]
+    text: str  # llguidance's grammar, which every lane is built from
+    # Templates at the start, never advanced, each with a lexer state of its own: the
+    # compile's, then those the backend adds (appended from its threads; never removed).
+    lanes: list[llguidance.LLMatcher]
     turn: itertools.count = field(default_factory=itertools.count)
-
-    def next_lane(self) -> llguidance.LLMatcher:
-        return self.lanes[next(self.turn) % len(self.lanes)]
 
 
 class LLGuidanceMatcher:
@@ -140,8 +140,10 @@ class LLGuidanceBackend:
         self.tokenizer = llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=vocab_size)
         self.num_threads = num_threads or default_num_threads()
         self._executor = llguidance.LLExecutor(self.num_threads)
-        # Builds a grammar's lanes side by side (llguidance drops the GIL while it builds).
-        self._lane_builder = ThreadPoolExecutor(self.num_threads, "minivllm-grammar-lane")
+        # Builds shared grammars' lanes side by side (llguidance drops the GIL while it builds).
+        self._lane_builder = ThreadPoolExecutor(
+            max(1, self.num_threads - 1), "minivllm-grammar-lane"
+        )
         self._limits = limits or llguidance.LLParserLimits(verbose_errors=False)
 
     @property
@@ -153,28 +155,33 @@ class LLGuidanceBackend:
         return tuple(self.tokenizer.eos_tokens)
 
     def compile(self, spec: StructuredOutputSpec) -> LLGuidanceGrammar:
-        grammar = grammar_text(spec)
-        rest = [
-            self._lane_builder.submit(self._template, grammar) for _ in range(1, self.num_threads)
-        ]
-        first = self._template(grammar)
-        if first.is_error():
-            for lane in rest:
-                lane.cancel()
-            raise ValueError(f"invalid structured output {spec.kind}: {first.get_error()}")
-        return LLGuidanceGrammar(spec, (first, *(lane.result() for lane in rest)))
-
-    def _template(self, grammar: str) -> llguidance.LLMatcher:
-        # Building the matcher builds the lexer (the costly part; llguidance drops the GIL)
-        # and reports every grammar error; it never raises for them.
-        template = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0, limits=self._limits)
-        # The first mask builds lexer states that deep copies share: build them here, on the
-        # compile thread, not on the engine's at the request's first step (ms for a schema).
-        template.compute_bitmask()
-        return template
+        text = grammar_text(spec)
+        template = self._template(text)
+        if template.is_error():
+            raise ValueError(f"invalid structured output {spec.kind}: {template.get_error()}")
+        return LLGuidanceGrammar(spec, text, [template])
 
     def new_matcher(self, grammar: LLGuidanceGrammar) -> LLGuidanceMatcher:
-        return LLGuidanceMatcher(grammar.next_lane().deep_copy(), self.eos_token_ids)
+        turn = next(grammar.turn)
+        if turn == 1:  # a second request: the grammar is shared, give it its lanes
+            for _ in range(1, self.num_threads):
+                self._lane_builder.submit(self._add_lane, grammar)
+        lanes = grammar.lanes  # those built so far
+        return LLGuidanceMatcher(lanes[turn % len(lanes)].deep_copy(), self.eos_token_ids)
+
+    def _add_lane(self, grammar: LLGuidanceGrammar) -> None:
+        template = self._template(grammar.text)
+        if not template.is_error():  # it compiled once: it does again
+            grammar.lanes.append(template)
+
+    def _template(self, text: str) -> llguidance.LLMatcher:
+        # Building the matcher builds the lexer (the costly part; llguidance drops the GIL)
+        # and reports every grammar error; it never raises for them.
+        template = llguidance.LLMatcher(self.tokenizer, text, log_level=0, limits=self._limits)
+        # The first mask builds lexer states that deep copies share: build them here, off the
+        # engine's thread, not at a request's first step (ms for a schema).
+        template.compute_bitmask()
+        return template
 
     def fill_bitmasks(
         self, rows: Sequence[tuple[LLGuidanceMatcher, int]], bitmask: torch.Tensor

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 
 import jsonschema
 import pytest
@@ -194,23 +195,35 @@ def test_model_vocab_larger_than_the_tokenizer(tiny_tokenizer):
     assert bits.flatten()[len(tiny_tokenizer) :].sum() == 0
 
 
-def test_requests_of_one_grammar_take_its_lanes_in_turn(tiny_tokenizer):
-    """A grammar has one template per pool thread, each built on its own (a deep copy
-    shares its template's lexer state, and with it one mutex); requests take them in turn
-    and match alike whichever they got."""
+def test_a_shared_grammar_gets_a_lane_per_thread_and_matches_alike_on_each(tiny_tokenizer):
+    """A deep copy shares its template's lexer state, and with it one mutex: a grammar that
+    a second request asks for gets one template per pool thread, built in the background;
+    requests take them in turn and match alike whichever they got. One used once keeps its
+    one template."""
     backend = LLGuidanceBackend(tiny_tokenizer, num_threads=3)
+    once = backend.compile(StructuredOutputsParams(regex="[0-9]+").spec_key())
+    backend.new_matcher(once)
     grammar = backend.compile(StructuredOutputsParams(json=PERSON).spec_key())
+    assert len(grammar.lanes) == 1
+    first, second = backend.new_matcher(grammar), backend.new_matcher(grammar)
+    deadline = time.monotonic() + 30
+    while len(grammar.lanes) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert len(grammar.lanes) == 3 and len({id(lane) for lane in grammar.lanes}) == 3
-    taken = [grammar.next_lane() for _ in range(6)]
-    assert taken[:3] == taken[3:] and len({id(lane) for lane in taken[:3]}) == 3
-    matchers = [backend.new_matcher(grammar) for _ in range(4)]  # every lane, one twice
+    assert len(once.lanes) == 1
+    later = [backend.new_matcher(grammar) for _ in range(3)]  # turns 2, 3, 4: every lane
+    matchers = [first, second, *later]
     prefix = tiny_tokenizer.encode('{"name": "Al", "ag')
     for matcher in matchers:
         assert matcher.accept_tokens(prefix)
-    together = allocate_bitmask(4, backend.vocab_size)
+    together = allocate_bitmask(len(matchers), backend.vocab_size)
     backend.fill_bitmasks([(m, row) for row, m in enumerate(matchers)], together)
     alone = mask_of(matchers[0], backend.vocab_size)[0]
     assert not (alone == -1).all()
-    for row in range(4):
+    for row in range(len(matchers)):
         assert torch.equal(together[row], alone)
-    assert backend.accept_token_batch([(m, prefix[0]) for m in matchers]) == [False] * 4
+    token = tiny_tokenizer.encode("e")[0]
+    assert backend.accept_token_batch([(m, token) for m in matchers]) == [True] * 5
+    together = allocate_bitmask(len(matchers), backend.vocab_size)
+    backend.fill_bitmasks([(m, row) for row, m in enumerate(matchers)], together)
+    assert all(torch.equal(together[row], together[0]) for row in range(1, len(matchers)))
