@@ -18,6 +18,7 @@ import time
 
 import torch
 from bench_structured import SCHEMA
+from step_phases import timed
 
 from minivllm import LLM, SamplingParams
 from minivllm.engine.engine_core import EngineCore
@@ -37,20 +38,6 @@ PHASES = [
     (StructuredOutputManager, "fill"),
     (model_runner, "apply_bitmask"),
 ]
-
-
-def timed(seconds: dict[str, float], owner, name: str) -> None:
-    """Wraps owner.name so that its wall time adds up in seconds[name]."""
-    inner = getattr(owner, name)
-
-    def wrapper(*args, **kwargs):
-        start = time.perf_counter()
-        try:
-            return inner(*args, **kwargs)
-        finally:
-            seconds[name] += time.perf_counter() - start
-
-    setattr(owner, name, wrapper)
 
 
 def main() -> None:

@@ -15,6 +15,25 @@ from collections.abc import Callable
 from typing import Any
 
 
+def timed(
+    seconds: dict[str, float], owner: Any, name: str, label: str | None = None
+) -> Callable[[], None]:
+    """Wraps owner.name so that its wall time adds up in seconds[label or name]; returns
+    what puts the original back."""
+    inner = owner.__dict__[name]
+    label = label or name
+
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            seconds[label] += time.perf_counter() - start
+
+    setattr(owner, name, wrapper)
+    return lambda: setattr(owner, name, inner)
+
+
 class StepPhases:
     def __init__(self) -> None:
         self.seconds: Counter[str] = Counter()
@@ -68,8 +87,11 @@ class StepPhases:
         self.step_kinds.clear()
 
     def report(self) -> dict[str, Any]:
-        """Microseconds a step per phase (phases nest: step holds schedule, execute_async
-        and update), and the step kinds."""
+        """Microseconds a step per phase, and the step kinds. Phases nest: step holds
+        schedule, execute_async and the AsyncScheduler's update; "update" is Scheduler.update,
+        the application of a step's results, wherever it runs (in the AsyncScheduler's
+        update, or inside a constrained step's mask fill, which applies the step in flight
+        first); the wait for the device comes before it."""
         steps = max(1, self.num_steps)
         return {
             "steps": self.num_steps,
@@ -89,18 +111,7 @@ class StepPhases:
         self._undo.clear()
 
     def _time(self, owner: Any, name: str, label: str | None = None) -> None:
-        inner = getattr(owner, name)
-        label = label or name
-        seconds = self.seconds
-
-        def timed(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return inner(*args, **kwargs)
-            finally:
-                seconds[label] += time.perf_counter() - start
-
-        self._set(owner, name, timed)
+        self._undo.append(timed(self.seconds, owner, name, label))
 
     def _set(self, owner: Any, name: str, value: Any) -> None:
         old = owner.__dict__[name]

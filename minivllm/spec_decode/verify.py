@@ -52,10 +52,12 @@ def position_keys(
     """
     n = num_draft_tokens.to(torch.int64) + 1
     row_seeds = torch.repeat_interleave(seeds, n, output_size=total)
-    first = torch.repeat_interleave(first_draws.to(torch.int64), n, output_size=total)
-    row_start = torch.repeat_interleave(first_rows(num_draft_tokens), n, output_size=total)
-    j = torch.arange(total, device=n.device) - row_start
-    return row_seeds, (first + j) << DRAW_SHIFT
+    # Row t of request i is its position j = t - first_rows[i]: its draw first_draws[i] + j.
+    base = first_draws.to(torch.int64) - first_rows(num_draft_tokens)
+    draws = torch.repeat_interleave(base, n, output_size=total) + torch.arange(
+        total, device=n.device
+    )
+    return row_seeds, draws << DRAW_SHIFT
 
 
 def verify_exact(

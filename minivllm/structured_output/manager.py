@@ -9,6 +9,7 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, wait
 from concurrent.futures import TimeoutError as FutureTimeout
+from itertools import repeat
 
 import torch
 
@@ -177,25 +178,16 @@ class StructuredOutputManager:
         row_ids.numpy()[:] = rows  # numpy takes a list of ints faster than torch
         # A request failed by the step applied just before this fill: its rows are dropped,
         # any mask serves (all tokens, so that sampling them stays well defined).
-        plain = []
-        if drafts is None:  # a row per request, in order: the usual step, kept cheap
-            first_rows: Sequence[int] = range(n)
-            for row, request in enumerate(requests):
-                if request.failed:
-                    bitmask[row] = -1
-                else:
-                    plain.append((request.matcher, row))
-        else:
-            first_rows, row = [], 0
-            for request, draft in zip(requests, drafts):
-                first_rows.append(row)
-                if request.failed:
-                    bitmask[row : row + 1 + len(draft)] = -1
-                elif draft:
-                    fill_draft_positions(request.matcher, draft, bitmask, row)
-                else:
-                    plain.append((request.matcher, row))
-                row += 1 + len(draft)
+        plain, first_rows, row = [], [], 0
+        for request, draft in zip(requests, repeat(()) if drafts is None else drafts):
+            first_rows.append(row)
+            if request.failed:
+                bitmask[row : row + 1 + len(draft)] = -1
+            elif draft:
+                fill_draft_positions(request.matcher, draft, bitmask, row)
+            else:
+                plain.append((request.matcher, row))
+            row += 1 + len(draft)
         self.backend.fill_bitmasks(plain, bitmask)
         wide = wide_rows(bitmask)
         for request, first in zip(requests, first_rows):
