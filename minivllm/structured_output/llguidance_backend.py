@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from importlib.metadata import version
 from json import dumps, loads
 from typing import Any
 
@@ -25,6 +27,22 @@ import torch
 from llguidance.gbnf_to_lark import any_to_lark
 
 from minivllm.structured_output.params import StructuredOutputSpec
+
+# The oldest llguidance whose API this backend uses (LLTokenizer.eos_tokens, ...); pyproject's
+# pin says the same (a test keeps the two equal).
+MIN_LLGUIDANCE = (1, 9)
+
+
+def check_llguidance_version(installed: str) -> None:
+    """RuntimeError naming both versions when `installed` is older than MIN_LLGUIDANCE (an
+    environment that also holds a package pinning an older one, e.g. vLLM 0.20's 1.3)."""
+    numbers = tuple(int(part) for part in re.findall(r"\d+", installed)[:2])
+    if numbers < MIN_LLGUIDANCE:
+        wanted = ".".join(map(str, MIN_LLGUIDANCE))
+        raise RuntimeError(
+            f"structured outputs need llguidance >= {wanted}, but {installed} is installed "
+            f"(pip install 'llguidance>={wanted}')"
+        )
 
 
 def _host_words(bitmask: torch.Tensor) -> torch.Tensor:
@@ -136,6 +154,7 @@ class LLGuidanceBackend:
         num_threads: int | None = None,
         limits: llguidance.LLParserLimits | None = None,
     ) -> None:
+        check_llguidance_version(version("llguidance"))
         # Expensive (about a second for a 150k vocabulary): once per engine.
         self.tokenizer = llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=vocab_size)
         self.num_threads = num_threads or default_num_threads()

@@ -54,12 +54,20 @@ class StructuredOutputRequest:
         self.in_free_text = False
 
     def is_ready(self) -> bool:
-        """True once the grammar is compiled; re-raises the compile's ValueError (a bad
-        spec, a timeout), which fails this request."""
+        """True once the grammar is compiled and the request's matcher made; a ValueError
+        (the compile's: a bad spec, a timeout; or the backend failing to make the matcher)
+        fails this request alone."""
         if self._matcher is None:
             if not self._grammar.done():
                 return False
-            self._matcher = self._backend.new_matcher(self._grammar.result())
+            grammar = self._grammar.result()
+            try:
+                self._matcher = self._backend.new_matcher(grammar)
+            except Exception as e:  # noqa: BLE001 - the request fails, not the engine
+                raise ValueError(
+                    f"the {self.spec.kind} grammar's matcher could not be made: "
+                    f"{type(e).__name__}: {e}"
+                ) from e
         return True
 
     @property

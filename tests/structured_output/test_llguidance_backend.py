@@ -6,13 +6,19 @@ from __future__ import annotations
 import json
 import re
 import time
+from pathlib import Path
 
 import jsonschema
 import pytest
+import tomllib
 import torch
 
 from minivllm.structured_output import StructuredOutputsParams, allocate_bitmask
-from minivllm.structured_output.llguidance_backend import LLGuidanceBackend
+from minivllm.structured_output.llguidance_backend import (
+    MIN_LLGUIDANCE,
+    LLGuidanceBackend,
+    check_llguidance_version,
+)
 from tests.structured_output.conftest import generate
 
 PERSON = {
@@ -227,3 +233,14 @@ def test_a_shared_grammar_gets_a_lane_per_thread_and_matches_alike_on_each(tiny_
     together = allocate_bitmask(len(matchers), backend.vocab_size)
     backend.fill_bitmasks([(m, row) for row, m in enumerate(matchers)], together)
     assert all(torch.equal(together[row], together[0]) for row in range(1, len(matchers)))
+
+
+def test_an_llguidance_older_than_the_pin_is_a_clear_error() -> None:
+    with pytest.raises(RuntimeError, match=r"llguidance >= 1\.9, but 1\.3\.0 is installed"):
+        check_llguidance_version("1.3.0")
+    check_llguidance_version("1.9.1")
+    check_llguidance_version("2.0.0rc1")
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    pins = tomllib.loads(pyproject.read_text())["project"]["dependencies"]
+    (pin,) = [p for p in pins if p.startswith("llguidance")]
+    assert pin == "llguidance>=" + ".".join(map(str, MIN_LLGUIDANCE))

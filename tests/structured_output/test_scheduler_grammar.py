@@ -94,6 +94,38 @@ def test_failed_compile_fails_that_request_alone(tiny_backend) -> None:
     assert scheduler.num_constrained == 0 and not outputs["b"].finished
 
 
+class MatcherlessBackend:
+    """The real backend, except that making a matcher raises what a mismatched llguidance
+    raised (an AttributeError from inside the backend)."""
+
+    def __init__(self, backend) -> None:
+        self._backend = backend
+
+    def __getattr__(self, name):
+        return getattr(self._backend, name)
+
+    def new_matcher(self, grammar):
+        raise AttributeError("'LLTokenizer' object has no attribute 'eos_tokens'")
+
+
+def test_a_matcher_that_cannot_be_made_fails_that_request_alone(tiny_backend) -> None:
+    broken = MatcherlessBackend(tiny_backend)
+    manager = ControlledManager(broken)
+    scheduler = make_scheduler(manager)
+    scheduler.add_request(constrained("a", regex="a+"))
+    scheduler.add_request(Request("b", [4, 5], SamplingParams(), arrival_time=0.0))
+    manager.futures[0].set_result(
+        tiny_backend.compile(StructuredOutputsParams(regex="a+").spec_key())
+    )
+    sched_out = scheduler.schedule()
+    assert [c.req_id for c in sched_out.chunks] == ["b"]
+    outputs = {o.req_id: o for o in run(scheduler, sched_out, [7])}
+    assert outputs["a"].finish_reason == "error"
+    assert "matcher could not be made" in outputs["a"].error
+    assert "eos_tokens" in outputs["a"].error
+    assert not outputs["b"].finished
+
+
 def test_failure_alone_is_reported_by_the_next_step(tiny_backend) -> None:
     manager = ControlledManager(tiny_backend)
     scheduler = make_scheduler(manager)

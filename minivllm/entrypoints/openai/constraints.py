@@ -78,7 +78,8 @@ async def check_constraint(
     engine: AsyncLLM, constraint: tuple[str, StructuredOutputsParams] | None
 ) -> None:
     """Compiles the constraint (cached by spec) off the event loop; a schema, regex or grammar
-    the grammar engine cannot honour is a 400 naming the problem and the field."""
+    the grammar engine cannot honour is a 400 naming the problem and the field; a grammar
+    engine that cannot run in this environment, a 500 saying why."""
     if constraint is None:
         return
     name, params = constraint
@@ -92,6 +93,8 @@ async def check_constraint(
         )
     except (ValueError, TypeError) as e:
         raise APIError(f"{name}: {e}", param=name) from None
+    except RuntimeError as e:  # the grammar backend cannot be built here (an old llguidance)
+        raise APIError(f"{name}: {e}", status=500, param=name) from None
 
 
 # ---- forced tool calls (tool_choice "required" or a named function) --------------------------

@@ -3,6 +3,7 @@ generation-config flags, logprob shapes."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from types import SimpleNamespace
 
@@ -78,3 +79,22 @@ def test_logprob_shapes(tiny_qwen3_dir) -> None:
     chat = chat_logprobs([7], [entry], 3)["content"][0]
     assert chat["token"] == "a" and chat["bytes"] == [97]
     assert [t["logprob"] for t in chat["top_logprobs"]] == [-0.5, -0.1, -9999.0]
+
+
+def test_a_grammar_engine_that_cannot_run_is_a_500_saying_why(monkeypatch) -> None:
+    from minivllm.entrypoints.openai import constraints
+    from minivllm.structured_output.llguidance_backend import check_llguidance_version
+    from minivllm.structured_output.params import StructuredOutputsParams
+
+    def old_llguidance(*args) -> None:
+        check_llguidance_version("1.3.0")
+
+    monkeypatch.setattr(constraints, "check_structured_outputs", old_llguidance)
+    engine = SimpleNamespace(
+        config=SimpleNamespace(tokenizer=None, model="m"), info=SimpleNamespace(vocab_size=8)
+    )
+    constraint = ("response_format", StructuredOutputsParams(json_object=True))
+    with pytest.raises(APIError) as caught:
+        asyncio.run(constraints.check_constraint(engine, constraint))
+    assert caught.value.status == 500 and caught.value.param == "response_format"
+    assert "llguidance >= 1.9, but 1.3.0 is installed" in caught.value.message
