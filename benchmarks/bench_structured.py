@@ -4,6 +4,7 @@ Prints one JSON line.
 
     python benchmarks/bench_structured.py make DIR      # Qwen3-0.6B shape, SmolLM2's tokenizer
     python benchmarks/bench_structured.py run minivllm DIR [--unconstrained] [--sync] [--phases]
+        [--gpu-profile]
     PYTHONPATH=/tmp/vsite python benchmarks/bench_structured.py run vllm DIR [--backend guidance]
 
 vLLM logs its shutdown to stdout after the JSON line: keep the line with `grep '"engine"'`.
@@ -17,6 +18,7 @@ guidance backend refuses it. The random weights make the grammar do all the work
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import json
 import os
@@ -104,6 +106,39 @@ def ttft(llm, params, constrained: bool) -> float:
     return statistics.median(times[1:])
 
 
+def device_profile():
+    """torch.profiler over the device's activity only (kernels, copies, graph replays)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    return profile(activities=[ProfilerActivity.CUDA])
+
+
+def device_time(trace, wall_s: float, top: int = 12) -> dict:
+    """The device's busy time (the union of its kernels' and copies' intervals) against the
+    wall time, and the names that took the most of it."""
+    import torch
+
+    intervals, by_name = [], {}
+    for event in trace.events():
+        if event.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        intervals.append((event.time_range.start, event.time_range.end))
+        name = event.name[:60]
+        by_name[name] = by_name.get(name, 0.0) + event.device_time
+    busy_us, end_us = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > end_us:
+            busy_us += end - max(start, end_us)
+            end_us = end
+    ranked = sorted(by_name.items(), key=lambda kv: -kv[1])[:top]
+    return {
+        "busy_s": round(busy_us / 1e6, 3),
+        "wall_s": round(wall_s, 3),
+        "idle_fraction": round(1 - busy_us / 1e6 / wall_s, 3),
+        "top_s": {name: round(us / 1e6, 3) for name, us in ranked},
+    }
+
+
 def run(args: argparse.Namespace) -> None:
     llm, params = build(args.engine, args.model_dir, args.backend, args.sync)
     constrained = not args.unconstrained
@@ -122,11 +157,13 @@ def run(args: argparse.Namespace) -> None:
     phases = StepPhases() if args.phases else None
     if phases is not None:
         phases.install()
-    start = time.perf_counter()
-    if profile is not None:
-        profile.enable()
-    outputs = llm.generate(prompts, all_params, use_tqdm=False)
-    seconds = time.perf_counter() - start
+    gpu_profile = device_profile() if args.gpu_profile else contextlib.nullcontext()
+    with gpu_profile as device_trace:
+        start = time.perf_counter()
+        if profile is not None:
+            profile.enable()
+        outputs = llm.generate(prompts, all_params, use_tqdm=False)
+        seconds = time.perf_counter() - start
     if phases is not None:
         phases.uninstall()
     if profile is not None:
@@ -147,6 +184,8 @@ def run(args: argparse.Namespace) -> None:
     result["first_request_with_compile_ms"] = round(first_compile * 1e3, 2)
     if phases is not None:
         result["phases"] = phases.report()
+    if device_trace is not None:
+        result["gpu"] = device_time(device_trace, seconds)
     profile = cProfile.Profile() if args.profile else None
     if profile is not None:
         profile.enable()
@@ -173,6 +212,9 @@ def main() -> None:
     r.add_argument("--profile", action="store_true", help="the host's profile, on stderr")
     r.add_argument(
         "--phases", action="store_true", help="minivllm: host time per step phase (step_phases.py)"
+    )
+    r.add_argument(
+        "--gpu-profile", action="store_true", help="the device busy time (torch.profiler)"
     )
     r.add_argument("--num-requests", type=int, default=None, help="default: the headline's 256")
     r.add_argument("--max-tokens", type=int, default=None, help="a cap on each output (smoke runs)")

@@ -29,6 +29,10 @@ from minivllm.structured_output.manager import StructuredOutputManager
 
 logger = logging.getLogger(__name__)
 
+# The longest an idle step waits for a grammar compile before it returns: new requests and
+# aborts are read between steps.
+IDLE_GRAMMAR_WAIT_S = 0.02
+
 # Requests a draft model's own KV cache holds at max_model_len when disable_by_batch_size is
 # None (more drafting at once get no drafts).
 DRAFT_MODEL_MAX_REQUESTS = 16
@@ -182,7 +186,10 @@ class EngineCore:
         that the host work of one step overlaps the device work of the other."""
         sched_out = self.scheduler.schedule()
         runner_out = self._execute(sched_out)
-        return self.scheduler.update(sched_out, runner_out)
+        outputs = self.scheduler.update(sched_out, runner_out)
+        if sched_out.is_empty and not outputs:  # idle: nothing runs until a grammar compiles
+            self.scheduler.wait_for_grammars(IDLE_GRAMMAR_WAIT_S)
+        return outputs
 
     def shutdown(self) -> None:
         self.executor.shutdown()

@@ -29,11 +29,23 @@ from minivllm.tokenizer import load_tokenizer
 VALIDATE_TIMEOUT_S = 30.0
 
 
-@functools.lru_cache(maxsize=8)
+# Held while shared_compiler looks up or builds. lru_cache alone lets every thread that
+# misses build its own: a server's first constrained requests arrive together, each checked
+# on a thread of its own, and their builds (mostly holding the GIL) took turns.
+_building = threading.Lock()
+
+
 def shared_compiler(tokenizer: str, vocab_size: int) -> GrammarCompiler:
     """The process's compiler for one tokenizer (path) and bitmask width (the model's
-    vocabulary, which may be padded past the tokenizer's). Built on first use: loading the
-    tokenizer and llguidance's token trie takes about a second."""
+    vocabulary, which may be padded past the tokenizer's). Built on first use, once:
+    loading the tokenizer and llguidance's token trie takes about a second, and callers
+    meanwhile wait for that build."""
+    with _building:
+        return _build_shared_compiler(tokenizer, vocab_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _build_shared_compiler(tokenizer: str, vocab_size: int) -> GrammarCompiler:
     backend = LLGuidanceBackend(load_tokenizer(tokenizer), vocab_size=vocab_size)
     return GrammarCompiler(backend)
 

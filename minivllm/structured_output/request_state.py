@@ -71,6 +71,11 @@ class StructuredOutputRequest:
         return True
 
     @property
+    def compile(self) -> Future[CompiledGrammar]:
+        """The grammar's compile: done once it is ready or has failed."""
+        return self._grammar
+
+    @property
     def matcher(self) -> GrammarMatcher:
         if self._matcher is None:
             raise RuntimeError("the structured output grammar is not compiled yet")

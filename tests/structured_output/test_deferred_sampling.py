@@ -6,15 +6,18 @@ when a request is aborted or ends between the launch and the sampling."""
 from __future__ import annotations
 
 import json
+import time
 
 import jsonschema
 
 from minivllm import LLM, SamplingParams
+from minivllm.engine.engine_core import IDLE_GRAMMAR_WAIT_S
 from minivllm.engine.runner.model_runner import ModelRunner
 from minivllm.engine.runner.step_handle import DeferredSampling
 from minivllm.engine.sched.scheduler import Scheduler
 from minivllm.engine.types import EngineRequest
 from minivllm.structured_output import StructuredOutputsParams
+from minivllm.structured_output.llguidance_backend import LLGuidanceBackend
 from minivllm.structured_output.manager import StepBitmask
 
 SCHEMA = {
@@ -138,3 +141,36 @@ def test_stop_strings_and_logprobs_end_requests_as_sync_steps_do(llm: LLM, sync_
     assert [list(e) for e in outs["async"][1].logprobs] == [
         list(e) for e in outs["sync"][1].logprobs
     ]
+
+
+def test_an_engine_whose_requests_all_wait_for_a_grammar_waits_instead_of_spinning(
+    llm: LLM, monkeypatch
+) -> None:
+    """While its only request's grammar compiles, a step finds nothing to run: the engine
+    waits for the compile (briefly) instead of stepping again at once. A loop of empty
+    steps held the GIL that the compile and the grammar backend's first build need (in a
+    server's engine process, the first constrained requests waited ~a minute)."""
+    compile_s = 0.4
+    compile = LLGuidanceBackend.compile
+
+    def slow_compile(self, spec):
+        time.sleep(compile_s)
+        return compile(self, spec)
+
+    monkeypatch.setattr(LLGuidanceBackend, "compile", slow_compile)
+    params = SamplingParams(
+        max_tokens=3,
+        structured_outputs=StructuredOutputsParams(regex="[a-z]{2} compiled slowly"),
+    )
+    engine = llm.engine
+    engine.add_requests([EngineRequest("slow", [5, 9, 13], params, 0.0)])
+    start = time.perf_counter()
+    num_steps, tokens = 0, []
+    while engine.has_unfinished_requests():
+        num_steps += 1
+        for out in engine.step():
+            tokens += out.new_token_ids
+    assert time.perf_counter() - start >= compile_s
+    assert len(tokens) == 3
+    # ~compile_s / IDLE_GRAMMAR_WAIT_S idle steps, then a few that run; spinning made thousands.
+    assert num_steps < compile_s / IDLE_GRAMMAR_WAIT_S + 20, num_steps

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, wait
 
 from minivllm.engine.sched.request import Request, RequestStatus, draft_room
 from minivllm.engine.types import RunnerOutput, ScheduledChunk
@@ -47,6 +48,18 @@ def first_admissible(waiting: deque[Request], failed: list[Request]) -> Request 
     for request in failed:
         waiting.remove(request)
     return admissible
+
+
+def wait_for_compiles(waiting: deque[Request], timeout: float) -> None:
+    """Returns once some waiting request's grammar compile has ended, or after timeout
+    seconds (at once when none compiles)."""
+    compiling = [
+        r.structured_output.compile
+        for r in waiting
+        if r.structured_output is not None and not r.structured_output.compile.done()
+    ]
+    if compiling:
+        wait(compiling, timeout, return_when=FIRST_COMPLETED)
 
 
 def step_bitmask(

@@ -17,6 +17,7 @@ from minivllm.engine.sched.grammar import (
     first_admissible,
     forced_drafts,
     step_bitmask,
+    wait_for_compiles,
 )
 from minivllm.engine.sched.request import Request, RequestStatus, needs_host_tokens
 from minivllm.engine.sched.speculation import Speculator
@@ -427,6 +428,15 @@ class Scheduler:
             self._finish(r)
         self._failed += failed
         return request
+
+    def wait_for_grammars(self, timeout: float) -> None:
+        """Waits, at most timeout seconds, for a waiting request's grammar compile to end:
+        what an engine does instead of stepping again when a step ran nothing and returned
+        nothing, so that its unfinished requests all wait for their grammars. Stepping
+        meanwhile would hold the GIL that the compile threads, and the grammar backend's
+        first build (about a second), need."""
+        if self.num_constrained:
+            wait_for_compiles(self.waiting, timeout)
 
     def take_failed_outputs(self) -> list[EngineOutput]:
         """The outputs of requests that failed before running (reported once)."""
