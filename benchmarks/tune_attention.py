@@ -13,7 +13,8 @@ from itertools import product
 
 import torch
 
-from minivllm.kernels.batch_invariant_attention import SEG_N, batch_invariant_attention
+from minivllm.kernels.attention_segments import SEGMENTS, SegmentRule
+from minivllm.kernels.batch_invariant_attention import batch_invariant_attention
 from minivllm.kernels.batch_invariant_configs import batch_invariant_config
 from minivllm.kernels.decode_attention import choose_num_splits, decode_attention
 from minivllm.kernels.prefill_attention import prefill_attention
@@ -28,7 +29,7 @@ def dims(smoke: bool) -> dict:
             "kv_heads": 2,
             "head_dim": 32,
             "block": 8,
-            "seg_n": 32,
+            "segments": SegmentRule(min_len=16, per_row=2, max_len=64),
             "positions": [0, 15, 16, 31, 32, 33, 63, 64, 69],
             "length": 70,
         }
@@ -37,7 +38,7 @@ def dims(smoke: bool) -> dict:
         "kv_heads": 8,
         "head_dim": 128,
         "block": 16,
-        "seg_n": SEG_N,
+        "segments": SEGMENTS,
         "positions": [0, 63, 64, 511, 512, 513, 1023, 1024, 1499],
         "length": 1500,
     }
@@ -62,8 +63,8 @@ def candidates(smoke: bool) -> list[tuple[str, tuple]]:
     out += [("prefill", (bm, bn, 4, s)) for bn, bm, s in product(bns, (16, 32), (2, 3))]
     out += [("decode", (bm, bn, 4, s)) for bn, bm, s in product(bns, (16, 32, 64), (2, 3, 4))]
     out += [("decode", c) for bn in bns for c in ((64, bn, 8, 3), (16, bn, 2, 3))]
-    # Split launches (a program per 512-key segment, then a fold): one state instead of the
-    # walk's two, so fewer registers.
+    # Split launches (a program per segment, then a fold): one state instead of the walk's
+    # two, so fewer registers.
     return out + [("split", (16, bn, w, s)) for bn in bns for w, s in ((4, 2), (4, 3), (2, 3))]
 
 
@@ -94,7 +95,7 @@ def _run(case: dict, config: tuple, decode: bool, segs: int = 0, parts: dict | N
         case["table"],
         case["scale"],
         out,
-        seg_n=case["seg_n"],
+        segments=case["segments"],
         config=config,
         decode_rows=decode,
         num_segments=segs,
@@ -113,7 +114,7 @@ def decode_case(lens: list[int], d: dict, device: str) -> dict:
         "lens": seq_lens,
         "qsl": qsl,
         "scale": d["head_dim"] ** -0.5,
-        "seg_n": d["seg_n"],
+        "segments": d["segments"],
     }
 
 
@@ -128,7 +129,7 @@ def prefill_case(lens: list[int], d: dict, device: str) -> dict:
         "lens": seq_lens,
         "qsl": qsl,
         "scale": d["head_dim"] ** -0.5,
-        "seg_n": d["seg_n"],
+        "segments": d["segments"],
     }
 
 
@@ -137,7 +138,8 @@ def _compile(pairs: list[tuple[str, tuple]], device: str, smoke: bool) -> list:
     specializes alike: batch-dependent ints are not specialized). Returns those that ran."""
     d = dims(smoke)
     dec, pre = decode_case([40, 9], d, device), prefill_case([40], d, device)
-    split = (-(-40 // d["seg_n"]), _parts(2, -(-40 // d["seg_n"]), d, device))
+    segs = d["segments"].max_count(40)
+    split = (segs, _parts(2, segs, d, device))
     ok = []
     for kind, config in pairs:
         try:
@@ -187,7 +189,7 @@ def _classifier(d: dict, device: str):
     rows["q"] = whole_case["q"][positions].contiguous()
     rows["cache"] = whole_case["cache"]
     rows["table"] = whole_case["table"].expand(len(positions), -1).contiguous()
-    segs = -(-length // d["seg_n"])
+    segs = d["segments"].max_count(length)
     shape = (len(positions), d["heads"], segs)
     parts = {
         "part_acc": torch.empty(*shape, d["head_dim"], device=device),
@@ -218,7 +220,7 @@ def _parts(rows: int, segs: int, d: dict, device: str) -> dict:
 
 
 def _time_candidates(timer, ok: set, dec: dict, pre: dict, d: dict) -> dict:
-    segs = -(-int(dec["lens"].max()) // d["seg_n"])
+    segs = d["segments"].max_count(int(dec["lens"].max()))
     split = (segs, _parts(dec["q"].shape[0], segs, d, dec["q"].device))
     times = {}
     for kind, config in sorted(ok):
@@ -249,12 +251,12 @@ def _defaults(timer, dec: dict, pre: dict, d: dict) -> tuple[float, float]:
 
 def _time_split(timer, dec: dict, d: dict, configs: set) -> dict:
     """The batch-256 decode as a split launch (SPLIT_DECODE_WAVES large): one program per
-    segment plus the fold kernel, with the segments the batch needs and with the 8 of a
+    segment plus the fold kernel, with the segments the batch needs and with those of a
     graph captured for 4,096-token contexts (programs past a row's end exit at once)."""
     n = dec["q"].shape[0]
-    exact = -(-int(dec["lens"].max()) // d["seg_n"])
+    exact = d["segments"].max_count(int(dec["lens"].max()))
     out = {}
-    for segs in (exact, max(exact, 4096 // d["seg_n"])):
+    for segs in (exact, max(exact, d["segments"].max_count(4096))):
         shape = (n, d["heads"], segs)
         parts = {"part_acc": torch.empty(*shape, d["head_dim"], device=dec["q"].device),
                  "part_m": torch.empty(shape, device=dec["q"].device),
@@ -298,7 +300,7 @@ def tune_attention(timer, device: str, smoke: bool, ok: set) -> dict:
     default_dec, default_pre = _defaults(timer, dec, pre, d)
     cur_dec = batch_invariant_config(d["head_dim"], 2, decode=True)
     cur_pre = batch_invariant_config(d["head_dim"], 2)
-    if smoke:  # seg_n 32 needs small tiles
+    if smoke:  # 16-key segments need small tiles
         cur_dec = cur_pre = (16, 16, 4, 1)
     ok = set(ok) | {("decode", cur_dec), ("prefill", cur_pre)}
     times = _time_candidates(timer, ok, dec, pre, d)

@@ -7,7 +7,8 @@ from __future__ import annotations
 import torch
 
 from minivllm.attention.base import AttnMetadata
-from minivllm.kernels.batch_invariant_attention import SEG_N, batch_invariant_attention
+from minivllm.kernels.attention_segments import SEGMENTS
+from minivllm.kernels.batch_invariant_attention import batch_invariant_attention
 
 # Decode rows are split by segment while they give fewer (request, kv head) programs than this
 # many SMs' worth: more, shorter programs (and a fold kernel) instead of one walk per row.
@@ -18,8 +19,9 @@ SPLIT_DECODE_WAVES = 1.0
 
 class BatchInvariantAttention:
     """Owns the split launch's scratch: per-segment states of up to `max_split_rows` decode
-    rows (a batch is split only when it has fewer programs than SPLIT_DECODE_WAVES * SMs),
-    allocated once so that the decode path is graph-capturable."""
+    rows (a batch is split only when it has fewer programs than SPLIT_DECODE_WAVES * SMs)
+    and the most segments a row of max_model_len keys has, allocated once so that the decode
+    path is graph-capturable."""
 
     def __init__(
         self,
@@ -33,23 +35,25 @@ class BatchInvariantAttention:
     ) -> None:
         self.split_programs = int(SPLIT_DECODE_WAVES * num_sms)
         self.max_split_rows = min(max_num_seqs, -(-self.split_programs // num_kv_heads))
-        self.max_segments = -(-max_model_len // SEG_N)
+        self.max_segments = SEGMENTS.max_count(max_model_len)
         shape = (self.max_split_rows, num_heads, self.max_segments)
         self.part_acc = torch.empty(*shape, head_dim, dtype=torch.float32, device=device)
         self.part_m = torch.empty(shape, dtype=torch.float32, device=device)
         self.part_l = torch.empty(shape, dtype=torch.float32, device=device)
 
     def num_segments(self, num_decodes: int, num_kv_heads: int, max_seq_len: int) -> int:
-        """Segments of the split launch for these decode rows, or 0 for one pass per row.
-        A speed choice only: both launches give the same bits."""
-        segments = -(-max_seq_len // SEG_N)
+        """Segments of the split launch for these decode rows (a grid axis that fits every row
+        of at most max_seq_len <= max_model_len keys; a graph captured at max_model_len fits
+        every replay), or 0 for one pass per row. A speed choice only: both launches give the
+        same bits."""
+        segments = SEGMENTS.max_count(max_seq_len)
         if (
             num_decodes > self.max_split_rows
             or num_decodes * num_kv_heads >= self.split_programs
             or segments < 2
         ):
             return 0
-        return min(segments, self.max_segments)
+        return segments
 
     def forward(
         self,

@@ -1,13 +1,14 @@
 """Batch-invariant paged attention (deterministic mode): a query row gets the same bits whether
 it is a decode or part of a prefill chunk, and whatever else is in the batch.
 
-One fixed tile config per head_dim. Keys are cut into segments of SEG_N tokens aligned to
-absolute positions; each segment is an online softmax over BLOCK_N tiles from a fresh state,
-and segments are folded left to right with one formula (`_fold`). One program can walk all
-segments (varlen launch), or one program per segment writes its partial state and a fold
-kernel merges them in the same order (split launch, for small decode batches): the choice is
-a speed decision only, it never changes a bit. Tiles past a row's position are fully masked
-and add exact zeros (p = 0, alpha = 1), so the extra tiles a prefill row sees change nothing.
+One fixed tile config per head_dim. A row's keys are cut into segments whose length depends
+on the row's own position (`SegmentRule`), aligned to absolute positions; each segment is an
+online softmax over BLOCK_N tiles from a fresh state, and segments are folded left to right
+with one formula (`_fold`). One program can walk all segments (varlen launch), or one program
+per segment writes its partial state and a fold kernel merges them in the same order (split
+launch, for small decode batches): the choice is a speed decision only, it never changes a
+bit. Tiles past a row's position are fully masked and add exact zeros (p = 0, alpha = 1), so
+the extra tiles a prefill row sees change nothing.
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ import torch
 import triton
 import triton.language as tl
 
+from minivllm.kernels.attention_segments import SEGMENTS, SegmentRule, segment_len
 from minivllm.kernels.batch_invariant_configs import batch_invariant_config
 from minivllm.kernels.checks import LOG2E, check_kv_scales
 from minivllm.kernels.prefill_attention import _check_inputs, _find_tile, _load_rows
 
-SEG_N = 512  # keys per segment: the unit of split-KV parallelism
 L_COLS: tl.constexpr = tl.constexpr(16)  # columns of the row-sum MMA (tl.dot's minimum N)
 
 
@@ -62,18 +63,18 @@ def _tile_step(
 
 @triton.jit
 def _segment(
-    q, q_pos, seg_start, full_end, kv_end, block_table, k_base, v_base, scale_log2e,
+    q, q_pos, seg_start, seg_len, full_end, kv_end, block_table, k_base, v_base, scale_log2e,
     offs_n, offs_d,
     NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, SEG_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
-    """(acc, m_i, l_i) of keys [seg_start, seg_start + SEG_N) from a fresh state. Keys below
+    """(acc, m_i, l_i) of keys [seg_start, seg_start + seg_len) from a fresh state. Keys below
     full_end are visible to every row of the tile (no masks); tiles start at multiples of
     BLOCK_N in every path."""
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M, L_COLS], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    seg_end = tl.minimum(seg_start + SEG_N, kv_end)
+    seg_end = tl.minimum(seg_start + seg_len, kv_end)
     mid = tl.minimum(tl.maximum(full_end, seg_start), seg_end)
     for n0 in range(seg_start, mid, BLOCK_N):
         acc, m_i, l_i = _tile_step(
@@ -103,15 +104,32 @@ def _fold(acc, m_i, l_i, seg_acc, seg_m, seg_l):
 
 
 @triton.jit
+def _fold_ended(acc, m_i, l_i, seg_acc, seg_m, seg_l, ended):
+    """`_fold` for the rows whose segment ended (ended: [R]), which restart from a fresh
+    segment state; the other rows keep both states bit for bit."""
+    f_acc, f_m, f_l = _fold(acc, m_i, l_i, seg_acc, seg_m, seg_l)
+    acc = tl.where(ended[:, None], f_acc, acc)
+    m_i = tl.where(ended, f_m, m_i)
+    l_i = tl.where(ended[:, None], f_l, l_i)
+    seg_acc = tl.where(ended[:, None], 0.0, seg_acc)
+    seg_m = tl.where(ended, float("-inf"), seg_m)
+    seg_l = tl.where(ended[:, None], 0.0, seg_l)
+    return acc, m_i, l_i, seg_acc, seg_m, seg_l
+
+
+@triton.jit
 def _walk(
-    q, q_pos, full_end, kv_end, block_table, k_base, v_base, scale_log2e, offs_n, offs_d,
+    q, q_pos, seg_lens, seg_lo, full_end, kv_end, block_table, k_base, v_base, scale_log2e,
+    offs_n, offs_d,
     NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, SEG_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     """All segments of keys [0, kv_end) in one pipelined pass: the same tile steps as
-    `_segment` makes, the segment state folded into the total and reset at each segment end,
-    so every row sees exactly `_segment` then `_fold` per segment. The closing fold of an
-    empty state (loop ended on a boundary) changes nothing: a = 1, b = 0 exactly."""
+    `_segment` makes; at a tile end that closes a row's segment (seg_lens: [BLOCK_M], powers
+    of two; seg_lo: the smallest, as a scalar) that row's segment state is folded into its
+    total and reset, so every row sees exactly `_segment` then `_fold` per segment of its own
+    length. The closing fold of an empty state (loop ended on a boundary) changes nothing:
+    a = 1, b = 0 exactly."""
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M, L_COLS], tl.float32)
@@ -124,22 +142,23 @@ def _walk(
             scale_log2e, offs_n, offs_d, NUM_KV_HEADS, HEAD_DIM, BLOCK_D, BLOCK_SIZE, BLOCK_N,
             False,
         )  # fmt: skip
-        if (n0 + BLOCK_N) % SEG_N == 0:
-            acc, m_i, l_i = _fold(acc, m_i, l_i, seg_acc, seg_m, seg_l)
-            seg_acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-            seg_m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-            seg_l = tl.zeros([BLOCK_M, L_COLS], tl.float32)
+        end = n0 + BLOCK_N
+        # A longer segment (a power-of-two multiple) ends only where the shortest does.
+        if (end & (seg_lo - 1)) == 0:
+            acc, m_i, l_i, seg_acc, seg_m, seg_l = _fold_ended(
+                acc, m_i, l_i, seg_acc, seg_m, seg_l, (end & (seg_lens - 1)) == 0
+            )
     for n0 in range(full_end, kv_end, BLOCK_N):
         seg_acc, seg_m, seg_l = _tile_step(
             seg_acc, seg_m, seg_l, q, q_pos, n0, kv_end, block_table, k_base, v_base,
             scale_log2e, offs_n, offs_d, NUM_KV_HEADS, HEAD_DIM, BLOCK_D, BLOCK_SIZE, BLOCK_N,
             True,
         )  # fmt: skip
-        if (n0 + BLOCK_N) % SEG_N == 0:
-            acc, m_i, l_i = _fold(acc, m_i, l_i, seg_acc, seg_m, seg_l)
-            seg_acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-            seg_m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-            seg_l = tl.zeros([BLOCK_M, L_COLS], tl.float32)
+        end = n0 + BLOCK_N
+        if (end & (seg_lo - 1)) == 0:
+            acc, m_i, l_i, seg_acc, seg_m, seg_l = _fold_ended(
+                acc, m_i, l_i, seg_acc, seg_m, seg_l, (end & (seg_lens - 1)) == 0
+            )
     return _fold(acc, m_i, l_i, seg_acc, seg_m, seg_l)
 
 
@@ -157,14 +176,16 @@ def _bi_attention_kernel(
     stride_pa_t, stride_pa_h, stride_pa_s, stride_pm_t, stride_pm_h, v_cache_offset,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, SEG_N: tl.constexpr, SPLIT: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, SEG_MIN: tl.constexpr,
+    SEG_PER_ROW: tl.constexpr, SEG_MAX: tl.constexpr, SPLIT: tl.constexpr,
     DECODE: tl.constexpr, KV_FP8: tl.constexpr,
 ):  # fmt: skip
     """Grid ((cdiv(num_rows, BLOCK_Q) + num_seqs) * num_kv_heads, num_segments if SPLIT else
     1); DECODE (one row per request): (num_seqs * num_kv_heads, ...), a program per request.
     Tiles as in the prefill kernel (row r: token r // GROUP, head r % GROUP). SPLIT:
-    program (tile, s) writes segment s's unnormalized state to part_*; else it folds every
-    segment and writes the output."""
+    program (tile, s) writes segment s's unnormalized state to part_* (or exits past the
+    row's segments); else it folds every segment and writes the output. SEG_*: the
+    `SegmentRule`."""
     pid = tl.program_id(0)
     kv_head = pid % NUM_KV_HEADS
     if DECODE:  # no tile search, no idle programs
@@ -182,8 +203,9 @@ def _bi_attention_kernel(
     ctx_start = seq_len - query_len
     kv_end = ctx_start + tl.minimum(t0 + BLOCK_Q, query_len)
     seg_id = tl.program_id(1)
-    if SPLIT:
-        if seg_id * SEG_N >= kv_end:
+    if SPLIT:  # one decode row: its context is kv_end
+        seg_len = segment_len(kv_end, SEG_MIN, SEG_PER_ROW, SEG_MAX)
+        if seg_id * seg_len >= kv_end:
             return
 
     offs_m = tl.arange(0, BLOCK_M)
@@ -206,9 +228,9 @@ def _bi_attention_kernel(
     full_end = (ctx_start + t0 + 1) // BLOCK_N * BLOCK_N
     if SPLIT:
         acc, m_i, l_i = _segment(
-            q, q_pos, seg_id * SEG_N, full_end, kv_end, block_table, k_base, v_base,
+            q, q_pos, seg_id * seg_len, seg_len, full_end, kv_end, block_table, k_base, v_base,
             scale_log2e, offs_n, offs_d, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_M,
-            BLOCK_N, BLOCK_D, SEG_N,
+            BLOCK_N, BLOCK_D,
         )  # fmt: skip
         part = rows * stride_pa_t + heads * stride_pa_h + seg_id * stride_pa_s
         tl.store(part_acc_ptr + part[:, None] + offs_d[None, :], acc, mask=io_mask)
@@ -216,9 +238,13 @@ def _bi_attention_kernel(
         tl.store(part_m_ptr + ml, m_i, mask=m_mask)
         tl.store(part_l_ptr + ml, tl.max(l_i, 1), mask=m_mask)  # columns equal: exact
     else:
+        # A row's segment length from its own context; the tile's first row has the shortest.
+        seg_lens = segment_len(q_pos + 1, SEG_MIN, SEG_PER_ROW, SEG_MAX)
+        seg_lo = segment_len(ctx_start + t0 + 1, SEG_MIN, SEG_PER_ROW, SEG_MAX)
         acc, m_i, l_i = _walk(
-            q, q_pos, full_end, kv_end, block_table, k_base, v_base, scale_log2e, offs_n,
-            offs_d, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_M, BLOCK_N, BLOCK_D, SEG_N,
+            q, q_pos, seg_lens, seg_lo, full_end, kv_end, block_table, k_base, v_base,
+            scale_log2e, offs_n, offs_d, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCK_M, BLOCK_N,
+            BLOCK_D,
         )  # fmt: skip
         l_row = tl.max(l_i, 1)  # columns equal: exact
         o = acc / tl.where(l_row == 0.0, 1.0, l_row)[:, None]
@@ -235,10 +261,12 @@ def _fold_kernel(
     part_acc_ptr, part_m_ptr, part_l_ptr, seq_lens_ptr, out_ptr, v_scale,
     stride_pa_t, stride_pa_h, stride_pa_s, stride_pm_t, stride_pm_h, stride_ot, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr,
-    BLOCK_D: tl.constexpr, SEG_N: tl.constexpr, KV_FP8: tl.constexpr,
+    BLOCK_D: tl.constexpr, SEG_MIN: tl.constexpr, SEG_PER_ROW: tl.constexpr,
+    SEG_MAX: tl.constexpr, KV_FP8: tl.constexpr,
 ):  # fmt: skip
-    """Grid (num_seqs, num_kv_heads): folds the cdiv(seq_len, SEG_N) segment states of the
-    GROUP heads of one decode row, left to right, exactly as the varlen launch does."""
+    """Grid (num_seqs, num_kv_heads): folds the segment states of the GROUP heads of one
+    decode row (cdiv(seq_len, its segment length) of them), left to right, exactly as the
+    varlen launch does."""
     row = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * GROUP + tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
@@ -247,7 +275,8 @@ def _fold_kernel(
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G, 1], tl.float32)  # [R, C] as `_fold` takes it
-    num_segs = tl.cdiv(tl.load(seq_lens_ptr + row), SEG_N)
+    seq_len = tl.load(seq_lens_ptr + row)
+    num_segs = tl.cdiv(seq_len, segment_len(seq_len, SEG_MIN, SEG_PER_ROW, SEG_MAX))
     for seg in range(0, num_segs):
         part = row * stride_pa_t + heads * stride_pa_h + seg * stride_pa_s
         seg_acc = tl.load(part_acc_ptr + part[:, None] + offs_d[None, :], mask=io_mask, other=0.0)
@@ -294,7 +323,7 @@ def batch_invariant_attention(
     part_acc: torch.Tensor | None = None,
     part_m: torch.Tensor | None = None,
     part_l: torch.Tensor | None = None,
-    seg_n: int = SEG_N,
+    segments: SegmentRule = SEGMENTS,
     config: tuple[int, int, int, int] | None = None,
     decode_rows: bool = False,
     k_scale: float = 1.0,
@@ -304,14 +333,15 @@ def batch_invariant_attention(
 
     Shapes and conventions as `prefill_attention` (decode rows are requests of one query
     token). num_segments > 0 is the split launch, for decode rows only (one query token per
-    request, start_row 0): grid axis of num_segments >= cdiv(max seq_len, seg_n) segment
-    programs writing part_acc [>= num_rows, num_heads, >= num_segments, head_dim] and
+    request, start_row 0): grid axis of num_segments >= segments.max_count(max seq_len)
+    segment programs writing part_acc [>= num_rows, num_heads, >= num_segments, head_dim] and
     part_m, part_l [>= num_rows, num_heads, >= num_segments] float32, then a fold kernel.
     Both launches give identical bits for a row. decode_rows: every request has one query
     row (start_row 0), so the decode tile config applies; the split launch implies it.
-    seg_n (a multiple of block_n) and block_n must stay fixed for an engine's lifetime; config
-    (block_m, block_n, num_warps, num_stages) overrides the table (tests, tuning). No host
-    syncs; graph-capturable for a fixed num_segments. k_scale, v_scale: an fp8 cache's scales.
+    segments (its min_len a multiple of block_n) and block_n must stay fixed for an engine's
+    lifetime; segments and config (block_m, block_n, num_warps, num_stages) override the
+    defaults (tests, tuning). No host syncs; graph-capturable for a fixed num_segments.
+    k_scale, v_scale: an fp8 cache's scales.
     """
     _check_inputs(q, kv_cache, query_start_loc, seq_lens, block_tables, scale, out)
     is_fp8 = check_kv_scales(kv_cache, k_scale, v_scale)
@@ -333,8 +363,9 @@ def batch_invariant_attention(
     for name, val in (("block_m", block_m), ("block_n", block_n)):
         if val < 16 or val & (val - 1):
             raise ValueError(f"{name} must be a power of two >= 16, got {val}")
-    if seg_n < block_n or seg_n % block_n:
-        raise ValueError(f"seg_n ({seg_n}) must be a positive multiple of block_n ({block_n})")
+    if segments.min_len % block_n:
+        msg = f"segments.min_len ({segments.min_len}) must be a multiple of block_n ({block_n})"
+        raise ValueError(msg)
     if split:
         _check_split(part_acc, part_m, part_l, q, num_segments)
         pa, pm = part_acc.stride()[:3], part_m.stride()[:2]
@@ -352,13 +383,15 @@ def batch_invariant_attention(
         *pa, *pm, kv_cache[0].numel(),
         NUM_KV_HEADS=num_kv_heads, GROUP=group, HEAD_DIM=head_dim,
         BLOCK_SIZE=kv_cache.shape[2], BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_D=triton.next_power_of_2(head_dim), SEG_N=seg_n, SPLIT=split, DECODE=decode,
+        BLOCK_D=triton.next_power_of_2(head_dim), SEG_MIN=segments.min_len,
+        SEG_PER_ROW=segments.per_row, SEG_MAX=segments.max_len, SPLIT=split, DECODE=decode,
         KV_FP8=is_fp8, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     if split:
         _fold_kernel[(num_seqs, num_kv_heads)](
             part_acc, part_m, part_l, seq_lens, out, v_scale, *pa, *pm, out.stride(0),
             out.stride(1), GROUP=group, HEAD_DIM=head_dim, BLOCK_G=triton.next_power_of_2(group),
-            BLOCK_D=triton.next_power_of_2(head_dim), SEG_N=seg_n, KV_FP8=is_fp8, num_warps=4,
+            BLOCK_D=triton.next_power_of_2(head_dim), SEG_MIN=segments.min_len,
+            SEG_PER_ROW=segments.per_row, SEG_MAX=segments.max_len, KV_FP8=is_fp8, num_warps=4,
         )  # fmt: skip
     return out

@@ -105,7 +105,8 @@ def test_matmul_table_rows_independent_of_m() -> None:
 
 
 def test_attention_prefill_chunks_decode_split_same_bits() -> None:
-    from minivllm.kernels.batch_invariant_attention import SEG_N, batch_invariant_attention
+    from minivllm.kernels.attention_segments import SEGMENTS
+    from minivllm.kernels.batch_invariant_attention import batch_invariant_attention
 
     heads, kv_heads, head_dim, block_size, length = 16, 8, 128, 16, 1500
     gen = torch.Generator(device="cuda").manual_seed(1)
@@ -126,7 +127,9 @@ def test_attention_prefill_chunks_decode_split_same_bits() -> None:
     whole = varlen(q, 0, length)
     for a, b in ((0, 256), (256, 700), (700, 1101), (1101, length)):
         assert torch.equal(varlen(q[a:b].contiguous(), a, b), whole[a:b]), f"chunk {a}:{b}"
-    positions = [0, 63, 64, 511, 512, 513, 1023, 1024, 1499]
+    # Segments of 128 keys up to 1,024 (one to eight of them), then 256: chunk 700:1101's
+    # tiles straddle 1023|1024.
+    positions = [0, 63, 64, 127, 128, 511, 512, 513, 1023, 1024, 1499]
     n = len(positions)
     qsl = torch.arange(n + 1, dtype=torch.int32, device="cuda")
     lens = torch.tensor([p + 1 for p in positions], dtype=torch.int32, device="cuda")
@@ -136,7 +139,7 @@ def test_attention_prefill_chunks_decode_split_same_bits() -> None:
         rows, cache, qsl, lens, tables, scale, torch.empty_like(rows), decode_rows=True
     )  # the decode tiles (their own config) against the prefill tiles
     assert torch.equal(plain, whole[positions])
-    segs = -(-length // SEG_N)
+    segs = SEGMENTS.max_count(length)
     parts = {
         "part_acc": torch.empty(n, heads, segs, head_dim, device="cuda"),
         "part_m": torch.empty(n, heads, segs, device="cuda"),

@@ -8,6 +8,7 @@ import torch
 from ordered_dot import ordered_dot  # noqa: F401 (fixture)
 from paged_case import DEVICE, PagedCase, make_paged_case, ref_attention, tolerance
 
+from minivllm.kernels.attention_segments import SegmentRule
 from minivllm.kernels.batch_invariant_attention import batch_invariant_attention
 from minivllm.kernels.decode_attention import decode_attention
 from minivllm.kernels.kv_store import store_kv
@@ -148,7 +149,7 @@ def test_batch_invariant_attention_fp8_cache():
     gen = torch.Generator().manual_seed(3)
     q = torch.randn(sum(seq_lens), num_heads, head_dim, generator=gen).to(DEVICE)
     qsl = torch.tensor([0, seq_lens[0], sum(seq_lens)], dtype=torch.int32, device=DEVICE)
-    scales = {"k_scale": k_scale, "v_scale": v_scale, "seg_n": 32}
+    scales = {"k_scale": k_scale, "v_scale": v_scale, "segments": SegmentRule(16, 2, 64)}
     common = (case.seq_lens, case.block_tables, head_dim**-0.5)
     prefill = batch_invariant_attention(q, case.kv_cache, qsl, *common, torch.empty_like(q),
                                         config=(32, 16, 4, 1), **scales)  # fmt: skip
