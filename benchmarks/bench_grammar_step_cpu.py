@@ -2,12 +2,14 @@
 driven by a fake runner with N requests in flight, every one under bench_structured.py's JSON
 schema with SmolLM2's tokenizer (the demo GGUF's), against the same run unconstrained.
 
-python benchmarks/bench_grammar_step_cpu.py [--num-seqs 256] [--steps 100] [--profile]
+python benchmarks/bench_grammar_step_cpu.py [--num-seqs 256] [--steps 100] [--profile] [--greedy]
 
 Per step, constrained: schedule() (it builds the step's constrained rows), the mask fill (the
 runner's StepBitmask.fill(), overlapped with the forward in the engine) and update() (it
 advances every matcher by its sampled token); each fake token is drawn at random among those
-the row's mask allows. A request that ends is replaced, so N stay in flight. Prints one JSON
+the row's mask allows (--greedy: the allowed token of highest score in one fixed random
+score vector, as greedy decoding of a model whose logits do not depend on the context would
+pick). A request that ends is replaced, so N stay in flight. Prints one JSON
 line: microseconds per step (medians), and the grammar's extra host time (constrained minus
 unconstrained schedule() + update(), and the fill).
 """
@@ -40,7 +42,9 @@ from minivllm.tokenizer import load_tokenizer
 class Driver:
     """One scheduler with num_seqs requests in flight, constrained or not."""
 
-    def __init__(self, num_seqs: int, constrained: bool, vocab_size: int, tokenizer: str) -> None:
+    def __init__(
+        self, num_seqs: int, constrained: bool, vocab_size: int, tokenizer: str, greedy: bool
+    ) -> None:
         manager = None
         if constrained:
             manager = StructuredOutputManager(
@@ -52,6 +56,8 @@ class Driver:
         self.vocab_size = vocab_size
         self.rng = random.Random(0)
         self.np_rng = np.random.default_rng(0)
+        self.greedy = greedy
+        self.fixed_scores = self.np_rng.random(vocab_size, dtype=np.float32)
         self.num_added = 0
         for _ in range(num_seqs):
             self.add_request()
@@ -66,10 +72,12 @@ class Driver:
         self.num_added += 1
 
     def draw(self, bitmask: torch.Tensor) -> np.ndarray:
-        """One token per bitmask row, uniform among those the row allows."""
+        """One token per bitmask row among those the row allows: uniform, or greedy."""
         bits = np.unpackbits(bitmask.numpy().view(np.uint8), axis=1, bitorder="little")
-        scores = self.np_rng.random(bits.shape, dtype=np.float32) * bits
-        return scores[:, : self.vocab_size].argmax(axis=1)
+        bits = bits[:, : self.vocab_size]
+        if self.greedy:
+            return (self.fixed_scores * bits).argmax(axis=1)
+        return (self.np_rng.random(bits.shape, dtype=np.float32) * bits).argmax(axis=1)
 
     def step(self) -> tuple[float, float, float]:
         """Seconds in schedule(), the mask fill and update() for one step."""
@@ -117,13 +125,16 @@ def main() -> None:
     parser.add_argument("--num-seqs", type=int, default=256)
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--profile", action="store_true", help="cProfile top functions, stderr")
+    parser.add_argument("--greedy", action="store_true", help="greedy tokens (see above)")
     args = parser.parse_args()
     tokenizer = demo_gguf_file()
     vocab_size = len(load_tokenizer(tokenizer))
     constrained = measure(
-        Driver(args.num_seqs, True, vocab_size, tokenizer), args.steps, args.profile
+        Driver(args.num_seqs, True, vocab_size, tokenizer, args.greedy), args.steps, args.profile
     )
-    free = measure(Driver(args.num_seqs, False, vocab_size, tokenizer), args.steps, False)
+    free = measure(
+        Driver(args.num_seqs, False, vocab_size, tokenizer, args.greedy), args.steps, False
+    )
     extra = {
         "schedule": constrained["schedule_us"] - free["schedule_us"],
         "update": constrained["update_us"] - free["update_us"],
@@ -132,6 +143,7 @@ def main() -> None:
         "bench": "grammar_step_cpu",
         "num_seqs": args.num_seqs,
         "steps": args.steps,
+        "greedy": args.greedy,
         "torch_threads": torch.get_num_threads(),
         "constrained": constrained,
         "unconstrained": free,
