@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Structured outputs side by side on one GPU, minivllm and vLLM 0.20.2 (xgrammar), the headline
+# workload with every request under bench_structured.py's JSON schema.
+# Usage: VLLM_SITE=/tmp/vsite LLG_SITE=/tmp/site bash benchmarks/peer_structured.sh DIR [PART]
+# DIR: `python benchmarks/bench_structured.py make DIR` (a real tokenizer). LLG_SITE: a site with
+# llguidance >= 1.9 (and, for PART served, fastapi / uvicorn / pydantic), put ahead of VLLM_SITE
+# for minivllm (vLLM's wheels pin llguidance 1.3, which minivllm refuses).
+# PART offline (default): ours constrained, ours unconstrained and vLLM constrained, alternating,
+# twice (~6 minutes). served: `minivllm serve` constrained and unconstrained, then `vllm serve`
+# constrained, each server alone on the GPU, 128 clients (bench_serving.py), twice (~7 minutes).
+# ttft: batch-1 TTFT with a cached grammar (probe_grammar_ttft.py).
+set -u
+DIR=$(cd "${1:?usage: peer_structured.sh DIR [offline|served|ttft]}" && pwd)
+PART=${2:-offline}
+VSITE=${VLLM_SITE:-/tmp/vsite}
+LSITE=${LLG_SITE:-/tmp/site}
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_USE_FLASHINFER_SAMPLER=0
+cd "$(dirname "$0")"
+ROOT=$(cd .. && pwd)
+
+ours() {  # bench_structured.py flags
+  PYTHONPATH=$ROOT:$LSITE:$VSITE timeout 200 python3 bench_structured.py run minivllm "$DIR" "$@" \
+    2> "$OUT/ours_err.log" | grep '^{' || tail -5 "$OUT/ours_err.log"
+}
+theirs() {
+  PYTHONPATH=$VSITE timeout 240 python3 bench_structured.py run vllm "$DIR" "$@" \
+    2> "$OUT/vllm_err.log" | grep '"engine"' || tail -5 "$OUT/vllm_err.log"
+}
+served() {  # name port bench_serving.py flags: one round against a server on port
+  local name=$1 port=$2
+  shift 2
+  PYTHONPATH=$ROOT:$LSITE:$VSITE timeout 200 python3 bench_serving.py --model "$DIR" --port "$port" \
+    --skip-offline "$@" 2> "$OUT/client_$name.log" | grep '^{' | sed "s/^/$name /" \
+    || tail -5 "$OUT/client_$name.log"
+}
+wait_healthy() {  # port
+  for _ in $(seq 1 240); do
+    curl -sf "http://127.0.0.1:$1/health" > /dev/null && return 0
+    sleep 1
+  done
+  return 1
+}
+stop() {  # pid: the server's process group
+  kill -TERM -- "-$1" 2>/dev/null
+  for _ in $(seq 1 30); do kill -0 "$1" 2>/dev/null || return 0; sleep 1; done
+  kill -KILL -- "-$1" 2>/dev/null
+}
+
+case $PART in
+  offline)
+    ours --max-tokens 16 --num-requests 8 > /dev/null  # the first process compiles the kernels
+    for _ in 1 2; do
+      ours
+      ours --unconstrained
+      theirs
+    done
+    ;;
+  served)
+    for round in 1 2; do
+      PYTHONPATH=$ROOT:$LSITE:$VSITE setsid python3 -m minivllm serve "$DIR" --load-format dummy \
+        --max-model-len 4096 --port 8012 --disable-log-requests --disable-uvicorn-access-log \
+        > "$OUT/minivllm_serve.log" 2>&1 &
+      pid=$!
+      if wait_healthy 8012; then
+        served "minivllm_constrained_$round" 8012 --json-schema
+        served "minivllm_free_$round" 8012
+      else tail -5 "$OUT/minivllm_serve.log"; fi
+      stop $pid
+      PYTHONPATH=$VSITE setsid python3 -m vllm.entrypoints.cli.main serve "$DIR" --load-format dummy \
+        --max-model-len 4096 --port 8011 --disable-uvicorn-access-log > "$OUT/vllm_serve.log" 2>&1 &
+      pid=$!
+      if wait_healthy 8011; then
+        served "vllm_constrained_$round" 8011 --json-schema
+      else tail -5 "$OUT/vllm_serve.log"; fi
+      stop $pid
+    done
+    ;;
+  ttft)
+    PYTHONPATH=$ROOT:$LSITE timeout 200 python3 probe_grammar_ttft.py "$DIR" 2> "$OUT/ttft_err.log" \
+      | grep '^{' || tail -5 "$OUT/ttft_err.log"
+    ;;
+  *)
+    echo "unknown part '$PART': offline, served or ttft" >&2
+    exit 2
+    ;;
+esac
