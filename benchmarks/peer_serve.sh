@@ -25,15 +25,8 @@ MODEL=/tmp/q06
 [ -d $MODEL ] || PYTHONPATH=$PWD python3 -c "import sys; from minivllm.tiny_model import \
 make_dummy_model_dir; make_dummy_model_dir('qwen3-0.6b', sys.argv[1])" $MODEL
 VSITE=${VLLM_SITE:-/tmp/vsite}
-
-wait_healthy() {  # port, seconds
-  for _ in $(seq 1 "$2"); do
-    curl -sf "http://127.0.0.1:$1/health" > /dev/null && return 0
-    sleep 1
-  done
-  echo "server on port $1 not healthy after $2 s" >&2
-  return 1
-}
+# shellcheck source=peer_lib.sh
+. "$(dirname "$0")/peer_lib.sh"
 
 thread_ticks() {  # pid: CPU ticks (utime + stime) of the process's main thread; for a server,
   # its event loop; for the load generator, its asyncio loop
@@ -98,13 +91,6 @@ bench() {  # name port seed server_pid (a new seed per round: no prefix-cache hi
     echo "== $1 $f"
     grep -E "Successful|Failed|throughput|TTFT|TPOT|ITL|E2EL" "$OUT/serve_${1}_$f.log" | grep -v "^--" | head -20
   done
-}
-
-stop() {  # pid
-  kill -TERM -- "-$1" 2>/dev/null
-  for _ in $(seq 1 30); do kill -0 "$1" 2>/dev/null || return 0; sleep 1; done
-  echo "server $1 did not exit within 30 s of SIGTERM" >&2
-  kill -KILL -- "-$1" 2>/dev/null
 }
 
 start_vllm() {  # [memory fraction]: starts `vllm serve` on port 8011, sets vpid

@@ -19,6 +19,8 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_USE_FLASHINFER_SAMPLER=0
 cd "$(dirname "$0")"
 ROOT=$(cd .. && pwd)
+# shellcheck source=peer_lib.sh
+. ./peer_lib.sh
 
 ours() {  # bench_structured.py flags
   PYTHONPATH=$ROOT:$LSITE:$VSITE timeout 200 python3 bench_structured.py run minivllm "$DIR" "$@" \
@@ -34,18 +36,6 @@ served() {  # name port bench_serving.py flags: one round against a server on po
   PYTHONPATH=$ROOT:$LSITE:$VSITE timeout 200 python3 bench_serving.py --model "$DIR" --port "$port" \
     --skip-offline "$@" 2> "$OUT/client_$name.log" | grep '^{' | sed "s/^/$name /" \
     || tail -5 "$OUT/client_$name.log"
-}
-wait_healthy() {  # port
-  for _ in $(seq 1 240); do
-    curl -sf "http://127.0.0.1:$1/health" > /dev/null && return 0
-    sleep 1
-  done
-  return 1
-}
-stop() {  # pid: the server's process group
-  kill -TERM -- "-$1" 2>/dev/null
-  for _ in $(seq 1 30); do kill -0 "$1" 2>/dev/null || return 0; sleep 1; done
-  kill -KILL -- "-$1" 2>/dev/null
 }
 
 case $PART in
@@ -63,7 +53,7 @@ case $PART in
         --max-model-len 4096 --port 8012 --disable-log-requests --disable-uvicorn-access-log \
         > "$OUT/minivllm_serve.log" 2>&1 &
       pid=$!
-      if wait_healthy 8012; then
+      if wait_healthy 8012 240; then
         served "minivllm_constrained_$round" 8012 --json-schema
         served "minivllm_free_$round" 8012
       else tail -5 "$OUT/minivllm_serve.log"; fi
@@ -71,7 +61,7 @@ case $PART in
       PYTHONPATH=$VSITE setsid python3 -m vllm.entrypoints.cli.main serve "$DIR" --load-format dummy \
         --max-model-len 4096 --port 8011 --disable-uvicorn-access-log > "$OUT/vllm_serve.log" 2>&1 &
       pid=$!
-      if wait_healthy 8011; then
+      if wait_healthy 8011 240; then
         served "vllm_constrained_$round" 8011 --json-schema
       else tail -5 "$OUT/vllm_serve.log"; fi
       stop $pid

@@ -36,9 +36,6 @@ class SegmentRule:
         doublings = min(-(-ctx // (self.min_len * self.per_row)), self.max_len // self.min_len)
         return self.min_len * triton.next_power_of_2(doublings)
 
-    def count(self, ctx: int) -> int:
-        return -(-ctx // self.length(ctx))
-
     def max_count(self, max_ctx: int) -> int:
         """The most segments of a row with at most max_ctx keys: the split launch's grid."""
         return max(min(self.per_row, -(-max_ctx // self.min_len)), -(-max_ctx // self.max_len))
