@@ -4,7 +4,7 @@ Prints one JSON line.
 
     python benchmarks/bench_structured.py make DIR      # Qwen3-0.6B shape, SmolLM2's tokenizer
     python benchmarks/bench_structured.py run minivllm DIR [--unconstrained] [--sync] [--phases]
-        [--gpu-profile]
+        [--gpu-profile] [--served-shape]
     PYTHONPATH=/tmp/vsite python benchmarks/bench_structured.py run vllm DIR [--backend guidance]
 
 vLLM logs its shutdown to stdout after the JSON line: keep the line with `grep '"engine"'`.
@@ -13,6 +13,11 @@ DIR: a dummy-weights Qwen3-0.6B-shaped model directory whose tokenizer is a real
 (the demo GGUF's, 49,152 tokens; `vocab_size` set to match): with the word-level tokenizer of
 make_dummy_model.py vLLM's xgrammar ends every constrained request after one token and its
 guidance backend refuses it. The random weights make the grammar do all the work.
+
+--served-shape: instead of the headline, the serving benchmark's requests offline (512 prompts of
+1,000 random ids, 200 greedy output tokens) at the server's limits (128 sequences in flight, as
+its clients, and 8,192 tokens a step): bench_serving.py's shape without the server, so that
+--phases and --gpu-profile can look at it.
 """
 
 from __future__ import annotations
@@ -28,7 +33,11 @@ import sys
 import time
 
 from step_phases import StepPhases
-from workloads import make_workload, result_fields
+from workloads import Workload, make_workload, random_prompts, result_fields
+
+# The serving benchmark's shape (bench_serving.py's defaults) and the server's limits.
+SERVED_SHAPE = dict(num_prompts=512, input_len=1000, output_len=200)
+SERVED_LIMITS = dict(max_num_seqs=128, max_num_batched_tokens=8192)
 
 SCHEMA = {
     "type": "object",
@@ -71,20 +80,31 @@ def make(out_dir: str) -> None:
     print(out_dir)
 
 
-def build(engine: str, model_dir: str, backend: str | None, sync: bool = False):
+def build(
+    engine: str, model_dir: str, backend: str | None, sync: bool = False, limits: dict | None = None
+):
     """(llm, params factory (max_tokens, constrained) -> SamplingParams). sync: minivllm
-    without async scheduling."""
+    without async scheduling; limits: scheduler limits (max_num_seqs, ...) for either engine."""
+    limits = limits or {}
     if engine == "vllm":
         from vllm import LLM, SamplingParams
         from vllm.sampling_params import StructuredOutputsParams
 
         options = {} if backend is None else {"structured_outputs_config": {"backend": backend}}
-        llm = LLM(model_dir, load_format="dummy", max_model_len=4096, seed=0, **options)
+        llm = LLM(
+            model_dir, load_format="dummy", max_model_len=4096, seed=0, **options, **limits
+        )
     else:
         from minivllm import LLM, SamplingParams
         from minivllm.structured_output.params import StructuredOutputsParams
 
-        llm = LLM(model_dir, load_format="dummy", max_model_len=4096, async_scheduling=not sync)
+        llm = LLM(
+            model_dir,
+            load_format="dummy",
+            max_model_len=4096,
+            async_scheduling=not sync,
+            **limits,
+        )
 
     def params(max_tokens: int, constrained: bool, temperature: float = 0.6):
         so = StructuredOutputsParams(json=SCHEMA) if constrained else None
@@ -139,8 +159,15 @@ def device_time(trace, wall_s: float, top: int = 12) -> dict:
     }
 
 
+def served_shape(num_prompts: int | None) -> Workload:
+    n = num_prompts or SERVED_SHAPE["num_prompts"]
+    prompts = random_prompts(n, SERVED_SHAPE["input_len"])
+    return Workload("served_shape", prompts, [SERVED_SHAPE["output_len"]] * n, 4096)
+
+
 def run(args: argparse.Namespace) -> None:
-    llm, params = build(args.engine, args.model_dir, args.backend, args.sync)
+    limits = SERVED_LIMITS if args.served_shape else None
+    llm, params = build(args.engine, args.model_dir, args.backend, args.sync, limits)
     constrained = not args.unconstrained
     llm.generate([{"prompt_token_ids": [1, 2, 3, 4]}], params(8, False), use_tqdm=False)
     start = time.perf_counter()
@@ -149,10 +176,13 @@ def run(args: argparse.Namespace) -> None:
     # The run's grammar is shared by its requests; shared, it gets llguidance lanes (built
     # in the background from its second request on): the steady state of a cached schema.
     llm.generate([{"prompt_token_ids": [8, 9, 10]}], params(8, constrained), use_tqdm=False)
-    workload = make_workload("headline", args.num_requests)
+    if args.served_shape:  # greedy, as the serving benchmark's clients ask
+        workload, temperature = served_shape(args.num_requests), 0.0
+    else:
+        workload, temperature = make_workload("headline", args.num_requests), 0.6
     prompts = [{"prompt_token_ids": p} for p in workload.prompts]
     caps = [min(n, args.max_tokens or n) for n in workload.output_lens]
-    all_params = [params(n, constrained) for n in caps]
+    all_params = [params(n, constrained, temperature) for n in caps]
     profile = cProfile.Profile() if args.profile else None
     phases = StepPhases() if args.phases else None
     if phases is not None:
@@ -216,7 +246,10 @@ def main() -> None:
     r.add_argument(
         "--gpu-profile", action="store_true", help="the device busy time (torch.profiler)"
     )
-    r.add_argument("--num-requests", type=int, default=None, help="default: the headline's 256")
+    r.add_argument(
+        "--served-shape", action="store_true", help="bench_serving.py's requests, server limits"
+    )
+    r.add_argument("--num-requests", type=int, default=None, help="default: the workload's")
     r.add_argument("--max-tokens", type=int, default=None, help="a cap on each output (smoke runs)")
     args = parser.parse_args()
     make(args.out_dir) if args.command == "make" else run(args)

@@ -21,6 +21,7 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
 # shape -> (script, its arguments, {metric: True where larger is better})
 SHAPES = {
     "latency": ("bench_latency.py", [], {"ttft_ms": False, "tpot_ms": False}),
@@ -37,7 +38,10 @@ def run_once(shape: str, deterministic: bool, timeout: float) -> dict:
     cmd = [sys.executable, os.path.join(HERE, script), *args]
     if deterministic:
         cmd.append("--deterministic")
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=HERE)
+    # the repository first on the path, so that an uninstalled checkout runs too
+    path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHONPATH": path}
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=HERE, env=env)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
         raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}): {done.stderr[-2000:]}")

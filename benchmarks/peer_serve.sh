@@ -3,7 +3,8 @@
 # load generator (`vllm bench serve`), Qwen3-0.6B dummy weights, random 1,000-token prompts and
 # 200 output tokens (--ignore-eos); then the same requests offline through minivllm's
 # LLM.generate (benchmarks/offline_like_serve.py). vLLM must be importable from $VLLM_SITE.
-# Results under $OUT.
+# Prints the summary; the logs go into one archive, $OUT/peer_serve_logs.tgz (a device call
+# returns at most 8 files).
 # Usage: [VLLM_SITE=/tmp/vsite] bash benchmarks/peer_serve.sh [GPU_INDEX] [PART]
 # PART: all (default): serve, then offline. serve: both servers up on the GPU (0.42 of it each)
 # and driven in turn, twice each, at 10 req/s (300 prompts) and at 128 clients (512 prompts).
@@ -21,6 +22,9 @@ case $PART in
   *) echo "unknown part '$PART': all, serve, offline, alone or each-alone" >&2; exit 2 ;;
 esac
 OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+LOGS=$(mktemp -d)
+trap 'tar -czf "$OUT/peer_serve_logs.tgz" -C "$LOGS" . && rm -rf "$LOGS"' EXIT
 MODEL=/tmp/q06
 [ -d $MODEL ] || PYTHONPATH=$PWD python3 -c "import sys; from minivllm.tiny_model import \
 make_dummy_model_dir; make_dummy_model_dir('qwen3-0.6b', sys.argv[1])" $MODEL
@@ -72,41 +76,41 @@ bench() {  # name port seed server_pid (a new seed per round: no prefix-cache hi
   if [ "$PART" = all ] || [ "$PART" = serve ]; then
     PYTHONPATH=$VSITE timeout 200 python3 -m vllm.entrypoints.cli.main bench serve $common \
       --num-prompts 300 --request-rate 10 --seed $3 --save-result --save-detailed \
-      --result-dir "$OUT" --result-filename "serve_${1}_rate10.json" > "$OUT/serve_${1}_rate10.log" 2>&1
+      --result-dir "$LOGS" --result-filename "serve_${1}_rate10.json" > "$LOGS/serve_${1}_rate10.log" 2>&1
   fi
   local before
   before=$(server_latency "$2")
   PYTHONPATH=$VSITE timeout 200 python3 -m vllm.entrypoints.cli.main bench serve $common \
-    --num-prompts 512 --request-rate inf --max-concurrency 128 --seed $(($3 + 100)) > "$OUT/serve_${1}_c128.log" 2>&1 &
+    --num-prompts 512 --request-rate inf --max-concurrency 128 --seed $(($3 + 100)) > "$LOGS/serve_${1}_c128.log" 2>&1 &
   local timer=$!
   sleep 0.5
-  sample_running "$2" "$4" "$(pgrep -P $timer | head -1)" "$OUT/running_${1}_c128.txt" &
+  sample_running "$2" "$4" "$(pgrep -P $timer | head -1)" "$LOGS/running_${1}_c128.txt" &
   local sampler=$!
   wait $timer
   kill $sampler
-  summarize_samples "$OUT/running_${1}_c128.txt"
+  summarize_samples "$LOGS/running_${1}_c128.txt"
   print_server_latency "$before" "$(server_latency "$2")"
   for f in rate10 c128; do
-    [ -f "$OUT/serve_${1}_$f.log" ] || continue
+    [ -f "$LOGS/serve_${1}_$f.log" ] || continue
     echo "== $1 $f"
-    grep -E "Successful|Failed|throughput|TTFT|TPOT|ITL|E2EL" "$OUT/serve_${1}_$f.log" | grep -v "^--" | head -20
+    grep -E "Successful|Failed|throughput|TTFT|TPOT|ITL|E2EL" "$LOGS/serve_${1}_$f.log" | grep -v "^--" | head -20
   done
 }
 
 start_vllm() {  # [memory fraction]: starts `vllm serve` on port 8011, sets vpid
   PYTHONPATH=$VSITE setsid python3 -m vllm.entrypoints.cli.main serve $MODEL --load-format dummy \
     --max-model-len 4096 --port 8011 --gpu-memory-utilization "${1:-0.9}" \
-    --disable-uvicorn-access-log > "$OUT/vllm_serve.log" 2>&1 &
+    --disable-uvicorn-access-log > "$LOGS/vllm_serve.log" 2>&1 &
   vpid=$!
-  wait_healthy 8011 240 || tail -5 "$OUT/vllm_serve.log"
+  wait_healthy 8011 240 || tail -5 "$LOGS/vllm_serve.log"
 }
 
 start_minivllm() {  # [memory fraction]: starts `minivllm serve` on port 8012, sets mpid
   PYTHONPATH=$VSITE:$PWD setsid python3 -m minivllm serve $MODEL --load-format dummy \
     --max-model-len 4096 --port 8012 --gpu-memory-utilization "${1:-0.9}" \
-    --disable-log-requests --disable-uvicorn-access-log > "$OUT/minivllm_serve.log" 2>&1 &
+    --disable-log-requests --disable-uvicorn-access-log > "$LOGS/minivllm_serve.log" 2>&1 &
   mpid=$!
-  wait_healthy 8012 240 || tail -5 "$OUT/minivllm_serve.log"
+  wait_healthy 8012 240 || tail -5 "$LOGS/minivllm_serve.log"
 }
 
 if [ "$PART" = each-alone ]; then
@@ -139,15 +143,15 @@ elif [ "$PART" != offline ]; then
   stop $vpid
   stop $mpid
   wait $mpid; echo "minivllm serve exit code: $?"
-  echo "Triton compiles after minivllm's warm-up: $(grep -c 'Triton compiled' "$OUT/minivllm_serve.log")"
-  grep "Triton compiled" "$OUT/minivllm_serve.log" | cut -c1-300 | head -5
+  echo "Triton compiles after minivllm's warm-up: $(grep -c 'Triton compiled' "$LOGS/minivllm_serve.log")"
+  grep "Triton compiled" "$LOGS/minivllm_serve.log" | cut -c1-300 | head -5
 fi
 
 if [ "$PART" != serve ]; then
   # The same requests offline, at the server's concurrency (128 in flight): twice with the
   # server's scheduler limits (the same engine without the serving path), once at the offline
   # defaults (max_num_batched_tokens 16,384 instead of the server's 8,192).
-  limit=$(grep -so "max_num_batched_tokens=[0-9]*" "$OUT/minivllm_serve.log" | head -1 | cut -d= -f2)
+  limit=$(grep -so "max_num_batched_tokens=[0-9]*" "$LOGS/minivllm_serve.log" | head -1 | cut -d= -f2)
   for round in 1 2; do
     PYTHONPATH=$PWD timeout 200 python3 benchmarks/offline_like_serve.py $MODEL 512 1000 200 128 ${limit:-8192} 2>&1 | tail -1
   done

@@ -4,6 +4,7 @@ kernel time summed by kind (prefill attention, decode attention, GEMM, sampler, 
 against the wall time. Dummy Qwen3-0.6B weights. Prints one JSON line.
 
 python benchmarks/profile_workload.py long [--num-requests N] [--kv-cache-dtype fp8]
+    [--deterministic]
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from workloads import MAX_TOKEN_ID, WORKLOADS, make_workload
 
 # Kernel name fragment -> kind; the first match wins (cuBLAS / CUTLASS GEMMs go by many names).
 KINDS = (
+    ("_bi_attention_kernel", "invariant_attention"),  # deterministic mode's attention
+    ("_fold_kernel", "invariant_attention"),
     ("_prefill_kernel", "prefill_attention"),
     ("_decode_kernel", "decode_attention"),
     ("_reduce_kernel", "reduce_split_kv_or_sampler"),  # both modules have a kernel of this name
@@ -55,6 +58,7 @@ def main() -> None:
     parser.add_argument("--num-requests", type=int, default=None)
     parser.add_argument("--kv-cache-dtype", default="auto")
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--deterministic", action="store_true", help="batch-invariant numerics")
     args = parser.parse_args()
 
     import torch
@@ -68,6 +72,7 @@ def main() -> None:
         load_format="dummy",
         max_model_len=workload.max_model_len,
         kv_cache_dtype=args.kv_cache_dtype,
+        deterministic=args.deterministic,
     )
     params = [
         SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=n) for n in workload.output_lens
@@ -102,6 +107,7 @@ def main() -> None:
                 "bench": "profile_workload",
                 "workload": workload.name,
                 "kv_cache_dtype": args.kv_cache_dtype,
+                "deterministic": args.deterministic,
                 "wall_s_unprofiled": round(unprofiled, 3),
                 "gpu_kernel_s": round(gpu_ms / 1e3, 3),
                 "kernels": launches,
