@@ -91,9 +91,7 @@ def build(
         from vllm.sampling_params import StructuredOutputsParams
 
         options = {} if backend is None else {"structured_outputs_config": {"backend": backend}}
-        llm = LLM(
-            model_dir, load_format="dummy", max_model_len=4096, seed=0, **options, **limits
-        )
+        llm = LLM(model_dir, load_format="dummy", max_model_len=4096, seed=0, **options, **limits)
     else:
         from minivllm import LLM, SamplingParams
         from minivllm.structured_output.params import StructuredOutputsParams
