@@ -20,31 +20,26 @@ import triton.language as tl
 from minivllm.kernels.attention_segments import SEGMENTS, SegmentRule, segment_len
 from minivllm.kernels.batch_invariant_configs import batch_invariant_config
 from minivllm.kernels.checks import LOG2E, check_kv_scales
-from minivllm.kernels.prefill_attention import (
-    _check_inputs,
-    _find_tile,
-    _load_rows,
-    _tile_block_ids,
-)
+from minivllm.kernels.prefill_attention import _check_inputs, _find_tile, _load_rows
 
 L_COLS: tl.constexpr = tl.constexpr(16)  # columns of the row-sum MMA (tl.dot's minimum N)
 
 
 @triton.jit
 def _tile_step(
-    acc, m_i, l_i, q, q_pos, n0, kv_end, block_ids, k_base, v_base, scale_log2e,
+    acc, m_i, l_i, q, q_pos, n0, kv_end, block_table, k_base, v_base, scale_log2e,
     offs_n, offs_d,
     NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
 ):  # fmt: skip
-    """One online-softmax step over keys [n0, n0 + BLOCK_N), whose cache blocks are
-    block_ids (`_tile_block_ids`, loaded a tile ahead by the callers, as the prefill kernel
-    does). A row that has seen no visible key yet keeps m_i = -inf, l_i = 0, acc = 0 (the
-    m_use guard), so a fresh segment that is fully masked for it yields an exact zero state
-    instead of NaN. l_i: [BLOCK_M, L_COLS], every column the row's sum."""
+    """One online-softmax step over keys [n0, n0 + BLOCK_N). A row that has seen no visible
+    key yet keeps m_i = -inf, l_i = 0, acc = 0 (the m_use guard), so a fresh segment that is
+    fully masked for it yields an exact zero state instead of NaN. l_i: [BLOCK_M, L_COLS],
+    every column the row's sum."""
     pos = n0 + offs_n
     valid = pos < kv_end
-    slots = block_ids.to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE
+    block_ids = tl.load(block_table + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
+    slots = block_ids * BLOCK_SIZE + pos % BLOCK_SIZE
     offs = slots[:, None] * (NUM_KV_HEADS * HEAD_DIM) + offs_d[None, :]  # [BLOCK_N, BLOCK_D]
     k = _load_rows(k_base + offs, valid, offs_d, HEAD_DIM, BLOCK_D, MASKED).to(q.dtype)
     s = tl.dot(q, tl.trans(k))  # [BLOCK_M, BLOCK_N], unscaled
@@ -81,21 +76,16 @@ def _segment(
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     seg_end = tl.minimum(seg_start + seg_len, kv_end)
     mid = tl.minimum(tl.maximum(full_end, seg_start), seg_end)
-    block_ids = _tile_block_ids(block_table, seg_start, offs_n, kv_end, BLOCK_SIZE)
     for n0 in range(seg_start, mid, BLOCK_N):
-        next_ids = _tile_block_ids(block_table, n0 + BLOCK_N, offs_n, kv_end, BLOCK_SIZE)
         acc, m_i, l_i = _tile_step(
-            acc, m_i, l_i, q, q_pos, n0, kv_end, block_ids, k_base, v_base, scale_log2e,
+            acc, m_i, l_i, q, q_pos, n0, kv_end, block_table, k_base, v_base, scale_log2e,
             offs_n, offs_d, NUM_KV_HEADS, HEAD_DIM, BLOCK_D, BLOCK_SIZE, BLOCK_N, False,
         )  # fmt: skip
-        block_ids = next_ids
     for n0 in range(mid, seg_end, BLOCK_N):
-        next_ids = _tile_block_ids(block_table, n0 + BLOCK_N, offs_n, kv_end, BLOCK_SIZE)
         acc, m_i, l_i = _tile_step(
-            acc, m_i, l_i, q, q_pos, n0, kv_end, block_ids, k_base, v_base, scale_log2e,
+            acc, m_i, l_i, q, q_pos, n0, kv_end, block_table, k_base, v_base, scale_log2e,
             offs_n, offs_d, NUM_KV_HEADS, HEAD_DIM, BLOCK_D, BLOCK_SIZE, BLOCK_N, True,
         )  # fmt: skip
-        block_ids = next_ids
     return acc, m_i, l_i
 
 
@@ -146,15 +136,12 @@ def _walk(
     seg_acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     seg_m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     seg_l = tl.zeros([BLOCK_M, L_COLS], tl.float32)
-    block_ids = _tile_block_ids(block_table, 0, offs_n, kv_end, BLOCK_SIZE)
     for n0 in range(0, full_end, BLOCK_N):
-        next_ids = _tile_block_ids(block_table, n0 + BLOCK_N, offs_n, kv_end, BLOCK_SIZE)
         seg_acc, seg_m, seg_l = _tile_step(
-            seg_acc, seg_m, seg_l, q, q_pos, n0, kv_end, block_ids, k_base, v_base,
+            seg_acc, seg_m, seg_l, q, q_pos, n0, kv_end, block_table, k_base, v_base,
             scale_log2e, offs_n, offs_d, NUM_KV_HEADS, HEAD_DIM, BLOCK_D, BLOCK_SIZE, BLOCK_N,
             False,
         )  # fmt: skip
-        block_ids = next_ids
         end = n0 + BLOCK_N
         # A longer segment (a power-of-two multiple) ends only where the shortest does.
         if (end & (seg_lo - 1)) == 0:
@@ -162,13 +149,11 @@ def _walk(
                 acc, m_i, l_i, seg_acc, seg_m, seg_l, (end & (seg_lens - 1)) == 0
             )
     for n0 in range(full_end, kv_end, BLOCK_N):
-        next_ids = _tile_block_ids(block_table, n0 + BLOCK_N, offs_n, kv_end, BLOCK_SIZE)
         seg_acc, seg_m, seg_l = _tile_step(
-            seg_acc, seg_m, seg_l, q, q_pos, n0, kv_end, block_ids, k_base, v_base,
+            seg_acc, seg_m, seg_l, q, q_pos, n0, kv_end, block_table, k_base, v_base,
             scale_log2e, offs_n, offs_d, NUM_KV_HEADS, HEAD_DIM, BLOCK_D, BLOCK_SIZE, BLOCK_N,
             True,
         )  # fmt: skip
-        block_ids = next_ids
         end = n0 + BLOCK_N
         if (end & (seg_lo - 1)) == 0:
             acc, m_i, l_i, seg_acc, seg_m, seg_l = _fold_ended(
