@@ -1,29 +1,40 @@
-"""Registers, spills and shared memory of the attention kernels on Hopper, without a GPU: each
-kernel is compiled for sm_90 by its own launcher (the `long` workload's shapes: Qwen3-0.6B,
-bf16, head_dim 128, 16 q / 8 kv heads, 16k-token prefills, 16 decodes of 16k keys, block 16),
-on meta tensors, with Triton's driver replaced by a stub that names the target; nothing runs.
-Figures per variant: n_regs (per thread), n_spills (local memory words per thread, as Triton's
-`n_spills`), spill_insts (STL/LDL in the SASS), sass_insts, shared bytes, ctas_per_sm (what
-registers, shared memory and warps allow on one H100/H200 SM). One JSON line.
+"""Registers, spills and shared memory of the attention kernels on Hopper, without a GPU (~30 s
+on 2 cores). Each kernel is compiled for sm_90 through its own launcher, on meta tensors, with
+Triton's driver replaced by a stub that only names the target: nothing runs. Shapes are the
+`long` workload's: Qwen3-0.6B (16 q / 8 kv heads, head_dim 128), bf16, KV blocks of 16, a
+16,384-row prefill chunk, a decode batch of 16 rows with 16,384-key contexts.
+
+Per variant: n_regs (per thread), n_spills (local memory words per thread, Triton's n_spills),
+spill_bytes (ptxas's spill stores + loads), perf_loss (ptxas's "Potential Performance Loss"
+note, e.g. C7515: wgmma serialized), sass_insts, shared (bytes), ctas_per_sm on an H100/H200
+SM (0: more shared memory than a block may have, the launch fails), the BLOCK_* constexprs,
+num_warps, num_stages. One JSON line.
 
     python benchmarks/kernel_resources.py [--only bi_walk,prefill]
 
-Triton's version is in the output: the compiler, not the GPU, decides these numbers.
+The numbers are the compiler's (Triton and its ptxas), in the output as "triton".
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import os
 import re
 import subprocess
 import tempfile
+from contextlib import redirect_stdout
 
 import torch
-import triton
+
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # 3.9 warns when unset; 3.6's default
+os.environ.update(TRITON_ALWAYS_COMPILE="1", TRITON_DUMP_PTXAS_LOG="1")  # ptxas's log, always
+import triton  # noqa: E402
 from triton import knobs
 from triton.backends.compiler import GPUTarget
 from triton.runtime.driver import driver
+from triton.runtime.jit import JITFunction
 
 import minivllm.kernels.batch_invariant_attention as bi
 import minivllm.kernels.decode_attention as dec
@@ -32,6 +43,7 @@ from minivllm.kernels.attention_segments import SEGMENTS
 
 TARGET = GPUTarget("cuda", 90, 32)
 SM_REGS, SM_SMEM, SM_WARPS = 65536, 228 * 1024, 64  # per SM, H100/H200
+BLOCK_SMEM = 227 * 1024  # the most shared memory one block may opt in to
 ROWS, SEQS, CTX = 16384, 16, 16384  # a prefill chunk; the decode batch and its contexts
 HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 16, 8, 128, 16
 
@@ -63,14 +75,17 @@ class _Capture:
 
 
 def compile_launch(module, name: str, launch):
-    """The CompiledKernel of module.<name> as launch() would launch it (the first launch)."""
-    capture = _Capture(getattr(module, name))
-    setattr(module, name, capture)
+    """The CompiledKernel of module.<name> as launch() would launch it; the module's other
+    `*_kernel`s (a split launch's reduce) are compiled too, not reported."""
+    kernels = {k: v for k, v in vars(module).items() if k.endswith("_kernel")}
+    kernels = {k: v for k, v in kernels.items() if isinstance(v, JITFunction)}
+    captures = {k: _Capture(v) for k, v in kernels.items()}
+    vars(module).update(captures)
     try:
         launch()
     finally:
-        setattr(module, name, capture.kernel)
-    return capture.compiled
+        vars(module).update(kernels)
+    return captures[name].compiled
 
 
 def meta(*shape, dtype=torch.bfloat16):
@@ -96,6 +111,11 @@ def bi_prefill(config=None):
     return lambda: bi.batch_invariant_attention(**inputs(ROWS, 1, CTX), config=config)
 
 
+def bi_walk_decode():
+    """The decode batch walked (SPLIT=False, DECODE=True): decode tiles, one program per row."""
+    return lambda: bi.batch_invariant_attention(**inputs(SEQS, SEQS, CTX), decode_rows=True)
+
+
 def bi_split_decode():
     """The split launch (SPLIT=True, DECODE=True) of the decode batch, as the engine picks it."""
     segs = SEGMENTS.max_count(CTX)
@@ -108,14 +128,14 @@ def bi_split_decode():
 
 
 def decode_launch():
+    """The default decode kernel on the decode batch, split as the triton backend splits it."""
     args = inputs(SEQS, SEQS, CTX)
     args.pop("query_start_loc")
     splits = dec.choose_num_splits(SEQS, KV_HEADS, CTX, num_sms=132)
     mid_o = meta(SEQS, HEADS, splits, HEAD_DIM, dtype=torch.float32)
     mid_lse = meta(SEQS, HEADS, splits, dtype=torch.float32)
-    order = meta(SEQS, dtype=torch.int32)
-    return lambda: dec.decode_attention(**args, num_splits=splits, mid_o=mid_o, mid_lse=mid_lse,
-                                        order=order)  # fmt: skip
+    scratch = {"mid_o": mid_o, "mid_lse": mid_lse, "order": meta(SEQS, dtype=torch.int32)}
+    return lambda: dec.decode_attention(**args, num_splits=splits, **scratch)
 
 
 BI_PREFILL = bi.batch_invariant_config(HEAD_DIM, 2)
@@ -125,42 +145,50 @@ VARIANTS = {
     "bi_walk": (bi, "_bi_attention_kernel", bi_prefill()),
     "bi_walk_m64": (bi, "_bi_attention_kernel", bi_prefill((64, *BI_PREFILL[1:]))),
     "bi_walk_s2": (bi, "_bi_attention_kernel", bi_prefill((*BI_PREFILL[:3], 2))),
+    "bi_walk_decode": (bi, "_bi_attention_kernel", bi_walk_decode()),
     "bi_split_decode": (bi, "_bi_attention_kernel", bi_split_decode()),
     "decode": (dec, "_decode_kernel", decode_launch()),
 }
 
 
-def resources(kernel) -> dict:
-    """Figures of a CompiledKernel, from its cubin (cuobjdump) and Triton's metadata."""
+def resources(kernel, log: str) -> dict:
+    """Figures of a CompiledKernel: ptxas's log of it, its SASS (cuobjdump), Triton's metadata."""
     md = kernel.metadata
+    entry = log[log.index(f"Compiling entry function '{md.name}'") :]
+    regs = int(re.search(r"Used (\d+) registers", entry).group(1))
+    frame = r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads"
+    stack, stores, loads = map(int, re.search(frame, entry).groups())
+    # e.g. "(C7515) Potential Performance Loss: wgmma.mma_async instructions are serialized due
+    # to ... in the function 'name'" ("for the function" in C7512)
+    note = rf"\((C\d+)\) Potential Performance Loss: (.*?) \w+ the function '{md.name}'"
+    loss = re.search(note, log)
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
         f.flush()
-        cuobjdump = knobs.nvidia.cuobjdump.path
-        usage = subprocess.check_output([cuobjdump, "-res-usage", f.name], text=True)
-        sass = subprocess.check_output([cuobjdump, "-sass", f.name], text=True)
-    regs = int(re.search(r"REG:(\d+)", usage).group(1))
-    stack = int(re.search(r"STACK:(\d+)", usage).group(1))
-    insts = re.findall(r"^\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass, re.M)
+        sass = subprocess.check_output([knobs.nvidia.cuobjdump.path, "-sass", f.name], text=True)
+    inst = r"^\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)"  # opcode, no predicate
+    insts = [i for i in re.findall(inst, sass, re.M) if i != "NOP"]
     warp_regs = -(-regs * 32 // 256) * 256  # allocated per warp in units of 256
     ctas = min(
         SM_REGS // warp_regs // md.num_warps,
         SM_SMEM // (md.shared + 1024),  # 1 KB per CTA is reserved
         SM_WARPS // md.num_warps,
     )
-    consts = kernel.src.constants
+    if md.shared > BLOCK_SMEM:
+        ctas = 0
     names = kernel.src.fn.arg_names
-    blocks = {names[k[0]]: v for k, v in consts.items() if names[k[0]].startswith("BLOCK_")}
+    blocks = {names[k[0]]: v for k, v in kernel.src.constants.items() if "BLOCK" in names[k[0]]}
     return {
         "n_regs": regs,
-        "n_spills": stack // 4,
-        "spill_insts": sum(i.startswith(("STL", "LDL")) for i in insts),
+        "n_spills": stack // 4,  # Triton's n_spills: local memory bytes / 4
+        "spill_bytes": stores + loads,
+        "perf_loss": loss and f"{loss.group(1)}: {loss.group(2)}",
         "sass_insts": len(insts),
         "shared": md.shared,
         "ctas_per_sm": ctas,
+        **blocks,
         "num_warps": md.num_warps,
         "num_stages": md.num_stages,
-        **blocks,
     }
 
 
@@ -172,7 +200,9 @@ def main() -> None:
     result = {"triton": triton.__version__, "target": f"sm_{TARGET.arch}"}
     for name in args.only.split(","):
         module, kernel, launch = VARIANTS[name]
-        result[name] = resources(compile_launch(module, kernel, launch))
+        with redirect_stdout(io.StringIO()) as log:  # the ptxas log is printed
+            compiled = compile_launch(module, kernel, launch)
+        result[name] = resources(compiled, log.getvalue())
     print(json.dumps(result))
 
 

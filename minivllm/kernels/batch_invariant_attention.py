@@ -26,31 +26,42 @@ L_COLS: tl.constexpr = tl.constexpr(16)  # columns of the row-sum MMA (tl.dot's 
 
 
 @triton.jit
-def _tile_step(
-    acc, m_i, l_i, q, q_pos, n0, kv_end, block_table, k_base, v_base, scale_log2e,
-    offs_n, offs_d,
+def _tile_scores(
+    q, q_pos, n0, kv_end, block_table, k_base, offs_n, offs_d,
     NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, MASKED: tl.constexpr,
 ):  # fmt: skip
-    """One online-softmax step over keys [n0, n0 + BLOCK_N). A row that has seen no visible
-    key yet keeps m_i = -inf, l_i = 0, acc = 0 (the m_use guard), so a fresh segment that is
-    fully masked for it yields an exact zero state instead of NaN. l_i: [BLOCK_M, L_COLS],
-    every column the row's sum."""
+    """The first half of a tile step over keys [n0, n0 + BLOCK_N): the unscaled scores s
+    [BLOCK_M, BLOCK_N] (-inf where masked), and the tile's cache offsets and valid keys, which
+    `_tile_update` reads V with."""
     pos = n0 + offs_n
     valid = pos < kv_end
     block_ids = tl.load(block_table + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
     slots = block_ids * BLOCK_SIZE + pos % BLOCK_SIZE
     offs = slots[:, None] * (NUM_KV_HEADS * HEAD_DIM) + offs_d[None, :]  # [BLOCK_N, BLOCK_D]
     k = _load_rows(k_base + offs, valid, offs_d, HEAD_DIM, BLOCK_D, MASKED).to(q.dtype)
-    s = tl.dot(q, tl.trans(k))  # [BLOCK_M, BLOCK_N], unscaled
+    s = tl.dot(q, tl.trans(k))
     if MASKED:
         visible = (pos[None, :] <= q_pos[:, None]) & valid[None, :]
         s = tl.where(visible, s, float("-inf"))
+    return s, offs, valid
+
+
+@triton.jit
+def _tile_update(
+    acc, m_i, l_i, s, offs, valid, v_base, scale_log2e, offs_d, dtype: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,
+):  # fmt: skip
+    """The second half: the online-softmax update of (acc, m_i, l_i) by the tile's scores. A
+    row that has seen no visible key yet keeps m_i = -inf, l_i = 0, acc = 0 (the m_use guard),
+    so a fresh segment that is fully masked for it yields an exact zero state instead of NaN.
+    l_i: [BLOCK_M, L_COLS], every column the row's sum."""
     m_new = tl.maximum(m_i, tl.max(s, 1) * scale_log2e)
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
     p = tl.exp2(tl.fma(s, scale_log2e, -m_use[:, None]))
     alpha = tl.exp2(m_i - m_use)
-    v = _load_rows(v_base + offs, valid, offs_d, HEAD_DIM, BLOCK_D, MASKED).to(q.dtype)
+    v = _load_rows(v_base + offs, valid, offs_d, HEAD_DIM, BLOCK_D, MASKED).to(dtype)
     p = p.to(v.dtype)
     # Row sums by an MMA against ones, like acc: each element is one in-order chain over the
     # keys whatever the tile shape. tl.sum's tree follows the register layout, which changes
@@ -59,6 +70,25 @@ def _tile_step(
     l_i = tl.dot(p, ones, l_i * alpha[:, None])
     acc = tl.dot(p, v, acc * alpha[:, None])
     return acc, m_new, l_i
+
+
+@triton.jit
+def _tile_step(
+    acc, m_i, l_i, q, q_pos, n0, kv_end, block_table, k_base, v_base, scale_log2e,
+    offs_n, offs_d,
+    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
+):  # fmt: skip
+    """One online-softmax step over keys [n0, n0 + BLOCK_N): `_tile_scores`, then
+    `_tile_update`."""
+    s, offs, valid = _tile_scores(
+        q, q_pos, n0, kv_end, block_table, k_base, offs_n, offs_d, NUM_KV_HEADS, HEAD_DIM,
+        BLOCK_D, BLOCK_SIZE, MASKED,
+    )  # fmt: skip
+    return _tile_update(
+        acc, m_i, l_i, s, offs, valid, v_base, scale_log2e, offs_d, q.dtype, HEAD_DIM, BLOCK_D,
+        BLOCK_N, MASKED,
+    )  # fmt: skip
 
 
 @triton.jit
@@ -128,8 +158,11 @@ def _walk(
     `_segment` makes; at a tile end that closes a row's segment (seg_lens: [BLOCK_M], powers
     of two; seg_lo: the smallest, as a scalar) that row's segment state is folded into its
     total and reset, so every row sees exactly `_segment` then `_fold` per segment of its own
-    length. The closing fold of an empty state (loop ended on a boundary) changes nothing:
-    a = 1, b = 0 exactly."""
+    length. A fold runs in the next tile's step, after its QK^T: the wait for that MMA also
+    covers the tile before's (asynchronous) MMAs, whereas a fold right after them would read
+    accumulators still in flight, and ptxas then serializes every wgmma of the kernel (warning
+    C7515, `benchmarks/kernel_resources.py`). The closing fold of an empty state (loop ended
+    on a boundary) changes nothing: a = 1, b = 0 exactly."""
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M, L_COLS], tl.float32)
@@ -137,28 +170,38 @@ def _walk(
     seg_m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     seg_l = tl.zeros([BLOCK_M, L_COLS], tl.float32)
     for n0 in range(0, full_end, BLOCK_N):
-        seg_acc, seg_m, seg_l = _tile_step(
-            seg_acc, seg_m, seg_l, q, q_pos, n0, kv_end, block_table, k_base, v_base,
-            scale_log2e, offs_n, offs_d, NUM_KV_HEADS, HEAD_DIM, BLOCK_D, BLOCK_SIZE, BLOCK_N,
-            False,
+        s, offs, valid = _tile_scores(
+            q, q_pos, n0, kv_end, block_table, k_base, offs_n, offs_d, NUM_KV_HEADS, HEAD_DIM,
+            BLOCK_D, BLOCK_SIZE, False,
         )  # fmt: skip
-        end = n0 + BLOCK_N
-        # A longer segment (a power-of-two multiple) ends only where the shortest does.
-        if (end & (seg_lo - 1)) == 0:
+        # The tile before closed the shortest segment of the tile's rows (a longer segment, a
+        # power-of-two multiple, ends only where the shortest does).
+        if n0 > 0 and (n0 & (seg_lo - 1)) == 0:
             acc, m_i, l_i, seg_acc, seg_m, seg_l = _fold_ended(
-                acc, m_i, l_i, seg_acc, seg_m, seg_l, (end & (seg_lens - 1)) == 0
+                acc, m_i, l_i, seg_acc, seg_m, seg_l, (n0 & (seg_lens - 1)) == 0
             )
+        seg_acc, seg_m, seg_l = _tile_update(
+            seg_acc, seg_m, seg_l, s, offs, valid, v_base, scale_log2e, offs_d, q.dtype,
+            HEAD_DIM, BLOCK_D, BLOCK_N, False,
+        )  # fmt: skip
     for n0 in range(full_end, kv_end, BLOCK_N):
-        seg_acc, seg_m, seg_l = _tile_step(
-            seg_acc, seg_m, seg_l, q, q_pos, n0, kv_end, block_table, k_base, v_base,
-            scale_log2e, offs_n, offs_d, NUM_KV_HEADS, HEAD_DIM, BLOCK_D, BLOCK_SIZE, BLOCK_N,
-            True,
+        s, offs, valid = _tile_scores(
+            q, q_pos, n0, kv_end, block_table, k_base, offs_n, offs_d, NUM_KV_HEADS, HEAD_DIM,
+            BLOCK_D, BLOCK_SIZE, True,
         )  # fmt: skip
-        end = n0 + BLOCK_N
-        if (end & (seg_lo - 1)) == 0:
+        if n0 > 0 and (n0 & (seg_lo - 1)) == 0:
             acc, m_i, l_i, seg_acc, seg_m, seg_l = _fold_ended(
-                acc, m_i, l_i, seg_acc, seg_m, seg_l, (end & (seg_lens - 1)) == 0
+                acc, m_i, l_i, seg_acc, seg_m, seg_l, (n0 & (seg_lens - 1)) == 0
             )
+        seg_acc, seg_m, seg_l = _tile_update(
+            seg_acc, seg_m, seg_l, s, offs, valid, v_base, scale_log2e, offs_d, q.dtype,
+            HEAD_DIM, BLOCK_D, BLOCK_N, True,
+        )  # fmt: skip
+    end = tl.cdiv(kv_end, BLOCK_N) * BLOCK_N  # the last tile's end
+    if (end & (seg_lo - 1)) == 0:
+        acc, m_i, l_i, seg_acc, seg_m, seg_l = _fold_ended(
+            acc, m_i, l_i, seg_acc, seg_m, seg_l, (end & (seg_lens - 1)) == 0
+        )
     return _fold(acc, m_i, l_i, seg_acc, seg_m, seg_l)
 
 
