@@ -34,12 +34,11 @@ from minivllm.kernels.checks import (
     FP8_KV_DTYPE,
     LOG2E,
     check_kv_scales,
-    check_paged_attention,
-    check_same,
-    check_tensor,
 )
 
-# The Triton kernel's tile lookup: scalar code, which Gluon compiles as it is.
+# From the Triton kernel: its input checks, and its tile lookup (scalar code, which Gluon
+# compiles as it is).
+from minivllm.kernels.prefill_attention import _check_inputs as _check_paged_inputs
 from minivllm.kernels.prefill_attention import _find_tile
 
 try:  # Gluon's Hopper API as triton 3.6 lays it out; without it, supports() is False.
@@ -378,13 +377,8 @@ def _gluon_prefill_kernel(
 
 
 def _check_inputs(q, kv_cache, query_start_loc, seq_lens, block_tables, scale, out) -> None:
-    check_paged_attention(q, kv_cache, block_tables, seq_lens, out)
-    check_tensor("query_start_loc", query_start_loc, 1, (torch.int32,))
-    check_same(
-        "query_start_loc length", query_start_loc.shape[0], "num_seqs + 1", 1 + len(seq_lens)
-    )
-    if not scale > 0:
-        raise ValueError(f"scale must be > 0 (it is folded into the softmax max), got {scale}")
+    """The Triton kernel's checks, then what this kernel supports."""
+    _check_paged_inputs(q, kv_cache, query_start_loc, seq_lens, block_tables, scale, out)
     if kv_cache.dtype == FP8_KV_DTYPE:
         raise NotImplementedError("gluon_prefill_attention: fp8 KV cache (use prefill_attention)")
     if not supports(q, kv_cache):
