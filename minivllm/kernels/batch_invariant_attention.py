@@ -159,7 +159,7 @@ def _walk(
     of two; seg_lo: the smallest, as a scalar) that row's segment state is folded into its
     total and reset, so every row sees exactly `_segment` then `_fold` per segment of its own
     length. A fold runs in the next tile's step, after its QK^T: the wait for that MMA also
-    covers the tile before's (asynchronous) MMAs, whereas a fold right after them would read
+    covers the previous tile's (asynchronous) MMAs, whereas a fold right after them would read
     accumulators still in flight, and ptxas then serializes every wgmma of the kernel (warning
     C7515, `benchmarks/kernel_resources.py`). The closing fold of an empty state (loop ended
     on a boundary) changes nothing: a = 1, b = 0 exactly."""
@@ -174,8 +174,8 @@ def _walk(
             q, q_pos, n0, kv_end, block_table, k_base, offs_n, offs_d, NUM_KV_HEADS, HEAD_DIM,
             BLOCK_D, BLOCK_SIZE, False,
         )  # fmt: skip
-        # The tile before closed the shortest segment of the tile's rows (a longer segment, a
-        # power-of-two multiple, ends only where the shortest does).
+        # Fold where the previous tile closed the shortest segment of the tile's rows (a longer
+        # segment, a power-of-two multiple, ends only where the shortest does).
         if n0 > 0 and (n0 & (seg_lo - 1)) == 0:
             acc, m_i, l_i, seg_acc, seg_m, seg_l = _fold_ended(
                 acc, m_i, l_i, seg_acc, seg_m, seg_l, (n0 & (seg_lens - 1)) == 0
