@@ -11,6 +11,7 @@ SM (0: more shared memory than a block may have, the launch fails), the BLOCK_* 
 num_warps, num_stages. One JSON line.
 
     python benchmarks/kernel_resources.py [--only bi_walk,prefill]
+    PYTHONPATH=TRITON36_SITE python benchmarks/kernel_resources.py --only gluon_prefill
 
 The numbers are the compiler's (Triton and its ptxas), in the output as "triton".
 """
@@ -138,6 +139,28 @@ def decode_launch():
     return lambda: dec.decode_attention(**args, num_splits=splits, **scratch)
 
 
+def gluon_prefill():
+    """The Gluon (FA3-style) prefill kernel on the prefill chunk. Its launcher builds TMA
+    descriptors from data pointers (CPU tensors stand in) and checks for a Hopper GPU, which a
+    compile without one has to skip."""
+    import minivllm.kernels.gluon_prefill_attention as gluon
+
+    def launch():
+        blocks = triton.cdiv(CTX, BLOCK_SIZE)
+        args = {k: torch.empty_like(v, device="cpu") if isinstance(v, torch.Tensor) else v
+                for k, v in inputs(ROWS, 1, CTX).items()}  # fmt: skip
+        args["query_start_loc"] = torch.tensor([0, ROWS], dtype=torch.int32)
+        args["seq_lens"] = torch.tensor([CTX], dtype=torch.int32)
+        args["block_tables"] = torch.arange(blocks, dtype=torch.int32)[None]
+        supports, gluon.supports = gluon.supports, lambda q, kv_cache: True
+        try:
+            gluon.gluon_prefill_attention(**args)
+        finally:
+            gluon.supports = supports
+
+    return gluon, launch
+
+
 BI_PREFILL = bi.batch_invariant_config(HEAD_DIM, 2)
 # name -> (module, kernel, launch)
 VARIANTS = {
@@ -149,6 +172,8 @@ VARIANTS = {
     "bi_split_decode": (bi, "_bi_attention_kernel", bi_split_decode()),
     "decode": (dec, "_decode_kernel", decode_launch()),
 }
+# Compiled only when asked for (--only gluon_prefill): written against triton 3.6's Gluon.
+OPTIONAL = {"gluon_prefill": ("_gluon_prefill_kernel", gluon_prefill)}
 
 
 def resources(kernel, log: str) -> dict:
@@ -194,12 +219,20 @@ def resources(kernel, log: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", default=",".join(VARIANTS), help="comma-separated variants")
+    parser.add_argument(
+        "--only",
+        default=",".join(VARIANTS),
+        help=f"comma-separated, of {[*VARIANTS, *OPTIONAL]}",
+    )
     args = parser.parse_args()
     driver.set_active(_StubDriver())
     result = {"triton": triton.__version__, "target": f"sm_{TARGET.arch}"}
     for name in args.only.split(","):
-        module, kernel, launch = VARIANTS[name]
+        if name in OPTIONAL:
+            kernel, make = OPTIONAL[name]
+            module, launch = make()
+        else:
+            module, kernel, launch = VARIANTS[name]
         with redirect_stdout(io.StringIO()) as log:  # the ptxas log is printed
             compiled = compile_launch(module, kernel, launch)
         result[name] = resources(compiled, log.getvalue())
