@@ -68,12 +68,15 @@ def gemm_candidates(smoke: bool) -> list[tuple]:
     if smoke:
         return [(16, 16, 16, 4, 1), (32, 16, 16, 4, 1), (16, 32, 16, 4, 1), (16, 16, 32, 4, 1)]
     out = []
+    # BLOCK_N 16 (small M only): at decode M a narrow weight (N = 1,024: down, o) gets 64
+    # programs instead of 32, and without split-K the programs are the only parallelism.
     for bm, bn, bk, warps, stages in product(
-        (16, 32, 64, 128), (32, 64, 128, 256), (64, 128), (4, 8), (3, 4, 5)
+        (16, 32, 64, 128), (16, 32, 64, 128, 256), (64, 128), (4, 8), (3, 4, 5)
     ):
         smem = (bm + bn) * bk * 2 * stages
         acc_regs = bm * bn // (32 * warps)
-        if smem <= 200_000 and acc_regs <= 128 and not (bn == 32 and bm > 64):
+        small_tile_n = (bn == 32 and bm > 64) or (bn == 16 and (bm > 32 or warps > 4))
+        if smem <= 200_000 and acc_regs <= 128 and not small_tile_n:
             out.append((bm, bn, bk, warps, stages))
     return out
 
