@@ -8,9 +8,11 @@
 # PART offline (default): ours constrained, ours unconstrained and vLLM constrained, alternating,
 # twice (~6 minutes). served: `minivllm serve` constrained and unconstrained, then `vllm serve`
 # constrained, each server alone on the GPU, 128 clients (bench_serving.py), twice (~7 minutes).
-# ttft: batch-1 TTFT with a cached grammar (probe_grammar_ttft.py).
+# ttft: batch-1 TTFT with a cached grammar (probe_grammar_ttft.py). shape: ours only, the serving
+# benchmark's requests offline at the server's limits (bench_structured.py --served-shape),
+# constrained and unconstrained alternating, each with --phases and then with --gpu-profile.
 set -u
-DIR=$(cd "${1:?usage: peer_structured.sh DIR [offline|served|ttft]}" && pwd)
+DIR=$(cd "${1:?usage: peer_structured.sh DIR [offline|served|ttft|shape]}" && pwd)
 PART=${2:-offline}
 VSITE=${VLLM_SITE:-/tmp/vsite}
 LSITE=${LLG_SITE:-/tmp/site}
@@ -67,12 +69,19 @@ case $PART in
       stop $pid
     done
     ;;
+  shape)
+    ours --max-tokens 16 --num-requests 8 > /dev/null  # the first process compiles the kernels
+    for flags in --phases --gpu-profile; do
+      ours --served-shape "$flags"
+      ours --served-shape --unconstrained "$flags"
+    done
+    ;;
   ttft)
     PYTHONPATH=$ROOT:$LSITE timeout 200 python3 probe_grammar_ttft.py "$DIR" 2> "$OUT/ttft_err.log" \
       | grep '^{' || tail -5 "$OUT/ttft_err.log"
     ;;
   *)
-    echo "unknown part '$PART': offline, served or ttft" >&2
+    echo "unknown part '$PART': offline, served, ttft or shape" >&2
     exit 2
     ;;
 esac
