@@ -148,21 +148,46 @@ def _fold_ended(acc, m_i, l_i, seg_acc, seg_m, seg_l, ended):
 
 
 @triton.jit
+def _walk_step(
+    acc, m_i, l_i, seg_acc, seg_m, seg_l, seg_lens, seg_lo, q, q_pos, n0, kv_end, block_table,
+    k_base, v_base, scale_log2e, offs_n, offs_d,
+    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr,
+):  # fmt: skip
+    """The walk's tile at n0: its QK^T; the fold of the rows whose segment the tile before
+    closed (a longer segment, a power-of-two multiple of the shortest, seg_lo, ends only where
+    the shortest does); then the tile's update of the segment state."""
+    s, offs, valid = _tile_scores(
+        q, q_pos, n0, kv_end, block_table, k_base, offs_n, offs_d, NUM_KV_HEADS, HEAD_DIM,
+        BLOCK_D, BLOCK_SIZE, MASKED,
+    )  # fmt: skip
+    if n0 > 0 and (n0 & (seg_lo - 1)) == 0:
+        acc, m_i, l_i, seg_acc, seg_m, seg_l = _fold_ended(
+            acc, m_i, l_i, seg_acc, seg_m, seg_l, (n0 & (seg_lens - 1)) == 0
+        )
+    seg_acc, seg_m, seg_l = _tile_update(
+        seg_acc, seg_m, seg_l, s, offs, valid, v_base, scale_log2e, offs_d, q.dtype, HEAD_DIM,
+        BLOCK_D, BLOCK_N, MASKED,
+    )  # fmt: skip
+    return acc, m_i, l_i, seg_acc, seg_m, seg_l
+
+
+@triton.jit
 def _walk(
     q, q_pos, seg_lens, seg_lo, full_end, kv_end, block_table, k_base, v_base, scale_log2e,
     offs_n, offs_d,
     NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
-    """All segments of keys [0, kv_end) in one pipelined pass: the same tile steps as
-    `_segment` makes; at a tile end that closes a row's segment (seg_lens: [BLOCK_M], powers
-    of two; seg_lo: the smallest, as a scalar) that row's segment state is folded into its
-    total and reset, so every row sees exactly `_segment` then `_fold` per segment of its own
-    length. A fold runs in the next tile's step, after its QK^T: the wait for that MMA also
-    covers the previous tile's (asynchronous) MMAs, whereas a fold right after them would read
-    accumulators still in flight, and ptxas then serializes every wgmma of the kernel (warning
-    C7515, `benchmarks/kernel_resources.py`). The closing fold of an empty state (loop ended
-    on a boundary) changes nothing: a = 1, b = 0 exactly."""
+    """All segments of keys [0, kv_end) in one pipelined pass: the same tile steps as `_segment`
+    makes; at a tile end that closes a row's segment (seg_lens: [BLOCK_M], powers of two;
+    seg_lo: the smallest, as a scalar) that row's segment state is folded into its total and
+    reset, so every row sees exactly `_segment` then `_fold` per segment of its own length. A
+    fold runs in the next tile's step (`_walk_step`), after its QK^T: the wait for that MMA
+    also covers the previous tile's (asynchronous) MMAs, whereas a fold right after them would
+    read accumulators still in flight, and ptxas then serializes every wgmma of the kernel
+    (warning C7515, `benchmarks/kernel_resources.py`). The closing fold of an empty state (loop
+    ended on a boundary) changes nothing: a = 1, b = 0 exactly."""
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M, L_COLS], tl.float32)
@@ -170,32 +195,16 @@ def _walk(
     seg_m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     seg_l = tl.zeros([BLOCK_M, L_COLS], tl.float32)
     for n0 in range(0, full_end, BLOCK_N):
-        s, offs, valid = _tile_scores(
-            q, q_pos, n0, kv_end, block_table, k_base, offs_n, offs_d, NUM_KV_HEADS, HEAD_DIM,
-            BLOCK_D, BLOCK_SIZE, False,
-        )  # fmt: skip
-        # Fold where the previous tile closed the shortest segment of the tile's rows (a longer
-        # segment, a power-of-two multiple, ends only where the shortest does).
-        if n0 > 0 and (n0 & (seg_lo - 1)) == 0:
-            acc, m_i, l_i, seg_acc, seg_m, seg_l = _fold_ended(
-                acc, m_i, l_i, seg_acc, seg_m, seg_l, (n0 & (seg_lens - 1)) == 0
-            )
-        seg_acc, seg_m, seg_l = _tile_update(
-            seg_acc, seg_m, seg_l, s, offs, valid, v_base, scale_log2e, offs_d, q.dtype,
-            HEAD_DIM, BLOCK_D, BLOCK_N, False,
+        acc, m_i, l_i, seg_acc, seg_m, seg_l = _walk_step(
+            acc, m_i, l_i, seg_acc, seg_m, seg_l, seg_lens, seg_lo, q, q_pos, n0, kv_end,
+            block_table, k_base, v_base, scale_log2e, offs_n, offs_d, NUM_KV_HEADS, HEAD_DIM,
+            BLOCK_SIZE, BLOCK_N, BLOCK_D, False,
         )  # fmt: skip
     for n0 in range(full_end, kv_end, BLOCK_N):
-        s, offs, valid = _tile_scores(
-            q, q_pos, n0, kv_end, block_table, k_base, offs_n, offs_d, NUM_KV_HEADS, HEAD_DIM,
-            BLOCK_D, BLOCK_SIZE, True,
-        )  # fmt: skip
-        if n0 > 0 and (n0 & (seg_lo - 1)) == 0:
-            acc, m_i, l_i, seg_acc, seg_m, seg_l = _fold_ended(
-                acc, m_i, l_i, seg_acc, seg_m, seg_l, (n0 & (seg_lens - 1)) == 0
-            )
-        seg_acc, seg_m, seg_l = _tile_update(
-            seg_acc, seg_m, seg_l, s, offs, valid, v_base, scale_log2e, offs_d, q.dtype,
-            HEAD_DIM, BLOCK_D, BLOCK_N, True,
+        acc, m_i, l_i, seg_acc, seg_m, seg_l = _walk_step(
+            acc, m_i, l_i, seg_acc, seg_m, seg_l, seg_lens, seg_lo, q, q_pos, n0, kv_end,
+            block_table, k_base, v_base, scale_log2e, offs_n, offs_d, NUM_KV_HEADS, HEAD_DIM,
+            BLOCK_SIZE, BLOCK_N, BLOCK_D, True,
         )  # fmt: skip
     end = tl.cdiv(kv_end, BLOCK_N) * BLOCK_N  # the last tile's end
     if (end & (seg_lo - 1)) == 0:
