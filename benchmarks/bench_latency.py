@@ -17,6 +17,7 @@ def main() -> None:
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--deterministic", action="store_true")
     parser.add_argument("--max-mixed-graph-tokens", type=int, default=4096, help="0: eager")
+    parser.add_argument("--prefill-attention-kernel", default="auto", help="auto|triton|gluon")
     args = parser.parse_args()
 
     from minivllm import LLM, SamplingParams
@@ -30,6 +31,7 @@ def main() -> None:
         enforce_eager=args.enforce_eager,
         deterministic=args.deterministic,
         max_mixed_graph_tokens=args.max_mixed_graph_tokens,
+        prefill_attention_kernel=args.prefill_attention_kernel,
     )
     prompts = iter(random_prompts(8, 1000, seed=1))  # a new prompt each time: no cache hits
 
@@ -57,6 +59,7 @@ def main() -> None:
                 "enforce_eager": args.enforce_eager,
                 "deterministic": args.deterministic,
                 "max_mixed_graph_tokens": args.max_mixed_graph_tokens,
+                "prefill_attention_kernel": args.prefill_attention_kernel,
                 "ttft_ms": round(t1 * 1e3, 2),
                 "tpot_ms": round((tf - t1) / 256 * 1e3, 3),
             }

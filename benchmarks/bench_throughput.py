@@ -93,6 +93,7 @@ def main() -> None:
     parser.add_argument("--max-num-batched-tokens", type=int, default=None, help="default: auto")
     parser.add_argument("--block-size", type=int, default=None)
     parser.add_argument("--attention-backend", default=None)
+    parser.add_argument("--prefill-attention-kernel", default=None, help="auto|triton|gluon")
     parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "fp8_e4m3"])
     parser.add_argument("--deterministic", action="store_true", help="batch-invariant numerics")
     parser.add_argument(
@@ -140,7 +141,7 @@ def main() -> None:
         "disable_custom_all_reduce": not args.custom_all_reduce,
     }
     names = ("max_num_seqs", "max_num_batched_tokens", "block_size", "attention_backend",
-             "max_mixed_graph_tokens")  # fmt: skip
+             "prefill_attention_kernel", "max_mixed_graph_tokens")  # fmt: skip
     for name in (*names, "kv_cache_dtype"):
         if getattr(args, name) is not None:
             options[name] = getattr(args, name)
@@ -165,6 +166,7 @@ def main() -> None:
         "deterministic": args.deterministic,
         "kv_cache_dtype": args.kv_cache_dtype,
         "max_mixed_graph_tokens": llm.config.max_mixed_graph_tokens,
+        "prefill_attention_kernel": llm.config.prefill_attention_kernel,
         "tp": args.tensor_parallel_size,
         "custom_all_reduce": args.custom_all_reduce,
         "dp": args.data_parallel_size,

@@ -3,12 +3,14 @@ vLLM-style API, for side-by-side runs on dummy weights. Prints one JSON line (a 
 same fields as bench_throughput.py; latency: bench_latency.py's ttft_ms and tpot_ms).
 
 Usage: [TP=N] [GPU_UTIL=0.9] [KV_CACHE_DTYPE=fp8] [DETERMINISTIC=1] [SPEC='{"method": ...}']
+       [PREFILL_KERNEL=auto|triton|gluon]
        python peer_workload_bench.py ENGINE MODEL_DIR WORKLOAD [NUM_REQUESTS]
             ENGINE: minivllm | vllm; WORKLOAD: headline|short|long|prefix|latency
 Needs only workloads.py beside it (or on PYTHONPATH); vLLM keeps its defaults except what the
 workload needs (max_model_len, temperature 0.6, ignore_eos). DETERMINISTIC=1 turns on
 minivllm's deterministic mode; vLLM's counterpart is its own environment variable,
-VLLM_BATCH_INVARIANT=1. SPEC: a speculative_config (JSON) for either engine.
+VLLM_BATCH_INVARIANT=1. SPEC: a speculative_config (JSON) for either engine. PREFILL_KERNEL:
+minivllm's prefill_attention_kernel.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ def build(engine: str, model_dir: str, max_model_len: int):
     from minivllm import LLM, SamplingParams
 
     deterministic = os.environ.get("DETERMINISTIC") == "1"
+    common["prefill_attention_kernel"] = os.environ.get("PREFILL_KERNEL", "auto")
     llm = LLM(model_dir, load_format="dummy", deterministic=deterministic, **common)
     return llm, lambda n, t=0.6: SamplingParams(temperature=t, ignore_eos=True, max_tokens=n)
 
@@ -119,6 +122,8 @@ def main(argv: list[str]) -> int:
     result = {"engine": engine, "tp": int(os.environ.get("TP", "1"))}
     result["kv_cache_dtype"] = os.environ.get("KV_CACHE_DTYPE") or "auto"
     result["spec"] = os.environ.get("SPEC") or None
+    if engine == "minivllm":
+        result["prefill_kernel"] = os.environ.get("PREFILL_KERNEL", "auto")
     result["deterministic"] = (
         os.environ.get("DETERMINISTIC" if engine == "minivllm" else "VLLM_BATCH_INVARIANT") == "1"
     )

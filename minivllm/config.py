@@ -43,6 +43,11 @@ class EngineConfig:
     load_format: Literal["auto", "dummy"] = "auto"
     seed: int = 0
     attention_backend: Literal["auto", "triton", "torch_sdpa"] = "auto"
+    # The triton backend's prefill attention kernel: "auto" runs the Gluon FA3-style kernel
+    # where it can (a Hopper GPU, a bf16/fp16 KV cache, head_dim 64 or 128) and the Triton
+    # kernel elsewhere (fp8 KV caches, other GPUs, the CPU interpreter); "gluon" insists (an
+    # error where it cannot run); "triton" always takes the Triton kernel (docs/kernels.md).
+    prefill_attention_kernel: Literal["auto", "triton", "gluon"] = "auto"
     # KV cache size on the CPU, in bytes (on CUDA it comes from profiling).
     kv_cache_memory: int = 1 << 30
     # Fixes the number of KV blocks (tests use it to force preemption).
@@ -128,6 +133,12 @@ class EngineConfig:
         )
         check_choice("load_format")
         check_choice("attention_backend")
+        check_choice("prefill_attention_kernel")
+        check(
+            not (self.deterministic and self.prefill_attention_kernel == "gluon"),
+            "prefill_attention_kernel='gluon' cannot be combined with deterministic=True: "
+            "deterministic mode runs every row through its batch-invariant kernel",
+        )
         check(self.kv_cache_memory > 0, "kv_cache_memory must be > 0")
         check(
             self.max_mixed_graph_tokens >= 0,

@@ -31,13 +31,19 @@ def get_attn_backend(
     max_model_len: int,
     num_kv_heads: int = 1,
     deterministic: bool = False,
+    prefill_kernel: str = "auto",
 ) -> AttentionBackend:
-    """deterministic: batch-invariant attention (docs/determinism.md), triton only."""
+    """deterministic: batch-invariant attention (docs/determinism.md), triton only.
+    prefill_kernel: the triton backend's prefill kernel (EngineConfig.prefill_attention_kernel)."""
     name = resolve_backend_name(name, device)
     if deterministic and name != "triton":
         raise ValueError(
             "deterministic=True needs attention_backend='triton' (CUDA, or TRITON_INTERPRET=1 "
             f"on the CPU); got {name!r}"
+        )
+    if prefill_kernel == "gluon" and name != "triton":
+        raise ValueError(
+            f"prefill_attention_kernel='gluon' needs attention_backend='triton'; got {name!r}"
         )
     if name == "torch_sdpa":
         return TorchSDPABackend()
@@ -52,4 +58,5 @@ def get_attn_backend(
         device=device,
         num_kv_heads=num_kv_heads,
         deterministic=deterministic,
+        prefill_kernel=prefill_kernel,
     )

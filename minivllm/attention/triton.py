@@ -1,8 +1,10 @@
 """The triton backend: minivllm's own kernels over the paged KV cache.
 
 Decode rows (the leading `num_decode_tokens`) go to the decode kernel, split-KV when the batch
-is too small to fill the GPU; the remaining rows go to the varlen prefill kernel. In
-deterministic mode every row goes through the batch-invariant kernel (attention/batch_invariant.py).
+is too small to fill the GPU; the remaining rows go to a varlen prefill kernel: the Gluon
+FA3-style one on Hopper GPUs with a bf16/fp16 cache, the Triton one elsewhere (the engine's
+`prefill_attention_kernel` option). In deterministic mode every row goes through the
+batch-invariant kernel (attention/batch_invariant.py).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import torch
 from minivllm.attention.base import AttnMetadata
 from minivllm.attention.batch_invariant import BatchInvariantAttention
 from minivllm.attention.graph_state import DecodeGraphState
+from minivllm.kernels import gluon_prefill_attention as gluon
 from minivllm.kernels.decode_attention import MAX_SPLITS, choose_num_splits, decode_attention
 from minivllm.kernels.kv_store import store_kv
 from minivllm.kernels.prefill_attention import prefill_attention
@@ -36,6 +39,7 @@ class TritonBackend:
         max_splits: int = MAX_SPLITS,
         num_kv_heads: int = 1,
         deterministic: bool = False,
+        prefill_kernel: str = "auto",
     ) -> None:
         if max_num_seqs < 1 or max_model_len < 1 or num_heads < 1 or head_dim < 1:
             raise ValueError("max_num_seqs, max_model_len, num_heads and head_dim must be >= 1")
@@ -58,6 +62,12 @@ class TritonBackend:
             max_num_seqs, num_heads, max_splits, dtype=torch.float32, device=device
         )
         self.graph_state: DecodeGraphState | None = None
+        # "auto", "triton" or "gluon" (EngineConfig.prefill_attention_kernel); where Gluon
+        # cannot run at all, "auto" is "triton" and "gluon" an error now.
+        unavailable = _gluon_unavailable(self.device)
+        if prefill_kernel == "gluon" and unavailable:
+            raise ValueError(f"prefill_attention_kernel='gluon' cannot run here: {unavailable}")
+        self.prefill_kernel = "triton" if unavailable else prefill_kernel
         # Deterministic mode: every row through the batch-invariant kernel instead.
         self.batch_invariant = None
         if deterministic:
@@ -116,7 +126,7 @@ class TritonBackend:
         if num_decodes > 0:
             self._decode(q, kv_cache, meta, scale, out, k_scale, v_scale)
         if num_seqs > num_decodes:
-            prefill_attention(
+            self._prefill_fn(q, kv_cache)(
                 q,
                 kv_cache,
                 meta.query_start_loc[num_decodes:],
@@ -129,6 +139,22 @@ class TritonBackend:
                 v_scale=v_scale,
             )
         return out
+
+    def _prefill_fn(self, q: torch.Tensor, kv_cache: torch.Tensor):
+        """The prefill kernel for these tensors: Gluon's where it supports them (not an fp8
+        cache, for one) unless "triton" was asked for."""
+        if self.prefill_kernel == "triton":
+            return prefill_attention
+        if gluon.supports(q, kv_cache):
+            return gluon.gluon_prefill_attention
+        if self.prefill_kernel == "gluon":
+            raise ValueError(
+                "prefill_attention_kernel='gluon' does not support this model and cache: it "
+                f"needs head_dim 64 or 128 (got {q.shape[-1]}), a bf16/fp16 cache of q's dtype "
+                f"({q.dtype}; the cache is {kv_cache.dtype}) and blocks of a power of two >= "
+                f"{gluon.MIN_BLOCK_SIZE} tokens ({kv_cache.shape[2]})"
+            )
+        return prefill_attention
 
     def _decode(
         self,
@@ -158,3 +184,16 @@ class TritonBackend:
             v_scale=v_scale,
             order=meta.decode_order,
         )
+
+
+def _gluon_unavailable(device: torch.device) -> str | None:
+    """Why the Gluon prefill kernel cannot run on device at all; None if it can (whether it
+    takes given tensors is `gluon.supports`'s call)."""
+    if gluon.GLUON_IMPORT_ERROR is not None:
+        return f"triton's Gluon Hopper API is not importable ({gluon.GLUON_IMPORT_ERROR})"
+    if device.type != "cuda":
+        return f"it needs a CUDA GPU, the device is {device}"
+    major, minor = torch.cuda.get_device_capability(device)
+    if major != 9:
+        return f"it needs a Hopper GPU (compute capability 9.x), this one is {major}.{minor}"
+    return None

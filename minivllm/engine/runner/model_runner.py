@@ -61,6 +61,7 @@ class ModelRunner:
             max_model_len=max_model_len,
             num_kv_heads=max(1, model_config.num_key_value_heads // tp_size),
             deterministic=config.deterministic,
+            prefill_kernel=config.prefill_attention_kernel,
         )
         # The layers' GEMM and all-reduces, chosen once; the symmetric-memory buffer (collective)
         # before profiling and graph capture, which must see the all-reduce the steps use.
