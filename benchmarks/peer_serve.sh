@@ -13,6 +13,7 @@
 # 128 clients twice, then the offline runs: served against offline.
 # each-alone: the two servers at 128 clients, alternating, each started alone on the GPU for its
 # round and stopped after it (twice each: ~6 minutes, vLLM's start-up is ~95 s), then offline.
+# OFFLINE=0 leaves out the offline runs (each-alone and the install then fit one 600 s call).
 set -u
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_USE_FLASHINFER_SAMPLER=0
 export CUDA_VISIBLE_DEVICES=${1:-0}
@@ -147,7 +148,7 @@ elif [ "$PART" != offline ]; then
   grep "Triton compiled" "$LOGS/minivllm_serve.log" | cut -c1-300 | head -5
 fi
 
-if [ "$PART" != serve ]; then
+if [ "$PART" != serve ] && [ "${OFFLINE:-1}" = 1 ]; then
   # The same requests offline, at the server's concurrency (128 in flight): twice with the
   # server's scheduler limits (the same engine without the serving path), once at the offline
   # defaults (max_num_batched_tokens 16,384 instead of the server's 8,192).
