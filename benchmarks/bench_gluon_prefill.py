@@ -4,7 +4,8 @@ TFLOP/s counts causal flops, 4 * L^2 / 2 * head_dim * num_heads; times are the m
 CUDA-event timings after a warm-up. Prints one JSON line (config, then one entry per L).
 
     python benchmarks/bench_gluon_prefill.py [--lens 4096,8192,16384] [--iters 30]
-        [--gluon-configs 128:2:0,128:3:1]   # block_n:num_stages:pingpong, each timed too
+        [--gluon-configs 128:2:0,128:3:1:0]   # block_n:num_stages:pingpong[:kv_head_major],
+                                              # each timed too
 """
 
 from __future__ import annotations
@@ -50,8 +51,8 @@ def prompt_case(seq_len: int, gen: torch.Generator) -> tuple:
 
 
 def bench_len(seq_len: int, gen: torch.Generator, overrides, warmup: int, iters: int) -> dict:
-    """Both kernels on one prompt of seq_len tokens; overrides: (block_n, num_stages, pingpong)
-    settings of the Gluon kernel to time as well."""
+    """Both kernels on one prompt of seq_len tokens; overrides: (block_n, num_stages, pingpong[,
+    kv_head_major]) settings of the Gluon kernel to time as well."""
     inputs = prompt_case(seq_len, gen)
     out_triton, out_gluon = torch.empty_like(inputs[0]), torch.empty_like(inputs[0])
     flops = 4 * seq_len**2 / 2 * HEAD_DIM * NUM_HEADS
@@ -66,11 +67,14 @@ def bench_len(seq_len: int, gen: torch.Generator, overrides, warmup: int, iters:
         "speedup": round(triton_ms / gluon_ms, 3),
         "max_abs_diff": (out_gluon.float() - out_triton.float()).abs().max().item(),
     }
-    for block_n, num_stages, pingpong in overrides:
+    for config in overrides:
+        block_n, num_stages, pingpong, *order = config  # no order given: the launcher's rule
         fn = partial(gluon_prefill_attention, *inputs, out_gluon, block_n=block_n,
-                     num_stages=num_stages, pingpong=bool(pingpong))  # fmt: skip
+                     num_stages=num_stages, pingpong=bool(pingpong),
+                     kv_head_major=bool(order[0]) if order else None)  # fmt: skip
         ms = time_ms(fn, warmup, iters)
-        row[f"gluon_{block_n}:{num_stages}:{pingpong}_tflop_per_s"] = round(flops / ms / 1e9, 1)
+        name = ":".join(map(str, config))
+        row[f"gluon_{name}_tflop_per_s"] = round(flops / ms / 1e9, 1)
     return row
 
 
@@ -79,7 +83,9 @@ def main() -> None:
     parser.add_argument("--lens", default="4096,8192,16384")
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--iters", type=int, default=30)
-    parser.add_argument("--gluon-configs", default="", help="block_n:num_stages:pingpong,...")
+    parser.add_argument(
+        "--gluon-configs", default="", help="block_n:num_stages:pingpong[:kv_head_major],..."
+    )
     args = parser.parse_args()
     overrides = [tuple(map(int, c.split(":"))) for c in args.gluon_configs.split(",") if c]
     gen = torch.Generator(device="cuda").manual_seed(0)

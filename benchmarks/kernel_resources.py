@@ -154,7 +154,7 @@ def gluon_prefill():
         args["block_tables"] = torch.arange(blocks, dtype=torch.int32)[None]
         supports, gluon.supports = gluon.supports, lambda q, kv_cache: True
         try:
-            gluon.gluon_prefill_attention(**args)
+            gluon.gluon_prefill_attention(**args, kv_head_major=True)  # no device to ask
         finally:
             gluon.supports = supports
 

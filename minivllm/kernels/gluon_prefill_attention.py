@@ -318,14 +318,25 @@ def _gluon_prefill_kernel(
     scale_log2e, num_seqs, start_row, stride_ot, stride_oh, stride_bt,
     NUM_HEADS: gl.constexpr, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr,
     BLOCK_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-    PINGPONG: gl.constexpr,
+    PINGPONG: gl.constexpr, KV_HEAD_MAJOR: gl.constexpr,
 ):  # fmt: skip
     """Grid ((cdiv(num_rows, 128) + num_seqs) * num_heads,): program = (q head, query tile of
-    128 rows of one request); programs past a request's last tile exit at once. Heads vary
-    fastest and tiles run last-first, so the longest causal tiles start in the first wave."""
+    128 rows of one request); programs past a request's last tile exit at once. Tiles run
+    last-first, so the longest causal tiles start first and the short ones fill the tail.
+    KV_HEAD_MAJOR: the programs of one KV head run together (its GROUP q heads fastest, then
+    the tiles), so the blocks resident at a time read one head's K/V, which stays in L2; else
+    heads vary fastest, and at a 16k prompt the resident blocks read every head's K/V (64 MB
+    at 8 KV heads of 128 dims in bf16, more than the L2)."""
     pid = gl.program_id(0)
-    head = pid % NUM_HEADS
-    tile_id = gl.num_programs(0) // NUM_HEADS - 1 - pid // NUM_HEADS
+    num_q_tiles = gl.num_programs(0) // NUM_HEADS
+    if KV_HEAD_MAJOR:
+        kv_head = pid // (num_q_tiles * GROUP)
+        rest = pid % (num_q_tiles * GROUP)
+        head = kv_head * GROUP + rest % GROUP
+        tile_id = num_q_tiles - 1 - rest // GROUP
+    else:
+        head = pid % NUM_HEADS
+        tile_id = num_q_tiles - 1 - pid // NUM_HEADS
     seq, q_start, tile = _find_tile(query_start_loc_ptr, num_seqs, start_row, tile_id, _BLOCK_M)
     query_len = gl.load(query_start_loc_ptr + seq + 1) - q_start
     t0 = tile * _BLOCK_M
@@ -401,6 +412,16 @@ def _descriptor(t: torch.Tensor, block_shape: list[int]) -> TensorDescriptor:
     return TensorDescriptor(t, list(t.shape), list(t.stride()), block_shape, layout)
 
 
+def _kv_head_major(programs_per_kv_head: int, device: torch.device) -> bool:
+    """Run one KV head's programs together once they fill the GPU (a wave). Then the blocks
+    resident at a time share one head's K/V, which stays in L2, where with heads fastest they
+    would read every head's (64 MB at a 16k prompt of 8 KV heads, more than the L2). With
+    fewer programs a head's long causal tiles would start late and run alone at the end
+    (the measurements: docs/kernels.md)."""
+    num_sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return programs_per_kv_head >= num_sms
+
+
 def gluon_prefill_attention(
     q: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -414,6 +435,7 @@ def gluon_prefill_attention(
     block_n: int | None = None,
     num_stages: int | None = None,
     pingpong: bool = True,
+    kv_head_major: bool | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
 ) -> torch.Tensor:
@@ -426,7 +448,8 @@ def gluon_prefill_attention(
     block_tables: [num_seqs, max_num_blocks] int32. kv_cache: [2, num_blocks, block_size,
     num_kv_heads, head_dim] in q's dtype. scale > 0. block_n (64 or 128) and num_stages
     override the table and pingpong=False lets the two consumer warpgroups issue their MMAs
-    unordered (for tuning). Requires `supports(q, kv_cache)`; an fp8 cache raises
+    unordered (for tuning). kv_head_major: whether one KV head's programs run together
+    (`_kv_head_major`'s rule when None). Requires `supports(q, kv_cache)`; an fp8 cache raises
     NotImplementedError (k_scale, v_scale are accepted for interface parity and must be 1).
     Cache slots past a request's seq_len inside its last block are read (and weighted by
     zero), so they must hold finite values: true of the engine's zero-initialized cache.
@@ -454,11 +477,14 @@ def gluon_prefill_attention(
     k_desc = _descriptor(kv_cache[0].view(cache_rows, num_kv_heads * head_dim), [box_n, head_dim])
     v_desc = _descriptor(kv_cache[1].view(cache_rows, num_kv_heads * head_dim), [box_n, head_dim])
     grid = ((triton.cdiv(num_rows, BLOCK_M) + num_seqs) * num_heads,)
+    if kv_head_major is None:
+        kv_head_major = _kv_head_major(grid[0] // num_kv_heads, q.device)
     _gluon_prefill_kernel[grid](
         q_desc, k_desc, v_desc, out, block_tables, seq_lens, query_start_loc,
         scale * LOG2E, num_seqs, start_row, out.stride(0), out.stride(1), block_tables.stride(0),
         NUM_HEADS=num_heads, GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, BLOCK_N=block_n, NUM_STAGES=num_stages, PINGPONG=pingpong,
+        KV_HEAD_MAJOR=kv_head_major,
         num_warps=4,
     )  # fmt: skip
     return out

@@ -105,6 +105,10 @@ def test_tuning_overrides(gluon_prefill, block_n, num_stages, pingpong):
          pingpong=pingpong)  # fmt: skip
 
 
+def test_heads_fastest_order(gluon_prefill):
+    _run(gluon_prefill, [3000, 513, 40], [2999, 100, 40], kv_head_major=False)
+
+
 def test_head_dim_64_gqa_4(gluon_prefill):
     _run(gluon_prefill, [2100, 300], [2000, 300], num_heads=16, num_kv_heads=4, head_dim=64)
 
