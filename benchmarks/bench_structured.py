@@ -4,7 +4,7 @@ Prints one JSON line.
 
     python benchmarks/bench_structured.py make DIR      # Qwen3-0.6B shape, SmolLM2's tokenizer
     python benchmarks/bench_structured.py run minivllm DIR [--unconstrained] [--sync] [--phases]
-        [--gpu-profile] [--served-shape]
+        [--gpu-profile] [--served-shape [--input-len N]] [--disable-any-whitespace]
     PYTHONPATH=/tmp/vsite python benchmarks/bench_structured.py run vllm DIR [--backend guidance]
 
 vLLM logs its shutdown to stdout after the JSON line: keep the line with `grep '"engine"'`.
@@ -81,10 +81,16 @@ def make(out_dir: str) -> None:
 
 
 def build(
-    engine: str, model_dir: str, backend: str | None, sync: bool = False, limits: dict | None = None
+    engine: str,
+    model_dir: str,
+    backend: str | None,
+    sync: bool = False,
+    limits: dict | None = None,
+    compact: bool = False,
 ):
     """(llm, params factory (max_tokens, constrained) -> SamplingParams). sync: minivllm
-    without async scheduling; limits: scheduler limits (max_num_seqs, ...) for either engine."""
+    without async scheduling; limits: scheduler limits (max_num_seqs, ...) for either engine;
+    compact: the schema with disable_any_whitespace (both engines' option)."""
     limits = limits or {}
     if engine == "vllm":
         from vllm import LLM, SamplingParams
@@ -105,7 +111,9 @@ def build(
         )
 
     def params(max_tokens: int, constrained: bool, temperature: float = 0.6):
-        so = StructuredOutputsParams(json=SCHEMA) if constrained else None
+        so = None
+        if constrained:
+            so = StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=compact)
         return SamplingParams(
             temperature=temperature, ignore_eos=True, max_tokens=max_tokens, structured_outputs=so
         )
@@ -157,15 +165,17 @@ def device_time(trace, wall_s: float, top: int = 12) -> dict:
     }
 
 
-def served_shape(num_prompts: int | None) -> Workload:
+def served_shape(num_prompts: int | None, input_len: int | None = None) -> Workload:
     n = num_prompts or SERVED_SHAPE["num_prompts"]
-    prompts = random_prompts(n, SERVED_SHAPE["input_len"])
+    prompts = random_prompts(n, input_len or SERVED_SHAPE["input_len"])
     return Workload("served_shape", prompts, [SERVED_SHAPE["output_len"]] * n, 4096)
 
 
 def run(args: argparse.Namespace) -> None:
     limits = SERVED_LIMITS if args.served_shape else None
-    llm, params = build(args.engine, args.model_dir, args.backend, args.sync, limits)
+    llm, params = build(
+        args.engine, args.model_dir, args.backend, args.sync, limits, args.disable_any_whitespace
+    )
     constrained = not args.unconstrained
     llm.generate([{"prompt_token_ids": [1, 2, 3, 4]}], params(8, False), use_tqdm=False)
     start = time.perf_counter()
@@ -175,7 +185,7 @@ def run(args: argparse.Namespace) -> None:
     # in the background from its second request on): the steady state of a cached schema.
     llm.generate([{"prompt_token_ids": [8, 9, 10]}], params(8, constrained), use_tqdm=False)
     if args.served_shape:  # greedy, as the serving benchmark's clients ask
-        workload, temperature = served_shape(args.num_requests), 0.0
+        workload, temperature = served_shape(args.num_requests, args.input_len), 0.0
     else:
         workload, temperature = make_workload("headline", args.num_requests), 0.6
     prompts = [{"prompt_token_ids": p} for p in workload.prompts]
@@ -206,6 +216,7 @@ def run(args: argparse.Namespace) -> None:
         except ValueError:
             pass
     result = {"engine": args.engine, "backend": args.backend, "constrained": constrained}
+    result["disable_any_whitespace"] = args.disable_any_whitespace
     result["async_scheduling"] = args.engine == "vllm" or not args.sync
     result |= result_fields(workload, generated, seconds)
     result["valid_json"] = valid
@@ -247,8 +258,14 @@ def main() -> None:
     r.add_argument(
         "--served-shape", action="store_true", help="bench_serving.py's requests, server limits"
     )
+    r.add_argument(
+        "--disable-any-whitespace", action="store_true", help="compact JSON (vLLM's option)"
+    )
     r.add_argument("--num-requests", type=int, default=None, help="default: the workload's")
     r.add_argument("--max-tokens", type=int, default=None, help="a cap on each output (smoke runs)")
+    r.add_argument(
+        "--input-len", type=int, default=None, help="--served-shape's prompt length (CPU runs)"
+    )
     args = parser.parse_args()
     make(args.out_dir) if args.command == "make" else run(args)
 

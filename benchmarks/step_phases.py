@@ -57,7 +57,7 @@ class StepPhases:
         for name in ("forced_drafts", "step_bitmask", "advance_grammars", "end_grammar"):
             self._time(scheduler, name)
         self._time(manager.StructuredOutputManager, "fill", "mask fill")
-        self._time(manager, "wide_rows")
+        self._time(manager, "unforced_rows")
         self._time(llguidance_backend.LLGuidanceBackend, "fill_bitmasks", "llguidance masks")
         self._time(llguidance_backend.LLGuidanceBackend, "accept_token_batch", "llguidance advance")
         self._time(model_runner, "apply_bitmask")

@@ -82,6 +82,13 @@ class StructuredOutputBackend(Protocol):
     @property
     def eos_token_ids(self) -> tuple[int, ...]: ...
 
+    @property
+    def byte_token_ids(self) -> tuple[int, ...]:
+        """At most one token per byte value: a non-special token that is exactly that one
+        byte. A mask allowing two of them allows two next bytes: the grammar forces nothing
+        there (bitmask.unforced_rows)."""
+        ...
+
     def compile(self, spec: StructuredOutputSpec) -> CompiledGrammar:
         """Compiles a spec; thread-safe (the compiler calls it from its pool). A spec the
         engine cannot honour (bad schema or regex, unsupported feature, grammar syntax

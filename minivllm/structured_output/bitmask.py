@@ -38,17 +38,40 @@ def allocate_bitmask(num_rows: int, vocab_size: int, pin_memory: bool = False) -
     return torch.full(shape, -1, dtype=torch.int32, pin_memory=pin_memory)
 
 
-def wide_rows(bitmask: torch.Tensor) -> list[bool]:
-    """Per row, whether it allows tokens in more than a quarter of the 64 words in the
-    middle of the row: a grammar state in free text (a string's content), which has no
-    single continuation. A forced one (a JSON key, punctuation) allows a few tokens, all
-    spelling its start. One contiguous block a row, not words spread across it: the rows are
-    read while the step waits, and a spread sample touched a cache line per word.
+def byte_token_words(byte_token_ids: Sequence[int]) -> tuple[slice | np.ndarray, np.ndarray]:
+    """(words, bits): the bitmask words holding byte_token_ids (one token per byte value, each
+    of that one byte), as a slice where they are contiguous (the usual byte-level BPE: the
+    256 byte tokens come first), and int32 [len(words)] the bits of those tokens in each;
+    what unforced_rows reads."""
+    masks: dict[int, int] = {}
+    for token_id in byte_token_ids:
+        word = token_id // BITS_PER_WORD
+        masks[word] = masks.get(word, 0) | 1 << token_id % BITS_PER_WORD
+    words = sorted(masks)
+    bits = np.array([masks[w] for w in words], dtype=np.uint32).view(np.int32)
+    if words and words[-1] - words[0] + 1 == len(words):
+        return slice(words[0], words[-1] + 1), bits
+    return np.array(words, dtype=np.int64), bits
+
+
+def unforced_rows(
+    bitmask: torch.Tensor, byte_words: slice | np.ndarray, byte_bits: np.ndarray
+) -> list[bool]:
+    """Per row, whether it shows that the grammar forces nothing next, so that a forced-token
+    lookup there finds none: the row allows two single-byte tokens (two different next bytes;
+    byte_words, byte_bits: byte_token_words'), or it is wide (more than a quarter of the 64
+    words in the middle of the row allow a token: free text, a string's content). A forced
+    state (a JSON key, punctuation) allows a few tokens, all starting with its one next byte.
+    Each test reads a few contiguous words a row: the rows are read while the step waits.
     bitmask: int32 [num_rows, num_words], on the CPU."""
     words = bitmask.numpy()
     start = max(0, words.shape[1] // 2 - 32)
     block = words[:, start : start + 64]
-    return (np.count_nonzero(block, axis=1) * 4 > block.shape[1]).tolist()
+    wide = np.count_nonzero(block, axis=1) * 4 > block.shape[1]
+    allowed = words[:, byte_words] & byte_bits
+    # Two bits set: in two words, or in one (x & (x - 1) != 0; int32 wraps, bit 31 included).
+    two_words = np.count_nonzero(allowed, axis=1) >= 2
+    return (wide | two_words | np.any(allowed & (allowed - 1), axis=1)).tolist()
 
 
 def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:

@@ -164,6 +164,7 @@ class LLGuidanceBackend:
             max(1, self.num_threads - 1), "minivllm-grammar-lane"
         )
         self._limits = limits or llguidance.LLParserLimits(verbose_errors=False)
+        self.byte_token_ids = byte_token_ids(self.tokenizer)
 
     @property
     def vocab_size(self) -> int:
@@ -226,6 +227,18 @@ class LLGuidanceBackend:
                 if ok:  # as accept_tokens records a consumed token
                     pairs[k][0]._counted.append(True)
         return accepted
+
+
+def byte_token_ids(tokenizer: llguidance.LLTokenizer) -> tuple[int, ...]:
+    """The first non-special token of each one-byte spelling (see
+    StructuredOutputBackend.byte_token_ids); ~15 ms for a 49k vocabulary."""
+    first: dict[bytes, int] = {}
+    for token_id in range(tokenizer.vocab_size):
+        if not tokenizer.is_special_token(token_id):
+            spelling = tokenizer.decode_bytes([token_id])
+            if len(spelling) == 1:
+                first.setdefault(spelling, token_id)
+    return tuple(first.values())
 
 
 def grammar_text(spec: StructuredOutputSpec) -> str:

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, wait
 from concurrent.futures import TimeoutError as FutureTimeout
 from itertools import repeat
 
+import numpy as np
 import torch
 
 from minivllm.structured_output.backend import (
@@ -18,7 +19,7 @@ from minivllm.structured_output.backend import (
     GrammarMatcher,
     StructuredOutputBackend,
 )
-from minivllm.structured_output.bitmask import allocate_bitmask, wide_rows
+from minivllm.structured_output.bitmask import allocate_bitmask, byte_token_words, unforced_rows
 from minivllm.structured_output.compiler import GrammarCompiler
 from minivllm.structured_output.llguidance_backend import LLGuidanceBackend
 from minivllm.structured_output.params import StructuredOutputsParams, StructuredOutputSpec
@@ -136,6 +137,8 @@ class StructuredOutputManager:
         self._compiler: Future[GrammarCompiler] | None = None
         self._bitmask: torch.Tensor | None = None
         self._rows: torch.Tensor | None = None
+        # unforced_rows' probe of the backend's single-byte tokens, made at the first fill.
+        self._byte_words: tuple[slice | np.ndarray, np.ndarray] | None = None
 
     @property
     def backend(self) -> StructuredOutputBackend:
@@ -188,23 +191,53 @@ class StructuredOutputManager:
         # tokens advance the matchers), so that step's copies of these buffers are done.
         bitmask, row_ids = self._bitmask[:n], self._rows[:n]
         row_ids.numpy()[:] = rows  # numpy takes a list of ints faster than torch
-        # A request failed by the step applied just before this fill: its rows are dropped,
-        # any mask serves (all tokens, so that sampling them stays well defined).
-        plain, first_rows, row = [], [], 0
-        for request, draft in zip(requests, repeat(()) if drafts is None else drafts):
-            first_rows.append(row)
-            if request.failed:
-                bitmask[row : row + 1 + len(draft)] = -1
-            elif draft:
-                fill_draft_positions(request.matcher, draft, bitmask, row)
-            else:
-                plain.append((request.matcher, row))
-            row += 1 + len(draft)
-        self.backend.fill_bitmasks(plain, bitmask)
-        wide = wide_rows(bitmask)
+        backend = self.backend
+        if drafts is None:  # the usual step, kept to one pass: a row a request
+            plain = [(r.matcher, k) for k, r in enumerate(requests) if not r.failed]
+            first_rows: Sequence[int] = range(n)
+            if len(plain) < n:
+                _allow_all_failed(requests, bitmask, first_rows, repeat(()))
+        else:
+            plain, first_rows = _fill_drafted(requests, drafts, bitmask)
+        backend.fill_bitmasks(plain, bitmask)
+        if self._byte_words is None:
+            self._byte_words = byte_token_words(backend.byte_token_ids)
+        unforced = unforced_rows(bitmask, *self._byte_words)
         for request, first in zip(requests, first_rows):
-            request.in_free_text = wide[first]
+            request.forces_nothing = unforced[first]
         return bitmask, row_ids
+
+
+def _allow_all_failed(
+    requests: Sequence[StructuredOutputRequest],
+    bitmask: torch.Tensor,
+    first_rows: Sequence[int],
+    drafts: Iterable[Sequence[int]],
+) -> None:
+    """A request failed by the step applied just before this fill: its rows are dropped, any
+    mask serves (all tokens, so that sampling them stays well defined)."""
+    for request, row, draft in zip(requests, first_rows, drafts):
+        if request.failed:
+            bitmask[row : row + 1 + len(draft)] = -1
+
+
+def _fill_drafted(
+    requests: Sequence[StructuredOutputRequest],
+    drafts: Sequence[Sequence[int]],
+    bitmask: torch.Tensor,
+) -> tuple[list[tuple[GrammarMatcher, int]], list[int]]:
+    """Fills the draft positions' rows (and the failed requests'); returns the (matcher, row)
+    of the rows without drafts, left to the backend's batch, and each request's first row."""
+    plain, first_rows, row = [], [], 0
+    for request, draft in zip(requests, drafts):
+        first_rows.append(row)
+        if draft and not request.failed:
+            fill_draft_positions(request.matcher, draft, bitmask, row)
+        elif not request.failed:
+            plain.append((request.matcher, row))
+        row += 1 + len(draft)
+    _allow_all_failed(requests, bitmask, first_rows, drafts)
+    return plain, first_rows
 
 
 def fill_draft_positions(

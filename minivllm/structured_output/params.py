@@ -34,6 +34,10 @@ class StructuredOutputsParams:
     grammar: a Lark grammar in llguidance's dialect, or a GBNF grammar (llama.cpp's
         syntax, converted to Lark); the output is a sentence of its `start` (GBNF: `root`).
     json_object: True for any JSON object.
+    disable_any_whitespace: with json, no whitespace outside strings (compact JSON); by
+        default the schema allows any whitespace between tokens, as JSON does. vLLM's
+        option; the same as `"x-guidance": {"whitespace_flexible": false}` in the schema,
+        which is how the spec key holds it.
 
     Equality and hashing follow spec_key(), so two params that ask for the same constraint
     (a schema given as a dict or as its JSON text, in any layout) compare equal.
@@ -44,6 +48,7 @@ class StructuredOutputsParams:
     choice: list[str] | tuple[str, ...] | None = None
     grammar: str | None = None
     json_object: bool | None = None
+    disable_any_whitespace: bool = False
     _spec: StructuredOutputSpec = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -53,8 +58,16 @@ class StructuredOutputsParams:
                 "structured outputs need exactly one of json, regex, choice, grammar, "
                 f"json_object; got {'none' if not given else ', '.join(given)}"
             )
+        if not isinstance(self.disable_any_whitespace, bool):
+            raise TypeError(
+                "disable_any_whitespace must be a bool, "
+                f"got {type(self.disable_any_whitespace).__name__}"
+            )
+        if self.disable_any_whitespace and given[0] != "json":
+            raise ValueError(f"disable_any_whitespace applies to json only, not {given[0]}")
         # Computed once here: it validates every field, and the instance is frozen.
-        object.__setattr__(self, "_spec", _spec_of(given[0], getattr(self, given[0])))
+        spec = _spec_of(given[0], getattr(self, given[0]), self.disable_any_whitespace)
+        object.__setattr__(self, "_spec", spec)
 
     def _is_set(self, kind: StructuredOutputKind) -> bool:
         value = getattr(self, kind)
@@ -82,9 +95,11 @@ class StructuredOutputsParams:
         return hash(self._spec)
 
 
-def _spec_of(kind: StructuredOutputKind, value: Any) -> StructuredOutputSpec:
+def _spec_of(
+    kind: StructuredOutputKind, value: Any, disable_any_whitespace: bool = False
+) -> StructuredOutputSpec:
     if kind == "json":
-        return StructuredOutputSpec("json", _schema_text(value))
+        return StructuredOutputSpec("json", _schema_text(value, disable_any_whitespace))
     if kind == "choice":
         return StructuredOutputSpec("choice", _choice_text(value))
     if kind == "json_object":
@@ -96,8 +111,9 @@ def _spec_of(kind: StructuredOutputKind, value: Any) -> StructuredOutputSpec:
     return StructuredOutputSpec(kind, value)
 
 
-def _schema_text(schema: Any) -> str:
-    """A JSON schema (dict, JSON text, or pydantic model class) as canonical JSON text."""
+def _schema_text(schema: Any, disable_any_whitespace: bool = False) -> str:
+    """A JSON schema (dict, JSON text, or pydantic model class) as canonical JSON text;
+    disable_any_whitespace sets llguidance's whitespace_flexible to false in it."""
     if isinstance(schema, type):
         if not callable(getattr(schema, "model_json_schema", None)):
             raise TypeError(
@@ -117,6 +133,11 @@ def _schema_text(schema: Any) -> str:
         )
     if not isinstance(schema, dict):
         raise ValueError(f"json schema must be a JSON object, got {dumps(schema)[:80]}")
+    if disable_any_whitespace:
+        options = schema.get("x-guidance", {})
+        if not isinstance(options, dict):
+            raise ValueError(f"json schema's x-guidance must be an object, got {options!r}")
+        schema = {**schema, "x-guidance": {**options, "whitespace_flexible": False}}
     try:
         return dumps(schema, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as e:

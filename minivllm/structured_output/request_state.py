@@ -49,9 +49,9 @@ class StructuredOutputRequest:
         self.accepted_token_ids: list[int] = []
         # An advance failed the request (GrammarViolation): its matcher takes nothing more.
         self.failed = False
-        # Its last mask was wide (bitmask.wide_rows): it is in free text, where the grammar
-        # forces nothing, and the scheduler does not look up forced tokens for it.
-        self.in_free_text = False
+        # Its last mask showed the grammar forcing nothing (bitmask.unforced_rows: two next
+        # bytes, or free text): the scheduler does not look up forced tokens for it.
+        self.forces_nothing = False
 
     def is_ready(self) -> bool:
         """True once the grammar is compiled and the request's matcher made; a ValueError

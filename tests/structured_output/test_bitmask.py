@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from minivllm.structured_output import allocate_bitmask, apply_bitmask, num_bitmask_words
-from minivllm.structured_output.bitmask import unpack_bitmask, wide_rows
+from minivllm.structured_output.bitmask import byte_token_words, unforced_rows, unpack_bitmask
 
 
 def reference_apply(logits, bitmask, rows):
@@ -61,7 +62,7 @@ def test_no_rows_and_bad_arguments():
 
 
 @pytest.mark.parametrize("vocab_size", [500, 49152])
-def test_wide_rows(vocab_size):
+def test_unforced_rows_wide(vocab_size):
     """Wide: tokens in more than a quarter of the row's words (a free-text state)."""
     words = num_bitmask_words(vocab_size)
     bitmask = torch.zeros(5, words, dtype=torch.int32)
@@ -70,4 +71,33 @@ def test_wide_rows(vocab_size):
     bitmask[2, ::2] = 7  # three tokens in every other word
     bitmask[3, : words // 10] = -1  # the first tenth of the vocabulary
     bitmask[4, : words // 2] = 1  # one token in each word of the first half
-    assert wide_rows(bitmask) == [True, False, True, False, True]
+    no_byte_tokens = byte_token_words([])
+    assert unforced_rows(bitmask, *no_byte_tokens) == [True, False, True, False, True]
+
+
+def test_unforced_rows_two_byte_tokens():
+    """Two allowed single-byte tokens (in one word or two, bit 31 included) mean two next
+    bytes: unforced. One of them, or other tokens however many, tells nothing."""
+    byte_ids = [5, 31, 40, 70]
+    byte_words, byte_bits = byte_token_words(byte_ids)
+    assert byte_words == slice(0, 3)
+    assert byte_bits.view(np.uint32).tolist() == [(1 << 5) | (1 << 31), 1 << 8, 1 << 6]
+    scattered_words, _ = byte_token_words([5, 31, 40, 300])
+    assert scattered_words.tolist() == [0, 1, 9]
+    bitmask = torch.zeros(6, num_bitmask_words(500), dtype=torch.int32)
+
+    def allow(row, *token_ids):
+        for t in token_ids:
+            word = bitmask[row, t // 32].item() | (1 << t % 32)
+            bitmask[row, t // 32] = word - (1 << 32) if word >= 1 << 31 else word
+
+    allow(0, 5, 31)  # one word
+    allow(1, 31, 70)  # two words, bit 31
+    allow(2, 40)  # one byte token
+    allow(3, 40, 41, 42, 100, 200)  # one byte token and others
+    allow(4, 6, 7, 8, 9)  # no byte token
+    allow(5, 5, 40, 70)
+    assert unforced_rows(bitmask, byte_words, byte_bits) == [True, True, False, False, False, True]
+    scattered = byte_token_words([5, 31, 40, 70, 300])
+    allow(4, 300)
+    assert unforced_rows(bitmask, *scattered) == [True, True, False, False, False, True]

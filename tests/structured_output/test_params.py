@@ -84,3 +84,22 @@ def test_pickles_with_its_key():
     params = StructuredOutputsParams(json=Person)
     copy = pickle.loads(pickle.dumps(params))
     assert copy == params and copy.spec_key() == params.spec_key() and copy.json is Person
+
+
+def test_disable_any_whitespace_is_in_the_spec_key() -> None:
+    """vLLM's option, held as llguidance's x-guidance in the schema text: equal to asking
+    for it in the schema, different from the default (flexible whitespace)."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    compact = StructuredOutputsParams(json=schema, disable_any_whitespace=True)
+    in_schema = StructuredOutputsParams(
+        json={**schema, "x-guidance": {"whitespace_flexible": False}}
+    )
+    assert compact == in_schema
+    assert compact != StructuredOutputsParams(json=schema)
+    assert "x-guidance" not in StructuredOutputsParams(json=schema).spec_key().text
+    with pytest.raises(ValueError, match="json only"):
+        StructuredOutputsParams(regex="a+", disable_any_whitespace=True)
+    with pytest.raises(TypeError, match="bool"):
+        StructuredOutputsParams(json=schema, disable_any_whitespace="yes")
+    with pytest.raises(ValueError, match="x-guidance"):
+        StructuredOutputsParams(json={**schema, "x-guidance": 1}, disable_any_whitespace=True)

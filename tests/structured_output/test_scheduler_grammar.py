@@ -209,9 +209,9 @@ def test_manager_builds_its_backend_off_the_caller_thread(tiny_qwen3_dir: str) -
         bad.is_ready()
 
 
-def test_requests_in_free_text_skip_the_forced_token_lookup(tiny_backend) -> None:
-    """A request whose last mask was wide (free text) is not asked for forced tokens; one
-    whose mask was narrow is, and its grammar's forced text becomes its drafts."""
+def test_requests_forcing_nothing_skip_the_forced_token_lookup(tiny_backend) -> None:
+    """A request whose last mask showed nothing forced (here: wide, free text) is not asked
+    for forced tokens; one whose mask was narrow is, and its forced text becomes its drafts."""
     grammar = 'start: "{\\"key\\": \\"" /[a-z ]+/ "\\"}"'
     manager = ControlledManager(tiny_backend)
     scheduler = make_scheduler(manager)
@@ -222,19 +222,19 @@ def test_requests_in_free_text_skip_the_forced_token_lookup(tiny_backend) -> Non
     prefill = scheduler.schedule()
     prefill.structured_output.fill()
     so = scheduler.requests["r"].structured_output
-    assert not so.in_free_text  # `{"key": "` is forced: a narrow mask
+    assert not so.forces_nothing  # `{"key": "` is forced: a narrow mask
     run(scheduler, prefill, [tiny_backend.tokenizer.tokenize_str("{")[0]])
     running = scheduler.running
     forced = forced_drafts(running, 64)
     expected = tiny_backend.tokenizer.tokenize_str('"key": "')
     assert forced["r"] == expected
-    so.in_free_text = True
+    so.forces_nothing = True
     assert forced_drafts(running, 64) == {}
     # Inside the string: the mask allows most tokens.
     for token_id in expected + tiny_backend.tokenizer.tokenize_str("ab"):
         assert so.advance([token_id]) is None
     manager.fill([so], [0])
-    assert so.in_free_text
+    assert so.forces_nothing
 
 
 def test_forced_drafts_in_flight_do_not_stop_scheduling_ahead(tiny_backend) -> None:

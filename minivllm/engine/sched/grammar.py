@@ -107,13 +107,14 @@ def forced_drafts(requests: list[Request], max_model_len: int) -> dict[str, list
     request whose drafts are in flight sits this step out (the scheduler's rule); the
     other requests are scheduled ahead as usual.
 
-    A request whose last mask was wide (in free text: a string's content) is not looked up:
-    the lookup is the costly part at large batch, and a free-text state forces nothing.
-    Its first forced run after free text then starts a step later; the output is the same."""
+    A request whose last mask showed its grammar forcing nothing (two possible next bytes,
+    such as JSON's optional whitespace, or free text: bitmask.unforced_rows) is not looked
+    up: the lookup is the costly part at large batch. Its first forced run after such a
+    state then starts a step later; the output is the same."""
     out = {}
     for request in requests:
         so = request.structured_output
-        if so is None or so.in_free_text:  # a wide mask: it was in free text a step ago
+        if so is None or so.forces_nothing:  # so its mask showed a step ago
             continue
         # No room (drafts in flight, max_tokens or max_model_len reached): no lookup, the
         # costly part.
