@@ -31,7 +31,7 @@ def request_constraint(
     if req.guided_whitespace_pattern is not None:
         raise APIError(
             "guided_whitespace_pattern is not supported (JSON whitespace is flexible; "
-            '"x-guidance": {"whitespace_flexible": false} in the schema fixes it)',
+            "structured_outputs' disable_any_whitespace makes it compact)",
             param="guided_whitespace_pattern",
         )
     given: list[tuple[str, dict[str, Any]]] = []

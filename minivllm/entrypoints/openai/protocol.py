@@ -107,6 +107,7 @@ class StructuredOutputsField(_Request):
     choice: list[str] | None = None
     grammar: str | None = None
     json_object: StrictBool | None = None
+    disable_any_whitespace: StrictBool | None = None
 
 
 class _ConstrainedFields(_SamplingFields):

@@ -134,6 +134,22 @@ def test_regex_choice_and_completions(client):
     jsonschema.validate(json.loads(out.choices[0].text), SCHEMA)
 
 
+def test_disable_any_whitespace_gives_compact_json(client, tiny_qwen3_dir):
+    from minivllm.tokenizer import load_tokenizer
+
+    (newline,) = load_tokenizer(tiny_qwen3_dir).encode("\n", add_special_tokens=False)
+    bias = {str(newline): 100}  # taken wherever the grammar allows it
+    schema = {k: v for k, v in SCHEMA.items() if k != "x-guidance"}  # JSON's any whitespace
+    loose = {"structured_outputs": {"json": schema}}
+    assert "\n" in chat(client, extra_body=loose, logit_bias=bias).choices[0].message.content
+    body = {"structured_outputs": {"json": schema, "disable_any_whitespace": True}}
+    choice = chat(client, extra_body=body, logit_bias=bias).choices[0]
+    assert choice.finish_reason == "stop"
+    value = json.loads(choice.message.content)
+    jsonschema.validate(value, SCHEMA)
+    assert choice.message.content == json.dumps(value, separators=(",", ":"))
+
+
 def test_text_format_is_plain(client):
     choice = chat(client, response_format={"type": "text"}, max_tokens=4).choices[0]
     assert choice.finish_reason == "length"
@@ -152,6 +168,10 @@ def test_text_format_is_plain(client):
         ),
         ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, ["regex", "choice"]),
         ({"structured_outputs": {"whitespace_pattern": " "}}, ["whitespace_pattern"]),
+        (
+            {"structured_outputs": {"regex": "a", "disable_any_whitespace": True}},
+            ["disable_any_whitespace", "regex"],
+        ),
         ({"guided_regex": "a(?=b)"}, ["guided_regex"]),
         ({"guided_whitespace_pattern": " "}, ["guided_whitespace_pattern"]),
         ({"guided_grammar": "start: foo"}, ["guided_grammar"]),
