@@ -42,6 +42,8 @@ def test_parsed_flags_become_options() -> None:
 def test_choices_come_from_the_literals() -> None:
     assert _CHOICES["dtype"] == ("auto", *DTYPES)
     assert _CHOICES["attention_backend"] == ("auto", "triton", "torch_sdpa")
+    assert _CHOICES["prefill_attention_kernel"] == ("auto", "triton", "gluon")
     assert set(_CHOICES) == {
-        "dtype", "device", "load_format", "attention_backend", "kv_cache_dtype", "usage_context"
+        "dtype", "device", "load_format", "attention_backend", "prefill_attention_kernel",
+        "kv_cache_dtype", "usage_context",
     }  # fmt: skip
