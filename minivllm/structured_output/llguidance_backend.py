@@ -78,9 +78,11 @@ class LLGuidanceMatcher:
     def __init__(self, matcher: llguidance.LLMatcher, eos_token_ids: tuple[int, ...]) -> None:
         self.matcher = matcher
         self._eos_token_ids = frozenset(eos_token_ids)
-        # Per accepted token, whether llguidance counted it: an EOS taken after the grammar
-        # stopped is checked but not consumed, since llguidance would not roll it back.
-        self._counted: list[bool] = []
+        # The accepted tokens: those llguidance consumed, then those only checked (an EOS
+        # taken after the grammar stopped, which llguidance would not roll back). Checked
+        # ones only ever follow consumed ones: a stopped matcher consumes nothing more.
+        self._num_consumed = 0
+        self._num_checked = 0
 
     def accept_tokens(self, token_ids: Sequence[int]) -> bool:
         token_ids = list(token_ids)
@@ -88,11 +90,11 @@ class LLGuidanceMatcher:
             return False
         for token_id in token_ids:
             if self.matcher.is_stopped():  # validated: an EOS after the stop
-                self._counted.append(False)
+                self._num_checked += 1
                 continue
             if not self.matcher.consume_token(token_id):
                 return False  # a parser limit was hit: error() says which
-            self._counted.append(True)
+            self._num_consumed += 1
         return True
 
     def validate_tokens(self, token_ids: Sequence[int]) -> int:
@@ -113,19 +115,19 @@ class LLGuidanceMatcher:
         return self.matcher.compute_ff_tokens()
 
     def rollback(self, num_tokens: int) -> None:
-        if not 0 <= num_tokens <= len(self._counted):
-            raise ValueError(
-                f"cannot roll back {num_tokens} tokens: {len(self._counted)} were accepted"
-            )
+        num_accepted = self._num_consumed + self._num_checked
+        if not 0 <= num_tokens <= num_accepted:
+            raise ValueError(f"cannot roll back {num_tokens} tokens: {num_accepted} were accepted")
         if num_tokens == 0:
             return
-        undone = self._counted[-num_tokens:]
-        del self._counted[-num_tokens:]
-        if not self.matcher.rollback(sum(undone)):
+        num_checked = min(num_tokens, self._num_checked)  # the last ones accepted
+        self._num_checked -= num_checked
+        self._num_consumed -= num_tokens - num_checked
+        if not self.matcher.rollback(num_tokens - num_checked):
             raise RuntimeError(f"llguidance rollback failed: {self.matcher.get_error()}")
 
     def reset(self) -> None:
-        self.rollback(len(self._counted))
+        self.rollback(self._num_consumed + self._num_checked)
 
     def is_accepting(self) -> bool:
         return self.matcher.is_accepting()
@@ -212,20 +214,38 @@ class LLGuidanceBackend:
             self._executor.unsafe_compute_mask_ptr(pairs, bitmask.data_ptr(), words * 4, batch)
 
     def accept_token_batch(self, pairs: Sequence[tuple[LLGuidanceMatcher, int]]) -> list[bool]:
-        accepted = [False] * len(pairs)
-        batch, batch_pairs = [], []
-        for k, (m, token_id) in enumerate(pairs):
-            if m.matcher.is_stopped():  # an EOS after the stop is checked, not consumed
-                accepted[k] = m.accept_tokens([token_id])
-            else:
-                batch.append(k)
-                batch_pairs.append((m.matcher, token_id))
-        if batch_pairs:
-            # Unlike consume_token after validate_tokens, a rejected token fails its matcher.
-            for k, ok in zip(batch, self._executor.consume_token_par(batch_pairs)):
+        # Runs over every constrained request each step: the usual case (no matcher stopped)
+        # is one pass to build the batch, one C-level scan for stops, one for bookkeeping.
+        batch = [(m.matcher, token_id) for m, token_id in pairs]
+        if any(map(llguidance.LLMatcher.is_stopped, [matcher for matcher, _ in batch])):
+            return self._accept_after_stop(pairs)
+        return self._consume(pairs, batch)
+
+    def _accept_after_stop(self, pairs: Sequence[tuple[LLGuidanceMatcher, int]]) -> list[bool]:
+        """accept_token_batch where some matchers have stopped: theirs one by one (an EOS
+        after the stop is checked, not consumed), the others in one parallel call."""
+        stopped = [m.matcher.is_stopped() for m, _ in pairs]
+        accepted = [s and m.accept_tokens([token_id]) for (m, token_id), s in zip(pairs, stopped)]
+        live = [k for k, s in enumerate(stopped) if not s]
+        if live:
+            live_pairs = [pairs[k] for k in live]
+            batch = [(m.matcher, token_id) for m, token_id in live_pairs]
+            for k, ok in zip(live, self._consume(live_pairs, batch)):
                 accepted[k] = ok
-                if ok:  # as accept_tokens records a consumed token
-                    pairs[k][0]._counted.append(True)
+        return accepted
+
+    def _consume(
+        self,
+        pairs: Sequence[tuple[LLGuidanceMatcher, int]],
+        batch: list[tuple[llguidance.LLMatcher, int]],
+    ) -> list[bool]:
+        """Each pair's token consumed by its (not stopped) matcher in one parallel call; batch:
+        the pairs' llguidance matchers. Unlike consume_token after validate_tokens, a rejected
+        token fails its matcher."""
+        accepted = self._executor.consume_token_par(batch)
+        for (m, _), ok in zip(pairs, accepted):
+            if ok:  # as accept_tokens records a consumed token
+                m._num_consumed += 1
         return accepted
 
 

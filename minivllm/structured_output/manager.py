@@ -203,8 +203,10 @@ class StructuredOutputManager:
         if self._byte_words is None:
             self._byte_words = byte_token_words(backend.byte_token_ids)
         unforced = unforced_rows(bitmask, *self._byte_words)
-        for request, first in zip(requests, first_rows):
-            request.forces_nothing = unforced[first]
+        if drafts is not None:  # each request's flag is its first row's
+            unforced = [unforced[first] for first in first_rows]
+        for request, forces_nothing in zip(requests, unforced):
+            request.forces_nothing = forces_nothing
         return bitmask, row_ids
 
 

@@ -147,7 +147,9 @@ def advance_batch(
     (requests: ready, with matchers of backend): per request "stop", None, or the
     GrammarViolation that advance would raise, which fails that request alone (its matcher
     may be left failed)."""
-    matchers = [request.matcher for request in requests]
+    # Ready requests (the contract): their matchers read directly, not through the property
+    # (which checks readiness), since this runs over every constrained request each step.
+    matchers = [request._matcher for request in requests]
     accepted = backend.accept_token_batch(list(zip(matchers, token_ids)))
     outcomes: list[AdvanceOutcome] = []
     for request, matcher, token_id, ok in zip(requests, matchers, token_ids, accepted):

@@ -92,6 +92,24 @@ def test_eos_after_the_stop_in_a_batch_is_checked_not_consumed(tiny_backend) -> 
     assert isinstance(violation, GrammarViolation)  # EOS only where the grammar accepts
 
 
+def test_a_stopped_matcher_among_live_ones_in_a_batch(tiny_backend, tiny_tokenizer) -> None:
+    """The stopped one's EOS is checked alone, the live ones advance together, in order."""
+    eos = tiny_backend.eos_token_ids[0]
+    ab, digits = StructuredOutputsParams(choice=["ab"]), StructuredOutputsParams(regex="[0-9]+")
+    stopped = request_for(tiny_backend, ab)
+    assert stopped.advance(tiny_backend.tokenizer.tokenize_str("ab")) == "stop"
+    live = [request_for(tiny_backend, digits) for _ in range(2)]
+    one, x = tiny_tokenizer.encode("1")[0], tiny_tokenizer.encode("x")[0]
+    outcomes = advance_batch(tiny_backend, [live[0], stopped, live[1]], [one, eos, x])
+    assert outcomes[:2] == [None, "stop"] and isinstance(outcomes[2], GrammarViolation)
+    assert [r.accepted_token_ids for r in live] == [[one], []]
+    stopped.rollback(stopped.num_accepted_tokens)  # the EOS was checked, the rest consumed
+    live[0].rollback(1)
+    fresh = [request_for(tiny_backend, p) for p in (ab, digits)]
+    vocab_size = tiny_backend.vocab_size
+    assert torch.equal(masks([stopped, live[0]], vocab_size), masks(fresh, vocab_size))
+
+
 def test_a_violation_fails_only_its_request(tiny_backend, tiny_tokenizer) -> None:
     digits = StructuredOutputsParams(regex="[0-9]+")
     requests = [request_for(tiny_backend, digits) for _ in range(3)]

@@ -14,6 +14,7 @@ from minivllm.structured_output.manager import StepBitmask, StructuredOutputMana
 from minivllm.structured_output.request_state import (
     AdvanceOutcome,
     GrammarViolation,
+    StructuredOutputRequest,
     advance_batch,
 )
 
@@ -135,30 +136,31 @@ def advance_grammars(
     each live constrained request whose sampled row brings one new token (no accepted
     drafts) feeds it to its matcher. Returns req_id -> outcome, which end_grammar() applies
     at that token; a request with several new tokens is left to advance_grammar."""
-    batch: list[Request] = []
+    # One pass over the step's rows: this runs over every constrained request each step.
+    req_ids: list[str] = []
+    states: list[StructuredOutputRequest] = []
     token_ids: list[int] = []
     num_accepted = runner_out.num_accepted_drafts
     for k, (req_id, token_id) in enumerate(zip(runner_out.req_ids, runner_out.sampled_token_ids)):
         request = requests.get(req_id)
-        if request is None or request.structured_output is None:
-            continue
-        if request.finish_reason is not None:
-            continue  # finished by the step before: update() skips it too
-        if num_accepted is None or not num_accepted[k]:
-            batch.append(request)
+        if request is None or request.finish_reason is not None:
+            continue  # aborted, or finished by the step before: update() skips it too
+        so = request.structured_output
+        if so is not None and (num_accepted is None or not num_accepted[k]):
+            req_ids.append(req_id)
+            states.append(so)
             token_ids.append(token_id)
-    if not batch:
+    if not states:
         return {}
-    states = [request.structured_output for request in batch]
-    outcomes = advance_batch(manager.backend, states, token_ids)
-    return {request.req_id: outcome for request, outcome in zip(batch, outcomes)}
+    return dict(zip(req_ids, advance_batch(manager.backend, states, token_ids)))
 
 
 def end_grammar(request: Request, advanced: dict[str, AdvanceOutcome]) -> bool:
     """advance_grammar(request), or the outcome advance_grammars took for its token (used
     once: popped)."""
     if request.req_id in advanced:
-        return _apply(request, advanced.pop(request.req_id))
+        outcome = advanced.pop(request.req_id)
+        return outcome is not None and _apply(request, outcome)  # None: the usual, goes on
     return advance_grammar(request)
 
 
