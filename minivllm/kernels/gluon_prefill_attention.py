@@ -448,21 +448,15 @@ def gluon_prefill_attention(
     k_scale: float = 1.0,
     v_scale: float = 1.0,
 ) -> torch.Tensor:
-    """Causal attention of packed queries over their paged contexts; writes and returns out.
-
-    q, out: [num_rows, num_heads, head_dim], q's last two dims contiguous. query_start_loc:
-    [num_seqs + 1] int32, absolute row offsets into q, the first equal to `start_row` (rows
-    before it belong to someone else, e.g. decodes). seq_lens: [num_seqs] int32 contexts incl.
-    the new tokens; query j of request i sits at position seq_lens[i] - query_len_i + j.
-    block_tables: [num_seqs, max_num_blocks] int32. kv_cache: [2, num_blocks, block_size,
-    num_kv_heads, head_dim] in q's dtype. scale > 0. block_n (64 or 128) and num_stages
-    override the table and pingpong=False lets the two consumer warpgroups issue their MMAs
-    unordered (for tuning). kv_head_major: whether one KV head's programs run together
-    (`_kv_head_major`'s rule when None). Requires `supports(q, kv_cache)`; an fp8 cache raises
-    NotImplementedError (k_scale, v_scale are accepted for interface parity and must be 1).
-    Cache slots past a request's seq_len inside its last block are read (and weighted by
-    zero), so they must hold finite values: true of the engine's zero-initialized cache.
-    No host syncs.
+    """`prefill_attention`'s contract (kernels/prefill_attention.py: packed causal queries over
+    their paged contexts; writes and returns out), on a cache in q's dtype with q's last two
+    dims contiguous; requires `supports(q, kv_cache)`, an fp8 cache raises NotImplementedError
+    (k_scale, v_scale are accepted for interface parity and must be 1). Tuning: block_n (64 or
+    128) and num_stages override the table, pingpong=False lets the two consumer warpgroups
+    issue their MMAs unordered, kv_head_major says whether one KV head's programs run together
+    (`_kv_head_major`'s rule when None). Cache slots past a request's seq_len inside its last
+    block are read (and weighted by zero), so they must hold finite values: true of the
+    engine's zero-initialized cache. No host syncs.
     """
     _check_inputs(q, kv_cache, query_start_loc, seq_lens, block_tables, scale, out)
     check_kv_scales(kv_cache, k_scale, v_scale)

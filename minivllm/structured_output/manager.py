@@ -137,8 +137,6 @@ class StructuredOutputManager:
         self._compiler: Future[GrammarCompiler] | None = None
         self._bitmask: torch.Tensor | None = None
         self._rows: torch.Tensor | None = None
-        # unforced_rows' probe of the backend's single-byte tokens, made at the first fill.
-        self._byte_words: tuple[slice | np.ndarray, np.ndarray] | None = None
 
     @property
     def backend(self) -> StructuredOutputBackend:
@@ -174,6 +172,11 @@ class StructuredOutputManager:
         building.add_done_callback(lambda built: _chain(built, spec, grammar))
         return grammar
 
+    @functools.cached_property
+    def _byte_words(self) -> tuple[slice | np.ndarray, np.ndarray]:
+        """unforced_rows' probe of the backend's single-byte tokens (built at the first fill)."""
+        return byte_token_words(self.backend.byte_token_ids)
+
     def fill(
         self,
         requests: Sequence[StructuredOutputRequest],
@@ -200,8 +203,6 @@ class StructuredOutputManager:
         else:
             plain, first_rows = _fill_drafted(requests, drafts, bitmask)
         backend.fill_bitmasks(plain, bitmask)
-        if self._byte_words is None:
-            self._byte_words = byte_token_words(backend.byte_token_ids)
         unforced = unforced_rows(bitmask, *self._byte_words)
         if drafts is not None:  # each request's flag is its first row's
             unforced = [unforced[first] for first in first_rows]
