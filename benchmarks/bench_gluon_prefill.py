@@ -6,12 +6,15 @@ CUDA-event timings after a warm-up. Prints one JSON line (config, then one entry
     python benchmarks/bench_gluon_prefill.py [--lens 4096,8192,16384] [--iters 30]
         [--gluon-configs 128:2:0,128:3:1:0]   # block_n:num_stages:pingpong[:kv_head_major],
                                               # each timed too
+        [--launch]   # also µs a call of each kernel launched back to back with no sync, where
+                     # small prompts are bound by the launch's host time
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import time
 from functools import partial
 
 import torch
@@ -37,6 +40,19 @@ def time_ms(fn, warmup: int, iters: int) -> float:
     return sorted(start.elapsed_time(end) for start, end in events)[iters // 2]
 
 
+def launch_us(fn, iters: int = 200) -> float:
+    """Microseconds a call of fn launched back to back, no sync between calls: the larger of
+    its host time and its device time."""
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / iters * 1e6
+
+
 def prompt_case(seq_len: int, gen: torch.Generator) -> tuple:
     """Arguments of both launchers for one whole prompt of seq_len tokens, its cache blocks a
     random permutation (a churned cache)."""
@@ -50,7 +66,9 @@ def prompt_case(seq_len: int, gen: torch.Generator) -> tuple:
     return q, cache, qsl, seq_lens, block_tables, HEAD_DIM**-0.5
 
 
-def bench_len(seq_len: int, gen: torch.Generator, overrides, warmup: int, iters: int) -> dict:
+def bench_len(
+    seq_len: int, gen: torch.Generator, overrides, warmup: int, iters: int, launch: bool
+) -> dict:
     """Both kernels on one prompt of seq_len tokens; overrides: (block_n, num_stages, pingpong[,
     kv_head_major]) settings of the Gluon kernel to time as well."""
     inputs = prompt_case(seq_len, gen)
@@ -67,6 +85,13 @@ def bench_len(seq_len: int, gen: torch.Generator, overrides, warmup: int, iters:
         "speedup": round(triton_ms / gluon_ms, 3),
         "max_abs_diff": (out_gluon.float() - out_triton.float()).abs().max().item(),
     }
+    if launch:
+        row["triton_launch_us"] = round(
+            launch_us(partial(prefill_attention, *inputs, out_triton)), 1
+        )
+        row["gluon_launch_us"] = round(
+            launch_us(partial(gluon_prefill_attention, *inputs, out_gluon)), 1
+        )
     for config in overrides:
         block_n, num_stages, pingpong, *order = config  # no order given: the launcher's rule
         fn = partial(gluon_prefill_attention, *inputs, out_gluon, block_n=block_n,
@@ -86,12 +111,13 @@ def main() -> None:
     parser.add_argument(
         "--gluon-configs", default="", help="block_n:num_stages:pingpong[:kv_head_major],..."
     )
+    parser.add_argument("--launch", action="store_true", help="also µs a call back to back")
     args = parser.parse_args()
     overrides = [tuple(map(int, c.split(":"))) for c in args.gluon_configs.split(",") if c]
     gen = torch.Generator(device="cuda").manual_seed(0)
     cases = []
     for seq_len in map(int, args.lens.split(",")):
-        cases.append(bench_len(seq_len, gen, overrides, args.warmup, args.iters))
+        cases.append(bench_len(seq_len, gen, overrides, args.warmup, args.iters, args.launch))
         torch.cuda.empty_cache()
     result = {
         "bench": "gluon_prefill",

@@ -2,9 +2,10 @@
 
 Decode rows (the leading `num_decode_tokens`) go to the decode kernel, split-KV when the batch
 is too small to fill the GPU; the remaining rows go to a varlen prefill kernel: the Gluon
-FA3-style one on Hopper GPUs with a bf16/fp16 cache, the Triton one elsewhere (the engine's
-`prefill_attention_kernel` option). In deterministic mode every row goes through the
-batch-invariant kernel (attention/batch_invariant.py).
+FA3-style one on Hopper GPUs with a bf16/fp16 cache once the step's prefill is large enough to
+repay its launch, the Triton one elsewhere (the engine's `prefill_attention_kernel` option).
+In deterministic mode every row goes through the batch-invariant kernel
+(attention/batch_invariant.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,11 @@ from minivllm.kernels.kv_store import store_kv
 from minivllm.kernels.prefill_attention import prefill_attention
 
 _DEFAULT_NUM_SMS = 132  # H200; used on CPU (interpreter) where no device can be queried
+# "auto" runs the Gluon prefill kernel once a step's prefill rows times its longest context
+# reach this. Below it both kernels are bound by their launch's host time, the Gluon one's about
+# twice the Triton one's (TMA descriptors built each launch); the Triton kernel's device time
+# reaches the Gluon launch's host time at a prompt of ~3k tokens (H200: docs/kernels.md).
+GLUON_MIN_WORK = 3072 * 3072
 
 
 class TritonBackend:
@@ -126,7 +132,8 @@ class TritonBackend:
         if num_decodes > 0:
             self._decode(q, kv_cache, meta, scale, out, k_scale, v_scale)
         if num_seqs > num_decodes:
-            self._prefill_fn(q, kv_cache)(
+            num_rows = q.shape[0] - num_decodes
+            self._prefill_fn(q, kv_cache, num_rows * meta.max_seq_len)(
                 q,
                 kv_cache,
                 meta.query_start_loc[num_decodes:],
@@ -140,10 +147,13 @@ class TritonBackend:
             )
         return out
 
-    def _prefill_fn(self, q: torch.Tensor, kv_cache: torch.Tensor):
-        """The prefill kernel for these tensors: Gluon's where it supports them (not an fp8
-        cache, for one) unless "triton" was asked for."""
+    def _prefill_fn(self, q: torch.Tensor, kv_cache: torch.Tensor, work: int):
+        """The prefill kernel for these tensors and work (prefill rows x the longest context):
+        Gluon's where it supports them (not an fp8 cache, for one) unless "triton" was asked
+        for, or "auto" was and the work is under GLUON_MIN_WORK."""
         if self.prefill_kernel == "triton":
+            return prefill_attention
+        if self.prefill_kernel == "auto" and work < GLUON_MIN_WORK:
             return prefill_attention
         if gluon.supports(q, kv_cache):
             return gluon.gluon_prefill_attention
