@@ -24,8 +24,9 @@ _DEFAULT_NUM_SMS = 132  # H200; used on CPU (interpreter) where no device can be
 # "auto" runs the Gluon prefill kernel once a step's prefill rows times its longest context
 # reach this. Below it both kernels are bound by their launch's host time, the Gluon one's about
 # twice the Triton one's (TMA descriptors built each launch); the Triton kernel's device time
-# reaches the Gluon launch's host time at a prompt of ~3k tokens (H200: docs/kernels.md).
-GLUON_MIN_WORK = 3072 * 3072
+# reaches the Gluon launch's host time between prompts of 3,072 and 4,096 tokens (H200:
+# docs/kernels.md).
+GLUON_MIN_WORK = 3584 * 3584
 
 
 class TritonBackend:
