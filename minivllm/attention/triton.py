@@ -21,11 +21,13 @@ from minivllm.kernels.kv_store import store_kv
 from minivllm.kernels.prefill_attention import prefill_attention
 
 _DEFAULT_NUM_SMS = 132  # H200; used on CPU (interpreter) where no device can be queried
-# "auto" runs the Gluon prefill kernel once a step's prefill rows times its longest context
-# reach this. Below it both kernels are bound by their launch's host time, the Gluon one's about
-# twice the Triton one's (TMA descriptors built each launch); the Triton kernel's device time
-# reaches the Gluon launch's host time between prompts of 3,072 and 4,096 tokens (H200:
-# docs/kernels.md).
+# "auto" runs the Gluon prefill kernel on a large step: one of at least GLUON_MIN_STEP_TOKENS
+# tokens (the GPU time of its other kernels then hides the launch's host time), or one whose
+# prefill rows times its longest context reach GLUON_MIN_WORK. In a smaller step both kernels
+# are bound by their launch's host time, the Gluon one's about twice the Triton one's (TMA
+# descriptors built each launch); alone, the Triton kernel's device time reaches the Gluon
+# launch's host time between prompts of 3,072 and 4,096 tokens (H200: docs/kernels.md).
+GLUON_MIN_STEP_TOKENS = 4096
 GLUON_MIN_WORK = 3584 * 3584
 
 
@@ -133,8 +135,9 @@ class TritonBackend:
         if num_decodes > 0:
             self._decode(q, kv_cache, meta, scale, out, k_scale, v_scale)
         if num_seqs > num_decodes:
-            num_rows = q.shape[0] - num_decodes
-            self._prefill_fn(q, kv_cache, num_rows * meta.max_seq_len)(
+            work = (q.shape[0] - num_decodes) * meta.max_seq_len
+            large = q.shape[0] >= GLUON_MIN_STEP_TOKENS or work >= GLUON_MIN_WORK
+            self._prefill_fn(q, kv_cache, large)(
                 q,
                 kv_cache,
                 meta.query_start_loc[num_decodes:],
@@ -148,13 +151,11 @@ class TritonBackend:
             )
         return out
 
-    def _prefill_fn(self, q: torch.Tensor, kv_cache: torch.Tensor, work: int):
-        """The prefill kernel for these tensors and work (prefill rows x the longest context):
-        Gluon's where it supports them (not an fp8 cache, for one) unless "triton" was asked
-        for, or "auto" was and the work is under GLUON_MIN_WORK."""
-        if self.prefill_kernel == "triton":
-            return prefill_attention
-        if self.prefill_kernel == "auto" and work < GLUON_MIN_WORK:
+    def _prefill_fn(self, q: torch.Tensor, kv_cache: torch.Tensor, large: bool):
+        """The prefill kernel for these tensors in a step that is large or not (see
+        GLUON_MIN_STEP_TOKENS): Gluon's where it supports them (not an fp8 cache, for one)
+        unless "triton" was asked for, or "auto" was and the step is not large."""
+        if self.prefill_kernel == "triton" or (self.prefill_kernel == "auto" and not large):
             return prefill_attention
         if gluon.supports(q, kv_cache):
             return gluon.gluon_prefill_attention

@@ -9,8 +9,9 @@ import re
 import pytest
 import torch
 
+from minivllm.attention.base import AttnMetadata
 from minivllm.attention.selector import get_attn_backend
-from minivllm.attention.triton import GLUON_MIN_WORK, TritonBackend
+from minivllm.attention.triton import GLUON_MIN_STEP_TOKENS, GLUON_MIN_WORK, TritonBackend
 from minivllm.config import EngineConfig
 from minivllm.kernels import gluon_prefill_attention as gluon
 from minivllm.kernels.checks import FP8_KV_DTYPE
@@ -33,25 +34,66 @@ def test_gluon_insisted_on_where_it_cannot_run_is_an_error_naming_why():
         TritonBackend(8, 512, 4, 128, device, num_kv_heads=2, prefill_kernel="gluon")
     auto = TritonBackend(8, 512, 4, 128, device, num_kv_heads=2)
     assert auto.prefill_kernel == "triton"
-    large = GLUON_MIN_WORK
-    assert (
-        auto._prefill_fn(*tensors(torch.float32, torch.float32, device), large) is prefill_attention
+    fp32 = tensors(torch.float32, torch.float32, device)
+    assert auto._prefill_fn(*fp32, True) is prefill_attention
+
+
+def prefill_step(num_decodes: int, prompt_lens: list[int], context: int) -> AttnMetadata:
+    """Metadata of a step of num_decodes decode rows and one prefill a prompt length, the
+    longest context `context` (only the shapes and host fields matter here)."""
+    num_seqs = num_decodes + len(prompt_lens)
+    rows = [1] * num_decodes + prompt_lens
+    starts = torch.tensor([0] + rows, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    return AttnMetadata(
+        query_start_loc=starts,
+        seq_lens=torch.tensor(rows, dtype=torch.int32),
+        block_tables=torch.zeros(num_seqs, 1, dtype=torch.int32),
+        slot_mapping=torch.zeros(sum(rows), dtype=torch.int64),
+        max_seq_len=context,
+        num_decode_tokens=num_decodes,
     )
 
 
-def test_auto_takes_gluon_only_for_prefills_that_repay_its_launch(monkeypatch):
-    """The size rule alone, with Gluon pretended to support the tensors (so it runs anywhere);
-    "gluon" insisted on takes it at any size."""
+@pytest.mark.parametrize(
+    "num_decodes, prompt_lens, context, large",
+    [
+        (0, [1000], 1000, False),  # batch-1 TTFT: bound by the launch's host time
+        (0, [3000], 3000, False),
+        (0, [3583], 3584, False),
+        (0, [3584], 3584, True),  # prefill rows x longest context = GLUON_MIN_WORK
+        (0, [512], 16384, False),  # a chunk over a long cached prefix
+        (0, [1024], 16384, True),
+        (16, [GLUON_MIN_STEP_TOKENS - 16], 1200, True),  # a step's tokens
+        (15, [GLUON_MIN_STEP_TOKENS - 16], 1200, False),
+        (0, [1000] * 8, 1000, True),  # a served wave of prompts
+    ],
+)
+def test_auto_takes_gluon_only_in_steps_large_enough_to_repay_its_launch(
+    monkeypatch, num_decodes, prompt_lens, context, large
+):
+    """The size rule through forward(), with both kernels replaced by recorders and Gluon
+    pretended to support the tensors (so that it runs anywhere); "gluon" insisted on takes it
+    at every size, "triton" never."""
+    called = []
     monkeypatch.setattr(gluon, "supports", lambda q, kv_cache: True)
-    auto = TritonBackend(8, 512, 4, 128, "cpu", num_kv_heads=2)
-    auto.prefill_kernel = "auto"  # as on a GPU where Gluon runs
-    args = tensors(torch.bfloat16, torch.bfloat16, "cpu")
-    assert auto._prefill_fn(*args, GLUON_MIN_WORK - 1) is prefill_attention
-    assert auto._prefill_fn(*args, GLUON_MIN_WORK) is gluon.gluon_prefill_attention
-    auto.prefill_kernel = "gluon"
-    assert auto._prefill_fn(*args, 1) is gluon.gluon_prefill_attention
-    auto.prefill_kernel = "triton"
-    assert auto._prefill_fn(*args, GLUON_MIN_WORK) is prefill_attention
+    for name, module in (("gluon", gluon), ("triton", None)):
+        recorder = lambda *args, _name=name, **kwargs: called.append(_name)  # noqa: E731
+        if module is None:
+            monkeypatch.setattr("minivllm.attention.triton.prefill_attention", recorder)
+        else:
+            monkeypatch.setattr(gluon, "gluon_prefill_attention", recorder)
+    monkeypatch.setattr("minivllm.attention.triton.decode_attention", lambda *a, **k: None)
+    assert GLUON_MIN_WORK == 3584 * 3584  # the cases' threshold
+    backend = TritonBackend(64, 32768, 4, 128, "cpu", num_kv_heads=2)
+    meta = prefill_step(num_decodes, prompt_lens, context)
+    num_tokens = meta.slot_mapping.shape[0]
+    q = torch.zeros(num_tokens, 4, 128)
+    cache = torch.zeros(2, 1, 16, 2, 128)
+    for choice, expected in (("auto", "gluon" if large else "triton"), ("gluon", "gluon"),
+                             ("triton", "triton")):  # fmt: skip
+        backend.prefill_kernel = choice  # "auto" as on a GPU where Gluon runs
+        backend.forward(q, q[:, :2], q[:, :2], cache, meta, 1.0, write_kv=False)
+        assert called.pop() == expected, choice
 
 
 def test_gluon_needs_the_triton_backend_and_not_deterministic_mode(tmp_path):
@@ -69,14 +111,13 @@ def test_gluon_needs_the_triton_backend_and_not_deterministic_mode(tmp_path):
 def test_auto_takes_gluon_for_16_bit_caches_and_triton_for_fp8():
     auto = TritonBackend(8, 512, 4, 128, "cuda", num_kv_heads=2)
     bf16 = tensors(torch.bfloat16, torch.bfloat16, "cuda")
-    large = GLUON_MIN_WORK
-    assert auto._prefill_fn(*bf16, large) is gluon.gluon_prefill_attention
-    assert auto._prefill_fn(*bf16, large - 1) is prefill_attention
+    assert auto._prefill_fn(*bf16, True) is gluon.gluon_prefill_attention
+    assert auto._prefill_fn(*bf16, False) is prefill_attention
     fp8 = tensors(torch.bfloat16, FP8_KV_DTYPE, "cuda")
-    assert auto._prefill_fn(*fp8, large) is prefill_attention
+    assert auto._prefill_fn(*fp8, True) is prefill_attention
     triton_only = TritonBackend(8, 512, 4, 128, "cuda", num_kv_heads=2, prefill_kernel="triton")
-    assert triton_only._prefill_fn(*bf16, large) is prefill_attention
+    assert triton_only._prefill_fn(*bf16, True) is prefill_attention
     insisted = TritonBackend(8, 512, 4, 128, "cuda", num_kv_heads=2, prefill_kernel="gluon")
-    assert insisted._prefill_fn(*bf16, 1) is gluon.gluon_prefill_attention
+    assert insisted._prefill_fn(*bf16, False) is gluon.gluon_prefill_attention
     with pytest.raises(ValueError, match="does not support this model and cache"):
-        insisted._prefill_fn(*fp8, large)
+        insisted._prefill_fn(*fp8, True)
