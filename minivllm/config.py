@@ -46,8 +46,8 @@ class EngineConfig:
     # The triton backend's prefill attention kernel: "auto" runs the Gluon FA3-style kernel
     # where it can (a Hopper GPU, a bf16/fp16 KV cache, head_dim 64 or 128) in a step large
     # enough to repay its launch, and the Triton kernel elsewhere (small steps, fp8 KV caches,
-    # other GPUs, the CPU interpreter); "gluon" insists at every size (an error
-    # where it cannot run); "triton" always takes the Triton kernel (docs/kernels.md).
+    # other GPUs, the CPU interpreter); "gluon" insists at every size (an error where it
+    # cannot run); "triton" always takes the Triton kernel (docs/kernels.md).
     prefill_attention_kernel: Literal["auto", "triton", "gluon"] = "auto"
     # KV cache size on the CPU, in bytes (on CUDA it comes from profiling).
     kv_cache_memory: int = 1 << 30

@@ -2,8 +2,8 @@
 
 Decode rows (the leading `num_decode_tokens`) go to the decode kernel, split-KV when the batch
 is too small to fill the GPU; the remaining rows go to a varlen prefill kernel: the Gluon
-FA3-style one on Hopper GPUs with a bf16/fp16 cache once the step's prefill is large enough to
-repay its launch, the Triton one elsewhere (the engine's `prefill_attention_kernel` option).
+FA3-style one on Hopper GPUs with a bf16/fp16 cache in a step large enough to repay its
+launch, the Triton one elsewhere (the engine's `prefill_attention_kernel` option).
 In deterministic mode every row goes through the batch-invariant kernel
 (attention/batch_invariant.py).
 """
