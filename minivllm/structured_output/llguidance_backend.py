@@ -1,6 +1,6 @@
 """The llguidance backend: specs become llguidance grammars, compiled into template
-LLMatchers ("lanes") that requests deep-copy in turn; masks are filled, and a step's tokens
-consumed, by llguidance's thread pool.
+LLMatchers ("lanes") that requests deep-copy in turn; a step's masks are filled by
+llguidance's thread pool, its tokens consumed one by one.
 
 Why lanes: an LLMatcher's deep copy shares its template's lexer state (the lazily built
 DFA) behind one mutex, so the copies of one template take turns in the thread pool, however
@@ -214,38 +214,20 @@ class LLGuidanceBackend:
             self._executor.unsafe_compute_mask_ptr(pairs, bitmask.data_ptr(), words * 4, batch)
 
     def accept_token_batch(self, pairs: Sequence[tuple[LLGuidanceMatcher, int]]) -> list[bool]:
-        # Runs over every constrained request each step: the usual case (no matcher stopped)
-        # is one pass to build the batch, one C-level scan for stops, one for bookkeeping.
-        batch = [(m.matcher, token_id) for m, token_id in pairs]
-        if any(map(llguidance.LLMatcher.is_stopped, [matcher for matcher, _ in batch])):
-            return self._accept_after_stop(pairs)
-        return self._consume(pairs, batch)
-
-    def _accept_after_stop(self, pairs: Sequence[tuple[LLGuidanceMatcher, int]]) -> list[bool]:
-        """accept_token_batch where some matchers have stopped: theirs one by one (an EOS
-        after the stop is checked, not consumed), the others in one parallel call."""
-        stopped = [m.matcher.is_stopped() for m, _ in pairs]
-        accepted = [s and m.accept_tokens([token_id]) for (m, token_id), s in zip(pairs, stopped)]
-        live = [k for k, s in enumerate(stopped) if not s]
-        if live:
-            live_pairs = [pairs[k] for k in live]
-            batch = [(m.matcher, token_id) for m, token_id in live_pairs]
-            for k, ok in zip(live, self._consume(live_pairs, batch)):
-                accepted[k] = ok
-        return accepted
-
-    def _consume(
-        self,
-        pairs: Sequence[tuple[LLGuidanceMatcher, int]],
-        batch: list[tuple[llguidance.LLMatcher, int]],
-    ) -> list[bool]:
-        """Each pair's token consumed by its (not stopped) matcher in one parallel call; batch:
-        the pairs' llguidance matchers. Unlike consume_token after validate_tokens, a rejected
-        token fails its matcher."""
-        accepted = self._executor.consume_token_par(batch)
-        for (m, _), ok in zip(pairs, accepted):
-            if ok:  # as accept_tokens records a consumed token
-                m._num_consumed += 1
+        # One by one on the caller's thread: a token's advance costs microseconds, less than
+        # handing the batch to llguidance's pool and waking its threads, which the engine's
+        # steps leave asleep between calls. consume_token runs what consume_token_par runs
+        # for each pair.
+        accepted = []
+        for m, token_id in pairs:
+            matcher = m.matcher
+            if matcher.is_stopped():  # an EOS after the stop is checked, not consumed
+                accepted.append(m.accept_tokens([token_id]))
+            elif matcher.consume_token(token_id):  # unlike accept_tokens: no validation first
+                m._num_consumed += 1  # as accept_tokens records a consumed token
+                accepted.append(True)
+            else:
+                accepted.append(False)
         return accepted
 
 

@@ -111,3 +111,45 @@ def test_disable_any_whitespace_gives_compact_valid_json(demo_backend, demo_toke
     assert text == json.dumps(value, separators=(",", ":"), ensure_ascii=False)
     flexible = demo_backend.new_matcher(demo_backend.compile(SPECS[0].spec_key()))
     assert flexible.accept_tokens(demo_tokenizer.encode('{ "name"', add_special_tokens=False))
+
+
+def _unforced_reference(words: list[int], byte_token_ids: list[int]) -> bool:
+    """unforced_rows for one row of int32 words, token by token."""
+    start = max(0, len(words) // 2 - 32)
+    block = words[start : start + 64]
+    wide = sum(w != 0 for w in block) * 4 > len(block)
+    allowed_bytes = sum(words[t // 32] >> (t % 32) & 1 for t in byte_token_ids)
+    return wide or allowed_bytes >= 2
+
+
+@pytest.mark.parametrize("num_words", [8, 64, 200, 1536])
+@pytest.mark.parametrize("contiguous", [True, False], ids=["byte-words-slice", "byte-words-array"])
+def test_unforced_rows_match_a_per_token_reference(num_words, contiguous) -> None:
+    """Rows all allowed, none, all but the byte tokens, one token, bit 31, a few words,
+    random densities; the byte tokens in the first words (a slice) or scattered (an index
+    array)."""
+    generator = torch.Generator().manual_seed(num_words)
+    vocab_size = 32 * num_words
+    if contiguous:
+        byte_ids = list(range(3, 3 + min(256, vocab_size - 3)))
+    else:
+        byte_ids = sorted(torch.randperm(vocab_size, generator=generator)[:256].tolist())
+    rows = [torch.full((num_words,), -1), torch.zeros(num_words, dtype=torch.int64)]
+    no_bytes = torch.full((num_words,), 2**32 - 1)  # every token but the byte tokens: wide
+    for token in byte_ids:
+        no_bytes[token // 32] &= ~(1 << token % 32)
+    rows.append(no_bytes)
+    for token in (byte_ids[0], byte_ids[-1], 31, vocab_size - 1):
+        row = torch.zeros(num_words, dtype=torch.int64)
+        row[token // 32] = 1 << token % 32
+        rows.append(row)
+    for density in (0.01, 0.1, 0.26, 0.5, 0.99):
+        bits = torch.randint(-(2**31), 2**31, (num_words,), generator=generator)
+        keep = torch.rand(num_words, generator=generator) < density
+        rows.append(bits * keep)
+    bitmask = torch.stack(rows).to(torch.int64)
+    bitmask = torch.where(bitmask >= 2**31, bitmask - 2**32, bitmask).to(torch.int32)
+    expected = [_unforced_reference(row, byte_ids) for row in bitmask.tolist()]
+    assert unforced_rows(bitmask, *byte_token_words(byte_ids)) == expected
+    assert expected[:2] == [True, False]  # all allowed is wide, nothing allowed is not
+    assert expected[2] == (num_words > 8)  # wide by the words in the middle alone
