@@ -11,6 +11,7 @@ from minivllm.entrypoints.openai.chat.output import (
     ChatOutputSpec,
     ChoiceParser,
     full_message,
+    one_delta_per_call,
     output_spec,
     tool_mode,
 )
@@ -154,8 +155,7 @@ class _ChatResponse:
                 final = output
                 body = b""  # all choices of one output in one socket write
                 for choice in output.outputs:
-                    chunk = self._chunk(choice, cursor)
-                    if chunk is not None:
+                    for chunk in self._chunks(choice, cursor):
                         body += chunks.choice(chunk)
                 if body:
                     yield body
@@ -166,10 +166,13 @@ class _ChatResponse:
             yield sse_error(as_api_error(e))
         yield SSE_DONE
 
-    def _chunk(self, choice: CompletionOutput, cursor: DeltaCursor) -> dict | None:
+    def _chunks(self, choice: CompletionOutput, cursor: DeltaCursor) -> list[dict]:
+        """The choice's new output as stream chunks: none, one, or more where a call's header
+        and arguments came together (`one_delta_per_call`); the logprobs go with the first,
+        the finish reason with the last."""
         delta = cursor.advance(choice.index, choice)
         if delta is None:
-            return None
+            return []
         text, start_tokens = delta
         finish_reason = choice.finish_reason
         if not self.spec.parses:  # plain text (kept as it was: a content delta every time)
@@ -183,12 +186,14 @@ class _ChatResponse:
                 finish_reason = parser.finish_reason(finish_reason)
             elif not fields:
                 if not self.req.logprobs:
-                    return None  # all held back (the first characters of a tag)
+                    return []  # all held back (the first characters of a tag)
                 fields = {"content": ""}
-        return {
-            "index": choice.index,
-            "delta": fields,
-            "logprobs": self._logprobs(choice, start_tokens),
-            "finish_reason": finish_reason,
-            "stop_reason": choice.stop_reason,
-        }
+        parts = one_delta_per_call(fields)
+        chunks = [
+            {"index": choice.index, "delta": part, "logprobs": None, "finish_reason": None,
+             "stop_reason": None}
+            for part in parts
+        ]  # fmt: skip
+        chunks[0]["logprobs"] = self._logprobs(choice, start_tokens)
+        chunks[-1].update(finish_reason=finish_reason, stop_reason=choice.stop_reason)
+        return chunks

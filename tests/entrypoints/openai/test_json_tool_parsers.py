@@ -8,8 +8,14 @@ import json
 
 import pytest
 
-from minivllm.entrypoints.openai.chat.output import ChatOutputSpec, ChoiceParser, full_message
+from minivllm.entrypoints.openai.chat.output import (
+    ChatOutputSpec,
+    ChoiceParser,
+    full_message,
+    one_delta_per_call,
+)
 from minivllm.entrypoints.openai.tool_parsers import TOOL_PARSERS
+from minivllm.entrypoints.openai.tool_parsers.base import arguments_delta, header_delta
 from minivllm.entrypoints.openai.tool_parsers.forced import RequiredToolStream, extract_required
 from minivllm.entrypoints.openai.tool_parsers.json_calls import header_verdict
 
@@ -142,3 +148,25 @@ def test_forced_calls_stream_the_exact_text_of_the_whole_result():
         "".join(d["function"]["arguments"] for f in fields for d in f["tool_calls"])
         == (message["tool_calls"][0]["function"]["arguments"])
     )
+
+
+def test_a_calls_header_and_arguments_go_in_separate_deltas():
+    """One piece that opens two calls and carries their arguments (several tokens a step):
+    every delta holds at most one part of a call, the content stays in the first, and the
+    parts keep their order."""
+    head0 = header_delta(0, "id0", "f")
+    head1 = header_delta(1, "id1", "g")
+    args0, args1, more0 = (
+        arguments_delta(0, '{"a": '),
+        arguments_delta(1, "{}"),
+        arguments_delta(0, "1}"),
+    )
+    fields = {"content": "x", "tool_calls": [head0, args0, head1, args1, more0]}
+    parts = one_delta_per_call(fields)
+    assert parts == [
+        {"content": "x", "tool_calls": [head0]},
+        {"tool_calls": [args0, head1]},
+        {"tool_calls": [args1, more0]},
+    ]
+    assert one_delta_per_call({"content": "y"}) == [{"content": "y"}]
+    assert one_delta_per_call({"tool_calls": [args0, args1]}) == [{"tool_calls": [args0, args1]}]

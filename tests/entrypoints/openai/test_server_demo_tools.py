@@ -80,6 +80,10 @@ def test_forced_call_streamed_equals_whole(client, tool_choice):
     assert not first.function.arguments  # the name first, alone
     assert len(rest) >= 2 and all(d.id is None and d.function.name is None for d in rest)
     assert all(d.index == 0 for d in deltas)
+    for chunk in chunks:  # a call's header and arguments never share a chunk (as OpenAI's)
+        for c in chunk.choices:
+            indexes = [d.index for d in c.delta.tool_calls or []]
+            assert len(indexes) == len(set(indexes))
     assert "".join(d.function.arguments for d in rest) == call.function.arguments
     assert not "".join(c.delta.content or "" for chunk in chunks for c in chunk.choices)
     assert [c.finish_reason for chunk in chunks for c in chunk.choices][-1] == "tool_calls"

@@ -139,6 +139,22 @@ class ChoiceParser:
         return "tool_calls" if called and engine_reason == "stop" else engine_reason
 
 
+def one_delta_per_call(fields: dict[str, Any]) -> list[dict[str, Any]]:
+    """A piece's delta fields as consecutive deltas, each with at most one tool-call delta of a
+    call (as OpenAI streams): a call's header and its first arguments, which arrive in one
+    piece when a step adds several tokens (jump-forward, speculative decoding), become two
+    chunks, so that a client reading a chunk's calls by index, or only its first, misses no
+    fragment. The first delta keeps the other fields."""
+    groups: list[list[dict[str, Any]]] = [[]]
+    for call in fields.get("tool_calls", []):
+        if any(seen["index"] == call["index"] for seen in groups[-1]):
+            groups.append([])
+        groups[-1].append(call)
+    if len(groups) == 1:
+        return [fields]
+    return [{**fields, "tool_calls": groups[0]}] + [{"tool_calls": g} for g in groups[1:]]
+
+
 def full_message(
     spec: ChatOutputSpec, text: str, engine_reason: str | None
 ) -> tuple[dict, str | None]:

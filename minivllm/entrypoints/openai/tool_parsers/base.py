@@ -30,7 +30,8 @@ class StreamDelta:
     """What one piece of a choice's text adds: content, and tool-call deltas (OpenAI's: the
     first of a call has index, id, type, function.name; later ones function.arguments). A
     call's header stays a delta of its own, even when its arguments come in the same piece
-    (several tokens a step: jump-forward, speculative decoding): the name first, alone."""
+    (several tokens a step: jump-forward, speculative decoding): the name first, alone (the
+    server sends them in chunks of their own: chat/output.one_delta_per_call)."""
 
     content: str = ""
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
