@@ -1,6 +1,7 @@
 """llguidance's thread pool at large batch, by where the matchers come from (no engine, no
 GPU): 256 matchers of bench_structured.py's JSON schema, each step one batched mask fill and
-one batched advance by a random allowed token, as the engine's step does.
+an advance by a random allowed token: matcher after matcher on the calling thread, as the
+engine's step does, and on alternate steps one batched call on the pool instead.
 
     python benchmarks/bench_llguidance_pool_cpu.py [--threads 1,4,12] [--num-seqs 256]
         [--tokenizer DIR]
@@ -8,7 +9,7 @@ one batched advance by a random allowed token, as the engine's step does.
 Per thread count, three sources: deep copies of one template ("copies": they share its lexer
 state behind one mutex), deep copies of one template per thread in turn ("lanes": what the
 backend does for a shared grammar), and matchers each built on its own ("fresh"). Prints one
-JSON line per case: median milliseconds a step of the fill and of the advance.
+JSON line per case: median milliseconds a step of the fill and of each advance.
 DIR: an HF tokenizer directory (default: the demo model's tokenizer).
 """
 
@@ -64,7 +65,7 @@ def run_case(tokenizer, grammar: str, source: str, threads: int, num_seqs: int, 
     bitmask = allocate_bitmask(num_seqs, tokenizer.vocab_size)
     words = bitmask.shape[1]
     rng = random.Random(0)
-    fills, advances = [], []
+    fills, advances, pool_advances = [], [], []
     for _ in range(steps):
         start = time.perf_counter()
         pairs = [(m, i) for i, m in enumerate(matchers)]
@@ -73,12 +74,17 @@ def run_case(tokenizer, grammar: str, source: str, threads: int, num_seqs: int, 
         rows = bitmask.numpy().view(np.uint32)
         tokens = [allowed_token(rows[i], rng) for i in range(num_seqs)]
         start = time.perf_counter()
-        pool.consume_token_par(list(zip(matchers, tokens)))
-        advances.append(time.perf_counter() - start)
+        if len(fills) % 2:
+            pool.consume_token_par(list(zip(matchers, tokens)))
+            pool_advances.append(time.perf_counter() - start)
+        else:
+            for matcher, token in zip(matchers, tokens):
+                matcher.consume_token(token)
+            advances.append(time.perf_counter() - start)
         for i, m in enumerate(matchers):  # a finished request is replaced
             if m.is_stopped() or m.is_error():
                 matchers[i] = new(i)
-    skip = steps // 4  # the first steps build the lexer states
+    skip = steps // 8  # the first steps build the lexer states (of each kind of advance)
     return {
         "bench": "llguidance_pool_cpu",
         "source": source,
@@ -86,6 +92,7 @@ def run_case(tokenizer, grammar: str, source: str, threads: int, num_seqs: int, 
         "num_seqs": num_seqs,
         "fill_ms": round(statistics.median(fills[skip:]) * 1e3, 3),
         "advance_ms": round(statistics.median(advances[skip:]) * 1e3, 3),
+        "advance_pool_ms": round(statistics.median(pool_advances[skip:]) * 1e3, 3),
     }
 
 
