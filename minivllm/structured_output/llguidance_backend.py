@@ -88,13 +88,24 @@ class LLGuidanceMatcher:
         token_ids = list(token_ids)
         if self.matcher.is_error() or self.validate_tokens(token_ids) < len(token_ids):
             return False
-        for token_id in token_ids:
-            if self.matcher.is_stopped():  # validated: an EOS after the stop
-                self._num_checked += 1
-                continue
-            if not self.matcher.consume_token(token_id):
-                return False  # a parser limit was hit: error() says which
-            self._num_consumed += 1
+        return all(self._take(token_id) for token_id in token_ids)
+
+    def take_sampled(self, token_id: int) -> bool:
+        """accept_tokens([token_id]) for a token sampled under this matcher's mask, without
+        validating it first (a step's advance): a rejected token fails the matcher."""
+        if self.matcher.is_stopped():  # an EOS after the stop is checked, not consumed
+            return self.accept_tokens([token_id])
+        return self._take(token_id)
+
+    def _take(self, token_id: int) -> bool:
+        """Takes a token validated (or sampled under the mask), counted as accept_tokens
+        does; False where llguidance refuses it (error() says why)."""
+        if self.matcher.is_stopped():  # validated: an EOS after the stop
+            self._num_checked += 1
+            return True
+        if not self.matcher.consume_token(token_id):
+            return False
+        self._num_consumed += 1
         return True
 
     def validate_tokens(self, token_ids: Sequence[int]) -> int:
@@ -218,17 +229,7 @@ class LLGuidanceBackend:
         # handing the batch to llguidance's pool and waking its threads, which the engine's
         # steps leave asleep between calls. consume_token runs what consume_token_par runs
         # for each pair.
-        accepted = []
-        for m, token_id in pairs:
-            matcher = m.matcher
-            if matcher.is_stopped():  # an EOS after the stop is checked, not consumed
-                accepted.append(m.accept_tokens([token_id]))
-            elif matcher.consume_token(token_id):  # unlike accept_tokens: no validation first
-                m._num_consumed += 1  # as accept_tokens records a consumed token
-                accepted.append(True)
-            else:
-                accepted.append(False)
-        return accepted
+        return [m.take_sampled(token_id) for m, token_id in pairs]
 
 
 def byte_token_ids(tokenizer: llguidance.LLTokenizer) -> tuple[int, ...]:
