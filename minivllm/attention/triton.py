@@ -25,8 +25,8 @@ _DEFAULT_NUM_SMS = 132  # H200; used on CPU (interpreter) where no device can be
 # tokens (the GPU time of its other kernels then hides the launch's host time), or one whose
 # prefill rows times its longest context reach GLUON_MIN_WORK. In a smaller step both kernels
 # are bound by their launch's host time, the Gluon one's about twice the Triton one's (TMA
-# descriptors built each launch); alone, the Triton kernel's device time reaches the Gluon
-# launch's host time between prompts of 3,072 and 4,096 tokens (H200: docs/kernels.md).
+# descriptors built each launch); alone, the Triton kernel's device time passes the Gluon
+# launch's host time at a prompt of a few thousand tokens (measured: docs/kernels.md).
 GLUON_MIN_STEP_TOKENS = 4096
 GLUON_MIN_WORK = 3584 * 3584
 

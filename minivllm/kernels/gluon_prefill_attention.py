@@ -416,8 +416,8 @@ def _descriptor(t: torch.Tensor, block_shape: tuple[int, int]) -> TensorDescript
 
 @functools.cache
 def _shared_layout(block_shape: tuple[int, int], dtype: torch.dtype):
-    """The swizzled shared layout of a box (worked out once: ~18 us a call, three calls a
-    launch, a launch per layer of every prefill step)."""
+    """The swizzled shared layout of a box, worked out once per shape and dtype rather than
+    three times a launch, a launch per layer of every large prefill step (docs/kernels.md)."""
     return gl.NVMMASharedLayout.get_default_for(list(block_shape), _GL_DTYPES[dtype])
 
 
