@@ -2,7 +2,9 @@
 scheduler, so that the kernels a first real request needs are compiled before it comes.
 
 CUDA graphs compile what they capture, but attention runs eagerly in mixed steps, and its
-tile configurations (small and large prefills, split-KV decodes next to a prefill), steps
+tile configurations (small and large prefills, split-KV decodes next to a prefill), its
+prefill kernels (on Hopper the Gluon one for large steps, with either program order, the
+Triton one below them: attention/triton.py), steps
 larger than the piecewise graphs (every kernel, at token counts the graphs never see) and the
 sampling kernels (the plain pass on the model's logits, the float32 draw after filters)
 compile on first use: without the warm-up the first requests to a fresh server wait seconds
@@ -16,6 +18,7 @@ import random
 import time
 from collections.abc import Callable
 
+from minivllm.attention.triton import GLUON_MIN_STEP_TOKENS
 from minivllm.engine.sched.request import Request
 from minivllm.engine.sched.scheduler import Scheduler
 from minivllm.engine.types import RunnerOutput, SchedulerOutput
@@ -54,6 +57,11 @@ def warm_up(
     while first > 0:
         add(first, temperature=0.0)
         first -= longest
+    # Prompts of `longest` tokens making a step of at least GLUON_MIN_STEP_TOKENS (0 where a
+    # step or half the KV cache cannot hold them).
+    large_step = GLUON_MIN_STEP_TOKENS // longest + 1
+    if large_step * longest > min(scheduler.max_num_batched_tokens, kv_capacity // 2):
+        large_step = 0
     steps = 0
     while scheduler.has_unfinished_requests():
         sched_out = scheduler.schedule()
@@ -63,6 +71,12 @@ def warm_up(
             add(24, temperature=0.8, top_p=0.9, top_k=20)
         if steps == 2:  # a prefill beside decodes (split-KV next to a prefill)
             add(300, temperature=0.0)
+        if steps == 3:  # a mid-size prefill: the Triton kernel's large tiles, below "large"
+            for _ in range(2):
+                add(longest, temperature=0.0)
+        if steps == 5 and large_step:  # large by its tokens alone, from a few prompts: the
+            for _ in range(large_step):  # Gluon kernel with fewer programs than a wave
+                add(longest, temperature=0.0)
         if steps == 10_000:  # cannot happen (each request fits); never hang an engine start
             scheduler.abort_requests(added)
     # An empty step hands the finished ids to the runner, which forgets their state.

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from minivllm import LLM, SamplingParams
+from minivllm.attention.triton import GLUON_MIN_STEP_TOKENS
 from minivllm.engine.warm_up import warm_up
 
 
@@ -75,6 +76,32 @@ def test_warm_up_reaches_every_step_shape(tiny_qwen3_dir: str) -> None:
     new = [r.sampling_params for s in seen for r in s.new_requests]
     assert any(p.temperature > 0 and p.top_k > 0 for p in new)
     assert any(0 < s.num_decode_chunks < len(s.chunks) for s in seen)
+    # A mid-size prefill: two prompts of the longest warm-up length (here a quarter of the KV
+    # cache, less 3) in one step.
+    assert any([len(r.prompt_token_ids) for r in s.new_requests] == [101, 101] for s in seen)
+
+
+def test_warm_up_runs_a_large_step_of_a_few_prompts(tiny_qwen3_dir: str) -> None:
+    """Where a step can hold GLUON_MIN_STEP_TOKENS, a step past it made of a few prompts (on
+    Hopper the Gluon kernel with fewer programs than a wave), besides the first, larger one."""
+    llm = LLM(tiny_qwen3_dir, dtype="float32", device="cpu", block_size=16,
+              num_gpu_blocks_override=1024, max_num_batched_tokens=8192)  # fmt: skip
+    core = llm.engine
+    seen = []
+
+    def execute(sched_out):
+        seen.append(sched_out)
+        return core._execute(sched_out)
+
+    setup = core.setup
+    warm_up(core.new_scheduler(), execute, core.executor.execute, setup.model_config.vocab_size,
+            setup.max_model_len, core.num_blocks * 16)  # fmt: skip
+    longest = setup.max_model_len - 8  # 504: below 1,000 and a quarter of the cache
+    assert seen[0].num_tokens == 8191 and len(seen[0].new_requests) == 17
+    large = [s for s in seen[1:] if s.num_tokens >= GLUON_MIN_STEP_TOKENS]
+    assert len(large) == 1
+    prompts = [len(r.prompt_token_ids) for r in large[0].new_requests]
+    assert prompts == [longest] * (GLUON_MIN_STEP_TOKENS // longest + 1)
 
 
 def test_late_compiles_are_logged_and_chain_the_hook_set_before(caplog) -> None:
