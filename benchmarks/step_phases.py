@@ -2,13 +2,16 @@
 that make it up with perf_counter timers (no profiler: cProfile roughly doubles the Python
 parts and not the native ones, which skews a breakdown). Also counts the steps by how the
 forward ran (the decode CUDA graph, piecewise graphs, eager) and the main thread's waits for
-the device's results: a run whose waits are near zero is host-bound.
+the device's results: a run whose waits are near zero is host-bound. The same split by the
+step's work (decode rows only, or prefill rows too), and the main thread's CPU time against
+the wall time (other threads' CPU shows as the process's excess over it).
 
 Used by bench_structured.py --phases; install() before the run, report() after it.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -16,10 +19,10 @@ from typing import Any
 
 
 def timed(
-    seconds: dict[str, float], owner: Any, name: str, label: str | None = None
+    seconds: dict[str, float], owner: Any, name: str, label: str | None = None, *more: dict
 ) -> Callable[[], None]:
-    """Wraps owner.name so that its wall time adds up in seconds[label or name]; returns
-    what puts the original back."""
+    """Wraps owner.name so that its wall time adds up in seconds[label or name] (and in each
+    of `more` likewise); returns what puts the original back."""
     inner = owner.__dict__[name]
     label = label or name
 
@@ -28,7 +31,10 @@ def timed(
         try:
             return inner(*args, **kwargs)
         finally:
-            seconds[label] += time.perf_counter() - start
+            elapsed = time.perf_counter() - start
+            seconds[label] += elapsed
+            for other in more:
+                other[label] += elapsed
 
     setattr(owner, name, wrapper)
     return lambda: setattr(owner, name, inner)
@@ -38,6 +44,15 @@ class StepPhases:
     def __init__(self) -> None:
         self.seconds: Counter[str] = Counter()
         self.step_kinds: Counter[str] = Counter()
+        # The phases of the step under way (and of the output processing after it), then
+        # added to its work's: "decode" (decode rows only), "prefill" (prompt rows too),
+        # "empty" (no forward).
+        self._this_step: Counter[str] = Counter()
+        self._work = "empty"
+        self.by_work: dict[str, Counter[str]] = {}
+        self.work_steps: Counter[str] = Counter()
+        self._cpu_start = (0.0, 0.0, 0.0)
+        self._cpu: tuple[float, float, float] | None = None
         self._undo: list[Callable[[], None]] = []
 
     def install(self) -> None:
@@ -47,7 +62,7 @@ class StepPhases:
         from minivllm.entrypoints import output_processor
         from minivllm.structured_output import llguidance_backend, manager
 
-        self._time(engine_core.EngineCore, "step")
+        self._time_step(engine_core.EngineCore)
         self._time(scheduler.Scheduler, "schedule")
         self._time(scheduler.Scheduler, "update")
         self._time(model_runner.ModelRunner, "execute_async")
@@ -78,27 +93,41 @@ class StepPhases:
             else:
                 kind = "eager"
             self.step_kinds[kind] += 1
+            self._work = "prefill" if inputs.num_tokens > inputs.num_decode_tokens else "decode"
             return run_model(runner_self, inputs, sched_out, extra_rows)
 
         self._set(runner, "run_model", counted)
+        self._cpu_start = (time.perf_counter(), time.thread_time(), _process_cpu())
+        self._cpu = None
 
     def reset(self) -> None:
         self.seconds.clear()
         self.step_kinds.clear()
+        self.by_work.clear()
+        self.work_steps.clear()
+        self._cpu_start = (time.perf_counter(), time.thread_time(), _process_cpu())
 
     def report(self) -> dict[str, Any]:
         """Microseconds a step per phase, and the step kinds. Phases nest: step holds
         schedule, execute_async and the AsyncScheduler's update; "update" is Scheduler.update,
         the application of a step's results, wherever it runs (in the AsyncScheduler's
         update, or inside a constrained step's mask fill, which applies the step in flight
-        first); the wait for the device comes before it."""
+        first); the wait for the device comes before it. by_work: the same by the step's
+        work, the step's own microseconds and its count first. cpu_s: the run's wall time,
+        the main thread's CPU time and the process's (from install() to uninstall(), or to
+        this report)."""
         steps = max(1, self.num_steps)
+        end = self._cpu or (time.perf_counter(), time.thread_time(), _process_cpu())
+        wall, main, process = (b - a for a, b in zip(self._cpu_start, end))
         return {
             "steps": self.num_steps,
             "step_kinds": dict(self.step_kinds),
-            "host_us_per_step": {
-                name: round(seconds * 1e6 / steps) for name, seconds in self.seconds.most_common()
+            "host_us_per_step": _per_step(self.seconds, steps),
+            "by_work": {
+                work: {"steps": self.work_steps[work]} | _per_step(seconds, self.work_steps[work])
+                for work, seconds in self.by_work.items()
             },
+            "cpu_s": {"wall": round(wall, 2), "main": round(main, 2), "process": round(process, 2)},
         }
 
     @property
@@ -106,14 +135,46 @@ class StepPhases:
         return sum(self.step_kinds.values())
 
     def uninstall(self) -> None:
+        self._cpu = (time.perf_counter(), time.thread_time(), _process_cpu())
         for undo in reversed(self._undo):
             undo()
         self._undo.clear()
 
     def _time(self, owner: Any, name: str, label: str | None = None) -> None:
-        self._undo.append(timed(self.seconds, owner, name, label))
+        self._undo.append(timed(self.seconds, owner, name, label, self._this_step))
+
+    def _time_step(self, core_class: Any) -> None:
+        """Times EngineCore.step, then files the step's phases under its work."""
+        self._time(core_class, "step")
+        timed_step = core_class.__dict__["step"]
+
+        def file_under(work: str) -> None:
+            self.by_work.setdefault(work, Counter()).update(self._this_step)
+            self._this_step.clear()
+
+        def step(core, *args, **kwargs):
+            file_under(self._work)  # what ran between steps (outputs) is the last step's
+            self._work = "empty"
+            try:
+                return timed_step(core, *args, **kwargs)
+            finally:
+                file_under(self._work)
+                self.work_steps[self._work] += 1
+
+        self._set(core_class, "step", step)
 
     def _set(self, owner: Any, name: str, value: Any) -> None:
         old = owner.__dict__[name]
         setattr(owner, name, value)
         self._undo.append(lambda: setattr(owner, name, old))
+
+
+def _per_step(seconds: Counter[str], steps: int) -> dict[str, int]:
+    """Microseconds a step of each phase, largest first."""
+    steps = max(1, steps)
+    return {name: round(total * 1e6 / steps) for name, total in seconds.most_common()}
+
+
+def _process_cpu() -> float:
+    times = os.times()
+    return times.user + times.system
