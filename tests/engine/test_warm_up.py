@@ -53,22 +53,27 @@ def test_warm_up_ends_on_a_small_cache(tiny_qwen3_dir: str) -> None:
     assert 3 <= steps < 100 and core.executor.runner.sampling_state.requests == {}
 
 
-def test_warm_up_reaches_every_step_shape(tiny_qwen3_dir: str) -> None:
-    """The step shapes whose kernels compile on first use (warm_up's docstring): a first step as
-    large as a step gets, at a token count off the multiples of 16, sampled greedily by the
-    plain pass; a filtered random row; a prefill beside decodes."""
-    llm = LLM(tiny_qwen3_dir, dtype="float32", device="cpu", block_size=4,
-              num_gpu_blocks_override=104, max_num_batched_tokens=256)  # fmt: skip
-    core = llm.engine
+def warm_up_steps(llm: LLM, block_size: int) -> list:
+    """Runs the warm-up on llm's engine; returns the SchedulerOutput of each of its steps."""
+    core, setup = llm.engine, llm.engine.setup
     seen = []
 
     def execute(sched_out):
         seen.append(sched_out)
         return core._execute(sched_out)
 
-    setup = core.setup
     warm_up(core.new_scheduler(), execute, core.executor.execute, setup.model_config.vocab_size,
-            setup.max_model_len, core.num_blocks * 4)  # fmt: skip
+            setup.max_model_len, core.num_blocks * block_size)  # fmt: skip
+    return seen
+
+
+def test_warm_up_reaches_every_step_shape(tiny_qwen3_dir: str) -> None:
+    """The step shapes whose kernels compile on first use (warm_up's docstring): a first step as
+    large as a step gets, at a token count off the multiples of 16, sampled greedily by the
+    plain pass; a filtered random row; a prefill beside decodes."""
+    llm = LLM(tiny_qwen3_dir, dtype="float32", device="cpu", block_size=4,
+              num_gpu_blocks_override=104, max_num_batched_tokens=256)  # fmt: skip
+    seen = warm_up_steps(llm, block_size=4)
     first = seen[0]
     assert first.num_tokens == 207  # min(256, KV capacity / 2 = 208), less one: 208 % 16 == 0
     assert len(first.new_requests) > 1  # prompts of at most a quarter of the KV cache
@@ -86,17 +91,8 @@ def test_warm_up_runs_a_large_step_of_a_few_prompts(tiny_qwen3_dir: str) -> None
     Hopper the Gluon kernel with fewer programs than a wave), besides the first, larger one."""
     llm = LLM(tiny_qwen3_dir, dtype="float32", device="cpu", block_size=16,
               num_gpu_blocks_override=1024, max_num_batched_tokens=8192)  # fmt: skip
-    core = llm.engine
-    seen = []
-
-    def execute(sched_out):
-        seen.append(sched_out)
-        return core._execute(sched_out)
-
-    setup = core.setup
-    warm_up(core.new_scheduler(), execute, core.executor.execute, setup.model_config.vocab_size,
-            setup.max_model_len, core.num_blocks * 16)  # fmt: skip
-    longest = setup.max_model_len - 8  # 504: below 1,000 and a quarter of the cache
+    seen = warm_up_steps(llm, block_size=16)
+    longest = llm.engine.setup.max_model_len - 8  # 504: below 1,000 and a quarter of the cache
     assert seen[0].num_tokens == 8191 and len(seen[0].new_requests) == 17
     large = [s for s in seen[1:] if s.num_tokens >= GLUON_MIN_STEP_TOKENS]
     assert len(large) == 1
