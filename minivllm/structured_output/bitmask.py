@@ -69,10 +69,20 @@ def unforced_rows(
     block = words[:, start : start + 64]
     # Counts summed in small ints (count_nonzero along an axis sums in intp: slower).
     wide = np.add.reduce(block != 0, axis=1, dtype=np.uint8) > block.shape[1] // 4
-    allowed = words[:, byte_words] & byte_bits
+    return (wide | _two_bits_set(words[:, byte_words] & byte_bits)).tolist()
+
+
+def _two_bits_set(allowed: np.ndarray) -> np.ndarray:
+    """Per row of int32 words [num_rows, <= 256], whether two or more bits are set in all."""
+    if _bitwise_count is not None:  # a popcount per word, summed: the fewest numpy calls
+        return np.add.reduce(_bitwise_count(allowed), axis=1, dtype=np.uint16) >= 2
     # Two bits set: in two words, or in one (x & (x - 1) != 0; int32 wraps, bit 31 included).
-    two_words = np.add.reduce(allowed != 0, axis=1, dtype=np.uint16) >= 2  # <= 256 words
-    return (wide | two_words | (allowed & (allowed - 1)).any(axis=1)).tolist()
+    two_words = np.add.reduce(allowed != 0, axis=1, dtype=np.uint16) >= 2
+    return two_words | (allowed & (allowed - 1)).any(axis=1)
+
+
+# numpy >= 2.0's popcount (None before it: _two_bits_set's other test).
+_bitwise_count = getattr(np, "bitwise_count", None)
 
 
 def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:

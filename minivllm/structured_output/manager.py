@@ -23,7 +23,7 @@ from minivllm.structured_output.bitmask import allocate_bitmask, byte_token_word
 from minivllm.structured_output.compiler import GrammarCompiler
 from minivllm.structured_output.llguidance_backend import LLGuidanceBackend
 from minivllm.structured_output.params import StructuredOutputsParams, StructuredOutputSpec
-from minivllm.structured_output.request_state import StructuredOutputRequest
+from minivllm.structured_output.request_state import StructuredOutputRequest, matcher_rows
 from minivllm.tokenizer import load_tokenizer
 
 # A frontend's check waits this long for a compile; the engine's own limit is the compiler's.
@@ -196,7 +196,7 @@ class StructuredOutputManager:
         row_ids.numpy()[:] = rows  # numpy takes a list of ints faster than torch
         backend = self.backend
         if drafts is None:  # the usual step, kept to one pass: a row a request
-            plain = [(r.matcher, k) for k, r in enumerate(requests) if not r.failed]
+            plain = matcher_rows(requests)
             first_rows: Sequence[int] = range(n)
             if len(plain) < n:
                 _allow_all_failed(requests, bitmask, first_rows, repeat(()))

@@ -138,6 +138,15 @@ class StructuredOutputRequest:
         self.accepted_token_ids.extend(token_ids)
 
 
+def matcher_rows(
+    requests: Sequence[StructuredOutputRequest],
+) -> list[tuple[GrammarMatcher, int]]:
+    """(matcher, k) for each requests[k] that has not failed (requests: ready), in order: a
+    step's one-row-a-request mask fill. The matchers are read directly, not through the
+    property (which checks readiness): this runs over every constrained request each step."""
+    return [(r._matcher, k) for k, r in enumerate(requests) if not r.failed]
+
+
 def advance_batch(
     backend: StructuredOutputBackend,
     requests: Sequence[StructuredOutputRequest],

@@ -163,3 +163,36 @@ def test_scheduler_fails_the_violating_request_alone(tiny_backend, tiny_tokenize
     assert not by_id["a"].finished and not by_id["c"].finished
     assert scheduler.num_constrained == 1
     assert scheduler.requests["a"].structured_output.accepted_token_ids == [one]
+
+
+def test_end_grammar_takes_the_batched_outcome_once(tiny_backend) -> None:
+    """end_grammar applies the outcome advance_grammars took for a request's token and pops
+    it; a request the batch did not advance (several new tokens) is advanced there and then,
+    by its last output token. Both end at the same token, with reason 'stop'."""
+    from minivllm.engine.sched.grammar import end_grammar
+
+    params = SPECS[2]  # choice: "yes" | "no"
+    eos = tiny_backend.eos_token_ids[0]
+    output = generate(tiny_backend, params, 0) + [eos]
+    sampling = SamplingParams(structured_outputs=params)
+    batched = Request("batched", [1], sampling, 0.0)
+    single = Request("single", [1], sampling, 0.0)
+    for request in (batched, single):
+        request.structured_output = request_for(tiny_backend, params)
+    for n, token in enumerate(output):
+        outcomes = advance_batch(tiny_backend, [batched.structured_output], [token])
+        advanced = {"batched": outcomes[0]}
+        ended = []
+        for request in (batched, single):
+            request.append_output_token(token)
+            ended.append(end_grammar(request, advanced))
+        assert advanced == {}  # used once
+        assert single.structured_output.accepted_token_ids == output[: n + 1]
+        assert ended[0] == ended[1]
+        if ended[0]:
+            break
+    assert batched.finish_reason == single.finish_reason == "stop"
+    assert batched.output_token_ids == single.output_token_ids
+    advanced = {"batched": GrammarViolation("no")}
+    assert end_grammar(batched, advanced) is True and batched.finish_reason == "error"
+    assert advanced == {} and batched.error == "no"

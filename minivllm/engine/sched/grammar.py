@@ -140,13 +140,17 @@ def advance_grammars(
     req_ids: list[str] = []
     states: list[StructuredOutputRequest] = []
     token_ids: list[int] = []
+    get = requests.get
     num_accepted = runner_out.num_accepted_drafts
-    for k, (req_id, token_id) in enumerate(zip(runner_out.req_ids, runner_out.sampled_token_ids)):
-        request = requests.get(req_id)
+    rows = zip(runner_out.req_ids, runner_out.sampled_token_ids)
+    if num_accepted is not None:  # rows with accepted drafts are advance_grammar's
+        rows = (row for row, accepted in zip(rows, num_accepted) if not accepted)
+    for req_id, token_id in rows:
+        request = get(req_id)
         if request is None or request.finish_reason is not None:
             continue  # aborted, or finished by the step before: update() skips it too
         so = request.structured_output
-        if so is not None and (num_accepted is None or not num_accepted[k]):
+        if so is not None:
             req_ids.append(req_id)
             states.append(so)
             token_ids.append(token_id)
@@ -155,13 +159,20 @@ def advance_grammars(
     return dict(zip(req_ids, advance_batch(manager.backend, states, token_ids)))
 
 
+# end_grammar's mark of a request that advance_grammars did not advance.
+_NOT_ADVANCED = object()
+
+
 def end_grammar(request: Request, advanced: dict[str, AdvanceOutcome]) -> bool:
     """advance_grammar(request), or the outcome advance_grammars took for its token (used
-    once: popped)."""
-    if request.req_id in advanced:
-        outcome = advanced.pop(request.req_id)
-        return outcome is not None and _apply(request, outcome)  # None: the usual, goes on
-    return advance_grammar(request)
+    once: popped). Runs for every constrained request each step: one dict operation, and
+    the usual outcome (None: the grammar goes on) tested first."""
+    outcome = advanced.pop(request.req_id, _NOT_ADVANCED)
+    if outcome is None:
+        return False
+    if outcome is _NOT_ADVANCED:
+        return advance_grammar(request)
+    return _apply(request, outcome)
 
 
 def advance_grammar(request: Request) -> bool:
