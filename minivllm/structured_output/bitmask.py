@@ -75,7 +75,9 @@ def unforced_rows(
 def _two_bits_set(allowed: np.ndarray) -> np.ndarray:
     """Per row of int32 words [num_rows, <= 256], whether two or more bits are set in all."""
     if _bitwise_count is not None:  # a popcount per word, summed: the fewest numpy calls
-        return np.add.reduce(_bitwise_count(allowed), axis=1, dtype=np.uint16) >= 2
+        # Unsigned: numpy counts a signed word's absolute value (-2**30 would count 1 bit).
+        bits = _bitwise_count(allowed.view(np.uint32))
+        return np.add.reduce(bits, axis=1, dtype=np.uint16) >= 2
     # Two bits set: in two words, or in one (x & (x - 1) != 0; int32 wraps, bit 31 included).
     two_words = np.add.reduce(allowed != 0, axis=1, dtype=np.uint16) >= 2
     return two_words | (allowed & (allowed - 1)).any(axis=1)

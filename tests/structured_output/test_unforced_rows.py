@@ -129,9 +129,10 @@ def _unforced_reference(words: list[int], byte_token_ids: list[int]) -> bool:
 def test_unforced_rows_match_a_per_token_reference(
     num_words, contiguous, popcount, monkeypatch
 ) -> None:
-    """Rows all allowed, none, all but the byte tokens, one token, bit 31, a few words,
-    random densities; the byte tokens in the first words (a slice) or scattered (an index
-    array); with numpy's popcount and with the test used where numpy has none (< 2.0)."""
+    """Rows all allowed, none, all but the byte tokens, one token, bit 31, bits 30 and 31 of
+    one word (a negative int32 whose absolute value has one bit), a few words, random
+    densities; the byte tokens in the first words (a slice) or scattered (an index array);
+    with numpy's popcount and with the test used where numpy has none (< 2.0)."""
     if not popcount:
         monkeypatch.setattr(bitmask_module, "_bitwise_count", None)
     elif bitmask_module._bitwise_count is None:
@@ -150,6 +151,11 @@ def test_unforced_rows_match_a_per_token_reference(
     for token in (byte_ids[0], byte_ids[-1], 31, vocab_size - 1):
         row = torch.zeros(num_words, dtype=torch.int64)
         row[token // 32] = 1 << token % 32
+        rows.append(row)
+    byte_set = set(byte_ids)
+    for top in [t for t in byte_ids if t % 32 == 31 and t - 1 in byte_set][:2]:
+        row = torch.zeros(num_words, dtype=torch.int64)  # bits 30 and 31 of one word alone
+        row[top // 32] = 3 << 30
         rows.append(row)
     for density in (0.01, 0.1, 0.26, 0.5, 0.99):
         bits = torch.randint(-(2**31), 2**31, (num_words,), generator=generator)
