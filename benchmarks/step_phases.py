@@ -4,7 +4,9 @@ parts and not the native ones, which skews a breakdown). Also counts the steps b
 forward ran (the decode CUDA graph, piecewise graphs, eager) and the main thread's waits for
 the device's results: a run whose waits are near zero is host-bound. The same split by the
 step's work (decode rows only, or prefill rows too), and the main thread's CPU time against
-the wall time (other threads' CPU shows as the process's excess over it).
+the wall time (other threads' CPU shows as the process's excess over it), and on CUDA the
+caching allocator's retries and device allocations and frees during the run (each can
+synchronize the device).
 
 Used by bench_structured.py --phases; install() before the run, report() after it.
 """
@@ -53,6 +55,8 @@ class StepPhases:
         self.work_steps: Counter[str] = Counter()
         self._cpu_start = (0.0, 0.0, 0.0)
         self._cpu: tuple[float, float, float] | None = None
+        self._alloc_start: dict[str, int] = {}
+        self._alloc: dict[str, int] | None = None
         self._undo: list[Callable[[], None]] = []
 
     def install(self) -> None:
@@ -99,6 +103,7 @@ class StepPhases:
         self._set(runner, "run_model", counted)
         self._cpu_start = (time.perf_counter(), time.thread_time(), _process_cpu())
         self._cpu = None
+        self._alloc_start, self._alloc = _allocator_counts(), None
 
     def reset(self) -> None:
         self.seconds.clear()
@@ -106,6 +111,7 @@ class StepPhases:
         self.by_work.clear()
         self.work_steps.clear()
         self._cpu_start = (time.perf_counter(), time.thread_time(), _process_cpu())
+        self._alloc_start = _allocator_counts()
 
     def report(self) -> dict[str, Any]:
         """Microseconds a step per phase, and the step kinds. Phases nest: step holds
@@ -115,11 +121,12 @@ class StepPhases:
         first); the wait for the device comes before it. by_work: the same by the step's
         work, the step's own microseconds and its count first. cpu_s: the run's wall time,
         the main thread's CPU time and the process's (from install() to uninstall(), or to
-        this report)."""
+        this report). cuda_allocator: the allocator's counts over the same span (CUDA only)."""
         steps = max(1, self.num_steps)
         end = self._cpu or (time.perf_counter(), time.thread_time(), _process_cpu())
         wall, main, process = (b - a for a, b in zip(self._cpu_start, end))
-        return {
+        alloc_end = self._alloc if self._alloc is not None else _allocator_counts()
+        result = {
             "steps": self.num_steps,
             "step_kinds": dict(self.step_kinds),
             "host_us_per_step": _per_step(self.seconds, steps),
@@ -129,6 +136,11 @@ class StepPhases:
             },
             "cpu_s": {"wall": round(wall, 2), "main": round(main, 2), "process": round(process, 2)},
         }
+        if alloc_end:
+            result["cuda_allocator"] = {
+                name: count - self._alloc_start.get(name, 0) for name, count in alloc_end.items()
+            }
+        return result
 
     @property
     def num_steps(self) -> int:
@@ -136,6 +148,7 @@ class StepPhases:
 
     def uninstall(self) -> None:
         self._cpu = (time.perf_counter(), time.thread_time(), _process_cpu())
+        self._alloc = _allocator_counts()
         for undo in reversed(self._undo):
             undo()
         self._undo.clear()
@@ -178,3 +191,15 @@ def _per_step(seconds: Counter[str], steps: int) -> dict[str, int]:
 def _process_cpu() -> float:
     times = os.times()
     return times.user + times.system
+
+
+def _allocator_counts() -> dict[str, int]:
+    """The CUDA caching allocator's retries (a failed allocation that freed its cache and
+    tried again) and device allocations and frees so far; empty without CUDA."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {}
+    stats = torch.cuda.memory_stats()
+    names = ("num_alloc_retries", "num_device_alloc", "num_device_free", "num_sync_all_streams")
+    return {name: stats.get(name, 0) for name in names}
