@@ -53,10 +53,9 @@ class StepPhases:
         self._work = "empty"
         self.by_work: dict[str, Counter[str]] = {}
         self.work_steps: Counter[str] = Counter()
-        self._cpu_start = (0.0, 0.0, 0.0)
-        self._cpu: tuple[float, float, float] | None = None
-        self._alloc_start: dict[str, int] = {}
-        self._alloc: dict[str, int] | None = None
+        # _snapshot() at install() and at uninstall(): the report gives their differences.
+        self._start: dict[str, float] = {}
+        self._end: dict[str, float] | None = None
         self._undo: list[Callable[[], None]] = []
 
     def install(self) -> None:
@@ -103,17 +102,7 @@ class StepPhases:
             return run_model(runner_self, inputs, sched_out, extra_rows)
 
         self._set(runner, "run_model", counted)
-        self._cpu_start = (time.perf_counter(), time.thread_time(), _process_cpu())
-        self._cpu = None
-        self._alloc_start, self._alloc = _allocator_counts(), None
-
-    def reset(self) -> None:
-        self.seconds.clear()
-        self.step_kinds.clear()
-        self.by_work.clear()
-        self.work_steps.clear()
-        self._cpu_start = (time.perf_counter(), time.thread_time(), _process_cpu())
-        self._alloc_start = _allocator_counts()
+        self._start, self._end = _snapshot(), None
 
     def report(self) -> dict[str, Any]:
         """Microseconds a step per phase, and the step kinds. Phases nest: step holds
@@ -124,24 +113,21 @@ class StepPhases:
         work, the step's own microseconds and its count first. cpu_s: the run's wall time,
         the main thread's CPU time and the process's (from install() to uninstall(), or to
         this report). cuda_allocator: the allocator's counts over the same span (CUDA only)."""
-        steps = max(1, self.num_steps)
-        end = self._cpu or (time.perf_counter(), time.thread_time(), _process_cpu())
-        wall, main, process = (b - a for a, b in zip(self._cpu_start, end))
-        alloc_end = self._alloc if self._alloc is not None else _allocator_counts()
+        end = self._end or _snapshot()
+        spent = {name: end[name] - self._start[name] for name in end}
+        cpu = {name: round(spent.pop(name), 2) for name in ("wall", "main", "process")}
         result = {
             "steps": self.num_steps,
             "step_kinds": dict(self.step_kinds),
-            "host_us_per_step": _per_step(self.seconds, steps),
+            "host_us_per_step": _per_step(self.seconds, self.num_steps),
             "by_work": {
                 work: {"steps": self.work_steps[work]} | _per_step(seconds, self.work_steps[work])
                 for work, seconds in self.by_work.items()
             },
-            "cpu_s": {"wall": round(wall, 2), "main": round(main, 2), "process": round(process, 2)},
+            "cpu_s": cpu,
         }
-        if alloc_end:
-            result["cuda_allocator"] = {
-                name: count - self._alloc_start.get(name, 0) for name, count in alloc_end.items()
-            }
+        if spent:  # what is left: the allocator's counts (CUDA)
+            result["cuda_allocator"] = {name: int(count) for name, count in spent.items()}
         return result
 
     @property
@@ -149,8 +135,7 @@ class StepPhases:
         return sum(self.step_kinds.values())
 
     def uninstall(self) -> None:
-        self._cpu = (time.perf_counter(), time.thread_time(), _process_cpu())
-        self._alloc = _allocator_counts()
+        self._end = _snapshot()
         for undo in reversed(self._undo):
             undo()
         self._undo.clear()
@@ -190,18 +175,21 @@ def _per_step(seconds: Counter[str], steps: int) -> dict[str, int]:
     return {name: round(total * 1e6 / steps) for name, total in seconds.most_common()}
 
 
-def _process_cpu() -> float:
-    times = os.times()
-    return times.user + times.system
-
-
-def _allocator_counts() -> dict[str, int]:
-    """The CUDA caching allocator's retries (a failed allocation that freed its cache and
-    tried again) and device allocations and frees so far; empty without CUDA."""
+def _snapshot() -> dict[str, float]:
+    """The clocks and counts the report gives as differences: wall, main-thread and process
+    CPU seconds; with CUDA, the caching allocator's retries (an allocation that failed, freed
+    its cache and tried again), device allocations and frees, and syncs of all streams."""
     import torch
 
-    if not torch.cuda.is_available():
-        return {}
-    stats = torch.cuda.memory_stats()
-    names = ("num_alloc_retries", "num_device_alloc", "num_device_free", "num_sync_all_streams")
-    return {name: stats.get(name, 0) for name in names}
+    times = os.times()
+    snapshot = {
+        "wall": time.perf_counter(),
+        "main": time.thread_time(),
+        "process": times.user + times.system,
+    }
+    if torch.cuda.is_available():
+        stats = torch.cuda.memory_stats()
+        for name in ("num_alloc_retries", "num_device_alloc", "num_device_free",
+                     "num_sync_all_streams"):  # fmt: skip
+            snapshot[name] = stats.get(name, 0)
+    return snapshot

@@ -95,14 +95,19 @@ class LLGuidanceMatcher:
         validating it first (a step's advance): a rejected token fails the matcher."""
         if self.matcher.is_stopped():  # an EOS after the stop is checked, not consumed
             return self.accept_tokens([token_id])
-        return self._take(token_id)
+        return self._consume(token_id)
 
     def _take(self, token_id: int) -> bool:
-        """Takes a token validated (or sampled under the mask), counted as accept_tokens
-        does; False where llguidance refuses it (error() says why)."""
-        if self.matcher.is_stopped():  # validated: an EOS after the stop
+        """Takes a validated token, counted as accept_tokens does: an EOS after the stop is
+        checked, anything else consumed."""
+        if self.matcher.is_stopped():
             self._num_checked += 1
             return True
+        return self._consume(token_id)
+
+    def _consume(self, token_id: int) -> bool:
+        """llguidance consumes the token (its matcher not stopped), counted; False where it
+        refuses it (error() says why)."""
         if not self.matcher.consume_token(token_id):
             return False
         self._num_consumed += 1
