@@ -56,3 +56,22 @@ def test_constrained_beside_unconstrained_on_cuda(tiny_qwen3_dir: str, determini
     if deterministic:  # a constrained request's tokens do not depend on its neighbours
         assert outs[0].token_ids == alone_json.token_ids
     llm.shutdown()
+
+
+def test_first_constrained_step_compiles_no_mask_kernel(tiny_qwen3_dir: str) -> None:
+    """The runner compiles the mask kernel at start, for its logits' specialization (dtype,
+    width, row stride): a first constrained request adds no variant of it, so it waits for
+    no compile. Counted in Triton's cache, so that kernels compiled by earlier tests in the
+    process do not hide a variant the start-up missed."""
+    from minivllm.kernels.bitmask import _mask_logits_kernel
+
+    def variants() -> int:
+        return sum(len(cache[0]) for cache in _mask_logits_kernel.device_caches.values())
+
+    llm = LLM(tiny_qwen3_dir, dtype="bfloat16")
+    compiled = variants()
+    assert compiled >= 1
+    out = llm.generate(["hello"], _constrained(json=SCHEMA), use_tqdm=False)[0].outputs[0]
+    jsonschema.validate(json.loads(out.text), SCHEMA)
+    assert variants() == compiled
+    llm.shutdown()

@@ -32,7 +32,7 @@ from minivllm.layers.invariant_gemm import InvariantGemm
 from minivllm.layers.ops import layer_ops
 from minivllm.layers.sampler import Sampler
 from minivllm.model_loader import build_model
-from minivllm.structured_output.bitmask import apply_bitmask
+from minivllm.structured_output.bitmask import allocate_bitmask, apply_bitmask
 
 logger = logging.getLogger(__name__)
 
@@ -144,6 +144,18 @@ class ModelRunner:
             else:
                 logger.info("attention backend %s runs without CUDA graphs", backend.name)
             self.mixed_graphs = self._capture_mixed_graphs()
+        if self.device.type == "cuda":
+            self._compile_masking()
+
+    @torch.inference_mode()
+    def _compile_masking(self) -> None:
+        """Compiles the structured-output mask kernel for this model's logits (their dtype,
+        width and row stride) now, not in the first constrained step: the engine's warm-up
+        runs no grammar. Every token allowed: the logits are untouched."""
+        embed = self.model.model.embed_tokens.weight
+        hidden = torch.zeros(1, embed.shape[1], dtype=embed.dtype, device=self.device)
+        logits = self.model.compute_logits(hidden)
+        apply_bitmask(logits, allocate_bitmask(1, logits.shape[1]), [0])
 
     def _capture_mixed_graphs(self) -> PiecewiseGraphRunner | None:
         # Attention runs eagerly between the pieces, so every backend can use them. In
