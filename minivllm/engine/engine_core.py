@@ -60,8 +60,8 @@ class EngineCore:
             *setup.limits,
         )
         on_cuda = setup.device.type == "cuda"
-        # Grammars of constrained requests, over the tokenizer the frontend uses (loaded
-        # here, in the core's process, at the first such request: nothing before).
+        # Grammars of constrained requests, over the tokenizer the frontend uses (loaded in
+        # the core's process at the first such request; a server's core builds it once started).
         self.structured_outputs = StructuredOutputManager(
             config.tokenizer or config.model,
             model_config.vocab_size,
@@ -130,6 +130,8 @@ class EngineCore:
         # unfreezes, so that a dropped engine's cycles can be collected (vLLM does the same).
         gc.collect()
         gc.freeze()
+        if config.usage_context == "server":
+            self.structured_outputs.prebuild()
 
     def new_scheduler(self) -> Scheduler:
         """A scheduler over an empty KV cache. Async scheduling is a Scheduler that keeps the

@@ -5,6 +5,7 @@ matchers it hands the scheduler, and the step's bitmask that the runner applies.
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, wait
@@ -25,6 +26,8 @@ from minivllm.structured_output.llguidance_backend import LLGuidanceBackend
 from minivllm.structured_output.params import StructuredOutputsParams, StructuredOutputSpec
 from minivllm.structured_output.request_state import StructuredOutputRequest, matcher_rows
 from minivllm.tokenizer import load_tokenizer
+
+logger = logging.getLogger(__name__)
 
 # A frontend's check waits this long for a compile; the engine's own limit is the compiler's.
 VALIDATE_TIMEOUT_S = 30.0
@@ -49,6 +52,24 @@ def shared_compiler(tokenizer: str, vocab_size: int) -> GrammarCompiler:
 def _build_shared_compiler(tokenizer: str, vocab_size: int) -> GrammarCompiler:
     backend = LLGuidanceBackend(load_tokenizer(tokenizer), vocab_size=vocab_size)
     return GrammarCompiler(backend)
+
+
+def prebuild_compiler(tokenizer: str, vocab_size: int) -> threading.Thread:
+    """Starts building the process's shared compiler (shared_compiler) on a daemon thread and
+    returns the thread: a server does this at start, so that its first constrained request
+    does not wait for the build (about a second; longer while the process is busy). A build
+    that fails is left for the first constrained request to report: shared_compiler keeps no
+    failure, so that request builds again and gets the error."""
+
+    def build() -> None:
+        try:
+            shared_compiler(tokenizer, vocab_size)
+        except Exception as e:  # noqa: BLE001 - reported by the first request that needs it
+            logger.debug("the grammar backend could not be prebuilt: %s", e)
+
+    thread = threading.Thread(target=build, name="minivllm-grammar-prebuild", daemon=True)
+    thread.start()
+    return thread
 
 
 def check_structured_outputs(
@@ -142,6 +163,11 @@ class StructuredOutputManager:
     def backend(self) -> StructuredOutputBackend:
         """The built backend (only read once some request's grammar is ready)."""
         return self._compiler_future().result().backend
+
+    def prebuild(self) -> None:
+        """Starts the backend's build now (in the background) rather than at the first
+        constrained request: a server's core does this once it has started."""
+        self._compiler_future()
 
     def new_request(self, params: StructuredOutputsParams) -> StructuredOutputRequest:
         """The request's grammar state; its compile starts now (a cache hit when the frontend

@@ -8,6 +8,8 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
+
 from minivllm.structured_output import manager
 
 
@@ -28,3 +30,91 @@ def test_threads_that_ask_together_share_one_build(monkeypatch) -> None:
     assert len(builds) == 1
     assert all(c is compilers[0] for c in compilers)
     assert manager.shared_compiler(*key) is compilers[0]
+
+
+def test_prebuild_builds_in_the_background_and_the_first_request_reuses_it(monkeypatch) -> None:
+    builds: list[str] = []
+
+    class SlowBackend:
+        def __init__(self, tokenizer, vocab_size):
+            builds.append(threading.current_thread().name)
+            time.sleep(0.2)
+
+    monkeypatch.setattr(manager, "load_tokenizer", lambda path: path)
+    monkeypatch.setattr(manager, "LLGuidanceBackend", SlowBackend)
+    key = ("/nonexistent/tokenizer-for-the-prebuild", 23456)
+    start = time.perf_counter()
+    thread = manager.prebuild_compiler(*key)
+    assert time.perf_counter() - start < 0.1  # returns at once: the build is the thread's
+    thread.join(5)
+    assert builds == ["minivllm-grammar-prebuild"]
+    start = time.perf_counter()
+    manager.shared_compiler(*key)
+    assert time.perf_counter() - start < 0.1 and len(builds) == 1  # built, not again
+
+
+def test_a_failed_prebuild_is_reported_by_the_first_request(monkeypatch) -> None:
+    """The prebuild swallows its failure; the first constrained request builds again and gets
+    the error, naming the problem, as without a prebuild."""
+    from minivllm.structured_output.params import StructuredOutputsParams
+
+    def broken(path):
+        raise OSError(f"no tokenizer at {path}")
+
+    monkeypatch.setattr(manager, "load_tokenizer", broken)
+    key = ("/nonexistent/tokenizer-that-fails", 34567)
+    manager.prebuild_compiler(*key).join(5)
+    with pytest.raises(OSError, match="no tokenizer at /nonexistent/tokenizer-that-fails"):
+        manager.check_structured_outputs(StructuredOutputsParams(regex="a+"), *key)
+
+
+@pytest.mark.parametrize("usage_context", ["offline", "server"])
+def test_a_server_core_starts_its_backend_build_once_started(
+    tiny_qwen3_dir: str, usage_context: str
+) -> None:
+    """A server's core starts the build when it has started; an offline engine waits for its
+    first constrained request (most offline runs have none)."""
+    from minivllm.config import EngineConfig
+    from minivllm.engine.engine_core import EngineCore
+    from minivllm.models.model_config import ModelConfig
+
+    config = EngineConfig.from_options(
+        tiny_qwen3_dir,
+        usage_context=usage_context,
+        dtype="float32",
+        device="cpu",
+        num_gpu_blocks_override=16,
+    )
+    core = EngineCore(config, ModelConfig.from_hf(tiny_qwen3_dir))
+    try:
+        started = core.structured_outputs._compiler is not None
+        assert started == (usage_context == "server")
+    finally:
+        core.shutdown()
+
+
+def test_the_servers_frontend_starts_its_backend_build_at_startup(monkeypatch) -> None:
+    """The frontend checks constrained requests in its own process: its lifespan starts the
+    build of that process's backend, over the tokenizer and vocabulary the core uses."""
+    from types import SimpleNamespace
+
+    from starlette.testclient import TestClient
+
+    from minivllm.entrypoints.openai import server
+    from minivllm.entrypoints.openai.metrics import ServerMetrics
+    from minivllm.entrypoints.openai.serving_common import ServerState
+
+    builds: list[tuple[str, int]] = []
+    monkeypatch.setattr(server, "prebuild_compiler", lambda *key: builds.append(key))
+    # The lifespan freezes the heap for a server's life: not this test process's.
+    monkeypatch.setattr(server.gc, "freeze", lambda: None)
+    engine = SimpleNamespace(
+        attach_loop=lambda loop: None,
+        shutdown=lambda: None,
+        config=SimpleNamespace(tokenizer=None, model="/models/m"),
+        info=SimpleNamespace(vocab_size=1234),
+    )
+    app = server.build_app(ServerState(engine, ["m"]), ServerMetrics("m-prebuild"))
+    assert builds == []
+    with TestClient(app):  # runs the lifespan
+        assert builds == [("/models/m", 1234)]

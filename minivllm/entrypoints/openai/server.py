@@ -31,6 +31,7 @@ from minivllm.entrypoints.openai.protocol import (
 from minivllm.entrypoints.openai.serving_chat import create_chat_completion
 from minivllm.entrypoints.openai.serving_common import ServerState, tokenize_text
 from minivllm.entrypoints.openai.serving_completion import create_completion
+from minivllm.structured_output.manager import prebuild_compiler
 
 logger = logging.getLogger("minivllm.serve")
 VERSION = "0.1.0"
@@ -47,6 +48,10 @@ def build_app(state: ServerState, metrics: ServerMetrics, api_key: str | None = 
         # re-scanning them while every streamed token allocates a few small objects.
         gc.collect()
         gc.freeze()
+        # This process checks constrained requests (constraints.py): its grammar backend is
+        # built now, not by the first of them.
+        engine = state.engine
+        prebuild_compiler(engine.config.tokenizer or engine.config.model, engine.info.vocab_size)
         yield
         # After uvicorn's graceful phase: fail whatever is still open, stop the core.
         state.engine.shutdown()
