@@ -8,12 +8,16 @@ CUDA-event timings after a warm-up. Prints one JSON line (config, then one entry
                                               # each timed too
         [--launch]   # also µs a call of each kernel launched back to back with no sync, where
                      # small prompts are bound by the launch's host time
+        [--launch-profile]  # also where a launch's host time goes: the functions with the
+                            # most own time, µs a call (cProfile over launches back to back)
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
+import pstats
 import time
 from functools import partial
 
@@ -53,6 +57,26 @@ def launch_us(fn, iters: int = 200) -> float:
     return (time.perf_counter() - start) / iters * 1e6
 
 
+def host_profile(fn, iters: int = 300, top: int = 10) -> list[tuple[str, float]]:
+    """The `top` functions by own host time over iters calls of fn launched back to back,
+    each with its microseconds a call of fn (cProfile adds its own cost to every function)."""
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(iters):
+        fn()
+    profile.disable()
+    torch.cuda.synchronize()
+    stats = pstats.Stats(profile).stats  # (file, line, name) -> (calls, ncalls, own, cum, callers)
+    ranked = sorted(stats.items(), key=lambda item: -item[1][2])[:top]
+    return [
+        (f"{file.rsplit('/', 1)[-1]}:{line}({name})", round(own / iters * 1e6, 1))
+        for (file, line, name), (_, _, own, *_) in ranked
+    ]
+
+
 def prompt_case(seq_len: int, gen: torch.Generator) -> tuple:
     """Arguments of both launchers for one whole prompt of seq_len tokens, its cache blocks a
     random permutation (a churned cache)."""
@@ -67,7 +91,13 @@ def prompt_case(seq_len: int, gen: torch.Generator) -> tuple:
 
 
 def bench_len(
-    seq_len: int, gen: torch.Generator, overrides, warmup: int, iters: int, launch: bool
+    seq_len: int,
+    gen: torch.Generator,
+    overrides,
+    warmup: int,
+    iters: int,
+    launch: bool,
+    launch_profile: bool = False,
 ) -> dict:
     """Both kernels on one prompt of seq_len tokens; overrides: (block_n, num_stages, pingpong[,
     kv_head_major]) settings of the Gluon kernel to time as well."""
@@ -92,6 +122,13 @@ def bench_len(
         row["gluon_launch_us"] = round(
             launch_us(partial(gluon_prefill_attention, *inputs, out_gluon)), 1
         )
+    if launch_profile:
+        row["triton_launch_profile_us"] = host_profile(
+            partial(prefill_attention, *inputs, out_triton)
+        )
+        row["gluon_launch_profile_us"] = host_profile(
+            partial(gluon_prefill_attention, *inputs, out_gluon)
+        )
     for config in overrides:
         block_n, num_stages, pingpong, *order = config  # no order given: the launcher's rule
         fn = partial(gluon_prefill_attention, *inputs, out_gluon, block_n=block_n,
@@ -112,12 +149,19 @@ def main() -> None:
         "--gluon-configs", default="", help="block_n:num_stages:pingpong[:kv_head_major],..."
     )
     parser.add_argument("--launch", action="store_true", help="also µs a call back to back")
+    parser.add_argument(
+        "--launch-profile", action="store_true", help="also the launch's host time by function"
+    )
     args = parser.parse_args()
     overrides = [tuple(map(int, c.split(":"))) for c in args.gluon_configs.split(",") if c]
     gen = torch.Generator(device="cuda").manual_seed(0)
     cases = []
     for seq_len in map(int, args.lens.split(",")):
-        cases.append(bench_len(seq_len, gen, overrides, args.warmup, args.iters, args.launch))
+        cases.append(
+            bench_len(
+                seq_len, gen, overrides, args.warmup, args.iters, args.launch, args.launch_profile
+            )
+        )
         torch.cuda.empty_cache()
     result = {
         "bench": "gluon_prefill",
