@@ -21,10 +21,10 @@ from typing import Any
 
 
 def timed(
-    seconds: dict[str, float], owner: Any, name: str, label: str | None = None, *more: dict
+    seconds: dict[str, float], owner: Any, name: str, label: str | None = None
 ) -> Callable[[], None]:
-    """Wraps owner.name so that its wall time adds up in seconds[label or name] (and in each
-    of `more` likewise); returns what puts the original back."""
+    """Wraps owner.name so that its wall time adds up in seconds[label or name]; returns
+    what puts the original back."""
     inner = owner.__dict__[name]
     label = label or name
 
@@ -33,10 +33,7 @@ def timed(
         try:
             return inner(*args, **kwargs)
         finally:
-            elapsed = time.perf_counter() - start
-            seconds[label] += elapsed
-            for other in more:
-                other[label] += elapsed
+            seconds[label] += time.perf_counter() - start
 
     setattr(owner, name, wrapper)
     return lambda: setattr(owner, name, inner)
@@ -44,11 +41,10 @@ def timed(
 
 class StepPhases:
     def __init__(self) -> None:
-        self.seconds: Counter[str] = Counter()
         self.step_kinds: Counter[str] = Counter()
         # The phases of the step under way (and of the output processing after it), then
         # added to its work's: "decode" (decode rows only), "prefill" (prompt rows too),
-        # "empty" (no forward).
+        # "empty" (no forward). The run's totals are their sum (seconds).
         self._this_step: Counter[str] = Counter()
         self._work = "empty"
         self.by_work: dict[str, Counter[str]] = {}
@@ -131,6 +127,11 @@ class StepPhases:
         return result
 
     @property
+    def seconds(self) -> Counter[str]:
+        """Seconds of each phase over the run: every step's work, and what ran since the last."""
+        return sum(self.by_work.values(), Counter()) + self._this_step
+
+    @property
     def num_steps(self) -> int:
         return sum(self.step_kinds.values())
 
@@ -141,7 +142,7 @@ class StepPhases:
         self._undo.clear()
 
     def _time(self, owner: Any, name: str, label: str | None = None) -> None:
-        self._undo.append(timed(self.seconds, owner, name, label, self._this_step))
+        self._undo.append(timed(self._this_step, owner, name, label))
 
     def _time_step(self, core_class: Any) -> None:
         """Times EngineCore.step, then files the step's phases under its work."""

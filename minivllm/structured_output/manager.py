@@ -5,7 +5,6 @@ matchers it hands the scheduler, and the step's bitmask that the runner applies.
 from __future__ import annotations
 
 import functools
-import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, wait
@@ -26,8 +25,6 @@ from minivllm.structured_output.llguidance_backend import LLGuidanceBackend
 from minivllm.structured_output.params import StructuredOutputsParams, StructuredOutputSpec
 from minivllm.structured_output.request_state import StructuredOutputRequest, matcher_rows
 from minivllm.tokenizer import load_tokenizer
-
-logger = logging.getLogger(__name__)
 
 # A frontend's check waits this long for a compile; the engine's own limit is the compiler's.
 VALIDATE_TIMEOUT_S = 30.0
@@ -54,22 +51,21 @@ def _build_shared_compiler(tokenizer: str, vocab_size: int) -> GrammarCompiler:
     return GrammarCompiler(backend)
 
 
-def prebuild_compiler(tokenizer: str, vocab_size: int) -> threading.Thread:
-    """Starts building the process's shared compiler (shared_compiler) on a daemon thread and
-    returns the thread: a server does this at start, so that its first constrained request
-    does not wait for the build (about a second; longer while the process is busy). A build
-    that fails is left for the first constrained request to report: shared_compiler keeps no
-    failure, so that request builds again and gets the error."""
-
-    def build() -> None:
-        try:
-            shared_compiler(tokenizer, vocab_size)
-        except Exception as e:  # noqa: BLE001 - reported by the first request that needs it
-            logger.debug("the grammar backend could not be prebuilt: %s", e)
-
-    thread = threading.Thread(target=build, name="minivllm-grammar-prebuild", daemon=True)
-    thread.start()
-    return thread
+def build_in_background(tokenizer: str, vocab_size: int) -> Future[GrammarCompiler]:
+    """shared_compiler(tokenizer, vocab_size), built on a daemon thread: the future holds the
+    compiler, or the ValueError saying why it could not be built. An engine's manager builds
+    through it at its first constrained request, a server's two processes at start (so that
+    no request waits for the build: about a second, longer while the process is busy). A
+    failed build is not kept by shared_compiler: a later call builds again and gets the
+    error."""
+    future: Future[GrammarCompiler] = Future()
+    threading.Thread(
+        target=_build_compiler,
+        args=(future, tokenizer, vocab_size),
+        name="minivllm-grammar-backend",
+        daemon=True,
+    ).start()
+    return future
 
 
 def check_structured_outputs(
@@ -181,13 +177,7 @@ class StructuredOutputManager:
 
     def _compiler_future(self) -> Future[GrammarCompiler]:
         if self._compiler is None:
-            self._compiler = future = Future()
-            threading.Thread(
-                target=_build_compiler,
-                args=(future, self.tokenizer, self.vocab_size),
-                name="minivllm-grammar-backend",
-                daemon=True,
-            ).start()
+            self._compiler = build_in_background(self.tokenizer, self.vocab_size)
         return self._compiler
 
     def _submit(self, spec: StructuredOutputSpec) -> Future[CompiledGrammar]:

@@ -32,7 +32,7 @@ def test_threads_that_ask_together_share_one_build(monkeypatch) -> None:
     assert manager.shared_compiler(*key) is compilers[0]
 
 
-def test_prebuild_builds_in_the_background_and_the_first_request_reuses_it(monkeypatch) -> None:
+def test_a_background_build_returns_at_once_and_the_first_request_reuses_it(monkeypatch) -> None:
     builds: list[str] = []
 
     class SlowBackend:
@@ -44,18 +44,18 @@ def test_prebuild_builds_in_the_background_and_the_first_request_reuses_it(monke
     monkeypatch.setattr(manager, "LLGuidanceBackend", SlowBackend)
     key = ("/nonexistent/tokenizer-for-the-prebuild", 23456)
     start = time.perf_counter()
-    thread = manager.prebuild_compiler(*key)
+    built = manager.build_in_background(*key)
     assert time.perf_counter() - start < 0.1  # returns at once: the build is the thread's
-    thread.join(5)
-    assert builds == ["minivllm-grammar-prebuild"]
+    built.result(5)
+    assert builds == ["minivllm-grammar-backend"]
     start = time.perf_counter()
     manager.shared_compiler(*key)
     assert time.perf_counter() - start < 0.1 and len(builds) == 1  # built, not again
 
 
-def test_a_failed_prebuild_is_reported_by_the_first_request(monkeypatch) -> None:
-    """The prebuild swallows its failure; the first constrained request builds again and gets
-    the error, naming the problem, as without a prebuild."""
+def test_a_failed_background_build_is_reported_by_the_first_request(monkeypatch) -> None:
+    """A failed background build is not kept: the first constrained request builds again and
+    gets the error, naming the problem, as without it."""
     from minivllm.structured_output.params import StructuredOutputsParams
 
     def broken(path):
@@ -63,7 +63,7 @@ def test_a_failed_prebuild_is_reported_by_the_first_request(monkeypatch) -> None
 
     monkeypatch.setattr(manager, "load_tokenizer", broken)
     key = ("/nonexistent/tokenizer-that-fails", 34567)
-    manager.prebuild_compiler(*key).join(5)
+    manager.build_in_background(*key).exception(5)
     with pytest.raises(OSError, match="no tokenizer at /nonexistent/tokenizer-that-fails"):
         manager.check_structured_outputs(StructuredOutputsParams(regex="a+"), *key)
 
@@ -105,7 +105,7 @@ def test_the_servers_frontend_starts_its_backend_build_at_startup(monkeypatch) -
     from minivllm.entrypoints.openai.serving_common import ServerState
 
     builds: list[tuple[str, int]] = []
-    monkeypatch.setattr(server, "prebuild_compiler", lambda *key: builds.append(key))
+    monkeypatch.setattr(server, "build_in_background", lambda *key: builds.append(key))
     # The lifespan freezes the heap for a server's life: not this test process's.
     monkeypatch.setattr(server.gc, "freeze", lambda: None)
     engine = SimpleNamespace(

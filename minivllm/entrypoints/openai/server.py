@@ -31,7 +31,7 @@ from minivllm.entrypoints.openai.protocol import (
 from minivllm.entrypoints.openai.serving_chat import create_chat_completion
 from minivllm.entrypoints.openai.serving_common import ServerState, tokenize_text
 from minivllm.entrypoints.openai.serving_completion import create_completion
-from minivllm.structured_output.manager import prebuild_compiler
+from minivllm.structured_output.manager import build_in_background
 
 logger = logging.getLogger("minivllm.serve")
 VERSION = "0.1.0"
@@ -51,7 +51,7 @@ def build_app(state: ServerState, metrics: ServerMetrics, api_key: str | None = 
         # This process checks constrained requests (constraints.py): its grammar backend is
         # built now, not by the first of them.
         engine = state.engine
-        prebuild_compiler(engine.config.tokenizer or engine.config.model, engine.info.vocab_size)
+        build_in_background(engine.config.tokenizer or engine.config.model, engine.info.vocab_size)
         yield
         # After uvicorn's graceful phase: fail whatever is still open, stop the core.
         state.engine.shutdown()
