@@ -4,15 +4,16 @@ parts and not the native ones, which skews a breakdown). Also counts the steps b
 forward ran (the decode CUDA graph, piecewise graphs, eager) and the main thread's waits for
 the device's results: a run whose waits are near zero is host-bound. The same split by the
 step's work (decode rows only, or prefill rows too), and the main thread's CPU time against
-the wall time (other threads' CPU shows as the process's excess over it), and on CUDA the
-caching allocator's retries and device allocations and frees during the run (each can
-synchronize the device).
+the wall time (other threads' CPU shows as the process's excess over it), the cyclic garbage
+collector's collections and their time per generation, and on CUDA the caching allocator's
+retries and device allocations and frees during the run (each can synchronize the device).
 
 Used by bench_structured.py --phases; install() before the run, report() after it.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from collections import Counter
@@ -53,6 +54,7 @@ class StepPhases:
         self._start: dict[str, float] = {}
         self._end: dict[str, float] | None = None
         self._undo: list[Callable[[], None]] = []
+        self.gc = GCTimes()
 
     def install(self) -> None:
         from minivllm.engine import engine_core
@@ -98,6 +100,8 @@ class StepPhases:
             return run_model(runner_self, inputs, sched_out, extra_rows)
 
         self._set(runner, "run_model", counted)
+        gc.callbacks.append(self.gc.record)
+        self._undo.append(lambda: gc.callbacks.remove(self.gc.record))
         self._start, self._end = _snapshot(), None
 
     def report(self) -> dict[str, Any]:
@@ -108,7 +112,8 @@ class StepPhases:
         first); the wait for the device comes before it. by_work: the same by the step's
         work, the step's own microseconds and its count first. cpu_s: the run's wall time,
         the main thread's CPU time and the process's (from install() to uninstall(), or to
-        this report). cuda_allocator: the allocator's counts over the same span (CUDA only)."""
+        this report). gc: per generation, the collections and their milliseconds over the same
+        span. cuda_allocator: the allocator's counts over the same span (CUDA only)."""
         end = self._end or _snapshot()
         spent = {name: end[name] - self._start[name] for name in end}
         cpu = {name: round(spent.pop(name), 2) for name in ("wall", "main", "process")}
@@ -121,6 +126,7 @@ class StepPhases:
                 for work, seconds in self.by_work.items()
             },
             "cpu_s": cpu,
+            "gc": self.gc.report(),
         }
         if spent:  # what is left: the allocator's counts (CUDA)
             result["cuda_allocator"] = {name: int(count) for name, count in spent.items()}
@@ -168,6 +174,28 @@ class StepPhases:
         old = owner.__dict__[name]
         setattr(owner, name, value)
         self._undo.append(lambda: setattr(owner, name, old))
+
+
+class GCTimes:
+    """The cyclic GC's collections and their time, per generation (a gc.callbacks entry)."""
+
+    def __init__(self) -> None:
+        self.collections: Counter[int] = Counter()
+        self.seconds: Counter[int] = Counter()
+        self._started = 0.0
+
+    def record(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.collections[info["generation"]] += 1
+            self.seconds[info["generation"]] += time.perf_counter() - self._started
+
+    def report(self) -> dict[str, dict[str, float]]:
+        return {
+            str(gen): {"collections": n, "ms": round(self.seconds[gen] * 1e3, 1)}
+            for gen, n in sorted(self.collections.items())
+        }
 
 
 def _per_step(seconds: Counter[str], steps: int) -> dict[str, int]:

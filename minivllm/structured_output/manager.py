@@ -120,8 +120,9 @@ class StepBitmask:
     def fill(self) -> tuple[torch.Tensor, torch.Tensor]:
         """bitmask int32 [num_rows, num_words] and rows int64 [num_rows], CPU (pinned on
         CUDA). They are the manager's reused buffers: valid until the next step's fill()."""
-        if self._before_fill is not None:
-            self._before_fill()
+        before_fill, self._before_fill = self._before_fill, None  # runs once
+        if before_fill is not None:
+            before_fill()
         return self._manager.fill(self.requests, self.rows, self.drafts)
 
 

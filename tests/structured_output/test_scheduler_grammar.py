@@ -4,6 +4,7 @@ the step carries the constrained rows, and the grammar's end finishes the reques
 
 from __future__ import annotations
 
+import weakref
 from concurrent.futures import Future
 
 import pytest
@@ -192,6 +193,31 @@ def test_async_step_fills_its_mask_after_the_step_in_flight(tiny_backend) -> Non
     outputs = {o.req_id: o for o in scheduler.update(decode, InFlight(RunnerOutput([], [])))}
     assert outputs["x"].new_token_ids == [token["a"]] and not outputs["x"].finished
     assert outputs["y"].finish_reason == "error" and "satisfy the grammar" in outputs["y"].error
+
+
+def test_a_busy_async_scheduler_keeps_no_past_step_alive(tiny_backend) -> None:
+    """With a step always in flight, each constrained step's mask must not hold the step
+    before it: that chained every step to the one before, all kept alive (host and device
+    memory growing, every GC collection walking them) until the engine went idle."""
+    manager = ControlledManager(tiny_backend)
+    scheduler = AsyncScheduler(4, 64, 64, BlockManager(64, 4, False), structured_outputs=manager)
+    spec = StructuredOutputsParams(regex="a+").spec_key()
+    for req_id in "xy":
+        scheduler.add_request(constrained(req_id, regex="a+"))
+    for future in manager.futures:
+        future.set_result(tiny_backend.compile(spec))
+    token_a = tiny_backend.tokenizer.tokenize_str("a")[0]
+    steps = []
+    for _ in range(12):
+        sched_out = scheduler.schedule()
+        steps.append(weakref.ref(sched_out))
+        sched_out.structured_output.fill()  # what the runner does once the forward is launched
+        sampled = [c.req_id for c in sched_out.chunks if c.sample]
+        scheduler.update(sched_out, InFlight(RunnerOutput(sampled, [token_a] * len(sampled))))
+        del sched_out
+    assert scheduler.has_unfinished_requests()  # a step is in flight throughout
+    # Freed by their reference counts (no collection): only the step in flight remains.
+    assert [ref() is None for ref in steps] == [True] * 11 + [False]
 
 
 def test_manager_builds_its_backend_off_the_caller_thread(tiny_qwen3_dir: str) -> None:

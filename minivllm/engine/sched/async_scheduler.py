@@ -31,6 +31,7 @@ class AsyncScheduler(Scheduler):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._in_flight: tuple[SchedulerOutput, PendingRunnerOutput] | None = None
+        self._num_in_flight = 0  # steps put in flight so far: names the one in flight
         # Outputs of the step that schedule() applied early; the next update() returns them.
         self._early_outputs: list[EngineOutput] = []
 
@@ -40,13 +41,16 @@ class AsyncScheduler(Scheduler):
         return super().schedule(now)
 
     def _before_fill(self) -> Callable[[], None] | None:
-        in_flight = self._in_flight
-        if in_flight is None:
+        if self._in_flight is None:
             return None
+        # The step by its number, not the step itself: a step's mask holding the step before
+        # it would chain every step of a busy engine to the one before it, all kept alive
+        # (and walked by each collection of the cyclic GC) for as long as one is in flight.
+        step = self._num_in_flight
 
         def apply_if_in_flight() -> None:
             # A fill deferred past the next update() finds that step applied already.
-            if self._in_flight is in_flight:
+            if self._in_flight is not None and self._num_in_flight == step:
                 self._apply_early()
 
         return apply_if_in_flight
@@ -66,6 +70,7 @@ class AsyncScheduler(Scheduler):
             outputs += super().update(sched_out, runner_out)
         elif not sched_out.is_empty:  # an empty step only handed finished ids to the runner
             self._in_flight = (sched_out, runner_out)
+            self._num_in_flight += 1
         return outputs + self.take_failed_outputs()
 
     def _apply_in_flight(self) -> list[EngineOutput]:
