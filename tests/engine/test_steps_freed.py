@@ -13,11 +13,14 @@ from minivllm.engine.engine_core import EngineCore
 from minivllm.engine.sched.scheduler import Scheduler
 from minivllm.structured_output import StructuredOutputsParams
 
+_REGEX = StructuredOutputsParams(regex="[a-z ]+")
 KINDS = {
     "plain": ({}, {}),
-    "constrained": ({}, {"structured_outputs": StructuredOutputsParams(regex="[a-z ]+")}),
+    "constrained": ({}, {"structured_outputs": _REGEX}),
     "logprobs": ({}, {"logprobs": 2}),
     "ngram": ({"speculative_config": {"method": "ngram", "num_speculative_tokens": 3}}, {}),
+    # Under TP the mask is filled at once and applies the step in flight first (before_fill).
+    "constrained_tp2": ({"tensor_parallel_size": 2}, {"structured_outputs": _REGEX}),
 }
 
 
