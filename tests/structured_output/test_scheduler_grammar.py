@@ -154,6 +154,20 @@ def test_grammar_end_finishes_with_stop(tiny_backend) -> None:
     assert scheduler.num_constrained == 0 and scheduler.can_schedule_ahead
 
 
+def async_scheduler_of_two(tiny_backend, regex: str, num_blocks: int) -> AsyncScheduler:
+    """An AsyncScheduler holding requests "x" and "y" under regex, their grammar compiled."""
+    manager = ControlledManager(tiny_backend)
+    scheduler = AsyncScheduler(
+        4, 64, 64, BlockManager(num_blocks, 4, False), structured_outputs=manager
+    )
+    for req_id in "xy":
+        scheduler.add_request(constrained(req_id, regex=regex))
+    spec = StructuredOutputsParams(regex=regex).spec_key()
+    for future in manager.futures:
+        future.set_result(tiny_backend.compile(spec))
+    return scheduler
+
+
 class InFlight:
     """A launched step's handle whose result() the test can see being waited for."""
 
@@ -170,13 +184,7 @@ def test_async_step_fills_its_mask_after_the_step_in_flight(tiny_backend) -> Non
     """A constrained step is scheduled while the step before it is in flight; its fill
     applies that step first (the matcher takes the token, the mask follows it), and a request
     the applied token fails gets every token allowed in its row (it is dropped anyway)."""
-    manager = ControlledManager(tiny_backend)
-    scheduler = AsyncScheduler(4, 64, 64, BlockManager(32, 4, False), structured_outputs=manager)
-    spec = StructuredOutputsParams(regex="[ab][cd]").spec_key()
-    for req_id in "xy":
-        scheduler.add_request(constrained(req_id, regex="[ab][cd]"))
-    for future in manager.futures:
-        future.set_result(tiny_backend.compile(spec))
+    scheduler = async_scheduler_of_two(tiny_backend, "[ab][cd]", num_blocks=32)
     token = {ch: tiny_backend.tokenizer.tokenize_str(ch)[0] for ch in "abcd"}
     prefill = scheduler.schedule()
     prefill.structured_output.fill()
@@ -199,13 +207,7 @@ def test_a_busy_async_scheduler_keeps_no_past_step_alive(tiny_backend) -> None:
     """With a step always in flight, each constrained step's mask must not hold the step
     before it: that chained every step to the one before, all kept alive (host and device
     memory growing, every GC collection walking them) until the engine went idle."""
-    manager = ControlledManager(tiny_backend)
-    scheduler = AsyncScheduler(4, 64, 64, BlockManager(64, 4, False), structured_outputs=manager)
-    spec = StructuredOutputsParams(regex="a+").spec_key()
-    for req_id in "xy":
-        scheduler.add_request(constrained(req_id, regex="a+"))
-    for future in manager.futures:
-        future.set_result(tiny_backend.compile(spec))
+    scheduler = async_scheduler_of_two(tiny_backend, "a+", num_blocks=64)
     token_a = tiny_backend.tokenizer.tokenize_str("a")[0]
     steps = []
     for _ in range(12):
