@@ -18,7 +18,9 @@ KINDS = {
     "plain": ({}, {}),
     "constrained": ({}, {"structured_outputs": _REGEX}),
     "logprobs": ({}, {"logprobs": 2}),
+    "prompt_logprobs": ({}, {"prompt_logprobs": 1}),
     "ngram": ({"speculative_config": {"method": "ngram", "num_speculative_tokens": 3}}, {}),
+    "draft_model": ({"speculative_config": "draft_model"}, {}),  # the model drafts for itself
     # Under TP the mask is filled at once and applies the step in flight first (before_fill).
     "constrained_tp2": ({"tensor_parallel_size": 2}, {"structured_outputs": _REGEX}),
 }
@@ -29,6 +31,9 @@ def test_a_busy_engine_keeps_only_the_step_in_flight(
     tiny_qwen3_dir: str, kind: str, monkeypatch
 ) -> None:
     engine_options, params = KINDS[kind]
+    if engine_options.get("speculative_config") == "draft_model":
+        draft = {"method": "draft_model", "model": tiny_qwen3_dir, "num_speculative_tokens": 3}
+        engine_options = {"speculative_config": draft}
     steps: list[weakref.ref] = []
     most_alive = 0
     schedule, step = Scheduler.schedule, EngineCore.step
