@@ -213,6 +213,10 @@ class EngineConfig:
             raise TypeError(f"unknown engine option(s) {unknown}; known options: {sorted(known)}")
         return cls(model=model, **options)
 
+    def resolved_tokenizer(self) -> str:
+        """Where the tokenizer is read from: `tokenizer`, else the model (an HF dir or GGUF)."""
+        return self.tokenizer or self.model
+
     def resolved_device(self) -> torch.device:
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")

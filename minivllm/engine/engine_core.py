@@ -63,7 +63,7 @@ class EngineCore:
         # Grammars of constrained requests, over the tokenizer the frontend uses (loaded in
         # the core's process at the first such request; a server's core builds it once started).
         self.structured_outputs = StructuredOutputManager(
-            config.tokenizer or config.model,
+            config.resolved_tokenizer(),
             model_config.vocab_size,
             setup.limits.max_num_seqs,
             pin_memory=on_cuda,

@@ -93,7 +93,7 @@ class AsyncLLM:
         self.config = config
         # A bad model directory fails here, in one line; the core is handed what is read.
         model_config = ModelConfig.from_hf(config.model)
-        self.tokenizer = load_tokenizer(config.tokenizer or config.model)  # HF dir or GGUF
+        self.tokenizer = load_tokenizer(config.resolved_tokenizer())  # HF dir or GGUF
         self.async_tokenizer = AsyncTokenizer(self.tokenizer)  # prompts, off the event loop
         self.generation_defaults = _generation_defaults(config.model, generation_config, self)
         self.output_processor = OutputProcessor(self.tokenizer, stream=True)

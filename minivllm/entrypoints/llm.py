@@ -48,7 +48,7 @@ class LLM:
         # The model's config before the tokenizer: a directory that holds no model (or an
         # unsupported one) says so, instead of failing on tokenizer files.
         model_config = ModelConfig.from_hf(model)
-        self.tokenizer = load_tokenizer(self.config.tokenizer or model)
+        self.tokenizer = load_tokenizer(self.config.resolved_tokenizer())
         self.generation_defaults = read_generation_defaults(model, self.tokenizer)
         self.engine = make_engine(self.config, model_config)  # EngineCore, or DPEngine
         self.output_processor = OutputProcessor(self.tokenizer)
@@ -69,7 +69,7 @@ class LLM:
         check_request(prompt_token_ids, params, info, self.config.max_logprobs)
         check_structured_outputs(
             params.structured_outputs,
-            self.config.tokenizer or self.config.model,
+            self.config.resolved_tokenizer(),
             info.vocab_size,
         )
 

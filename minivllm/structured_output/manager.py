@@ -76,7 +76,7 @@ def check_structured_outputs(
     """A frontend's check, before queueing: ValueError naming the problem for a spec that
     does not compile (or not within VALIDATE_TIMEOUT_S). The compile is cached, so the
     engine's own compile of it is a cache hit in this process. tokenizer:
-    `config.tokenizer or config.model`."""
+    `config.resolved_tokenizer()`."""
     if params is None:
         return
     future = shared_compiler(tokenizer, vocab_size).submit(params.spec_key())

@@ -111,7 +111,7 @@ def test_the_servers_frontend_starts_its_backend_build_at_startup(monkeypatch) -
     engine = SimpleNamespace(
         attach_loop=lambda loop: None,
         shutdown=lambda: None,
-        config=SimpleNamespace(tokenizer=None, model="/models/m"),
+        config=SimpleNamespace(resolved_tokenizer=lambda: "/models/m"),
         info=SimpleNamespace(vocab_size=1234),
     )
     app = server.build_app(ServerState(engine, ["m"]), ServerMetrics("m-prebuild"))

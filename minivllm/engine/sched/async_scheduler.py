@@ -50,7 +50,7 @@ class AsyncScheduler(Scheduler):
 
         def apply_if_in_flight() -> None:
             # A fill deferred past the next update() finds that step applied already.
-            if self._in_flight is not None and self._num_in_flight == step:
+            if self._num_in_flight == step:  # applied early since: a no-op
                 self._apply_early()
 
         return apply_if_in_flight

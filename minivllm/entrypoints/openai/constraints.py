@@ -88,7 +88,7 @@ async def check_constraint(
         await asyncio.to_thread(
             check_structured_outputs,
             params,
-            config.tokenizer or config.model,
+            config.resolved_tokenizer(),
             engine.info.vocab_size,
         )
     except (ValueError, TypeError) as e:

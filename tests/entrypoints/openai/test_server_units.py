@@ -91,7 +91,7 @@ def test_a_grammar_engine_that_cannot_run_is_a_500_saying_why(monkeypatch) -> No
 
     monkeypatch.setattr(constraints, "check_structured_outputs", old_llguidance)
     engine = SimpleNamespace(
-        config=SimpleNamespace(tokenizer=None, model="m"), info=SimpleNamespace(vocab_size=8)
+        config=SimpleNamespace(resolved_tokenizer=lambda: "m"), info=SimpleNamespace(vocab_size=8)
     )
     constraint = ("response_format", StructuredOutputsParams(json_object=True))
     with pytest.raises(APIError) as caught:
