@@ -20,7 +20,9 @@ running there (no offline run unless --model is given and --skip-offline is not)
 --json-schema: every request (served, warm-up and offline) under bench_structured.py's JSON
 schema, sent as vLLM's `structured_outputs` field; output tok/s counts the tokens the server reports
 (a grammar that ends stops its request early). The model needs a real tokenizer
-(`bench_structured.py make DIR`).
+(`bench_structured.py make DIR`). --seed: of the random prompts; a server that has served the
+same prompts (an earlier run with the same seed) finds them in its prefix cache and skips
+their prefill, so runs against one server take different seeds.
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ from bench_structured import SCHEMA
 from common import dummy_model_dir, percentile
 from sse_client import stream_completion
 from workloads import MAX_TOKEN_ID, random_prompts
+
+# Requests sent before the measured ones (at 8 at a time, 16 tokens each), unless --no-warm-up.
+WARM_UP_PROMPTS = 16
 
 
 def _free_port() -> int:
@@ -203,20 +208,27 @@ def main() -> None:
         extra += ["--load-format", "dummy"]
     with open(os.path.join(model, "config.json")) as f:
         vocab_size = json.load(f)["vocab_size"]
+    # The warm-up's prompts follow the measured ones: none of theirs is in the prefix cache
+    # when the measured run starts.
     prompts = random_prompts(
-        args.num_prompts, args.input_len, args.seed, high=min(vocab_size - 1, MAX_TOKEN_ID)
+        args.num_prompts + WARM_UP_PROMPTS,
+        args.input_len,
+        args.seed,
+        high=min(vocab_size - 1, MAX_TOKEN_ID),
     )
     sent = prompts
     if args.text_prompts:  # as `vllm bench serve --dataset-name random` sends them
         from transformers import AutoTokenizer
 
         sent = AutoTokenizer.from_pretrained(model).batch_decode(prompts)
+    prompts, warm_up_prompts = prompts[: args.num_prompts], sent[args.num_prompts :]
+    sent = sent[: args.num_prompts]
     port = args.port or _free_port()
     proc = None if args.port else _serve(model, port, extra)
     try:
         warm_up_s = None
         if not args.no_warm_up:  # under the schema too: the measured run finds it compiled
-            warm_up = asyncio.run(_drive(port, model, sent[:16], 8, 16, schema=schema))
+            warm_up = asyncio.run(_drive(port, model, warm_up_prompts, 8, 16, schema=schema))
             warm_up_s = warm_up["elapsed_s"]
         served = asyncio.run(
             _drive(

@@ -55,16 +55,18 @@ case $PART in
         --max-model-len 4096 --port 8012 --disable-log-requests --disable-uvicorn-access-log \
         > "$OUT/minivllm_serve.log" 2>&1 &
       pid=$!
+      # Seeds: each run's prompts new to its server (its prefix cache would skip their
+      # prefill); vLLM's constrained run gets ours.
       if wait_healthy 8012 240; then
-        served "minivllm_constrained_$round" 8012 --json-schema
-        served "minivllm_free_$round" 8012
+        served "minivllm_constrained_$round" 8012 --json-schema --seed "1$round"
+        served "minivllm_free_$round" 8012 --seed "2$round"
       else tail -5 "$OUT/minivllm_serve.log"; fi
       stop $pid
       PYTHONPATH=$VSITE setsid python3 -m vllm.entrypoints.cli.main serve "$DIR" --load-format dummy \
         --max-model-len 4096 --port 8011 --disable-uvicorn-access-log > "$OUT/vllm_serve.log" 2>&1 &
       pid=$!
       if wait_healthy 8011 240; then
-        served "vllm_constrained_$round" 8011 --json-schema
+        served "vllm_constrained_$round" 8011 --json-schema --seed "1$round"
       else tail -5 "$OUT/vllm_serve.log"; fi
       stop $pid
     done

@@ -33,6 +33,13 @@ from minivllm.structured_output.params import StructuredOutputSpec
 MIN_LLGUIDANCE = (1, 9)
 
 
+# A step's advance goes to llguidance's pool from this many rows on, with a pool of at least
+# this many threads: fewer tokens advance faster one by one on the caller's thread than the
+# pool wakes (a token's advance costs microseconds; docs/performance.md has the figures).
+PARALLEL_ADVANCE_MIN_ROWS = 16
+PARALLEL_ADVANCE_MIN_THREADS = 4
+
+
 def check_llguidance_version(installed: str) -> None:
     """RuntimeError naming both versions when `installed` is older than MIN_LLGUIDANCE (an
     environment that also holds a package pinning an older one, e.g. vLLM 0.20's 1.3)."""
@@ -108,10 +115,12 @@ class LLGuidanceMatcher:
     def _consume(self, token_id: int) -> bool:
         """llguidance consumes the token (its matcher not stopped), counted; False where it
         refuses it (error() says why)."""
-        if not self.matcher.consume_token(token_id):
-            return False
-        self._num_consumed += 1
-        return True
+        return self.count_consumed(self.matcher.consume_token(token_id))
+
+    def count_consumed(self, consumed: bool) -> bool:
+        """Counts one token llguidance has consumed (consumed: its answer); returns it."""
+        self._num_consumed += consumed
+        return consumed
 
     def validate_tokens(self, token_ids: Sequence[int]) -> int:
         token_ids = list(token_ids)
@@ -230,11 +239,24 @@ class LLGuidanceBackend:
             self._executor.unsafe_compute_mask_ptr(pairs, bitmask.data_ptr(), words * 4, batch)
 
     def accept_token_batch(self, pairs: Sequence[tuple[LLGuidanceMatcher, int]]) -> list[bool]:
-        # One by one on the caller's thread: a token's advance costs microseconds, less than
-        # handing the batch to llguidance's pool and waking its threads, which the engine's
-        # steps leave asleep between calls. consume_token runs what consume_token_par runs
-        # for each pair.
-        return [m.take_sampled(token_id) for m, token_id in pairs]
+        pool_pays = self.num_threads >= PARALLEL_ADVANCE_MIN_THREADS
+        if len(pairs) < PARALLEL_ADVANCE_MIN_ROWS or not pool_pays:
+            # One by one on the caller's thread: for a few tokens, less than waking the pool.
+            return [m.take_sampled(token_id) for m, token_id in pairs]
+        # llguidance's pool consumes the running matchers' tokens side by side; a stopped
+        # matcher's token (an EOS after the stop) is only checked, as take_sampled does.
+        stopped = [m.matcher.is_stopped() for m, _ in pairs]
+        running = [(m.matcher, t) for (m, t), done in zip(pairs, stopped) if not done]
+        consumed = iter(self._executor.consume_token_par(running))
+        accepted = []
+        for (m, token_id), done in zip(pairs, stopped):
+            if done:
+                accepted.append(m.accept_tokens([token_id]))
+            else:
+                ok = next(consumed)
+                m.count_consumed(ok)
+                accepted.append(ok)
+        return accepted
 
 
 def byte_token_ids(tokenizer: llguidance.LLTokenizer) -> tuple[int, ...]:

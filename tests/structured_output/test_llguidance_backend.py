@@ -16,6 +16,8 @@ import torch
 from minivllm.structured_output import StructuredOutputsParams, allocate_bitmask
 from minivllm.structured_output.llguidance_backend import (
     MIN_LLGUIDANCE,
+    PARALLEL_ADVANCE_MIN_ROWS,
+    PARALLEL_ADVANCE_MIN_THREADS,
     LLGuidanceBackend,
     check_llguidance_version,
 )
@@ -244,3 +246,46 @@ def test_an_llguidance_older_than_the_pin_is_a_clear_error() -> None:
     pins = tomllib.loads(pyproject.read_text())["project"]["dependencies"]
     (pin,) = [p for p in pins if p.startswith("llguidance")]
     assert pin == "llguidance>=" + ".".join(map(str, MIN_LLGUIDANCE))
+
+
+def test_a_large_batch_advances_on_the_pool_as_one_by_one(tiny_backend, tiny_tokenizer):
+    """From PARALLEL_ADVANCE_MIN_ROWS rows on, a pool of PARALLEL_ADVANCE_MIN_THREADS threads
+    advances the batch: the same answers and matcher states as one by one, with a rejected
+    token, a grammar that has ended taking EOS (checked, not consumed) and refusing more."""
+    pooled = LLGuidanceBackend(tiny_tokenizer, num_threads=PARALLEL_ADVANCE_MIN_THREADS)
+    eos = tiny_backend.eos_token_ids[0]
+    prefix = tiny_tokenizer.encode('{"name": "Al", "ag')
+    good, bad = tiny_tokenizer.encode("e")[0], tiny_tokenizer.encode("}")[0]
+
+    def batch(backend):
+        grammar = backend.compile(StructuredOutputsParams(json=PERSON).spec_key())
+        ended = backend.compile(StructuredOutputsParams(choice=["yes"]).spec_key())
+        matchers = [backend.new_matcher(grammar) for _ in range(PARALLEL_ADVANCE_MIN_ROWS)]
+        for matcher in matchers:
+            assert matcher.accept_tokens(prefix)
+        finished = [backend.new_matcher(ended) for _ in range(2)]
+        for matcher in finished:
+            assert matcher.accept_tokens(tiny_tokenizer.encode("yes"))
+            assert matcher.is_finished()
+        tokens = [good] * (len(matchers) - 1) + [bad, eos, good]
+        return [*matchers, *finished], tokens
+
+    one_by_one, tokens = batch(tiny_backend)
+    side_by_side, same_tokens = batch(pooled)
+    assert tokens == same_tokens
+    expected = [True] * (PARALLEL_ADVANCE_MIN_ROWS - 1) + [False, True, False]
+    assert tiny_backend.accept_token_batch(list(zip(one_by_one, tokens))) == expected
+    assert pooled.accept_token_batch(list(zip(side_by_side, tokens))) == expected
+    vocab = tiny_backend.vocab_size
+    taken = [len(prefix)] * PARALLEL_ADVANCE_MIN_ROWS + [len(tiny_tokenizer.encode("yes"))] * 2
+    for alone, pooled_matcher, ok, before in zip(one_by_one, side_by_side, expected, taken):
+        if alone.error() is not None:  # the rejected token failed both matchers
+            assert pooled_matcher.error() is not None
+            continue
+        assert torch.equal(mask_of(alone, vocab), mask_of(pooled_matcher, vocab))
+        # The token counted where taken: the matcher rolls back to its start, no further.
+        for matcher in (alone, pooled_matcher):
+            with pytest.raises(ValueError, match="cannot roll back"):
+                matcher.rollback(before + ok + 1)
+            matcher.rollback(before + ok)
+        assert torch.equal(mask_of(alone, vocab), mask_of(pooled_matcher, vocab))
