@@ -1,6 +1,6 @@
 """The llguidance backend: specs become llguidance grammars, compiled into template
 LLMatchers ("lanes") that requests deep-copy in turn; a step's masks are filled by
-llguidance's thread pool, its tokens consumed one by one.
+llguidance's thread pool, and its tokens consumed there too at large batch.
 
 Why lanes: an LLMatcher's deep copy shares its template's lexer state (the lazily built
 DFA) behind one mutex, so the copies of one template take turns in the thread pool, however
@@ -168,7 +168,7 @@ class LLGuidanceBackend:
     """A StructuredOutputBackend over llguidance, for one HF fast tokenizer.
 
     vocab_size: the tokenizer's (default) or larger, e.g. the model's padded vocabulary;
-    num_threads: llguidance's mask-filling pool, and the lanes of each grammar (None:
+    num_threads: llguidance's pool (masks, large advances), and the lanes of each grammar (None:
     llguidance's default); limits: its parser limits, which bound the work of one compile
     or one mask (None: its defaults, with errors that do not dump the parser state).
     """
