@@ -112,6 +112,8 @@ def result_fields(workload: Workload, generated: int, seconds: float) -> dict:
         "generated": generated,
         "seconds": round(seconds, 3),
         "output_tok_s": round(workload.num_output_tokens / seconds, 1),
+        # Below output_tok_s where requests end early (a grammar's end, a stop).
+        "generated_tok_s": round(generated / seconds, 1),
         "total_tok_s": round(
             (workload.num_prompt_tokens + workload.num_output_tokens) / seconds, 1
         ),

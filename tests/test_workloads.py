@@ -74,6 +74,8 @@ def test_result_fields(workloads) -> None:
     assert fields["prompt_tokens"] == 4 and fields["output_tokens"] == 16
     assert fields["output_tok_s"] == 8.0 and fields["total_tok_s"] == 10.0
     assert fields["workload"] == "t" and fields["num_requests"] == 2
+    early = workloads.result_fields(w, generated=12, seconds=2.0)  # requests that ended early
+    assert early["output_tok_s"] == 8.0 and early["generated_tok_s"] == 6.0
 
 
 @pytest.fixture(scope="module")
