@@ -221,8 +221,8 @@ def main() -> None:
         from transformers import AutoTokenizer
 
         sent = AutoTokenizer.from_pretrained(model).batch_decode(prompts)
-    prompts, warm_up_prompts = prompts[: args.num_prompts], sent[args.num_prompts :]
-    sent = sent[: args.num_prompts]
+    warm_up_prompts, sent = sent[args.num_prompts :], sent[: args.num_prompts]
+    prompts = prompts[: args.num_prompts]
     port = args.port or _free_port()
     proc = None if args.port else _serve(model, port, extra)
     try:

@@ -244,19 +244,14 @@ class LLGuidanceBackend:
             # One by one on the caller's thread: for a few tokens, less than waking the pool.
             return [m.take_sampled(token_id) for m, token_id in pairs]
         # llguidance's pool consumes the running matchers' tokens side by side; a stopped
-        # matcher's token (an EOS after the stop) is only checked, as take_sampled does.
+        # matcher's token (an EOS after the stop) goes through take_sampled, which checks it.
         stopped = [m.matcher.is_stopped() for m, _ in pairs]
         running = [(m.matcher, t) for (m, t), done in zip(pairs, stopped) if not done]
         consumed = iter(self._executor.consume_token_par(running))
-        accepted = []
-        for (m, token_id), done in zip(pairs, stopped):
-            if done:
-                accepted.append(m.accept_tokens([token_id]))
-            else:
-                ok = next(consumed)
-                m.count_consumed(ok)
-                accepted.append(ok)
-        return accepted
+        return [
+            m.take_sampled(token_id) if done else m.count_consumed(next(consumed))
+            for (m, token_id), done in zip(pairs, stopped)
+        ]
 
 
 def byte_token_ids(tokenizer: llguidance.LLTokenizer) -> tuple[int, ...]:
