@@ -87,3 +87,30 @@ def test_forced_call_streamed_equals_whole(client, tool_choice):
     assert "".join(d.function.arguments for d in rest) == call.function.arguments
     assert not "".join(c.delta.content or "" for chunk in chunks for c in chunk.choices)
     assert [c.finish_reason for chunk in chunks for c in chunk.choices][-1] == "tool_calls"
+
+
+@pytest.mark.parametrize(
+    "tool_choice, max_tokens", [("required", 12), (NAMED, 6)], ids=["required", "named"]
+)
+def test_forced_call_cut_short_streamed_equals_whole(client, tool_choice, max_tokens):
+    """max_tokens ends a forced call inside its arguments: the whole response has the call
+    its stream sent, arguments cut where the stream's end, and finish_reason "length"."""
+    kwargs = dict(
+        model=MODEL_NAME,
+        messages=MESSAGES,
+        tools=TOOLS,
+        tool_choice=tool_choice,
+        temperature=0,
+        seed=0,
+        max_tokens=max_tokens,
+    )
+    choice = client.chat.completions.create(**kwargs).choices[0]
+    assert choice.finish_reason == "length" and choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert call.function.name in PARAMS and call.function.arguments.startswith('{"')
+
+    chunks = list(client.chat.completions.create(stream=True, **kwargs))
+    deltas = [d for chunk in chunks for c in chunk.choices for d in c.delta.tool_calls or []]
+    assert [d.function.name for d in deltas if d.function.name] == [call.function.name]
+    assert "".join(d.function.arguments or "" for d in deltas) == call.function.arguments
+    assert [c.finish_reason for chunk in chunks for c in chunk.choices][-1] == "length"

@@ -20,6 +20,7 @@ from minivllm.entrypoints.openai.constraints import request_constraint, required
 from minivllm.entrypoints.openai.errors import APIError
 from minivllm.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessage
 from minivllm.entrypoints.openai.reasoning import ThinkReasoningStream, prompt_opens_reasoning
+from minivllm.entrypoints.openai.tool_parsers.base import StreamDelta, calls_of
 from minivllm.entrypoints.openai.tool_parsers.forced import RequiredToolStream, extract_required
 from minivllm.entrypoints.openai.tool_parsers.hermes import HermesToolStream, extract_tool_calls
 
@@ -105,11 +106,29 @@ def test_required_output_whole_and_streamed():
         ("get_weather", {"city": "Oslo"}),
         ("f", {}),
     ]
-    assert extract_required(text[:-5]) is None
     for parts in splits(text):
         stream = RequiredToolStream()
         _, streamed = accumulate([stream.feed(p) for p in parts] + [stream.finish()])
         assert streamed == [("get_weather", {"city": "Oslo"}), ("f", {})]
+
+
+def test_required_output_cut_short_is_what_its_stream_sent():
+    """max_tokens cuts a "required" array: the whole response has the calls its stream sent,
+    the last one with its arguments' text up to the cut (the stream cannot take it back)."""
+    text = '[{"name":"get_weather","parameters":{"city":"Oslo"}}, {"name":"f","parameters":{"a'
+    calls = extract_required(text)
+    assert [(c.name, c.arguments) for c in calls] == [
+        ("get_weather", '{"city":"Oslo"}'),
+        ("f", '{"a'),
+    ]
+    for cut in (text[:12], text[:40]):  # inside the first name; inside its arguments
+        whole = [(c.name, c.arguments) for c in extract_required(cut)]
+        for parts in splits(cut):
+            stream = RequiredToolStream()
+            streamed = StreamDelta()
+            for delta in [stream.feed(p) for p in parts] + [stream.finish()]:
+                streamed.add(delta)
+            assert [(c.name, c.arguments) for c in calls_of(streamed)] == whole
 
 
 def test_required_schema_accepts_calls_and_lifts_defs():

@@ -176,8 +176,7 @@ def full_message(
         # Nothing after the reasoning (cut short while thinking): no call, as streamed.
         calls, content = ([ToolCall(spec.tool_name, text)] if text else []), None
     elif spec.tool_mode == "required":
-        calls = extract_required(text)
-        content = text if calls is None else None
+        calls, content = extract_required(text), None
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if reasoning is not None and spec.include_reasoning:
         # vLLM 0.20's field, and the older name many clients still read.

@@ -1,10 +1,8 @@
 """Tool calls the request forced (tool_choice "required" or a named function): the output
-was constrained to a JSON schema (constraints.py), so parsing it cannot fail unless it was
-cut short."""
+was constrained to a JSON schema (constraints.py), so it parses, streamed or whole, into the
+same calls; one cut short by max_tokens ends in a call with its arguments cut short."""
 
 from __future__ import annotations
-
-import json
 
 from minivllm.entrypoints.openai.tool_parsers.base import (
     CallScanner,
@@ -17,18 +15,11 @@ from minivllm.entrypoints.openai.tool_parsers.base import (
 )
 
 
-def extract_required(text: str) -> list[ToolCall] | None:
-    """The calls of a "required" output, `[{"name": ..., "parameters": {...}}, ...]`, or None
-    if it is not one (cut short by max_tokens). Read by RequiredToolStream, so each call's
-    arguments are exactly the text its stream sends."""
-    try:
-        items = json.loads(text)
-    except ValueError:
-        return None
-    if not isinstance(items, list) or not all(
-        isinstance(i, dict) and isinstance(i.get("name"), str) for i in items
-    ):
-        return None
+def extract_required(text: str) -> list[ToolCall]:
+    """The calls of a "required" output, `[{"name": ..., "parameters": {...}}, ...]`, read by
+    RequiredToolStream, so that each call's arguments are exactly the text its stream sends.
+    An output cut short by max_tokens keeps what its stream sent: the calls so far, the last
+    one with its arguments' text up to the cut (the stream cannot take them back)."""
     stream = RequiredToolStream()
     delta = stream.feed(text)
     delta.add(stream.finish())
