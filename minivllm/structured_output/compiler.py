@@ -13,6 +13,20 @@ from minivllm.structured_output.backend import CompiledGrammar, StructuredOutput
 from minivllm.structured_output.params import StructuredOutputSpec
 
 
+def compile_result(
+    future: Future[CompiledGrammar], timeout: float | None = None
+) -> CompiledGrammar:
+    """future.result(timeout), but a failed compile raises a new exception with its type and
+    message, not the future's own. The cache keeps a failed compile's future (it fails again)
+    and every request of its spec reads it: each raise of one exception object would add the
+    raiser's frames to its traceback, and with them what they hold (an LLM, its engine) for
+    as long as the cache holds the future."""
+    error = future.exception(timeout)
+    if error is not None:
+        raise type(error)(*error.args) from None
+    return future.result()
+
+
 @dataclass(frozen=True)
 class CompileCacheInfo:
     hits: int  # submits answered by a cached or in-flight future

@@ -20,7 +20,7 @@ from minivllm.structured_output.backend import (
     StructuredOutputBackend,
 )
 from minivllm.structured_output.bitmask import allocate_bitmask, byte_token_words, unforced_rows
-from minivllm.structured_output.compiler import GrammarCompiler
+from minivllm.structured_output.compiler import GrammarCompiler, compile_result
 from minivllm.structured_output.llguidance_backend import LLGuidanceBackend
 from minivllm.structured_output.params import StructuredOutputsParams, StructuredOutputSpec
 from minivllm.structured_output.request_state import StructuredOutputRequest, matcher_rows
@@ -81,7 +81,7 @@ def check_structured_outputs(
         return
     future = shared_compiler(tokenizer, vocab_size).submit(params.spec_key())
     try:
-        future.result(timeout=VALIDATE_TIMEOUT_S)
+        compile_result(future, VALIDATE_TIMEOUT_S)
     except FutureTimeout:  # the builtin TimeoutError from Python 3.11 on
         raise ValueError(
             f"compiling the structured output {params.kind} took longer than "

@@ -15,6 +15,7 @@ from minivllm.structured_output.backend import (
     GrammarMatcher,
     StructuredOutputBackend,
 )
+from minivllm.structured_output.compiler import compile_result
 from minivllm.structured_output.params import StructuredOutputSpec
 
 
@@ -60,7 +61,7 @@ class StructuredOutputRequest:
         if self._matcher is None:
             if not self._grammar.done():
                 return False
-            grammar = self._grammar.result()
+            grammar = compile_result(self._grammar)
             try:
                 self._matcher = self._backend.new_matcher(grammar)
             except Exception as e:  # noqa: BLE001 - the request fails, not the engine

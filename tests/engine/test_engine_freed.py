@@ -9,6 +9,7 @@ import weakref
 import pytest
 
 from minivllm import LLM, SamplingParams
+from minivllm.structured_output import StructuredOutputsParams
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True, logprobs=1)
 
@@ -52,3 +53,19 @@ def test_gc_heap_frozen_while_the_engine_lives_and_a_dropped_engine_still_freed(
     gc.collect()
     assert gc.get_freeze_count() == 0
     assert ref() is None
+
+
+def test_runner_freed_after_a_structured_output_spec_failed(tiny_qwen3_dir: str) -> None:
+    # A spec that does not compile fails its call with a ValueError, raised from the compile's
+    # future, which the process's compile cache keeps (the spec fails again). Raising that
+    # exception must not hang the caller's frames (the LLM, its engine) on its traceback.
+    llm = LLM(tiny_qwen3_dir, dtype="float32", device="cpu", block_size=8)
+    bad = SamplingParams(max_tokens=2, structured_outputs=StructuredOutputsParams(regex="(("))
+    for _ in range(2):  # the compile, then the cached failure
+        with pytest.raises(ValueError, match="invalid structured output regex"):
+            llm.generate([{"prompt_token_ids": [3, 4, 5]}], bad, use_tqdm=False)
+    ref = weakref.ref(llm.engine.executor.runner.model)
+    llm.shutdown()
+    del llm
+    gc.collect()
+    assert ref() is None, [type(r) for r in gc.get_referrers(ref())]
