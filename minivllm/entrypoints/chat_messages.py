@@ -109,10 +109,12 @@ def render_conversation(
     add_generation_prompt: bool = True,
     continue_final_message: bool = False,
     template_kwargs: Mapping[str, Any] | None = None,
+    documents: list[dict[str, str]] | None = None,
 ) -> str:
     """A template_conversation through the chat template (the tokenizer's, or chat_template),
-    as text; tools reach it as `tools` (templates that do not read them ignore them). Errors of
-    the template itself propagate as raised."""
+    as text; tools and documents (for retrieval) reach it as `tools` and `documents`
+    (templates that do not read them ignore them). Errors of the template itself propagate
+    as raised."""
     kwargs = dict(template_kwargs or {})
     bad = sorted(set(kwargs) & RESERVED_TEMPLATE_KWARGS)
     if bad:
@@ -128,5 +130,6 @@ def render_conversation(
         continue_final_message=continue_final_message,
         tokenize=False,
         tools=tools,
+        documents=documents,
         **kwargs,
     )

@@ -74,8 +74,32 @@ def _describe(e: ValidationError) -> str:
     parts = []
     for err in e.errors()[:3]:
         loc = ".".join(str(p) for p in err["loc"])
-        parts.append(f"{loc}: {err['msg']}")
+        if err["type"] == "extra_forbidden":
+            parts.append(f"{loc}: not a field of this request (unknown fields are refused)")
+        else:
+            parts.append(f"{loc}: {err['msg']}")
     return "; ".join(parts)
+
+
+def check_unimplemented(req: Any) -> None:
+    """A 400 naming the first field of req.UNIMPLEMENTED (OpenAI's or vLLM's, not implemented
+    here) that the request sets to a value that would change something."""
+    for name, no_ops in req.UNIMPLEMENTED.items():
+        value = getattr(req, name)
+        if value is not None and not any(_same(value, v) for v in no_ops):
+            allowed = " or ".join(json.dumps(v) for v in no_ops)
+            raise APIError(
+                f"{name} is not supported by this server"
+                + (f" (only {allowed}, which changes nothing, is accepted)" if allowed else ""),
+                param=name,
+            )
+
+
+def _same(value: Any, no_op: Any) -> bool:
+    """value equals no_op as JSON values do (true is not 1)."""
+    if type(no_op) is float and type(value) is int:  # 1 for 1.0
+        return value == no_op
+    return type(value) is type(no_op) and value == no_op
 
 
 def check_model(requested: str | None, served_names: list[str]) -> None:

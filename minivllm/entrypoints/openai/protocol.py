@@ -1,13 +1,17 @@
 """Request bodies of the OpenAI-compatible API (pydantic), with vLLM's extra sampling fields.
 
-Unknown fields are accepted and ignored, as vLLM does. Responses are built as plain dicts
-in the serving modules (their shapes are documented there and in docs/serving.md).
+A completion or chat body with a field that neither OpenAI's API nor vLLM's has is a 400, as
+in OpenAI's API (vLLM ignores it): a misspelt field would otherwise change the output in
+silence. Their fields that this server does not implement are accepted only at the value that
+changes nothing (UNIMPLEMENTED). Nested objects (messages, tools) ignore unknown keys: clients
+send back assistant messages as they received them. Responses are built as plain dicts in the
+serving modules (their shapes are documented there and in docs/serving.md).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt
 
@@ -57,6 +61,33 @@ class StreamOptions(_Request):
 class _SamplingFields(_Request):
     """Fields shared by completions and chat (OpenAI's, then vLLM's extras)."""
 
+    # A body's fields are these and no others (the module's docstring).
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    # Field -> the values that change nothing, for fields accepted only to refuse any other
+    # value (params.check_unimplemented: a 400 naming the field); None always changes nothing.
+    UNIMPLEMENTED: ClassVar[dict[str, tuple[Any, ...]]] = {
+        "use_beam_search": (False,),
+        "length_penalty": (1.0,),
+        "spaces_between_special_tokens": (True,),
+        "truncate_prompt_tokens": (),
+        "prompt_logprobs": (),
+        "allowed_token_ids": (),
+        "priority": (0,),
+        "request_id": (),
+        "return_tokens_as_token_ids": (False,),
+        "return_token_ids": (False,),
+        "cache_salt": (),
+        "kv_transfer_params": (),
+        "vllm_xargs": (),
+        "repetition_detection": (),
+        # SGLang's, which routers in front of a server add to what they forward
+        # (vllm-router sends their defaults)
+        "no_stop_trim": (False,),
+        "separate_reasoning": (True,),
+        "stream_reasoning": (True,),
+        "return_hidden_states": (False,),
+    }
+
     model: str | None = None
     max_tokens: StrictInt | None = None
     temperature: Number | None = None
@@ -81,6 +112,32 @@ class _SamplingFields(_Request):
     min_tokens: StrictInt = 0
     skip_special_tokens: StrictBool = True
     include_stop_str_in_output: StrictBool = False
+    guided_decoding_backend: str | None = None  # accepted: llguidance is the one backend
+    # OpenAI's, about the account or the caller; nothing in the output depends on them
+    store: StrictBool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+    # vLLM's that this server does not implement (UNIMPLEMENTED)
+    use_beam_search: Any = None
+    length_penalty: Any = None
+    spaces_between_special_tokens: Any = None
+    truncate_prompt_tokens: Any = None
+    prompt_logprobs: Any = None
+    allowed_token_ids: Any = None
+    priority: Any = None
+    request_id: Any = None
+    return_tokens_as_token_ids: Any = None
+    return_token_ids: Any = None
+    cache_salt: Any = None
+    kv_transfer_params: Any = None
+    vllm_xargs: Any = None
+    repetition_detection: Any = None
+    no_stop_trim: Any = None
+    separate_reasoning: Any = None
+    stream_reasoning: Any = None
+    return_hidden_states: Any = None
 
 
 class JsonSchemaFormat(_Request):
@@ -124,10 +181,19 @@ class _ConstrainedFields(_SamplingFields):
 
 
 class CompletionRequest(_ConstrainedFields):
+    UNIMPLEMENTED = _ConstrainedFields.UNIMPLEMENTED | {
+        "suffix": (),
+        "add_special_tokens": (True,),
+        "prompt_embeds": (),
+        "logits_processors": (),
+    }
     prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]]
     logprobs: StrictInt | None = None
     echo: StrictBool = False
-    suffix: str | None = None
+    suffix: Any = None
+    add_special_tokens: Any = None
+    prompt_embeds: Any = None
+    logits_processors: Any = None
 
 
 class FunctionCallIn(_Request):
@@ -175,6 +241,22 @@ class NamedToolChoice(_Request):
 
 
 class ChatCompletionRequest(_ConstrainedFields):
+    UNIMPLEMENTED = _ConstrainedFields.UNIMPLEMENTED | {
+        "bad_words": ([],),
+        "echo": (False,),
+        "add_special_tokens": (False,),
+        "thinking_token_budget": (),
+        "media_io_kwargs": (),
+        "mm_processor_kwargs": (),
+        # OpenAI's
+        "functions": (),
+        "function_call": (),
+        "audio": (),
+        "modalities": (["text"],),
+        "prediction": (),
+        "web_search_options": (),
+        "verbosity": (),
+    }
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: StrictInt | None = None
     logprobs: StrictBool = False
@@ -189,6 +271,30 @@ class ChatCompletionRequest(_ConstrainedFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: StrictBool = True
     include_reasoning: StrictBool = True  # vLLM's: False drops the reasoning from the reply
+    # OpenAI's, vLLM's: both reach the chat template, as in vLLM (template_kwargs(); the
+    # documents as apply_chat_template's own argument)
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    documents: list[dict[str, str]] | None = None
+    bad_words: Any = None
+    echo: Any = None
+    add_special_tokens: Any = None
+    thinking_token_budget: Any = None
+    media_io_kwargs: Any = None
+    mm_processor_kwargs: Any = None
+    functions: Any = None
+    function_call: Any = None
+    audio: Any = None
+    modalities: Any = None
+    prediction: Any = None
+    web_search_options: Any = None
+    verbosity: Any = None
+
+    def template_kwargs(self) -> dict[str, Any] | None:
+        """The chat template's keyword arguments: chat_template_kwargs, with reasoning_effort
+        when the request has it (chat_template_kwargs' own key wins)."""
+        if self.reasoning_effort is None:
+            return self.chat_template_kwargs
+        return {"reasoning_effort": self.reasoning_effort} | (self.chat_template_kwargs or {})
 
 
 class TokenizeRequest(_Request):

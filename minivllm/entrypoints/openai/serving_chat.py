@@ -19,7 +19,7 @@ from minivllm.entrypoints.openai.chat.template import render_chat_text
 from minivllm.entrypoints.openai.constraints import check_constraint, request_constraint
 from minivllm.entrypoints.openai.errors import APIError, sse_error
 from minivllm.entrypoints.openai.logprobs import chat_logprobs
-from minivllm.entrypoints.openai.params import check_model, sampling_params
+from minivllm.entrypoints.openai.params import check_model, check_unimplemented, sampling_params
 from minivllm.entrypoints.openai.protocol import (
     MAX_LOGPROBS,
     ChatCompletionRequest,
@@ -50,6 +50,7 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest)
             "chat_template in a request is not accepted; the server's --chat-template is used",
             param="chat_template",
         )
+    check_unimplemented(req)
     check_num_completions(state.limits, 1, req.n)
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError("top_logprobs needs logprobs: true", param="top_logprobs")
@@ -65,14 +66,15 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest)
         req.messages,
         req.add_generation_prompt,
         req.continue_final_message,
-        req.chat_template_kwargs,
+        req.template_kwargs(),
         [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None,
+        documents=req.documents,
     )
     token_ids = await tokenize_text(engine, prompt, add_special_tokens=False, param="messages")
     # The constraint as asked first (its errors name what the request sent), then as it
     # holds: after the reasoning, when the model thinks first.
     await check_constraint(engine, constraint)
-    start = reasoning_start(state.reasoning_parser, prompt, req.chat_template_kwargs)
+    start = reasoning_start(state.reasoning_parser, prompt, req.template_kwargs())
     if constraint is not None and start != "off":
         special = has_special_markers(engine.tokenizer)
         constraint = (constraint[0], after_reasoning(constraint[1], start, special))

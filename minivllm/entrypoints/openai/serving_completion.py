@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from minivllm.entrypoints.openai.constraints import check_constraint, request_constraint
 from minivllm.entrypoints.openai.errors import APIError, sse_error
 from minivllm.entrypoints.openai.logprobs import completion_logprobs
-from minivllm.entrypoints.openai.params import check_model, sampling_params
+from minivllm.entrypoints.openai.params import check_model, check_unimplemented, sampling_params
 from minivllm.entrypoints.openai.protocol import CompletionRequest
 from minivllm.entrypoints.openai.serving_common import (
     ServerState,
@@ -50,8 +50,7 @@ def _num_prompts(prompt) -> int:
 
 async def create_completion(state: ServerState, req: CompletionRequest):
     check_model(req.model, state.served_model_names)
-    if req.suffix:
-        raise APIError("suffix is not supported", param="suffix")
+    check_unimplemented(req)
     check_num_completions(state.limits, _num_prompts(req.prompt), req.n)
     engine = state.engine
     constraint = request_constraint(req)

@@ -12,10 +12,11 @@ from transformers import AutoTokenizer
 
 from minivllm.entrypoints.async_llm import _generation_defaults
 from minivllm.entrypoints.openai.api_server import load_chat_template
+from minivllm.entrypoints.openai.chat.template import render_chat_text
 from minivllm.entrypoints.openai.errors import APIError
 from minivllm.entrypoints.openai.logprobs import chat_logprobs, completion_logprobs
 from minivllm.entrypoints.openai.params import sampling_params
-from minivllm.entrypoints.openai.protocol import CompletionRequest
+from minivllm.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 from minivllm.outputs import Logprob
 
 
@@ -98,3 +99,35 @@ def test_a_grammar_engine_that_cannot_run_is_a_500_saying_why(monkeypatch) -> No
         asyncio.run(constraints.check_constraint(engine, constraint))
     assert caught.value.status == 500 and caught.value.param == "response_format"
     assert "llguidance >= 1.9, but 1.3.0 is installed" in caught.value.message
+
+
+def test_reasoning_effort_and_documents_reach_the_chat_template(tiny_qwen3_dir) -> None:
+    # As in vLLM: reasoning_effort joins the template's keyword arguments (chat_template_kwargs'
+    # own key wins), documents go in as apply_chat_template's argument of that name.
+    async def run(fn, *args):
+        return fn(*args)
+
+    engine = SimpleNamespace(
+        tokenizer=AutoTokenizer.from_pretrained(tiny_qwen3_dir),
+        async_tokenizer=SimpleNamespace(run=run),
+    )
+    template = (
+        "{{ reasoning_effort }}|{% for d in documents or [] %}{{ d['title'] }};{% endfor %}"
+        "|{{ messages[0]['content'] }}"
+    )
+
+    def render(**fields) -> str:
+        body = {"messages": [{"role": "user", "content": "hi"}], **fields}
+        req = ChatCompletionRequest.model_validate(body)
+        kwargs = req.template_kwargs()
+        return asyncio.run(
+            render_chat_text(
+                engine, template, req.messages, True, False, kwargs, None, documents=req.documents
+            )  # fmt: skip
+        )
+
+    documents = [{"title": "A", "text": "x"}, {"title": "B", "text": "y"}]
+    assert render(reasoning_effort="low", documents=documents) == "low|A;B;|hi"
+    assert render() == "||hi"
+    high = {"reasoning_effort": "high"}
+    assert render(reasoning_effort="low", chat_template_kwargs=high) == "high||hi"

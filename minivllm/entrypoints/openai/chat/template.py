@@ -59,9 +59,11 @@ async def render_chat_text(
     continue_final_message: bool,
     template_kwargs: dict[str, Any] | None,
     tools: list[dict[str, Any]] | None = None,
+    documents: list[dict[str, str]] | None = None,
 ) -> str:
     """The conversation through the chat template, as text (render_chat's first half); tools
-    reach the template as `tools` (templates that do not read them ignore them)."""
+    and documents reach the template as `tools` and `documents` (templates that do not read
+    them ignore them)."""
     tokenizer = engine.tokenizer
     kwargs = dict(template_kwargs or {})
     bad = sorted(set(kwargs) & RESERVED_TEMPLATE_KWARGS)
@@ -74,6 +76,7 @@ async def render_chat_text(
         tokenizer,
         messages,
         tools=tools,
+        documents=documents,
         chat_template=chat_template,
         add_generation_prompt=add_generation_prompt,
         continue_final_message=continue_final_message,
