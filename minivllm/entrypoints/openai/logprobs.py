@@ -75,3 +75,34 @@ def chat_logprobs(token_ids: list[int], logprobs: list[LogprobsDict], num_top: i
             }
         )
     return {"content": content}
+
+
+def top_ranks(entry: LogprobsDict, token_id: int, num_top: int) -> LogprobsDict:
+    """The entry the engine gives with num_top top ranks, from one it gave with as many or more:
+    the token's own, then ranks 1 .. num_top (one request can ask for prompt tokens' top
+    ranks twice, for echo's logprobs and for prompt_logprobs; the engine scores the larger)."""
+    return {t: lp for t, lp in entry.items() if t == token_id or lp.rank <= num_top}
+
+
+def prompt_logprobs(
+    token_ids: list[int], entries: list[LogprobsDict | None] | None, num_top: int
+) -> list[dict[str, dict] | None]:
+    """vLLM's `prompt_logprobs`: per prompt token None (the first, which nothing predicts) or
+    {"token id": {"logprob", "rank", "decoded_token"}}, the token's own entry and the top
+    num_top."""
+    result: list[dict[str, dict] | None] = []
+    for token_id, entry in zip(token_ids, entries or [None] * len(token_ids)):
+        if entry is None:
+            result.append(None)
+            continue
+        result.append(
+            {
+                str(t): {
+                    "logprob": _value(lp.logprob),
+                    "rank": lp.rank,
+                    "decoded_token": lp.decoded_token,
+                }
+                for t, lp in top_ranks(entry, token_id, num_top).items()
+            }
+        )
+    return result

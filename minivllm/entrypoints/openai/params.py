@@ -188,6 +188,14 @@ def _check_limits(req: Any, logprobs: int | None) -> None:
         raise APIError(
             f"logprobs must be between 0 and {MAX_LOGPROBS}, got {logprobs}", param="logprobs"
         )
+    if req.prompt_logprobs is not None:
+        if req.stream:  # as in vLLM: they would all come in the first chunk
+            raise APIError("prompt_logprobs are not available with stream=true", param="stream")
+        if not 0 <= req.prompt_logprobs <= MAX_LOGPROBS:
+            raise APIError(
+                f"prompt_logprobs must be between 0 and {MAX_LOGPROBS}, got {req.prompt_logprobs}",
+                param="prompt_logprobs",
+            )
     stops = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
     if len(stops) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_STRING_CHARS for s in stops):
         raise APIError(

@@ -70,7 +70,6 @@ class _SamplingFields(_Request):
         "length_penalty": (1.0,),
         "spaces_between_special_tokens": (True,),
         "truncate_prompt_tokens": (),
-        "prompt_logprobs": (),
         "allowed_token_ids": (),
         "priority": (0,),
         "request_id": (),
@@ -112,6 +111,8 @@ class _SamplingFields(_Request):
     min_tokens: StrictInt = 0
     skip_special_tokens: StrictBool = True
     include_stop_str_in_output: StrictBool = False
+    # Per prompt token its logprob and the top k (not streamed: logprobs.prompt_logprobs)
+    prompt_logprobs: StrictInt | None = None
     guided_decoding_backend: str | None = None  # accepted: llguidance is the one backend
     # OpenAI's, about the account or the caller; nothing in the output depends on them
     store: StrictBool | None = None
@@ -124,7 +125,6 @@ class _SamplingFields(_Request):
     length_penalty: Any = None
     spaces_between_special_tokens: Any = None
     truncate_prompt_tokens: Any = None
-    prompt_logprobs: Any = None
     allowed_token_ids: Any = None
     priority: Any = None
     request_id: Any = None

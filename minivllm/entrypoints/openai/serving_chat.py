@@ -18,7 +18,7 @@ from minivllm.entrypoints.openai.chat.output import (
 from minivllm.entrypoints.openai.chat.template import render_chat_text
 from minivllm.entrypoints.openai.constraints import check_constraint, request_constraint
 from minivllm.entrypoints.openai.errors import APIError, sse_error
-from minivllm.entrypoints.openai.logprobs import chat_logprobs
+from minivllm.entrypoints.openai.logprobs import chat_logprobs, prompt_logprobs
 from minivllm.entrypoints.openai.params import check_model, check_unimplemented, sampling_params
 from minivllm.entrypoints.openai.protocol import (
     MAX_LOGPROBS,
@@ -89,6 +89,7 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest)
         engine.max_model_len,
         max_tokens,
         (top or 0) if req.logprobs else None,
+        prompt_logprobs=req.prompt_logprobs,
         structured_outputs=constraint[1] if constraint is not None else None,
     )
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
@@ -133,7 +134,12 @@ class _ChatResponse:
                     "stop_reason": c.stop_reason,
                 }
             )
-        return {**self.head, "choices": choices, "usage": usage([output])}
+        body = {**self.head, "choices": choices, "usage": usage([output])}
+        if self.req.prompt_logprobs is not None:  # vLLM's field, on the response
+            body["prompt_logprobs"] = prompt_logprobs(
+                output.prompt_token_ids, output.prompt_logprobs, self.req.prompt_logprobs
+            )
+        return body
 
     async def stream(self, iterators: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[bytes]:
         chunks = SSEChunks({**self.head, "object": "chat.completion.chunk"})

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from minivllm.entrypoints.openai.constraints import check_constraint, request_constraint
 from minivllm.entrypoints.openai.errors import APIError, sse_error
-from minivllm.entrypoints.openai.logprobs import completion_logprobs
+from minivllm.entrypoints.openai.logprobs import completion_logprobs, prompt_logprobs, top_ranks
 from minivllm.entrypoints.openai.params import check_model, check_unimplemented, sampling_params
 from minivllm.entrypoints.openai.protocol import CompletionRequest
 from minivllm.entrypoints.openai.serving_common import (
@@ -56,7 +56,10 @@ async def create_completion(state: ServerState, req: CompletionRequest):
     constraint = request_constraint(req)
     prompts = await _prompts(req, engine)
     await check_constraint(engine, constraint)
-    echo_logprobs = req.logprobs if req.echo else None
+    # Prompt tokens' top ranks, for echo's logprobs and prompt_logprobs: the engine scores
+    # the larger count, each view keeps its own (logprobs.top_ranks).
+    asked = [k for k in (req.logprobs if req.echo else None, req.prompt_logprobs) if k is not None]
+    prompt_top = max(asked, default=None)
     specs = []
     async for text, token_ids in fair_slices(prompts):
         params = sampling_params(
@@ -66,7 +69,7 @@ async def create_completion(state: ServerState, req: CompletionRequest):
             engine.max_model_len,
             req.max_tokens,
             req.logprobs,
-            prompt_logprobs=echo_logprobs,
+            prompt_logprobs=prompt_top,
             structured_outputs=constraint[1] if constraint is not None else None,
         )
         specs.append((text, token_ids, params))
@@ -99,9 +102,15 @@ class _Response:
         token_ids = choice.token_ids[start:]
         entries = (choice.logprobs or [])[start:]
         if echo:
-            token_ids = output.prompt_token_ids + token_ids
-            entries = list(output.prompt_logprobs or [None] * len(output.prompt_token_ids))
-            entries += (choice.logprobs or [])[start:]
+            prompt_ids = output.prompt_token_ids
+            num_top = self.req.logprobs
+            entries = [
+                None if entry is None else top_ranks(entry, token_id, num_top)
+                for token_id, entry in zip(
+                    prompt_ids, output.prompt_logprobs or [None] * len(prompt_ids)
+                )
+            ] + (choice.logprobs or [])[start:]
+            token_ids = prompt_ids + token_ids
         return completion_logprobs(token_ids, entries, self.req.logprobs, self.tokenizer)
 
     def full(self, finals: list[RequestOutput | None]) -> dict:
@@ -119,6 +128,10 @@ class _Response:
                         "stop_reason": choice.stop_reason,
                     }
                 )
+                if self.req.prompt_logprobs is not None:  # vLLM's field, on each choice
+                    choices[-1]["prompt_logprobs"] = prompt_logprobs(
+                        output.prompt_token_ids, output.prompt_logprobs, self.req.prompt_logprobs
+                    )
         return {**self.head, "choices": choices, "usage": usage(finals)}
 
     async def stream(self, iterators: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[bytes]:

@@ -68,6 +68,48 @@ def test_chat_logprobs_match_offline(client, offline) -> None:
     assert all(len(c.top_logprobs) == 2 for c in choice.logprobs.content)
 
 
+def _check_prompt_logprobs(got: list, ref: list) -> None:
+    """vLLM's shape, None first, then {"token id": {"logprob", "rank", "decoded_token"}}, with
+    the values of the offline API's prompt_logprobs."""
+    assert got[0] is None and len(got) == len(ref)
+    for entry, ref_entry in zip(got[1:], ref[1:]):
+        assert {int(k) for k in entry} == set(ref_entry)
+        for k, value in entry.items():
+            expected = ref_entry[int(k)]
+            assert value["logprob"] == pytest.approx(expected.logprob, abs=1e-4)
+            assert value["rank"] == expected.rank
+            assert value["decoded_token"] == expected.decoded_token
+
+
+def test_prompt_logprobs_match_offline(client, offline) -> None:
+    # Asked beside echo's logprobs of another k: each keeps its own top ranks.
+    out = client.completions.create(
+        model=MODEL_NAME, prompt=PROMPT_IDS, echo=True, logprobs=1, max_tokens=1,
+        temperature=0.0, extra_body={"prompt_logprobs": 3},
+    )  # fmt: skip
+    params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=3)
+    ref = offline.generate({"prompt_token_ids": PROMPT_IDS}, params, use_tqdm=False)[0]
+    _check_prompt_logprobs(out.choices[0].model_extra["prompt_logprobs"], ref.prompt_logprobs)
+    params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1)
+    ref = offline.generate({"prompt_token_ids": PROMPT_IDS}, params, use_tqdm=False)[0]
+    echoed = out.choices[0].logprobs
+    assert echoed.token_logprobs[0] is None
+    assert echoed.token_logprobs[1 : len(PROMPT_IDS)] == pytest.approx(
+        [e[t].logprob for e, t in zip(ref.prompt_logprobs[1:], PROMPT_IDS[1:])], abs=1e-4
+    )
+    assert [len(t) for t in echoed.top_logprobs[1 : len(PROMPT_IDS)]] == [
+        len({lp.decoded_token for lp in e.values()}) for e in ref.prompt_logprobs[1:]
+    ]
+
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    out = client.chat.completions.create(
+        model=MODEL_NAME, messages=messages, max_tokens=1, extra_body={"prompt_logprobs": 2}
+    )
+    params = SamplingParams(max_tokens=1, prompt_logprobs=2)
+    ref = offline.chat(messages, params, use_tqdm=False)[0]
+    _check_prompt_logprobs(out.model_extra["prompt_logprobs"], ref.prompt_logprobs)
+
+
 def _stream_text(stream) -> tuple[str, list, object]:
     texts, finish, usage = [], [], None
     for chunk in stream:
