@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from typing import Any, TypeVar
 
@@ -81,10 +82,11 @@ def _describe(e: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def check_unimplemented(req: Any) -> None:
-    """A 400 naming the first field of req.UNIMPLEMENTED (OpenAI's or vLLM's, not implemented
-    here) that the request sets to a value that would change something."""
-    for name, no_ops in req.UNIMPLEMENTED.items():
+def check_unimplemented(req: BaseModel) -> None:
+    """A 400 naming the first field that the request's model declares unimplemented
+    (protocol._unimplemented: OpenAI's or vLLM's, not implemented here) and that the request
+    sets to a value that would change something."""
+    for name, no_ops in _unimplemented_fields(type(req)):
         value = getattr(req, name)
         if value is not None and not any(_same(value, v) for v in no_ops):
             allowed = " or ".join(json.dumps(v) for v in no_ops)
@@ -93,6 +95,16 @@ def check_unimplemented(req: Any) -> None:
                 + (f" (only {allowed}, which changes nothing, is accepted)" if allowed else ""),
                 param=name,
             )
+
+
+@functools.cache
+def _unimplemented_fields(model: type[BaseModel]) -> list[tuple[str, list[Any]]]:
+    """(name, no-op values) of the model's unimplemented fields, worked out once per model."""
+    return [
+        (name, field.json_schema_extra["unimplemented"])
+        for name, field in model.model_fields.items()
+        if isinstance(field.json_schema_extra, dict) and "unimplemented" in field.json_schema_extra
+    ]
 
 
 def _same(value: Any, no_op: Any) -> bool:

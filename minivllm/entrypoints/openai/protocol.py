@@ -3,7 +3,7 @@
 A completion or chat body with a field that neither OpenAI's API nor vLLM's has is a 400, as
 in OpenAI's API (vLLM ignores it): a misspelt field would otherwise change the output in
 silence. Their fields that this server does not implement are accepted only at the value that
-changes nothing (UNIMPLEMENTED). Nested objects (messages, tools) ignore unknown keys: clients
+changes nothing (_unimplemented). Nested objects (messages, tools) ignore unknown keys: clients
 send back assistant messages as they received them. Responses are built as plain dicts in the
 serving modules (their shapes are documented there and in docs/serving.md).
 """
@@ -11,7 +11,7 @@ serving modules (their shapes are documented there and in docs/serving.md).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt
 
@@ -58,35 +58,18 @@ class StreamOptions(_Request):
     continuous_usage_stats: bool = False
 
 
+def _unimplemented(*no_ops: Any) -> Any:
+    """A field of OpenAI's or vLLM's requests that this server does not implement: accepted
+    when null or one of no_ops (values that change nothing), any other value is a 400 naming
+    it (params.check_unimplemented), never a field dropped in silence."""
+    return Field(default=None, json_schema_extra={"unimplemented": list(no_ops)})
+
+
 class _SamplingFields(_Request):
     """Fields shared by completions and chat (OpenAI's, then vLLM's extras)."""
 
     # A body's fields are these and no others (the module's docstring).
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-    # Field -> the values that change nothing, for fields accepted only to refuse any other
-    # value (params.check_unimplemented: a 400 naming the field); None always changes nothing.
-    UNIMPLEMENTED: ClassVar[dict[str, tuple[Any, ...]]] = {
-        "use_beam_search": (False,),
-        "length_penalty": (1.0,),
-        "spaces_between_special_tokens": (True,),
-        "truncate_prompt_tokens": (),
-        "allowed_token_ids": (),
-        "priority": (0,),
-        "request_id": (),
-        "return_tokens_as_token_ids": (False,),
-        "return_token_ids": (False,),
-        "cache_salt": (),
-        "kv_transfer_params": (),
-        "vllm_xargs": (),
-        "repetition_detection": (),
-        # SGLang's, which routers in front of a server add to what they forward
-        # (vllm-router sends their defaults)
-        "no_stop_trim": (False,),
-        "separate_reasoning": (True,),
-        "stream_reasoning": (True,),
-        "return_hidden_states": (False,),
-    }
-
     model: str | None = None
     max_tokens: StrictInt | None = None
     temperature: Number | None = None
@@ -120,24 +103,26 @@ class _SamplingFields(_Request):
     service_tier: str | None = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
-    # vLLM's that this server does not implement (UNIMPLEMENTED)
-    use_beam_search: Any = None
-    length_penalty: Any = None
-    spaces_between_special_tokens: Any = None
-    truncate_prompt_tokens: Any = None
-    allowed_token_ids: Any = None
-    priority: Any = None
-    request_id: Any = None
-    return_tokens_as_token_ids: Any = None
-    return_token_ids: Any = None
-    cache_salt: Any = None
-    kv_transfer_params: Any = None
-    vllm_xargs: Any = None
-    repetition_detection: Any = None
-    no_stop_trim: Any = None
-    separate_reasoning: Any = None
-    stream_reasoning: Any = None
-    return_hidden_states: Any = None
+    # vLLM's that this server does not implement
+    use_beam_search: Any = _unimplemented(False)
+    length_penalty: Any = _unimplemented(1.0)
+    spaces_between_special_tokens: Any = _unimplemented(True)
+    truncate_prompt_tokens: Any = _unimplemented()
+    allowed_token_ids: Any = _unimplemented()
+    priority: Any = _unimplemented(0)
+    request_id: Any = _unimplemented()
+    return_tokens_as_token_ids: Any = _unimplemented(False)
+    return_token_ids: Any = _unimplemented(False)
+    cache_salt: Any = _unimplemented()
+    kv_transfer_params: Any = _unimplemented()
+    vllm_xargs: Any = _unimplemented()
+    repetition_detection: Any = _unimplemented()
+    # SGLang's, which routers in front of a server add to what they forward (vllm-router
+    # sends these values)
+    no_stop_trim: Any = _unimplemented(False)
+    separate_reasoning: Any = _unimplemented(True)
+    stream_reasoning: Any = _unimplemented(True)
+    return_hidden_states: Any = _unimplemented(False)
 
 
 class JsonSchemaFormat(_Request):
@@ -181,19 +166,14 @@ class _ConstrainedFields(_SamplingFields):
 
 
 class CompletionRequest(_ConstrainedFields):
-    UNIMPLEMENTED = _ConstrainedFields.UNIMPLEMENTED | {
-        "suffix": (),
-        "add_special_tokens": (True,),
-        "prompt_embeds": (),
-        "logits_processors": (),
-    }
     prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]]
     logprobs: StrictInt | None = None
     echo: StrictBool = False
-    suffix: Any = None
-    add_special_tokens: Any = None
-    prompt_embeds: Any = None
-    logits_processors: Any = None
+    # OpenAI's, then vLLM's, that this server does not implement
+    suffix: Any = _unimplemented()
+    add_special_tokens: Any = _unimplemented(True)
+    prompt_embeds: Any = _unimplemented()
+    logits_processors: Any = _unimplemented()
 
 
 class FunctionCallIn(_Request):
@@ -241,22 +221,6 @@ class NamedToolChoice(_Request):
 
 
 class ChatCompletionRequest(_ConstrainedFields):
-    UNIMPLEMENTED = _ConstrainedFields.UNIMPLEMENTED | {
-        "bad_words": ([],),
-        "echo": (False,),
-        "add_special_tokens": (False,),
-        "thinking_token_budget": (),
-        "media_io_kwargs": (),
-        "mm_processor_kwargs": (),
-        # OpenAI's
-        "functions": (),
-        "function_call": (),
-        "audio": (),
-        "modalities": (["text"],),
-        "prediction": (),
-        "web_search_options": (),
-        "verbosity": (),
-    }
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: StrictInt | None = None
     logprobs: StrictBool = False
@@ -275,19 +239,20 @@ class ChatCompletionRequest(_ConstrainedFields):
     # documents as apply_chat_template's own argument)
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
     documents: list[dict[str, str]] | None = None
-    bad_words: Any = None
-    echo: Any = None
-    add_special_tokens: Any = None
-    thinking_token_budget: Any = None
-    media_io_kwargs: Any = None
-    mm_processor_kwargs: Any = None
-    functions: Any = None
-    function_call: Any = None
-    audio: Any = None
-    modalities: Any = None
-    prediction: Any = None
-    web_search_options: Any = None
-    verbosity: Any = None
+    # vLLM's, then OpenAI's, that this server does not implement
+    bad_words: Any = _unimplemented([])
+    echo: Any = _unimplemented(False)
+    add_special_tokens: Any = _unimplemented(False)
+    thinking_token_budget: Any = _unimplemented()
+    media_io_kwargs: Any = _unimplemented()
+    mm_processor_kwargs: Any = _unimplemented()
+    functions: Any = _unimplemented()
+    function_call: Any = _unimplemented()
+    audio: Any = _unimplemented()
+    modalities: Any = _unimplemented(["text"])
+    prediction: Any = _unimplemented()
+    web_search_options: Any = _unimplemented()
+    verbosity: Any = _unimplemented()
 
     def template_kwargs(self) -> dict[str, Any] | None:
         """The chat template's keyword arguments: chat_template_kwargs, with reasoning_effort
