@@ -96,6 +96,9 @@ class _SamplingFields(_Request):
     include_stop_str_in_output: StrictBool = False
     # Per prompt token its logprob and the top k (not streamed: logprobs.prompt_logprobs)
     prompt_logprobs: StrictInt | None = None
+    # The prompt's and the output's token ids beside the text (vLLM's; agents and RL rollouts
+    # read them rather than tokenize the text again)
+    return_token_ids: StrictBool = False
     guided_decoding_backend: str | None = None  # accepted: llguidance is the one backend
     # OpenAI's, about the account or the caller; nothing in the output depends on them
     store: StrictBool | None = None
@@ -112,7 +115,6 @@ class _SamplingFields(_Request):
     priority: Any = _unimplemented(0)
     request_id: Any = _unimplemented()
     return_tokens_as_token_ids: Any = _unimplemented(False)
-    return_token_ids: Any = _unimplemented(False)
     cache_salt: Any = _unimplemented()
     kv_transfer_params: Any = _unimplemented()
     vllm_xargs: Any = _unimplemented()

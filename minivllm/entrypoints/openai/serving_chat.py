@@ -94,7 +94,7 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest)
     )
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     iterators = await submit(state, request_id, [(None, token_ids, params)])
-    response = _ChatResponse(state, req, request_id, top or 0, spec)
+    response = _ChatResponse(state, req, request_id, top or 0, spec, token_ids)
     if req.stream:
         return StreamingResponse(response.stream(iterators), media_type="text/event-stream")
     (final,) = await collect(iterators)  # a chat request is one prompt
@@ -109,10 +109,12 @@ class _ChatResponse:
         request_id: str,
         top: int,
         spec: ChatOutputSpec,
+        prompt_token_ids: list[int],
     ) -> None:
         self.req = req
         self.top = top
         self.spec = spec
+        self.prompt_token_ids = prompt_token_ids
         self.parsers: dict[int, ChoiceParser] = {}
         self.head = response_head(request_id, "chat.completion", state.model_name)
 
@@ -134,7 +136,11 @@ class _ChatResponse:
                     "stop_reason": c.stop_reason,
                 }
             )
+            if self.req.return_token_ids:
+                choices[-1]["token_ids"] = c.token_ids
         body = {**self.head, "choices": choices, "usage": usage([output])}
+        if self.req.return_token_ids:  # vLLM's field, on the response
+            body["prompt_token_ids"] = self.prompt_token_ids
         if self.req.prompt_logprobs is not None:  # vLLM's field, on the response
             body["prompt_logprobs"] = prompt_logprobs(
                 output.prompt_token_ids, output.prompt_logprobs, self.req.prompt_logprobs
@@ -146,18 +152,23 @@ class _ChatResponse:
         cursor = DeltaCursor()
         final = None
         try:
-            # The role comes first, as in OpenAI and vLLM.
-            yield b"".join(
-                chunks.choice(
-                    {
-                        "index": index,
-                        "delta": {"role": "assistant", "content": ""},
-                        "logprobs": None,
-                        "finish_reason": None,
-                    }
-                )
+            # The role comes first, as in OpenAI and vLLM (with the prompt's ids, as vLLM's).
+            roles = [
+                {
+                    "index": index,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
                 for index in range(self.req.n)
-            )
+            ]
+            if self.req.return_token_ids:
+                ids = self.prompt_token_ids
+                yield b"".join(
+                    chunks.last({"choices": [r], "prompt_token_ids": ids}) for r in roles
+                )
+            else:
+                yield b"".join(chunks.choice(r) for r in roles)
             (iterator,) = iterators  # a chat request is one prompt: read it directly
             async for output in iterator:
                 final = output
@@ -193,9 +204,9 @@ class _ChatResponse:
             if finish_reason is not None:
                 finish_reason = parser.finish_reason(finish_reason)
             elif not fields:
-                if not self.req.logprobs:
+                if not (self.req.logprobs or self.req.return_token_ids):
                     return []  # all held back (the first characters of a tag)
-                fields = {"content": ""}
+                fields = {"content": ""}  # the chunk carries this delta's logprobs or ids
         parts = one_delta_per_call(fields)
         chunks = [
             {"index": choice.index, "delta": part, "logprobs": None, "finish_reason": None,
@@ -203,5 +214,7 @@ class _ChatResponse:
             for part in parts
         ]  # fmt: skip
         chunks[0]["logprobs"] = self._logprobs(choice, start_tokens)
+        if self.req.return_token_ids:  # as vLLM streams them: each delta's own ids
+            chunks[0]["token_ids"] = choice.token_ids[start_tokens:]
         chunks[-1].update(finish_reason=finish_reason, stop_reason=choice.stop_reason)
         return chunks

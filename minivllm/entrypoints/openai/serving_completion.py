@@ -128,6 +128,9 @@ class _Response:
                         "stop_reason": choice.stop_reason,
                     }
                 )
+                if self.req.return_token_ids:
+                    choices[-1]["prompt_token_ids"] = output.prompt_token_ids
+                    choices[-1]["token_ids"] = choice.token_ids
                 if self.req.prompt_logprobs is not None:  # vLLM's field, on each choice
                     choices[-1]["prompt_logprobs"] = prompt_logprobs(
                         output.prompt_token_ids, output.prompt_logprobs, self.req.prompt_logprobs
@@ -167,17 +170,23 @@ class _Response:
         yield SSE_DONE
 
     def _chunk(self, key, index, output, choice, cursor: DeltaCursor) -> dict | None:
-        echo = self.req.echo and cursor.is_new(key)  # the prompt goes out with the first delta
+        first = cursor.is_new(key)  # the prompt (echo, its ids) goes out with the first delta
+        echo = self.req.echo and first
         delta = cursor.advance(key, choice, force=echo)
         if delta is None:
             return None
         text, start_tokens = delta
         if echo:
             text = self._prompt_text(index, output) + text
-        return {
+        chunk = {
             "index": key,
             "text": text,
             "logprobs": self._logprobs(output, choice, start_tokens, echo),
             "finish_reason": choice.finish_reason,
             "stop_reason": choice.stop_reason,
         }
+        if self.req.return_token_ids:  # as vLLM streams them: each delta's own ids
+            if first:
+                chunk["prompt_token_ids"] = output.prompt_token_ids
+            chunk["token_ids"] = choice.token_ids[start_tokens:]
+        return chunk

@@ -110,6 +110,41 @@ def test_prompt_logprobs_match_offline(client, offline) -> None:
     _check_prompt_logprobs(out.model_extra["prompt_logprobs"], ref.prompt_logprobs)
 
 
+def test_return_token_ids_match_offline(client, offline) -> None:
+    # vLLM's return_token_ids: the prompt's ids and the output's beside the text; streamed,
+    # the prompt's in the first chunk of a choice and each chunk with its own delta's ids.
+    ids = dict(extra_body={"return_token_ids": True, "ignore_eos": True})
+    kwargs = dict(model=MODEL_NAME, prompt=PROMPT_IDS, temperature=0.0, max_tokens=16, n=2)
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    ref = offline.generate({"prompt_token_ids": PROMPT_IDS}, params, use_tqdm=False)[0]
+    out = client.completions.create(**kwargs, **ids)
+    for choice in out.choices:
+        assert choice.model_extra["prompt_token_ids"] == PROMPT_IDS
+        assert choice.model_extra["token_ids"] == ref.outputs[0].token_ids
+    streamed, prompts = {0: [], 1: []}, {0: [], 1: []}
+    for chunk in client.completions.create(stream=True, **kwargs, **ids):
+        for choice in chunk.choices:
+            streamed[choice.index] += choice.model_extra["token_ids"]
+            if choice.model_extra.get("prompt_token_ids") is not None:
+                prompts[choice.index].append(choice.model_extra["prompt_token_ids"])
+    assert streamed == {0: ref.outputs[0].token_ids, 1: ref.outputs[0].token_ids}
+    assert prompts == {0: [PROMPT_IDS], 1: [PROMPT_IDS]}
+
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    ref = offline.chat(messages, params, use_tqdm=False)[0]
+    kwargs = dict(model=MODEL_NAME, messages=messages, temperature=0.0, max_tokens=16)
+    out = client.chat.completions.create(**kwargs, **ids)
+    assert out.model_extra["prompt_token_ids"] == ref.prompt_token_ids
+    assert out.choices[0].model_extra["token_ids"] == ref.outputs[0].token_ids
+    streamed, prompts = [], []
+    for chunk in client.chat.completions.create(stream=True, **kwargs, **ids):
+        if chunk.model_extra.get("prompt_token_ids") is not None:
+            prompts.append(chunk.model_extra["prompt_token_ids"])
+        for choice in chunk.choices:
+            streamed += choice.model_extra.get("token_ids") or []
+    assert prompts == [ref.prompt_token_ids] and streamed == ref.outputs[0].token_ids
+
+
 def _stream_text(stream) -> tuple[str, list, object]:
     texts, finish, usage = [], [], None
     for chunk in stream:

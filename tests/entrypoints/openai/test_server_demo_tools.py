@@ -65,6 +65,7 @@ def test_forced_call_streamed_equals_whole(client, tool_choice):
         temperature=0,
         seed=0,
         max_tokens=48,
+        extra_body={"return_token_ids": True},
     )
     choice = client.chat.completions.create(**kwargs).choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
@@ -87,6 +88,12 @@ def test_forced_call_streamed_equals_whole(client, tool_choice):
     assert "".join(d.function.arguments for d in rest) == call.function.arguments
     assert not "".join(c.delta.content or "" for chunk in chunks for c in chunk.choices)
     assert [c.finish_reason for chunk in chunks for c in chunk.choices][-1] == "tool_calls"
+    # Every token's id is streamed, also those whose text the call's parser held back (the
+    # role's chunk has none).
+    streamed_ids = [
+        t for chunk in chunks for c in chunk.choices for t in c.model_extra.get("token_ids") or []
+    ]
+    assert streamed_ids == choice.model_extra["token_ids"]
 
 
 @pytest.mark.parametrize(
