@@ -54,16 +54,24 @@ def client(tmp_path_factory: pytest.TempPathFactory):
     srv.stop()
 
 
-@pytest.mark.parametrize("tool_choice", ["required", NAMED], ids=["required", "named"])
-def test_forced_call_streamed_equals_whole(client, tool_choice):
-    kwargs = dict(
+def _forced_request(tool_choice, **options) -> dict:
+    """A greedy chat request about MESSAGES with TOOLS, its call forced by tool_choice."""
+    return dict(
         model=MODEL_NAME,
         messages=MESSAGES,
         tools=TOOLS,
         tool_choice=tool_choice,
-        parallel_tool_calls=False,
         temperature=0,
         seed=0,
+        **options,
+    )
+
+
+@pytest.mark.parametrize("tool_choice", ["required", NAMED], ids=["required", "named"])
+def test_forced_call_streamed_equals_whole(client, tool_choice):
+    kwargs = _forced_request(
+        tool_choice,
+        parallel_tool_calls=False,
         max_tokens=48,
         extra_body={"return_token_ids": True},
     )
@@ -102,15 +110,7 @@ def test_forced_call_streamed_equals_whole(client, tool_choice):
 def test_forced_call_cut_short_streamed_equals_whole(client, tool_choice, max_tokens):
     """max_tokens ends a forced call inside its arguments: the whole response has the call
     its stream sent, arguments cut where the stream's end, and finish_reason "length"."""
-    kwargs = dict(
-        model=MODEL_NAME,
-        messages=MESSAGES,
-        tools=TOOLS,
-        tool_choice=tool_choice,
-        temperature=0,
-        seed=0,
-        max_tokens=max_tokens,
-    )
+    kwargs = _forced_request(tool_choice, max_tokens=max_tokens)
     choice = client.chat.completions.create(**kwargs).choices[0]
     assert choice.finish_reason == "length" and choice.message.content is None
     (call,) = choice.message.tool_calls
