@@ -119,6 +119,29 @@ def check_model(requested: str | None, served_names: list[str]) -> None:
         raise APIError(f"The model `{requested}` does not exist.", status=404, param="model")
 
 
+def truncate_prompt(
+    token_ids: list[int], req: Any, max_model_len: int, max_tokens: int | None, side: str
+) -> list[int]:
+    """token_ids cut to req.truncate_prompt_tokens (None: as they are), as vLLM 0.20 cuts them:
+    k keeps k tokens, -1 keeps what max_model_len leaves beside max_tokens; the first k where
+    the tokenizer's truncation_side is "right" (transformers' default), the last k where it is
+    "left". A k larger than max_model_len - max_tokens is a 400, as in vLLM."""
+    keep = req.truncate_prompt_tokens
+    if keep is None:
+        return token_ids
+    room = max_model_len - (max_tokens or 0)
+    if keep < -1 or keep > room:
+        raise APIError(
+            f"truncate_prompt_tokens must be -1 or between 0 and max_model_len - max_tokens = "
+            f"{room}, got {keep}",
+            param="truncate_prompt_tokens",
+        )
+    keep = room if keep == -1 else keep
+    if keep >= len(token_ids):
+        return token_ids
+    return token_ids[len(token_ids) - keep :] if side == "left" else token_ids[:keep]
+
+
 def sampling_params(
     req: Any,
     defaults: dict[str, Any],

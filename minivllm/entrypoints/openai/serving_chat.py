@@ -19,7 +19,12 @@ from minivllm.entrypoints.openai.chat.template import render_chat_text
 from minivllm.entrypoints.openai.constraints import check_constraint, request_constraint
 from minivllm.entrypoints.openai.errors import APIError, sse_error
 from minivllm.entrypoints.openai.logprobs import chat_logprobs, prompt_logprobs
-from minivllm.entrypoints.openai.params import check_model, check_unimplemented, sampling_params
+from minivllm.entrypoints.openai.params import (
+    check_model,
+    check_unimplemented,
+    sampling_params,
+    truncate_prompt,
+)
 from minivllm.entrypoints.openai.protocol import (
     MAX_LOGPROBS,
     ChatCompletionRequest,
@@ -70,7 +75,13 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest)
         [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None,
         documents=req.documents,
     )
-    token_ids = await tokenize_text(engine, prompt, add_special_tokens=False, param="messages")
+    token_ids = await tokenize_text(
+        engine,
+        prompt,
+        add_special_tokens=False,
+        param="messages",
+        truncated=req.truncate_prompt_tokens is not None,
+    )
     # The constraint as asked first (its errors name what the request sent), then as it
     # holds: after the reasoning, when the model thinks first.
     await check_constraint(engine, constraint)
@@ -82,6 +93,8 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest)
     spec = output_spec(req, mode, state.tool_parser, state.reasoning_parser, start)
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else None
     max_tokens = req.max_tokens if max_tokens is None else max_tokens
+    side = engine.tokenizer.truncation_side
+    token_ids = truncate_prompt(token_ids, req, engine.max_model_len, max_tokens, side)
     params = sampling_params(
         req,
         engine.default_sampling(),

@@ -41,14 +41,19 @@ class ServerState:
 
 
 async def tokenize_text(
-    engine: AsyncLLM, text: str, add_special_tokens: bool = True, param: str = "prompt"
+    engine: AsyncLLM,
+    text: str,
+    add_special_tokens: bool = True,
+    param: str = "prompt",
+    truncated: bool = False,
 ) -> list[int]:
     """A request's text as token ids (off the event loop); text the tokenizer cannot take
     is the request's fault: a 400 naming param. A text too long to fit in max_model_len
     whatever its tokens (more characters than max_model_len times the longest vocabulary
-    entry) is refused before it is tokenized: an 8 MB prompt costs no seconds of CPU."""
+    entry) is refused before it is tokenized: an 8 MB prompt costs no seconds of CPU; unless
+    truncated (the request cuts its prompt to fit: truncate_prompt_tokens)."""
     max_chars = engine.max_model_len * engine.async_tokenizer.max_chars_per_token
-    if len(text) > max_chars:
+    if len(text) > max_chars and not truncated:
         raise APIError(
             f"This model's maximum context length is {engine.max_model_len} tokens, and the "
             f"text has {len(text)} characters: more than {max_chars} (no token of this "

@@ -11,7 +11,12 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from minivllm.entrypoints.openai.constraints import check_constraint, request_constraint
 from minivllm.entrypoints.openai.errors import APIError, sse_error
 from minivllm.entrypoints.openai.logprobs import completion_logprobs, prompt_logprobs, top_ranks
-from minivllm.entrypoints.openai.params import check_model, check_unimplemented, sampling_params
+from minivllm.entrypoints.openai.params import (
+    check_model,
+    check_unimplemented,
+    sampling_params,
+    truncate_prompt,
+)
 from minivllm.entrypoints.openai.protocol import CompletionRequest
 from minivllm.entrypoints.openai.serving_common import (
     ServerState,
@@ -32,14 +37,15 @@ from minivllm.outputs import CompletionOutput, RequestOutput
 async def _prompts(req: CompletionRequest, engine) -> list[tuple[str | None, list[int]]]:
     """(text, token ids) per prompt: a string, a list of strings, ids, or a list of id lists."""
     prompt = req.prompt
+    truncated = req.truncate_prompt_tokens is not None
     if isinstance(prompt, str):
-        return [(prompt, await tokenize_text(engine, prompt))]
+        return [(prompt, await tokenize_text(engine, prompt, truncated=truncated))]
     if not prompt:
         raise APIError("prompt is empty", param="prompt")
     if isinstance(prompt[0], int):
         return [(None, list(prompt))]
     if isinstance(prompt[0], str):
-        ids = await asyncio.gather(*(tokenize_text(engine, p) for p in prompt))
+        ids = await asyncio.gather(*(tokenize_text(engine, p, truncated=truncated) for p in prompt))
         return list(zip(prompt, ids))
     return [(None, list(p)) for p in prompt]
 
@@ -54,7 +60,11 @@ async def create_completion(state: ServerState, req: CompletionRequest):
     check_num_completions(state.limits, _num_prompts(req.prompt), req.n)
     engine = state.engine
     constraint = request_constraint(req)
-    prompts = await _prompts(req, engine)
+    prompts = []
+    side = engine.tokenizer.truncation_side
+    for text, token_ids in await _prompts(req, engine):
+        kept = truncate_prompt(token_ids, req, engine.max_model_len, req.max_tokens, side)
+        prompts.append((text if len(kept) == len(token_ids) else None, kept))  # echo: the kept
     await check_constraint(engine, constraint)
     # Prompt tokens' top ranks, for echo's logprobs and prompt_logprobs: the engine scores
     # the larger count, each view keeps its own (logprobs.top_ranks).

@@ -145,6 +145,32 @@ def test_return_token_ids_match_offline(client, offline) -> None:
     assert prompts == [ref.prompt_token_ids] and streamed == ref.outputs[0].token_ids
 
 
+def test_truncate_prompt_tokens_matches_offline(client, offline) -> None:
+    # The tiny model's tokenizer cuts on the right (transformers' default): the first k kept.
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    ref = offline.generate({"prompt_token_ids": PROMPT_IDS[:5]}, params, use_tqdm=False)[0]
+    out = client.completions.create(
+        model=MODEL_NAME, prompt=PROMPT_IDS, temperature=0.0, max_tokens=8, echo=True,
+        extra_body={"truncate_prompt_tokens": 5, "ignore_eos": True},
+    )  # fmt: skip
+    assert out.usage.prompt_tokens == 5
+    assert (
+        out.choices[0].text == offline.get_tokenizer().decode(PROMPT_IDS[:5]) + ref.outputs[0].text
+    )
+    # A text longer than any prompt that fits is taken when the request cuts it (-1: what
+    # max_model_len, 512, leaves beside max_tokens).
+    out = client.completions.create(
+        model=MODEL_NAME, prompt="hello world " * 3000, temperature=0.0, max_tokens=12,
+        extra_body={"truncate_prompt_tokens": -1},
+    )  # fmt: skip
+    assert out.usage.prompt_tokens == 500
+    chat = client.chat.completions.create(
+        model=MODEL_NAME, messages=[{"role": "user", "content": "What is the capital?"}],
+        max_tokens=4, extra_body={"truncate_prompt_tokens": 3, "return_token_ids": True},
+    )  # fmt: skip
+    assert chat.usage.prompt_tokens == 3 and len(chat.model_extra["prompt_token_ids"]) == 3
+
+
 def _stream_text(stream) -> tuple[str, list, object]:
     texts, finish, usage = [], [], None
     for chunk in stream:

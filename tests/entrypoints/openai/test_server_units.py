@@ -15,7 +15,7 @@ from minivllm.entrypoints.openai.api_server import load_chat_template
 from minivllm.entrypoints.openai.chat.template import render_chat_text
 from minivllm.entrypoints.openai.errors import APIError
 from minivllm.entrypoints.openai.logprobs import chat_logprobs, completion_logprobs
-from minivllm.entrypoints.openai.params import sampling_params
+from minivllm.entrypoints.openai.params import sampling_params, truncate_prompt
 from minivllm.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 from minivllm.outputs import Logprob
 
@@ -131,3 +131,23 @@ def test_reasoning_effort_and_documents_reach_the_chat_template(tiny_qwen3_dir) 
     assert render() == "||hi"
     high = {"reasoning_effort": "high"}
     assert render(reasoning_effort="low", chat_template_kwargs=high) == "high||hi"
+
+
+def test_truncate_prompt_keeps_k_tokens_on_the_tokenizers_side() -> None:
+    # vLLM 0.20's rule: k tokens, -1 for what max_model_len leaves beside max_tokens; the first
+    # k on the "right" side (transformers' default), the last k on the "left"; k past that
+    # room is a 400.
+    ids = list(range(100, 110))
+
+    def cut(keep, side="right", max_tokens=None, max_model_len=512):
+        req = SimpleNamespace(truncate_prompt_tokens=keep)
+        return truncate_prompt(ids, req, max_model_len, max_tokens, side)
+
+    assert cut(None) == ids and cut(20) == ids
+    assert cut(3) == [100, 101, 102] and cut(3, "left") == [107, 108, 109]
+    assert cut(-1, "left", max_tokens=504) == ids[2:]  # 512 - 504 = 8 kept
+    assert cut(0) == []
+    for keep, max_tokens in ((-2, None), (9, 504)):
+        with pytest.raises(APIError, match="truncate_prompt_tokens") as e:
+            cut(keep, max_tokens=max_tokens)
+        assert e.value.param == "truncate_prompt_tokens"
