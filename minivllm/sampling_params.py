@@ -64,6 +64,10 @@ class SamplingParams:
     # (OpenAI's logit_bias; +-100 effectively forces or bans a token; clamped to [-100, 100]
     # as the OpenAI API and vLLM's server do: 1e300 would be an inf logit, NaN probabilities).
     logit_bias: dict[int, float] | None = None
+    # Only these token ids may be sampled (vLLM's; every other logit is -inf before penalties,
+    # temperature and filters; logprobs stay those of the raw logits). Not with
+    # structured_outputs, whose mask could leave no token.
+    allowed_token_ids: list[int] | None = None
     # The output matches a JSON schema, regex, choice or grammar (vLLM's name and type;
     # docs/structured_outputs.md).
     structured_outputs: StructuredOutputsParams | None = None
@@ -76,6 +80,8 @@ class SamplingParams:
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
         self.logit_bias = dict(self.logit_bias) if self.logit_bias else None
+        if self.allowed_token_ids is not None:
+            self.allowed_token_ids = list(self.allowed_token_ids)
         if self.top_k == -1:
             self.top_k = 0
         if self.seed == -1:  # vLLM: -1 means unseeded
@@ -116,6 +122,18 @@ class SamplingParams:
         ):
             if not all(isinstance(v, kind) and not isinstance(v, bool) for v in values):
                 raise TypeError(f"{name} must be a list of {kind.__name__}, got {values!r}")
+        if self.allowed_token_ids is not None:
+            if not all(_is_int(t) for t in self.allowed_token_ids):
+                raise TypeError(
+                    f"allowed_token_ids must be a list of token ids, got {self.allowed_token_ids!r}"
+                )
+            if not self.allowed_token_ids:
+                raise ValueError("allowed_token_ids is empty: no token could be sampled")
+            if self.structured_outputs is not None:
+                raise ValueError(
+                    "allowed_token_ids cannot be combined with structured_outputs (the grammar "
+                    "could allow none of them)"
+                )
         for token_id, bias in (self.logit_bias or {}).items():
             if not _is_int(token_id) or not _is_real(bias):
                 raise TypeError(
@@ -206,14 +224,18 @@ def _is_real(value: object) -> bool:
 
 
 def check_engine_limits(params: SamplingParams, max_logprobs: int, vocab_size: int) -> None:
-    """The checks that need the engine (ValueError): logit_bias token ids inside the
-    vocabulary; vLLM's cap on logprobs and prompt_logprobs, the engine option max_logprobs
-    (-1: the vocabulary size)."""
-    for token_id in params.logit_bias or {}:
-        if not 0 <= token_id < vocab_size:
-            raise ValueError(
-                f"logit_bias token id {token_id} is outside the vocabulary [0, {vocab_size})"
-            )
+    """The checks that need the engine (ValueError): logit_bias and allowed_token_ids token
+    ids inside the vocabulary; vLLM's cap on logprobs and prompt_logprobs, the engine option
+    max_logprobs (-1: the vocabulary size)."""
+    for name, token_ids in (
+        ("logit_bias", params.logit_bias or {}),
+        ("allowed_token_ids", params.allowed_token_ids or []),
+    ):
+        for token_id in token_ids:
+            if not 0 <= token_id < vocab_size:
+                raise ValueError(
+                    f"{name} token id {token_id} is outside the vocabulary [0, {vocab_size})"
+                )
     limit = vocab_size if max_logprobs == -1 else max_logprobs
     for name in ("logprobs", "prompt_logprobs"):
         value = getattr(params, name)

@@ -51,6 +51,10 @@ class SamplingMetadata:
     # with id 0 and value 0.0); None when no row has one.
     logit_bias_ids: torch.Tensor | None = None
     logit_bias_values: torch.Tensor | None = None
+    # allowed_token_ids: [N, max_num_allowed] int64 ids padded with -1, and [N] bool the rows
+    # that have a list (a row without one may sample any token)
+    allowed_token_ids: torch.Tensor | None = None
+    allowed_rows: torch.Tensor | None = None
     # Plain: every row greedy or temperature-only (no filters, penalties, suppression or
     # logprobs): a Triton sampler samples it in one fused pass (kernels/sampling.py).
     is_plain: bool = False
@@ -98,6 +102,7 @@ class Sampler(nn.Module):
         needs_edit = (
             meta.suppressed_token_ids is not None
             or meta.logit_bias_ids is not None
+            or meta.allowed_token_ids is not None
             or not meta.no_penalties
             or not meta.all_greedy
         )
@@ -107,6 +112,8 @@ class Sampler(nn.Module):
             logits.scatter_add_(1, meta.logit_bias_ids, meta.logit_bias_values)
         if meta.suppressed_token_ids is not None:
             logits.masked_fill_(token_mask(meta.suppressed_token_ids, logits.shape[1]), -torch.inf)
+        if meta.allowed_token_ids is not None:
+            logits.masked_fill_(disallowed_mask(meta, logits.shape[1]), -torch.inf)
         if not meta.no_penalties:
             logits = apply_penalties(logits, meta)
         greedy_ids = None if meta.all_random else logits.argmax(dim=-1)
@@ -168,6 +175,12 @@ def token_counts(token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
 def token_mask(token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """[N, L] int64 ids padded with -1 -> [N, vocab_size] bool, True where the id occurs."""
     return token_counts(token_ids, vocab_size) > 0
+
+
+def disallowed_mask(meta: SamplingMetadata, vocab_size: int) -> torch.Tensor:
+    """[N, vocab_size] bool, True for the tokens a row with allowed_token_ids may not sample."""
+    assert meta.allowed_token_ids is not None and meta.allowed_rows is not None
+    return ~token_mask(meta.allowed_token_ids, vocab_size) & meta.allowed_rows.unsqueeze(1)
 
 
 def apply_penalties(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:

@@ -121,6 +121,23 @@ def test_logit_bias_forces_and_bans_tokens(llm: LLM) -> None:
         llm.generate(PROMPT, SamplingParams(logit_bias={10**6: 1.0}), use_tqdm=False)
 
 
+def test_allowed_token_ids_restrict_every_sampled_token(llm: LLM) -> None:
+    full = tokens(llm.generate(PROMPT, GREEDY, use_tqdm=False))[0]
+    allowed = [full[0], 5, 9]  # the unrestricted first token among them: it stays first
+    params = SamplingParams(
+        temperature=0.0, max_tokens=8, ignore_eos=True, allowed_token_ids=allowed
+    )
+    out = tokens(llm.generate(PROMPT, params, use_tqdm=False))[0]
+    assert out[0] == full[0] and set(out) <= set(allowed)
+    params = SamplingParams(
+        temperature=1.0, seed=0, max_tokens=32, ignore_eos=True, allowed_token_ids=[5, 9]
+    )
+    out = tokens(llm.generate(PROMPT, params, use_tqdm=False))[0]
+    assert set(out) == {5, 9}
+    with pytest.raises(ValueError, match="allowed_token_ids token id"):
+        llm.generate(PROMPT, SamplingParams(allowed_token_ids=[10**6]), use_tqdm=False)
+
+
 def test_stop_token_ids_and_min_tokens(llm: LLM) -> None:
     full = tokens(llm.generate(PROMPT, GREEDY, use_tqdm=False))[0]
     stop_id = full[3]

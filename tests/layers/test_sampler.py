@@ -17,6 +17,7 @@ from minivllm.layers.sampler import (
     apply_top_k_top_p,
 )
 from minivllm.sampling_params import SamplingParams
+from minivllm.structured_output import StructuredOutputsParams
 
 
 def make_state(
@@ -244,6 +245,37 @@ def test_logit_bias_is_added_before_sampling_and_logprobs_stay_raw():
     assert sampled == [7, int(biased_second.argmax()), int(top[2]), 3]
     raw = torch.log_softmax(logits[0], -1)
     assert torch.allclose(out.logprobs[0, 0], raw[7])  # the sampled token, scored raw
+
+
+def test_allowed_token_ids_keep_a_row_to_its_list_and_logprobs_stay_raw():
+    torch.manual_seed(2)
+    logits = torch.randn(4, 30).repeat(100, 1)  # 400 rows: random rows draw many times
+    top = logits[:4].argmax(-1)
+    params = [
+        SamplingParams(temperature=0.0, allowed_token_ids=[3, 11], logprobs=1),
+        SamplingParams(temperature=0.0),  # no list in the same batch
+        SamplingParams(temperature=1.0, allowed_token_ids=[5, 6, 7]),
+        SamplingParams(temperature=1.0, top_k=2, allowed_token_ids=[int(top[3]), 0]),
+    ] * 100
+    meta = make_meta(params)
+    assert not meta.is_plain
+    out = Sampler()(logits, meta)
+    sampled = out.sampled_token_ids.view(100, 4)
+    assert (sampled[:, 0] == (3 if logits[0, 3] > logits[0, 11] else 11)).all()
+    assert (sampled[:, 1] == top[1]).all()
+    assert set(sampled[:, 2].tolist()) == {5, 6, 7}  # drawn among the list, all of it
+    assert set(sampled[:, 3].tolist()) <= {int(top[3]), 0}
+    raw = torch.log_softmax(logits[0], -1)
+    assert torch.allclose(out.logprobs[0, 0], raw[int(sampled[0, 0])])
+
+
+def test_allowed_token_ids_are_checked():
+    with pytest.raises(ValueError, match="empty"):
+        SamplingParams(allowed_token_ids=[])
+    with pytest.raises(TypeError, match="list of token ids"):
+        SamplingParams(allowed_token_ids=[1, "2"])
+    with pytest.raises(ValueError, match="structured_outputs"):
+        SamplingParams(allowed_token_ids=[1], structured_outputs=StructuredOutputsParams(regex="a"))
 
 
 def test_logit_bias_values_are_checked():

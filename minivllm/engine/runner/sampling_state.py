@@ -181,6 +181,7 @@ class SamplingState:
         )
         suppressed_ids = _suppressed_token_ids(states, [len(out) for out in outputs], device)
         bias_ids, bias_values = _logit_bias(params, device)
+        allowed_ids, allowed_rows = _allowed_token_ids(params, device)
         no_filters = {
             "no_top_k": all(p.top_k == 0 for p in random_params),
             "no_top_p": all(p.top_p == 1.0 for p in random_params),
@@ -190,6 +191,7 @@ class SamplingState:
             no_penalties
             and suppressed_ids is None
             and bias_ids is None
+            and allowed_ids is None
             and not num_logprobs
             and all(no_filters.values())
         )
@@ -216,6 +218,8 @@ class SamplingState:
             max_num_logprobs=max(num_logprobs) if num_logprobs else None,
             logit_bias_ids=bias_ids,
             logit_bias_values=bias_values,
+            allowed_token_ids=allowed_ids,
+            allowed_rows=allowed_rows,
             is_plain=is_plain,
             seeds=None if draws is None else draws[0],
             offsets=None if draws is None else draws[1],
@@ -338,6 +342,18 @@ def _logit_bias(
     ids = list_to_device([[t for t, _ in r] for r in rows], torch.int64, device)
     values = list_to_device([[b for _, b in r] for r in rows], torch.float32, device)
     return ids, values
+
+
+def _allowed_token_ids(
+    params: list[SamplingParams], device: torch.device
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """[N, max_num_allowed] ids padded with -1 and [N] bool (the rows with a list) of the rows'
+    allowed_token_ids; (None, None) when no row has them."""
+    if not any(p.allowed_token_ids for p in params):
+        return None, None
+    ids = _padded([p.allowed_token_ids or [] for p in params], device)
+    rows = list_to_device([p.allowed_token_ids is not None for p in params], torch.bool, device)
+    return ids, rows
 
 
 def _padded(rows: list[list[int]], device: torch.device) -> torch.Tensor:

@@ -34,6 +34,8 @@ _SAMPLING_FIELDS = (
 )
 _MAX_SEED = 2**63 - 1 - MAX_N  # n samples use seed + index
 _MAX_LOGIT_BIAS = 1024  # entries a request may bias (each one a column the sampler adds to)
+# ids a request may allow (the sampler pads every row of a batch to the longest list)
+_MAX_ALLOWED_TOKEN_IDS = 4096
 
 
 async def read_body(request: Request, model_cls: type[ModelT], limits: ServerLimits) -> ModelT:
@@ -183,6 +185,7 @@ def sampling_params(
             skip_special_tokens=req.skip_special_tokens,
             include_stop_str_in_output=req.include_stop_str_in_output,
             logit_bias=_logit_bias(req.logit_bias),
+            allowed_token_ids=req.allowed_token_ids,
             structured_outputs=structured_outputs,
             **values,
         )
@@ -222,6 +225,10 @@ def _check_limits(req: Any, logprobs: int | None) -> None:
     if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
         raise APIError(
             f"logprobs must be between 0 and {MAX_LOGPROBS}, got {logprobs}", param="logprobs"
+        )
+    if req.allowed_token_ids is not None and len(req.allowed_token_ids) > _MAX_ALLOWED_TOKEN_IDS:
+        raise APIError(
+            f"at most {_MAX_ALLOWED_TOKEN_IDS} allowed_token_ids", param="allowed_token_ids"
         )
     if req.prompt_logprobs is not None:
         if req.stream:  # as in vLLM: they would all come in the first chunk

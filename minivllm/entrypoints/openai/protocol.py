@@ -96,6 +96,8 @@ class _SamplingFields(_Request):
     include_stop_str_in_output: StrictBool = False
     # Per prompt token its logprob and the top k (not streamed: logprobs.prompt_logprobs)
     prompt_logprobs: StrictInt | None = None
+    # Only these ids may be sampled (SamplingParams.allowed_token_ids)
+    allowed_token_ids: list[StrictInt] | None = None
     # Keep this many prompt tokens (-1: what max_model_len leaves beside max_tokens), cut on
     # the tokenizer's truncation_side (params.truncate_prompt), as vLLM 0.20 does
     truncate_prompt_tokens: StrictInt | None = None
@@ -113,7 +115,6 @@ class _SamplingFields(_Request):
     use_beam_search: Any = _unimplemented(False)
     length_penalty: Any = _unimplemented(1.0)
     spaces_between_special_tokens: Any = _unimplemented(True)
-    allowed_token_ids: Any = _unimplemented()
     priority: Any = _unimplemented(0)
     request_id: Any = _unimplemented()
     return_tokens_as_token_ids: Any = _unimplemented(False)

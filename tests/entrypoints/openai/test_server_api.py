@@ -52,6 +52,19 @@ def test_logit_bias_matches_offline(client, offline) -> None:
     assert out.choices[0].text == ref.text
 
 
+def test_allowed_token_ids_match_offline(client, offline) -> None:
+    params = SamplingParams(
+        temperature=0.0, max_tokens=16, ignore_eos=True, allowed_token_ids=[5, 7, 9]
+    )
+    ref = offline.generate({"prompt_token_ids": PROMPT_IDS}, params, use_tqdm=False)[0].outputs[0]
+    assert set(ref.token_ids) <= {5, 7, 9}
+    out = client.completions.create(
+        model=MODEL_NAME, prompt=PROMPT_IDS, temperature=0.0, max_tokens=16,
+        extra_body={"ignore_eos": True, "allowed_token_ids": [5, 7, 9], "return_token_ids": True},
+    )  # fmt: skip
+    assert out.choices[0].model_extra["token_ids"] == ref.token_ids
+
+
 def test_chat_logprobs_match_offline(client, offline) -> None:
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     out = client.chat.completions.create(
