@@ -122,13 +122,13 @@ def check_model(requested: str | None, served_names: list[str]) -> None:
 
 
 def truncate_prompt(
-    token_ids: list[int], req: Any, max_model_len: int, max_tokens: int | None, side: str
+    token_ids: list[int], keep: int | None, max_model_len: int, max_tokens: int | None, side: str
 ) -> list[int]:
-    """token_ids cut to req.truncate_prompt_tokens (None: as they are), as vLLM 0.20 cuts them:
+    """token_ids cut to keep (a request's truncate_prompt_tokens; None: as they are), as vLLM
+    0.20 cuts them:
     k keeps k tokens, -1 keeps what max_model_len leaves beside max_tokens; the first k where
     the tokenizer's truncation_side is "right" (transformers' default), the last k where it is
     "left". A k larger than max_model_len - max_tokens is a 400, as in vLLM."""
-    keep = req.truncate_prompt_tokens
     if keep is None:
         return token_ids
     room = max_model_len - (max_tokens or 0)

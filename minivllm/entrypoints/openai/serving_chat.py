@@ -65,13 +65,14 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest)
     engine = state.engine
     mode, tool_schema = tool_mode(req, state.tool_parser)
     constraint = request_constraint(req, tool_schema)
+    template_kwargs = req.template_kwargs()
     prompt = await render_chat_text(
         engine,
         state.chat_template,
         req.messages,
         req.add_generation_prompt,
         req.continue_final_message,
-        req.template_kwargs(),
+        template_kwargs,
         [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None,
         documents=req.documents,
     )
@@ -85,16 +86,20 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest)
     # The constraint as asked first (its errors name what the request sent), then as it
     # holds: after the reasoning, when the model thinks first.
     await check_constraint(engine, constraint)
-    start = reasoning_start(state.reasoning_parser, prompt, req.template_kwargs())
+    start = reasoning_start(state.reasoning_parser, prompt, template_kwargs)
     if constraint is not None and start != "off":
         special = has_special_markers(engine.tokenizer)
         constraint = (constraint[0], after_reasoning(constraint[1], start, special))
         await check_constraint(engine, constraint)
     spec = output_spec(req, mode, state.tool_parser, state.reasoning_parser, start)
-    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else None
-    max_tokens = req.max_tokens if max_tokens is None else max_tokens
-    side = engine.tokenizer.truncation_side
-    token_ids = truncate_prompt(token_ids, req, engine.max_model_len, max_tokens, side)
+    max_tokens = req.max_tokens if req.max_completion_tokens is None else req.max_completion_tokens
+    token_ids = truncate_prompt(
+        token_ids,
+        req.truncate_prompt_tokens,
+        engine.max_model_len,
+        max_tokens,
+        engine.tokenizer.truncation_side,
+    )
     params = sampling_params(
         req,
         engine.default_sampling(),

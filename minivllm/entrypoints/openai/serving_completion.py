@@ -61,9 +61,9 @@ async def create_completion(state: ServerState, req: CompletionRequest):
     engine = state.engine
     constraint = request_constraint(req)
     prompts = []
-    side = engine.tokenizer.truncation_side
+    keep, side = req.truncate_prompt_tokens, engine.tokenizer.truncation_side
     for text, token_ids in await _prompts(req, engine):
-        kept = truncate_prompt(token_ids, req, engine.max_model_len, req.max_tokens, side)
+        kept = truncate_prompt(token_ids, keep, engine.max_model_len, req.max_tokens, side)
         prompts.append((text if len(kept) == len(token_ids) else None, kept))  # echo: the kept
     await check_constraint(engine, constraint)
     # Prompt tokens' top ranks, for echo's logprobs and prompt_logprobs: the engine scores
@@ -113,13 +113,14 @@ class _Response:
         entries = (choice.logprobs or [])[start:]
         if echo:
             prompt_ids = output.prompt_token_ids
+            prompt_entries = list(output.prompt_logprobs or [None] * len(prompt_ids))
             num_top = self.req.logprobs
-            entries = [
-                None if entry is None else top_ranks(entry, token_id, num_top)
-                for token_id, entry in zip(
-                    prompt_ids, output.prompt_logprobs or [None] * len(prompt_ids)
-                )
-            ] + (choice.logprobs or [])[start:]
+            if (self.req.prompt_logprobs or 0) > num_top:  # the engine scored more ranks
+                prompt_entries = [
+                    None if entry is None else top_ranks(entry, token_id, num_top)
+                    for token_id, entry in zip(prompt_ids, prompt_entries)
+                ]
+            entries = prompt_entries + entries
             token_ids = prompt_ids + token_ids
         return completion_logprobs(token_ids, entries, self.req.logprobs, self.tokenizer)
 

@@ -69,6 +69,7 @@ class SSEChunks:
         return f'{self._prefix},"choices":[{_json_value(choice)}]}}\n\n'.encode()
 
     def last(self, fields: dict) -> bytes:
-        """A chunk with other fields after the head (the usage chunk)."""
+        """A chunk with other fields after the head (the usage chunk; a chat role chunk with
+        the prompt's token ids)."""
         body = json.dumps(fields, ensure_ascii=False, separators=(",", ":"))
         return f"{self._prefix},{body[1:]}\n\n".encode()

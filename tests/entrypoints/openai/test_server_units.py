@@ -140,8 +140,7 @@ def test_truncate_prompt_keeps_k_tokens_on_the_tokenizers_side() -> None:
     ids = list(range(100, 110))
 
     def cut(keep, side="right", max_tokens=None, max_model_len=512):
-        req = SimpleNamespace(truncate_prompt_tokens=keep)
-        return truncate_prompt(ids, req, max_model_len, max_tokens, side)
+        return truncate_prompt(ids, keep, max_model_len, max_tokens, side)
 
     assert cut(None) == ids and cut(20) == ids
     assert cut(3) == [100, 101, 102] and cut(3, "left") == [107, 108, 109]
