@@ -68,11 +68,16 @@ class SamplingParams:
     # temperature and filters; logprobs stay those of the raw logits). Not with
     # structured_outputs, whose mask could leave no token.
     allowed_token_ids: list[int] | None = None
+    # Words never to write (vLLM's): a word's last token is banned where the output ends in
+    # the tokens before it, the word tokenized as it is and after a space (its ids:
+    # bad_words_token_ids, which the frontend fills).
+    bad_words: list[str] | None = None
     # The output matches a JSON schema, regex, choice or grammar (vLLM's name and type;
     # docs/structured_outputs.md).
     structured_outputs: StructuredOutputsParams | None = None
     # Filled by the engine from the tokenizer / generation_config.json, not by users.
     eos_token_ids: list[int] = field(default_factory=list)
+    bad_words_token_ids: list[list[int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -82,6 +87,7 @@ class SamplingParams:
         self.logit_bias = dict(self.logit_bias) if self.logit_bias else None
         if self.allowed_token_ids is not None:
             self.allowed_token_ids = list(self.allowed_token_ids)
+        self.bad_words = list(self.bad_words) if self.bad_words else None
         if self.top_k == -1:
             self.top_k = 0
         if self.seed == -1:  # vLLM: -1 means unseeded
@@ -134,6 +140,11 @@ class SamplingParams:
                     "allowed_token_ids cannot be combined with structured_outputs (the grammar "
                     "could allow none of them)"
                 )
+        for word in self.bad_words or []:
+            if not isinstance(word, str):
+                raise TypeError(f"bad_words must be a list of str, got {self.bad_words!r}")
+            if not word.strip():
+                raise ValueError(f"bad_words holds an empty word: {self.bad_words!r}")
         for token_id, bias in (self.logit_bias or {}).items():
             if not _is_int(token_id) or not _is_real(bias):
                 raise TypeError(

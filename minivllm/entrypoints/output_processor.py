@@ -11,7 +11,11 @@ import time
 from dataclasses import dataclass, field
 
 from minivllm.engine.types import EngineOutput
-from minivllm.entrypoints.processing import IncrementalDetokenizer, decode_logprobs
+from minivllm.entrypoints.processing import (
+    IncrementalDetokenizer,
+    bad_words_token_ids,
+    decode_logprobs,
+)
 from minivllm.outputs import CompletionOutput, LogprobsDict, RequestMetrics, RequestOutput
 from minivllm.sampling_params import SamplingParams
 
@@ -67,6 +71,10 @@ class OutputProcessor:
         """Registers a request; returns the (core request id, params) of each of its n samples."""
         if request_id in self.parents:
             raise ValueError(f"request id {request_id!r} is already in use")
+        if params.bad_words:
+            params = params.derive(
+                bad_words_token_ids=bad_words_token_ids(params.bad_words, self.tokenizer)
+            )
         children: dict[str, _Child] = {}
         for index in range(params.n):
             child_id = request_id if params.n == 1 else f"{index}_{request_id}"

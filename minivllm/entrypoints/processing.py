@@ -27,6 +27,20 @@ def check_unicode(text: str, what: str = "the prompt") -> None:
         raise ValueError(f"{what} is not valid Unicode: {e}") from None
 
 
+def bad_words_token_ids(bad_words: list[str], tokenizer: Any) -> list[list[int]]:
+    """The token ids of each bad word as the output could write it: at the start of a text
+    (the word without leading spaces) and after a space, the latter only where the space
+    makes another first token and the same number of tokens (vLLM's rule)."""
+    result: list[list[int]] = []
+    for word in bad_words:
+        alone = tokenizer.encode(word.lstrip(), add_special_tokens=False)
+        result.append(alone)
+        spaced = tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
+        if spaced[0] != alone[0] and len(spaced) == len(alone):
+            result.append(spaced)
+    return result
+
+
 def make_decode(tokenizer: Any, skip_special_tokens: bool) -> Callable[[list[int]], str]:
     """tokenizer.decode(ids, skip_special_tokens, clean_up_tokenization_spaces=False) as one
     call. For a plain HF fast tokenizer that is exactly its Rust backend's decode: calling it

@@ -278,6 +278,32 @@ def test_allowed_token_ids_are_checked():
         SamplingParams(allowed_token_ids=[1], structured_outputs=StructuredOutputsParams(regex="a"))
 
 
+def test_bad_words_ban_a_words_last_token_after_the_rest_step_by_step():
+    # Words as token ids (the frontend's bad_words_token_ids): [4] always banned; [7, 8] bans
+    # 8 right after a 7; [1, 2, 3] bans 3 after 1, 2. A row without bad words keeps its argmax.
+    logits = torch.zeros(2, 10)
+    logits[:, [3, 4, 8]] = torch.tensor([5.0, 6.0, 4.0])
+    words = [[4], [7, 8], [1, 2, 3]]
+    params = [
+        SamplingParams(temperature=0.0, bad_words=["x"], bad_words_token_ids=words),
+        SamplingParams(temperature=0.0),
+    ]
+    expected = {(): 3, (1, 2): 8, (7,): 3, (1, 2, 7): 3}  # output so far -> greedy token
+    for output, token in expected.items():
+        state, req_ids = make_state(params, outputs=[list(output), []])
+        meta = state.build_metadata(req_ids)
+        sampled = Sampler()(logits, meta).sampled_token_ids.tolist()
+        assert sampled == [token, 4], output
+    # One state, step after step: the banned tokens follow the output (no stale metadata).
+    state, req_ids = make_state(params)
+    for appended, token in ((None, 3), (1, 3), (2, 8), (7, 3)):
+        if appended is not None:
+            state.append_tokens(req_ids, [appended, 0])
+        meta = state.build_metadata(req_ids)
+        assert Sampler()(logits, meta).sampled_token_ids.tolist() == [token, 4], appended
+    assert state.reads_output(req_ids[0]) and not state.reads_output(req_ids[1])
+
+
 def test_logit_bias_values_are_checked():
     with pytest.raises(ValueError, match="finite"):
         SamplingParams(logit_bias={1: math.inf})

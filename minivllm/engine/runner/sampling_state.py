@@ -50,6 +50,8 @@ class SamplingState:
         self._reusable: tuple[tuple[str, ...], SamplingMetadata] | None = None
         # Up to two uploads a step (parameters when the batch changes, draw keys).
         self._staging = InputStaging(self.device, num_slots=6, capacity=1 << 14)
+        # Requests with bad words: their banned tokens follow the output, step by step.
+        self._num_with_bad_words = 0
 
     def add_request(self, new: NewRequestData) -> None:
         """Registers a request. A req_id already known keeps its state (outputs, generator)."""
@@ -61,9 +63,12 @@ class SamplingState:
             generator = torch.Generator(device=self.device)
             generator.manual_seed(params.seed)
         self.requests[new.req_id] = _RequestState(list(new.prompt_token_ids), params, [], generator)
+        self._num_with_bad_words += bool(params.bad_words_token_ids)
 
     def remove(self, req_id: str) -> None:
-        self.requests.pop(req_id, None)
+        state = self.requests.pop(req_id, None)
+        if state is not None:
+            self._num_with_bad_words -= bool(state.params.bad_words_token_ids)
 
     def append_tokens(self, req_ids: list[str], token_ids: list[int]) -> None:
         """Records a step's tokens; requests removed meanwhile (async scheduling) are skipped."""
@@ -93,9 +98,13 @@ class SamplingState:
             meta = self._reusable[1]
         else:
             meta = self._build_metadata(states, drafted)
-            # Without penalties or suppressed tokens nothing in it changes while the batch
-            # stays, except the draw keys (seeds and offsets, replaced below).
-            static = meta.no_penalties and meta.suppressed_token_ids is None
+            # Without penalties, suppressed tokens or bad words nothing in it changes while
+            # the batch stays, except the draw keys (seeds and offsets, replaced below).
+            static = (
+                meta.no_penalties
+                and meta.suppressed_token_ids is None
+                and not self._num_with_bad_words
+            )
             self._reusable = (key, meta) if static else None
         # The Triton sampler draws every batch with keyed noise (plain or not), so that a
         # seeded request's tokens do not depend on its neighbours' sampling options.
@@ -156,10 +165,14 @@ class SamplingState:
         return self._staging.upload({"seeds": seeds, "offsets": offsets})
 
     def reads_output(self, req_id: str) -> bool:
-        """Whether req_id's sampling depends on its output so far: penalties, or min_tokens
-        not reached (its rows with drafts need build_metadata's drafted)."""
+        """Whether req_id's sampling depends on its output so far: penalties, min_tokens not
+        reached, bad words (its rows with drafts need build_metadata's drafted)."""
         s = self.requests[req_id]
-        return s.params.has_penalties or len(s.output_token_ids) < s.params.min_tokens
+        return (
+            s.params.has_penalties
+            or len(s.output_token_ids) < s.params.min_tokens
+            or bool(s.params.bad_words_token_ids)
+        )
 
     def _build_metadata(
         self, states: list[_RequestState], drafted: list[list[int]] | None = None
@@ -179,7 +192,9 @@ class SamplingState:
         prompt_ids = (
             _padded([s.prompt_token_ids for s in states], device) if has_repetition else None
         )
-        suppressed_ids = _suppressed_token_ids(states, [len(out) for out in outputs], device)
+        suppressed_ids = _suppressed_token_ids(
+            states, outputs, device, bad_words=self._num_with_bad_words > 0
+        )
         bias_ids, bias_values = _logit_bias(params, device)
         allowed_ids, allowed_rows = _allowed_token_ids(params, device)
         no_filters = {
@@ -314,19 +329,33 @@ def _param_tensors(params: list[SamplingParams], staging: InputStaging) -> dict[
 
 
 def _suppressed_token_ids(
-    states: list[_RequestState], num_outputs: list[int], device: torch.device
+    states: list[_RequestState], outputs: list[list[int]], device: torch.device, bad_words: bool
 ) -> torch.Tensor | None:
-    """[N, max_num_suppressed] ids banned this step by min_tokens, or None when none are.
-    num_outputs: per row, the output tokens before it (drafts before its position too)."""
+    """[N, max_num_suppressed] ids banned this step by min_tokens and (where bad_words: some
+    request has them) bad words, or None when none are. outputs: per row, the output tokens
+    before it (drafts before its position too)."""
     rows: list[list[int]] = []
-    for s, num_output in zip(states, num_outputs, strict=True):
+    for s, output in zip(states, outputs, strict=True):
         banned: list[int] = []
-        if num_output < s.params.min_tokens:
+        if len(output) < s.params.min_tokens:
             banned = list(s.params.stop_token_ids)
             if not s.params.ignore_eos:
                 banned += s.params.eos_token_ids
+        if bad_words:
+            banned += _banned_by_bad_words(s.params.bad_words_token_ids, output)
         rows.append(banned)
     return _padded(rows, device) if any(rows) else None
+
+
+def _banned_by_bad_words(words: list[list[int]], output: list[int]) -> list[int]:
+    """Each bad word's last token where the output ends in the tokens before it (a one-token
+    word always)."""
+    banned = []
+    for word in words:
+        before = len(word) - 1
+        if before <= len(output) and output[len(output) - before :] == word[:-1]:
+            banned.append(word[-1])
+    return banned
 
 
 def _logit_bias(

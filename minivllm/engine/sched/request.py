@@ -89,12 +89,16 @@ class Request:
 
 
 def needs_host_tokens(request: Request) -> bool:
-    """Penalties, min_tokens and logprobs read sampled tokens on the host each step. (A
-    grammar does too, but only for the next step's mask, which is filled once the step in
-    flight has been applied: engine/sched/async_scheduler.py.)"""
+    """Penalties, min_tokens, bad words and logprobs read sampled tokens on the host each
+    step. (A grammar does too, but only for the next step's mask, which is filled once the
+    step in flight has been applied: engine/sched/async_scheduler.py.)"""
     p = request.sampling_params
     return bool(
-        p.has_penalties or p.min_tokens or p.logprobs is not None or p.prompt_logprobs is not None
+        p.has_penalties
+        or p.min_tokens
+        or p.bad_words
+        or p.logprobs is not None
+        or p.prompt_logprobs is not None
     )
 
 

@@ -186,6 +186,7 @@ def sampling_params(
             include_stop_str_in_output=req.include_stop_str_in_output,
             logit_bias=_logit_bias(req.logit_bias),
             allowed_token_ids=req.allowed_token_ids,
+            bad_words=req.bad_words,
             structured_outputs=structured_outputs,
             **values,
         )
@@ -229,6 +230,15 @@ def _check_limits(req: Any, logprobs: int | None) -> None:
     if req.allowed_token_ids is not None and len(req.allowed_token_ids) > _MAX_ALLOWED_TOKEN_IDS:
         raise APIError(
             f"at most {_MAX_ALLOWED_TOKEN_IDS} allowed_token_ids", param="allowed_token_ids"
+        )
+    if req.bad_words and (
+        len(req.bad_words) > MAX_STOP_STRINGS
+        or any(len(w) > MAX_STOP_STRING_CHARS for w in req.bad_words)
+    ):
+        raise APIError(
+            f"at most {MAX_STOP_STRINGS} bad_words of at most {MAX_STOP_STRING_CHARS} "
+            "characters each",
+            param="bad_words",
         )
     if req.prompt_logprobs is not None:
         if req.stream:  # as in vLLM: they would all come in the first chunk

@@ -98,6 +98,8 @@ class _SamplingFields(_Request):
     prompt_logprobs: StrictInt | None = None
     # Only these ids may be sampled (SamplingParams.allowed_token_ids)
     allowed_token_ids: list[StrictInt] | None = None
+    # Words never written (SamplingParams.bad_words)
+    bad_words: list[str] | None = None
     # Keep this many prompt tokens (-1: what max_model_len leaves beside max_tokens), cut on
     # the tokenizer's truncation_side (params.truncate_prompt), as vLLM 0.20 does
     truncate_prompt_tokens: StrictInt | None = None
@@ -245,7 +247,6 @@ class ChatCompletionRequest(_ConstrainedFields):
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
     documents: list[dict[str, str]] | None = None
     # vLLM's, then OpenAI's, that this server does not implement
-    bad_words: Any = _unimplemented([])
     echo: Any = _unimplemented(False)
     add_special_tokens: Any = _unimplemented(False)
     thinking_token_budget: Any = _unimplemented()

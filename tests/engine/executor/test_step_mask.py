@@ -47,8 +47,8 @@ class FailingMask:
 
 @pytest.fixture
 def ring_pair():
-    # Small slots: a mask spans several of them.
-    writer = ShmRing.create(num_readers=1, num_slots=4, slot_bytes=256)
+    # Small slots: a mask spans several of them (a step with new requests, several more).
+    writer = ShmRing.create(num_readers=1, num_slots=8, slot_bytes=256)
     reader = ShmRing.attach(writer.handle, 0)
     yield writer, reader
     reader.close()

@@ -65,6 +65,20 @@ def test_allowed_token_ids_match_offline(client, offline) -> None:
     assert out.choices[0].model_extra["token_ids"] == ref.token_ids
 
 
+def test_bad_words_match_offline(client, offline) -> None:
+    free = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    first = offline.generate({"prompt_token_ids": PROMPT_IDS}, free, use_tqdm=False)[0].outputs[0]
+    word = offline.get_tokenizer().decode(first.token_ids[:1])
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, bad_words=[word])
+    ref = offline.generate({"prompt_token_ids": PROMPT_IDS}, params, use_tqdm=False)[0].outputs[0]
+    assert ref.token_ids[0] != first.token_ids[0]
+    out = client.completions.create(
+        model=MODEL_NAME, prompt=PROMPT_IDS, temperature=0.0, max_tokens=16,
+        extra_body={"ignore_eos": True, "bad_words": [word], "return_token_ids": True},
+    )  # fmt: skip
+    assert out.choices[0].model_extra["token_ids"] == ref.token_ids
+
+
 def test_chat_logprobs_match_offline(client, offline) -> None:
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     out = client.chat.completions.create(
