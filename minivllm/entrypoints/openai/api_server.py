@@ -17,6 +17,7 @@ from minivllm.entrypoints.engine_args import engine_options
 from minivllm.entrypoints.openai.http_server import build_server
 from minivllm.entrypoints.openai.metrics import ServerMetrics
 from minivllm.entrypoints.openai.protocol import ServerLimits
+from minivllm.entrypoints.openai.responses.store import ResponseStore
 from minivllm.entrypoints.openai.server import build_app
 from minivllm.entrypoints.openai.serving_common import ServerState
 
@@ -65,6 +66,7 @@ def run_serve(args: argparse.Namespace) -> int:
     limits = ServerLimits(
         args.max_request_body_bytes, args.timeout_request_read, args.max_prompts_per_request
     )
+    response_store = ResponseStore(args.responses_store_bytes)
     check_port_free(args.host, args.port)
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
         raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (as in vLLM)")
@@ -81,6 +83,7 @@ def run_serve(args: argparse.Namespace) -> int:
             limits,
             tool_parser=args.tool_call_parser if args.enable_auto_tool_choice else None,
             reasoning_parser=args.reasoning_parser,
+            response_store=response_store,
         )
         app = build_app(state, metrics, api_key)
         server = build_server(

@@ -85,5 +85,13 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
         default=None,
         help="split <think>...</think> into message.reasoning (and reasoning_content)",
     )
+    serve.add_argument(
+        "--responses-store-bytes",
+        type=int,
+        default=64 << 20,
+        help="memory for the Responses API's stored answers (store: true; for "
+        "previous_response_id), least recently used dropped past it; 0 stores none "
+        "(default 64 MiB)",
+    )
     add_engine_options(serve)
     return serve

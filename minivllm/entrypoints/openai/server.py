@@ -28,6 +28,12 @@ from minivllm.entrypoints.openai.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
 )
+from minivllm.entrypoints.openai.responses.protocol import ResponsesRequest
+from minivllm.entrypoints.openai.responses.serving import (
+    create_response,
+    delete_response,
+    get_response,
+)
 from minivllm.entrypoints.openai.serving_chat import create_chat_completion
 from minivllm.entrypoints.openai.serving_common import ServerState, tokenize_text
 from minivllm.entrypoints.openai.serving_completion import create_completion
@@ -250,6 +256,21 @@ def _add_generation_routes(app: FastAPI, state: ServerState) -> None:
     async def chat_completions(request: Request) -> Response:
         req = await read_body(request, ChatCompletionRequest, limits)
         return await _until_disconnect(request, create_chat_completion(state, req))
+
+    @app.post("/v1/responses")
+    async def responses(request: Request) -> Response:
+        req = await read_body(request, ResponsesRequest, limits)
+        return await _until_disconnect(request, create_response(state, req))
+
+    @app.get("/v1/responses/{response_id}")
+    async def stored_response(response_id: str, request: Request) -> dict:
+        if request.query_params:  # stream / starting_after replay a background response's events
+            raise APIError(f"query parameters {sorted(request.query_params)} are not supported")
+        return get_response(state, response_id)
+
+    @app.delete("/v1/responses/{response_id}")
+    async def forget_response(response_id: str) -> dict:
+        return delete_response(state, response_id)
 
 
 async def _until_disconnect(request: Request, handler: Awaitable[Response]) -> Response:

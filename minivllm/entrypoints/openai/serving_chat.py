@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from fastapi.responses import JSONResponse, StreamingResponse
 
@@ -48,7 +49,29 @@ from minivllm.entrypoints.openai.streaming import SSE_DONE, DeltaCursor, SSEChun
 from minivllm.outputs import CompletionOutput, RequestOutput
 
 
+@dataclass
+class ChatRun:
+    """A chat request in the engine: what its response is built from."""
+
+    iterators: list[AsyncIterator[RequestOutput]]
+    spec: ChatOutputSpec  # how each choice's text is parsed
+    prompt_token_ids: list[int]
+    top: int  # top logprobs per token (0 without logprobs)
+
+
 async def create_chat_completion(state: ServerState, req: ChatCompletionRequest):
+    request_id = f"chatcmpl-{uuid.uuid4().hex}"
+    run = await start_chat(state, req, request_id)
+    response = _ChatResponse(state, req, request_id, run)
+    if req.stream:
+        return StreamingResponse(response.stream(run.iterators), media_type="text/event-stream")
+    (final,) = await collect(run.iterators)  # a chat request is one prompt
+    return JSONResponse(response.full(final))
+
+
+async def start_chat(state: ServerState, req: ChatCompletionRequest, request_id: str) -> ChatRun:
+    """Checks the request, renders its messages, and submits it (the Responses API's requests
+    come here too, as chat requests: responses/input.py)."""
     check_model(req.model, state.served_model_names)
     if req.chat_template is not None:
         raise APIError(
@@ -110,13 +133,8 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest)
         prompt_logprobs=req.prompt_logprobs,
         structured_outputs=constraint[1] if constraint is not None else None,
     )
-    request_id = f"chatcmpl-{uuid.uuid4().hex}"
     iterators = await submit(state, request_id, [(None, token_ids, params)])
-    response = _ChatResponse(state, req, request_id, top or 0, spec, token_ids)
-    if req.stream:
-        return StreamingResponse(response.stream(iterators), media_type="text/event-stream")
-    (final,) = await collect(iterators)  # a chat request is one prompt
-    return JSONResponse(response.full(final))
+    return ChatRun(iterators, spec, token_ids, top or 0)
 
 
 class _ChatResponse:
@@ -125,14 +143,12 @@ class _ChatResponse:
         state: ServerState,
         req: ChatCompletionRequest,
         request_id: str,
-        top: int,
-        spec: ChatOutputSpec,
-        prompt_token_ids: list[int],
+        run: ChatRun,
     ) -> None:
         self.req = req
-        self.top = top
-        self.spec = spec
-        self.prompt_token_ids = prompt_token_ids
+        self.top = run.top
+        self.spec = run.spec
+        self.prompt_token_ids = run.prompt_token_ids
         self.parsers: dict[int, ChoiceParser] = {}
         self.head = response_head(request_id, "chat.completion", state.model_name)
 

@@ -13,6 +13,7 @@ from minivllm.entrypoints.async_llm import AsyncLLM, EngineDeadError
 from minivllm.entrypoints.async_tokenizer import TokenizerClosedError
 from minivllm.entrypoints.openai.errors import APIError
 from minivllm.entrypoints.openai.protocol import ServerLimits
+from minivllm.entrypoints.openai.responses.store import ResponseStore
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
 
@@ -34,6 +35,8 @@ class ServerState:
     # --reasoning-parser (docs/serving.md, "Tool calling" and "Reasoning")
     tool_parser: str | None = None
     reasoning_parser: str | None = None
+    # The Responses API's stored answers (--responses-store-bytes)
+    response_store: ResponseStore = field(default_factory=ResponseStore)
 
     @property
     def model_name(self) -> str:

@@ -121,3 +121,28 @@ def test_forced_call_cut_short_streamed_equals_whole(client, tool_choice, max_to
     assert [d.function.name for d in deltas if d.function.name] == [call.function.name]
     assert "".join(d.function.arguments or "" for d in deltas) == call.function.arguments
     assert [c.finish_reason for chunk in chunks for c in chunk.choices][-1] == "length"
+
+
+def test_responses_api_answers_calls_and_reads_the_result(client):
+    """The Responses API on the demo model: a sensible answer; a required call that validates;
+    its output sent back as an item, read in the next answer."""
+    answer = client.responses.create(
+        model=MODEL_NAME, input="What is the capital of France?", temperature=0,
+        max_output_tokens=30,
+    )  # fmt: skip
+    assert "Paris" in answer.output_text and answer.status == "completed"
+    tools = [{"type": "function", **t["function"]} for t in TOOLS]
+    question = {"role": "user", "content": MESSAGES[0]["content"]}
+    called = client.responses.create(
+        model=MODEL_NAME, input=[question], tools=tools, tool_choice="required",
+        parallel_tool_calls=False, temperature=0, max_output_tokens=48,
+    )  # fmt: skip
+    (call,) = called.output
+    assert call.type == "function_call" and call.name in PARAMS
+    jsonschema.validate(json.loads(call.arguments), PARAMS[call.name])
+    result = {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny, 24 C"}
+    final = client.responses.create(
+        model=MODEL_NAME, previous_response_id=called.id, input=[result], tools=tools,
+        tool_choice="none", temperature=0, max_output_tokens=40,
+    )  # fmt: skip
+    assert "24" in final.output_text or "unny" in final.output_text, final.output_text

@@ -1,0 +1,87 @@
+"""Stored answers of the Responses API (`store: true`, OpenAI's default): for a later request's
+`previous_response_id`, and for GET and DELETE /v1/responses/{id}. In memory, bounded: past
+max_bytes (`minivllm serve --responses-store-bytes`) the least recently used are dropped.
+
+Each entry keeps its own turn only (the input's messages and the answer, as chat messages)
+and the id of the response before it: a conversation is its chain of turns, so that a long
+one costs its length once, not once per turn.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from minivllm.entrypoints.openai.errors import APIError
+
+
+@dataclass
+class StoredResponse:
+    response: dict[str, Any]  # the response object, as returned
+    turn: list[dict[str, Any]]  # this turn's input messages and the answer (chat messages)
+    previous_id: str | None
+    num_bytes: int
+
+
+class ResponseStore:
+    def __init__(self, max_bytes: int = 64 << 20) -> None:
+        if max_bytes < 0:
+            raise ValueError("--responses-store-bytes must be >= 0")
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[str, StoredResponse] = OrderedDict()
+        self._num_bytes = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_bytes > 0
+
+    def put(
+        self, response: dict[str, Any], turn: list[dict[str, Any]], previous_id: str | None
+    ) -> None:
+        """Stores a finished response (one larger than the whole store is not kept)."""
+        num_bytes = len(json.dumps(response)) + len(json.dumps(turn))
+        if num_bytes > self.max_bytes:
+            return
+        self._entries[response["id"]] = StoredResponse(response, turn, previous_id, num_bytes)
+        self._num_bytes += num_bytes
+        while self._num_bytes > self.max_bytes:
+            _, dropped = self._entries.popitem(last=False)
+            self._num_bytes -= dropped.num_bytes
+
+    def get(self, response_id: str) -> StoredResponse:
+        """The stored response (now the most recently used), or a 404."""
+        entry = self._entries.get(response_id)
+        if entry is None:
+            raise APIError(
+                f"no stored response with id {response_id!r} (responses are kept in this "
+                "server's memory while they fit in --responses-store-bytes)",
+                status=404,
+            )
+        self._entries.move_to_end(response_id)
+        return entry
+
+    def delete(self, response_id: str) -> None:
+        entry = self.get(response_id)
+        del self._entries[response_id]
+        self._num_bytes -= entry.num_bytes
+
+    def conversation(self, response_id: str) -> list[dict[str, Any]]:
+        """The chat messages of the conversation that ends with this response's answer, turn
+        by turn from its first; a 400 when a turn before it is no longer stored."""
+        turns = []
+        entry = self.get(response_id)
+        while True:
+            turns.append(entry.turn)
+            if entry.previous_id is None:
+                break
+            previous = self._entries.get(entry.previous_id)
+            if previous is None:
+                raise APIError(
+                    f"previous_response_id {response_id!r}: an earlier turn of its conversation "
+                    f"({entry.previous_id!r}) is no longer stored; send the conversation as input",
+                    param="previous_response_id",
+                )
+            entry = previous
+        return [message for turn in reversed(turns) for message in turn]
