@@ -269,17 +269,27 @@ class ChatCompletionRequest(_ConstrainedFields):
 
 
 class TokenizeRequest(_Request):
-    """Either a completion-style prompt or chat-style messages (vLLM's /tokenize)."""
+    """Either a completion-style prompt or chat-style messages, with the tools the template
+    renders beside them (vLLM's /tokenize: the count is the chat request's prompt_tokens).
+    Other fields are ignored: vllm-router's cache_aware policy posts a whole chat or
+    completion body here to learn its prompt's tokens (docs/serving.md, section 10)."""
 
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
-    add_special_tokens: StrictBool = True
+    tools: list[ChatTool] | None = None
+    # None: True for a prompt, False for messages (the chat template writes them), as vLLM
+    add_special_tokens: StrictBool | None = None
     add_generation_prompt: StrictBool = True
+    continue_final_message: StrictBool = False
     return_token_strs: StrictBool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    chat_template: str | None = None  # refused, as on chat: templates are the server's
+    mm_processor_kwargs: Any = _unimplemented()
+    media_io_kwargs: Any = _unimplemented()
 
 
 class DetokenizeRequest(_Request):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     model: str | None = None
     tokens: list[StrictInt]

@@ -18,10 +18,10 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from minivllm.entrypoints.async_llm import AsyncLLM
-from minivllm.entrypoints.openai.chat.template import render_chat
+from minivllm.entrypoints.openai.chat.template import render_chat_text
 from minivllm.entrypoints.openai.errors import APIError, error_json, error_response
 from minivllm.entrypoints.openai.metrics import ServerMetrics
-from minivllm.entrypoints.openai.params import check_model, read_body
+from minivllm.entrypoints.openai.params import check_model, check_unimplemented, read_body
 from minivllm.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -201,20 +201,30 @@ def _add_info_routes(app: FastAPI, state: ServerState, metrics: ServerMetrics) -
     async def tokenize(request: Request) -> dict:
         req = await read_body(request, TokenizeRequest, limits)
         check_model(req.model, state.served_model_names)
+        check_unimplemented(req)
         tokenizer = state.engine.tokenizer
+        if req.chat_template is not None:
+            raise APIError("chat_template in a request is not accepted", param="chat_template")
+        if (req.messages is None) == (req.prompt is None):
+            raise APIError("give either prompt or messages", param="prompt")
         if req.messages is not None:
-            tokens = await render_chat(
+            text = await render_chat_text(
                 state.engine,
                 state.chat_template,
                 req.messages,
                 req.add_generation_prompt,
-                False,
+                req.continue_final_message,
                 req.chat_template_kwargs,
+                [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None,
             )
-        elif req.prompt is not None:
-            tokens = await tokenize_text(state.engine, req.prompt, req.add_special_tokens)
+            tokens = await tokenize_text(
+                state.engine, text, bool(req.add_special_tokens), param="messages"
+            )
         else:
-            raise APIError("give prompt or messages", param="prompt")
+            if req.tools is not None:
+                raise APIError("tools go with messages, not a prompt", param="tools")
+            add_special = req.add_special_tokens is not False
+            tokens = await tokenize_text(state.engine, req.prompt, add_special)
         strs = None
         if req.return_token_strs:
             strs = await engine.async_tokenizer.run(tokenizer.convert_ids_to_tokens, tokens)

@@ -1,7 +1,10 @@
 """The Responses API (POST /v1/responses) through the real server with the official openai
 client, on the tiny random model: each answer equals the chat completion it is served as
 (greedy), streamed events spell out the final response, stored answers continue a
-conversation, and what the server cannot honour is a 400 naming the field."""
+conversation, and what the server cannot honour is a 400 naming the field. The server's chat
+template writes tools, calls, tool results and reasoning into the prompt (the tiny model's own
+writes only contents), so that a prompt's token count shows what reached it; /tokenize is
+checked against it too."""
 
 from __future__ import annotations
 
@@ -29,6 +32,18 @@ HERMES_CALL = (
     r'<tool_call>\{"name": "get_weather", "arguments": \{"city": "(Paris|Oslo)", '
     r'"days": [1-7]\}\}</tool_call>'
 )
+# Qwen's layout, small: the tools, each message's reasoning, content and calls, tool results.
+TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}"
+    "<|im_end|>\n{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+    "{% if m.tool_call_id %}<tool_response id={{ m.tool_call_id }}>{% endif %}"
+    "{% if m.reasoning_content %}<think>{{ m.reasoning_content }}</think>{% endif %}"
+    '{{ m.content }}{% for c in m.tool_calls or [] %}<tool_call>{"name": '
+    '{{ c.function.name | tojson }}, "arguments": {{ c.function.arguments | tojson }}}'
+    "</tool_call>{% endfor %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 # Greedy, no thinking, cut at max tokens: the random model's text is the same in both APIs.
 EXTRA = {"chat_template_kwargs": {"enable_thinking": False}, "ignore_eos": True, "seed": 0}
 
@@ -37,7 +52,9 @@ EXTRA = {"chat_template_kwargs": {"enable_thinking": False}, "ignore_eos": True,
 def server(tiny_qwen3_dir: str, tmp_path_factory: pytest.TempPathFactory):
     log = str(tmp_path_factory.mktemp("serve-responses") / "server.log")
     flags = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
-    srv = Server(tiny_qwen3_dir, log, *flags, "--reasoning-parser", "qwen3")
+    srv = Server(
+        tiny_qwen3_dir, log, *flags, "--reasoning-parser", "qwen3", "--chat-template", TEMPLATE
+    )
     yield srv
     srv.stop()
 
@@ -136,6 +153,38 @@ def test_reasoning_text_and_a_call_are_three_items(client, stream):
     assert (
         response.status == "completed" and response.usage.output_tokens_details.reasoning_tokens > 0
     )
+
+
+def test_an_answer_sent_back_is_its_assistant_turn(client):
+    """Reasoning, text and a call sent back as items (or through previous_response_id) are one
+    assistant message with its reasoning, content and call, as chat renders it."""
+    regex = r"<think>[a-z]{2,6}</think>Sure\." + HERMES_CALL
+    extra = {"structured_outputs": {"regex": regex}, "ignore_eos": False}
+    first = respond(client, extra, input="Weather?", tools=TOOLS, max_output_tokens=128)
+    reasoning, message, call = first.output
+    result = {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}
+    items = [{"role": "user", "content": "Weather?"}]
+    items += [i.model_dump(exclude_none=True) for i in first.output] + [result]
+    sent_back = respond(client, input=items, tools=TOOLS, tool_choice="none")
+    stored = respond(client, input=[result], tools=TOOLS, tool_choice="none",
+                     previous_response_id=first.id)  # fmt: skip
+    assistant = {
+        "role": "assistant",
+        "content": "Sure.",
+        "reasoning_content": reasoning.content[0].text,
+        "tool_calls": [{"id": call.call_id, "type": "function",
+                        "function": {"name": call.name, "arguments": call.arguments}}],
+    }  # fmt: skip
+    messages = [items[0], assistant, {"role": "tool", "tool_call_id": call.call_id,
+                                      "content": "sunny"}]  # fmt: skip
+    ref = chat(client, messages, tools=CHAT_TOOLS, tool_choice="none")
+    for answer in (sent_back, stored):
+        assert answer.usage.input_tokens == ref.usage.prompt_tokens
+        assert answer.output_text == ref.choices[0].message.content
+    without_reasoning = chat(client, [items[0], {k: v for k, v in assistant.items()
+                                                 if k != "reasoning_content"}, messages[2]],
+                             tools=CHAT_TOOLS, tool_choice="none")  # fmt: skip
+    assert without_reasoning.usage.prompt_tokens < ref.usage.prompt_tokens
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -302,3 +351,23 @@ def test_a_request_the_engine_fails_alone_is_a_failed_response(client, stream):
     assert response.status == "failed" and response.error.code == "server_error"
     assert response.error.message
     assert respond(client, input="Hi").status == "incomplete"  # the next one is served
+
+
+def test_tokenize_counts_the_chat_prompt_with_its_tools(client, server):
+    messages = [{"role": "user", "content": "Weather?"}]
+    out = chat(client, messages, tools=CHAT_TOOLS, tool_choice="none", max_tokens=1)
+    body = {"messages": messages, "tools": CHAT_TOOLS}
+    status, counted = server.request("POST", "/tokenize", body)
+    assert status == 200 and counted["count"] == out.usage.prompt_tokens
+    status, plain = server.request("POST", "/tokenize", {"messages": messages})
+    assert plain["count"] < counted["count"]  # the tools are in the prompt
+    # A whole chat body (vllm-router's cache_aware policy sends one) counts the same.
+    chat_body = {**body, "model": MODEL_NAME, "tool_choice": "none", "max_tokens": 1}
+    assert server.request("POST", "/tokenize", chat_body)[1]["count"] == counted["count"]
+    for bad, param in (
+        ({"prompt": "Hi", "tools": CHAT_TOOLS}, "tools"),
+        ({"prompt": "Hi", "messages": messages}, "prompt"),
+        ({**body, "chat_template": "{{ 1 }}"}, "chat_template"),
+    ):
+        status, error = server.request("POST", "/tokenize", bad)
+        assert status == 400 and error["error"]["param"] == param, error

@@ -14,7 +14,6 @@ from minivllm.entrypoints.chat_messages import (
 )
 from minivllm.entrypoints.openai.errors import APIError
 from minivllm.entrypoints.openai.protocol import ChatMessage
-from minivllm.entrypoints.openai.serving_common import tokenize_text
 
 
 def _render(tokenizer, messages: list[ChatMessage], **options) -> str:
@@ -27,30 +26,6 @@ def _render(tokenizer, messages: list[ChatMessage], **options) -> str:
     return render_conversation(tokenizer, conversation, **options)
 
 
-async def render_chat(
-    engine,
-    chat_template: str | None,
-    messages: list[ChatMessage],
-    add_generation_prompt: bool,
-    continue_final_message: bool,
-    template_kwargs: dict[str, Any] | None,
-    tools: list[dict[str, Any]] | None = None,
-) -> list[int]:
-    """Prompt token ids of a conversation (rendered to text on a tokenizer thread: a template
-    over 10^5 messages takes seconds of Python; then tokenized without adding special tokens,
-    as vLLM does); engine: the AsyncLLM (its tokenizer)."""
-    text = await render_chat_text(
-        engine,
-        chat_template,
-        messages,
-        add_generation_prompt,
-        continue_final_message,
-        template_kwargs,
-        tools,
-    )
-    return await tokenize_text(engine, text, add_special_tokens=False, param="messages")
-
-
 async def render_chat_text(
     engine,
     chat_template: str | None,
@@ -61,9 +36,10 @@ async def render_chat_text(
     tools: list[dict[str, Any]] | None = None,
     documents: list[dict[str, str]] | None = None,
 ) -> str:
-    """The conversation through the chat template, as text (render_chat's first half); tools
-    and documents reach the template as `tools` and `documents` (templates that do not read
-    them ignore them)."""
+    """The conversation through the chat template, as text (rendered on a tokenizer thread: a
+    template over 10^5 messages takes seconds of Python); tools and documents reach the
+    template as `tools` and `documents` (templates that do not read them ignore them). The
+    caller tokenizes it without adding special tokens, as vLLM does."""
     tokenizer = engine.tokenizer
     kwargs = dict(template_kwargs or {})
     bad = sorted(set(kwargs) & RESERVED_TEMPLATE_KWARGS)
