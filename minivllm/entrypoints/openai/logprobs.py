@@ -1,7 +1,9 @@
 """Logprobs in each API's own shape (completions: parallel lists; chat: content entries).
 
 Entries keep the engine's dict order (the sampled token first, then the top ranks), and
-clamp -inf to -9999.0, as vLLM does.
+clamp -inf to -9999.0, as vLLM does. With as_ids (vLLM's return_tokens_as_token_ids) every
+token is written "token_id:{id}": a token that is no whole UTF-8 text (part of a character)
+stays identifiable.
 """
 
 from __future__ import annotations
@@ -13,12 +15,17 @@ def _value(logprob: float) -> float:
     return max(logprob, -9999.0)
 
 
+def _token(token_id: int, decoded: str | None, as_ids: bool) -> str:
+    return f"token_id:{token_id}" if as_ids else (decoded or "")
+
+
 def completion_logprobs(
     token_ids: list[int],
     logprobs: list[LogprobsDict | None],
     num_top: int,
     tokenizer,
     text_offset: int = 0,
+    as_ids: bool = False,
 ) -> dict:
     """{"tokens", "token_logprobs", "top_logprobs", "text_offset"} for the given tokens; a
     None entry (the first prompt token under echo) has no logprob."""
@@ -28,16 +35,16 @@ def completion_logprobs(
     offsets: list[int] = []
     for token_id, entry in zip(token_ids, logprobs):
         if entry is None or token_id not in entry:
-            token = tokenizer.decode([token_id])
+            token = _token(token_id, None if as_ids else tokenizer.decode([token_id]), as_ids)
             token_logprobs.append(None)
             top_logprobs.append(None)
         else:
-            token = entry[token_id].decoded_token or ""
+            token = _token(token_id, entry[token_id].decoded_token, as_ids)
             token_logprobs.append(_value(entry[token_id].logprob))
             top_logprobs.append(
                 {
-                    (lp.decoded_token or ""): _value(lp.logprob)
-                    for i, lp in enumerate(entry.values())
+                    _token(t, lp.decoded_token, as_ids): _value(lp.logprob)
+                    for i, (t, lp) in enumerate(entry.items())
                     if i <= num_top
                 }
             )
@@ -52,27 +59,22 @@ def completion_logprobs(
     }
 
 
-def chat_logprobs(token_ids: list[int], logprobs: list[LogprobsDict], num_top: int) -> dict:
+def chat_logprobs(
+    token_ids: list[int], logprobs: list[LogprobsDict], num_top: int, as_ids: bool = False
+) -> dict:
     """{"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}]}"""
+
+    def item(token_id: int, decoded: str | None, logprob: float) -> dict:
+        token = _token(token_id, decoded, as_ids)
+        bytes_ = list(token.encode("utf-8", errors="replace"))
+        return {"token": token, "logprob": _value(logprob), "bytes": bytes_}
+
     content = []
     for token_id, entry in zip(token_ids, logprobs):
         sampled = entry[token_id]
-        token = sampled.decoded_token or ""
+        top = [item(t, lp.decoded_token, lp.logprob) for t, lp in list(entry.items())[:num_top]]
         content.append(
-            {
-                "token": token,
-                "logprob": _value(sampled.logprob),
-                "bytes": list(token.encode("utf-8", errors="replace")),
-                "top_logprobs": [
-                    {
-                        "token": lp.decoded_token or "",
-                        "logprob": _value(lp.logprob),
-                        "bytes": list((lp.decoded_token or "").encode("utf-8", errors="replace")),
-                    }
-                    for i, lp in enumerate(entry.values())
-                    if i < num_top
-                ],
-            }
+            {**item(token_id, sampled.decoded_token, sampled.logprob), "top_logprobs": top}
         )
     return {"content": content}
 

@@ -106,6 +106,8 @@ class _SamplingFields(_Request):
     # The prompt's and the output's token ids beside the text (vLLM's; agents and RL rollouts
     # read them rather than tokenize the text again)
     return_token_ids: StrictBool = False
+    # Logprobs' tokens as "token_id:{id}" (vLLM's; logprobs.py)
+    return_tokens_as_token_ids: StrictBool = False
     guided_decoding_backend: str | None = None  # accepted: llguidance is the one backend
     # OpenAI's, about the account or the caller; nothing in the output depends on them
     store: StrictBool | None = None
@@ -119,7 +121,6 @@ class _SamplingFields(_Request):
     spaces_between_special_tokens: Any = _unimplemented(True)
     priority: Any = _unimplemented(0)
     request_id: Any = _unimplemented()
-    return_tokens_as_token_ids: Any = _unimplemented(False)
     cache_salt: Any = _unimplemented()
     kv_transfer_params: Any = _unimplemented()
     vllm_xargs: Any = _unimplemented()
@@ -176,9 +177,9 @@ class CompletionRequest(_ConstrainedFields):
     prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]]
     logprobs: StrictInt | None = None
     echo: StrictBool = False
+    add_special_tokens: StrictBool = True  # the tokenizer's (BOS) before the prompt's text
     # OpenAI's, then vLLM's, that this server does not implement
     suffix: Any = _unimplemented()
-    add_special_tokens: Any = _unimplemented(True)
     prompt_embeds: Any = _unimplemented()
     logits_processors: Any = _unimplemented()
 
@@ -235,6 +236,9 @@ class ChatCompletionRequest(_ConstrainedFields):
     add_generation_prompt: StrictBool = True
     continue_final_message: StrictBool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    # The tokenizer's special tokens around the rendered text (vLLM's; the template writes
+    # them already, so True doubles a BOS)
+    add_special_tokens: StrictBool = False
     # Accepted only to refuse it with a clear message: templates come from the server's flags.
     chat_template: str | None = None
     tools: list[ChatTool] | None = None
@@ -248,7 +252,6 @@ class ChatCompletionRequest(_ConstrainedFields):
     documents: list[dict[str, str]] | None = None
     # vLLM's, then OpenAI's, that this server does not implement
     echo: Any = _unimplemented(False)
-    add_special_tokens: Any = _unimplemented(False)
     thinking_token_budget: Any = _unimplemented()
     media_io_kwargs: Any = _unimplemented()
     mm_processor_kwargs: Any = _unimplemented()

@@ -102,7 +102,7 @@ async def start_chat(state: ServerState, req: ChatCompletionRequest, request_id:
     token_ids = await tokenize_text(
         engine,
         prompt,
-        add_special_tokens=False,
+        add_special_tokens=req.add_special_tokens,  # False: the template writes them
         param="messages",
         truncated=req.truncate_prompt_tokens is not None,
     )
@@ -155,7 +155,8 @@ class _ChatResponse:
     def _logprobs(self, choice: CompletionOutput, start: int) -> dict | None:
         if not self.req.logprobs:
             return None
-        return chat_logprobs(choice.token_ids[start:], (choice.logprobs or [])[start:], self.top)
+        token_ids, logprobs = choice.token_ids[start:], (choice.logprobs or [])[start:]
+        return chat_logprobs(token_ids, logprobs, self.top, self.req.return_tokens_as_token_ids)
 
     def full(self, output: RequestOutput) -> dict:
         choices = []

@@ -37,15 +37,17 @@ from minivllm.outputs import CompletionOutput, RequestOutput
 async def _prompts(req: CompletionRequest, engine) -> list[tuple[str | None, list[int]]]:
     """(text, token ids) per prompt: a string, a list of strings, ids, or a list of id lists."""
     prompt = req.prompt
-    truncated = req.truncate_prompt_tokens is not None
+    options = dict(
+        add_special_tokens=req.add_special_tokens, truncated=req.truncate_prompt_tokens is not None
+    )
     if isinstance(prompt, str):
-        return [(prompt, await tokenize_text(engine, prompt, truncated=truncated))]
+        return [(prompt, await tokenize_text(engine, prompt, **options))]
     if not prompt:
         raise APIError("prompt is empty", param="prompt")
     if isinstance(prompt[0], int):
         return [(None, list(prompt))]
     if isinstance(prompt[0], str):
-        ids = await asyncio.gather(*(tokenize_text(engine, p, truncated=truncated) for p in prompt))
+        ids = await asyncio.gather(*(tokenize_text(engine, p, **options) for p in prompt))
         return list(zip(prompt, ids))
     return [(None, list(p)) for p in prompt]
 
@@ -122,7 +124,13 @@ class _Response:
                 ]
             entries = prompt_entries + entries
             token_ids = prompt_ids + token_ids
-        return completion_logprobs(token_ids, entries, self.req.logprobs, self.tokenizer)
+        return completion_logprobs(
+            token_ids,
+            entries,
+            self.req.logprobs,
+            self.tokenizer,
+            as_ids=self.req.return_tokens_as_token_ids,
+        )
 
     def full(self, finals: list[RequestOutput | None]) -> dict:
         choices = []

@@ -71,7 +71,7 @@ def _check_error(status: int, body, expected: int) -> None:
         ("/v1/chat/completions", {**CHAT, "guided_jsonn": {"type": "object"}}, "guided_jsonn"),
         ("/v1/completions", {**COMPLETION, "suffix": "!"}, "suffix"),
         ("/v1/completions", {**COMPLETION, "use_beam_search": True}, "use_beam_search"),
-        ("/v1/completions", {**COMPLETION, "add_special_tokens": False}, "add_special_tokens"),
+        ("/v1/completions", {**COMPLETION, "add_special_tokens": 1}, "add_special_tokens"),
         ("/v1/chat/completions", {**CHAT, "allowed_token_ids": [10**6]}, None),
         ("/v1/chat/completions", {**CHAT, "allowed_token_ids": [5] * 5000}, "allowed_token_ids"),
         (
