@@ -158,7 +158,9 @@ class EngineCore:
         """Queues requests its frontend has validated (request_checks.check_request).
         ValueError for an id in use (a finished request's id is free after the next step)."""
         for r in requests:
-            request = Request(r.req_id, r.prompt_token_ids, r.sampling_params, r.arrival_time)
+            request = Request(
+                r.req_id, r.prompt_token_ids, r.sampling_params, r.arrival_time, r.cache_salt
+            )
             self.scheduler.add_request(request)
 
     def abort_requests(self, req_ids: list[str]) -> None:

@@ -39,3 +39,10 @@ def check_request(
             f"the request needs up to {worst_case} tokens ({blocks_needed} KV blocks) but "
             f"the KV cache holds only {info.num_blocks} blocks of {info.block_size}"
         )
+
+
+def check_cache_salt(cache_salt: object) -> str | None:
+    """A request's cache salt: None, or a non-empty string (as vLLM); else a ValueError."""
+    if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
+        raise ValueError(f"cache_salt must be a non-empty string, got {cache_salt!r}")
+    return cache_salt

@@ -35,6 +35,7 @@ class EngineRequest:
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
     arrival_time: float
+    cache_salt: str | None = None  # prefix-cache blocks are shared only within one salt
 
 
 @dataclass

@@ -17,7 +17,7 @@ from minivllm.config import EngineConfig
 from minivllm.engine.client.core_client import EngineCoreClient
 from minivllm.engine.client.dp_core_client import DPCoreClient
 from minivllm.engine.client.protocol import EngineClient, MessageKind
-from minivllm.engine.request_checks import check_request
+from minivllm.engine.request_checks import check_cache_salt, check_request
 from minivllm.engine.stats import CoreInfo, EngineStats
 from minivllm.engine.types import EngineOutput, EngineRequest
 from minivllm.entrypoints.async_tokenizer import AsyncTokenizer
@@ -159,26 +159,34 @@ class AsyncLLM:
         prompt: str | None,
         prompt_token_ids: list[int],
         params: SamplingParams,
+        cache_salt: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Validates and submits a request now (ValueError if it is bad, EngineDeadError if
         the engine is gone); returns the iterator of its outputs. Not iterating it to the
-        end leaks nothing only if you call abort(request_id)."""
-        return self.add_requests([(request_id, prompt, prompt_token_ids, params)])[0]
+        end leaks nothing only if you call abort(request_id). cache_salt: prefix-cache
+        blocks are shared only with requests of the same salt."""
+        requests = [(request_id, prompt, prompt_token_ids, params)]
+        return self.add_requests(requests, cache_salt)[0]
 
     def add_requests(
-        self, requests: list[tuple[str, str | None, list[int], SamplingParams]]
+        self,
+        requests: list[tuple[str, str | None, list[int], SamplingParams]],
+        cache_salt: str | None = None,
     ) -> list[AsyncIterator[RequestOutput]]:
         """add_request for several (request_id, prompt, prompt_token_ids, params) at once:
         all are validated before any is submitted, so a bad one submits nothing; if a
         submission fails, those already made are aborted."""
         if self.dead_reason is not None:
             raise EngineDeadError(self.dead_reason)
+        check_cache_salt(cache_salt)
         for _, _, prompt_token_ids, params in requests:
             self.validate(prompt_token_ids, params)
-        return self.add_validated_requests(requests)
+        return self.add_validated_requests(requests, cache_salt)
 
     def add_validated_requests(
-        self, requests: list[tuple[str, str | None, list[int], SamplingParams]]
+        self,
+        requests: list[tuple[str, str | None, list[int], SamplingParams]],
+        cache_salt: str | None = None,
     ) -> list[AsyncIterator[RequestOutput]]:
         """add_requests for requests that validate() has passed (a caller that validates a
         large batch first, then submits it in slices): nothing is checked again."""
@@ -198,7 +206,10 @@ class AsyncLLM:
                 mailbox = _Mailbox()
                 self._mailboxes[request_id] = mailbox
                 self._client.add_requests(
-                    [EngineRequest(cid, prompt_token_ids, p, arrival) for cid, p in children]
+                    [
+                        EngineRequest(cid, prompt_token_ids, p, arrival, cache_salt)
+                        for cid, p in children
+                    ]
                 )
                 iterators.append(self._outputs(request_id, mailbox))
         except BaseException:  # abort those added, and the one half added (abort forgives)

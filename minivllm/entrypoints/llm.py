@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 from minivllm.config import EngineConfig
 from minivllm.demo_model import default_model
 from minivllm.engine.client.dp_engine import make_engine
-from minivllm.engine.request_checks import check_request
+from minivllm.engine.request_checks import check_cache_salt, check_request
 from minivllm.engine.types import EngineRequest
 from minivllm.entrypoints.chat_messages import render_conversation, template_conversation
 from minivllm.entrypoints.generation_config import read_generation_defaults
@@ -92,13 +92,13 @@ class LLM:
             # Tokenize and validate everything before submitting anything, so that one bad
             # prompt leaves the engine untouched.
             requests = [self._tokenize(p) for p in prompt_list]
-            for (_, token_ids), params in zip(requests, params_list):
+            for (_, token_ids, _), params in zip(requests, params_list):
                 self.validate_request(token_ids, params)
             completed = False
             try:
                 request_ids = [
-                    self._add_request(text, token_ids, params)
-                    for (text, token_ids), params in zip(requests, params_list)
+                    self._add_request(text, token_ids, params, salt)
+                    for (text, token_ids, salt), params in zip(requests, params_list)
                 ]
                 outputs = self._run_engine(request_ids, use_tqdm)
                 completed = True
@@ -167,29 +167,38 @@ class LLM:
         eos = list(self.generation_defaults.eos_token_ids)
         return [p.derive(eos_token_ids=eos) for p in params_list]
 
-    def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+    def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int], str | None]:
+        """(text, token ids, cache salt) of a prompt: a text, token ids, or a dict with
+        "prompt" or "prompt_token_ids" and, as in vLLM, an optional "cache_salt"."""
         if isinstance(prompt, str):
             check_unicode(prompt)
-            return prompt, self.tokenizer.encode(prompt)
+            return prompt, self.tokenizer.encode(prompt), None
         if isinstance(prompt, dict):
+            salt = check_cache_salt(prompt.get("cache_salt"))
             if "prompt_token_ids" in prompt:
-                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+                return prompt.get("prompt"), list(prompt["prompt_token_ids"]), salt
             if "prompt" in prompt:
                 check_unicode(prompt["prompt"])
-                return prompt["prompt"], self.tokenizer.encode(prompt["prompt"])
+                return prompt["prompt"], self.tokenizer.encode(prompt["prompt"]), salt
             raise ValueError(
                 f"a prompt dict needs 'prompt' or 'prompt_token_ids', got {sorted(prompt)}"
             )
         if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
-            return None, list(prompt)
+            return None, list(prompt), None
         raise TypeError(f"unsupported prompt type: {type(prompt).__name__}")
 
-    def _add_request(self, text: str | None, token_ids: list[int], params: SamplingParams) -> str:
+    def _add_request(
+        self,
+        text: str | None,
+        token_ids: list[int],
+        params: SamplingParams,
+        cache_salt: str | None = None,
+    ) -> str:
         request_id = str(next(self._request_counter))
         arrival = time.time()
         children = self.output_processor.add_request(request_id, text, token_ids, params, arrival)
         self.engine.add_requests(
-            [EngineRequest(child_id, token_ids, p, arrival) for child_id, p in children]
+            [EngineRequest(child_id, token_ids, p, arrival, cache_salt) for child_id, p in children]
         )
         return request_id
 

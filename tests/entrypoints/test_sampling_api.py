@@ -78,6 +78,28 @@ def test_n_samples_share_the_prompt(llm: LLM) -> None:
     assert out[0].num_cached_tokens == 16
 
 
+def test_cache_salt_shares_prefix_blocks_only_within_a_salt(llm: LLM) -> None:
+    ids = list(range(300, 341))  # 41 tokens: 10 full blocks of 4 can be hit
+
+    def run(salt: str | None) -> tuple[int, list[int]]:
+        prompt = (
+            {"prompt_token_ids": ids}
+            if salt is None
+            else {"prompt_token_ids": ids, "cache_salt": salt}
+        )
+        out = llm.generate(prompt, GREEDY, use_tqdm=False)[0]
+        return out.num_cached_tokens, out.outputs[0].token_ids
+
+    first = run("tenant-a")
+    assert first[0] == 0
+    assert run("tenant-a") == (40, first[1])  # the same salt hits
+    assert run("tenant-b") == (0, first[1])  # another salt, and none, do not
+    assert run(None) == (0, first[1])
+    assert run(None) == (40, first[1])
+    with pytest.raises(ValueError, match="cache_salt"):
+        llm.generate({"prompt_token_ids": ids, "cache_salt": ""}, GREEDY, use_tqdm=False)
+
+
 def test_stop_string_spanning_tokens(llm: LLM) -> None:
     full = llm.generate(PROMPT, GREEDY, use_tqdm=False)[0].outputs[0]
     tok = llm.tokenizer

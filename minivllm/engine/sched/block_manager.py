@@ -23,6 +23,14 @@ def hash_block_tokens(parent_hash: int | None, token_ids: Sequence[int]) -> int:
     return hasher.intdigest()
 
 
+def salt_hash(cache_salt: str | None) -> int | None:
+    """The parent of a request's first block: its cache salt's hash (None without one), so
+    that requests of different salts share no block, whatever their tokens."""
+    if cache_salt is None:
+        return None
+    return xxhash.xxh3_64_intdigest(cache_salt.encode("utf-8", errors="surrogatepass"))
+
+
 class BlockManager:
     """Hands out fixed-size KV blocks to requests and reuses blocks of shared prefixes.
 
@@ -44,8 +52,9 @@ class BlockManager:
         self._free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self._hash_to_block: dict[int, int] = {}
         self._block_hash: list[int | None] = [None] * num_blocks
-        # Tokens of each cached block, so that a hash collision is a miss, not wrong KV.
-        self._block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks
+        # Tokens of each cached block (a first block's with its request's cache salt), so
+        # that a hash collision is a miss, not wrong KV.
+        self._block_tokens: list[tuple | None] = [None] * num_blocks
         # req_id -> how many of its leading blocks have been offered to the cache.
         self._num_hashed_blocks: dict[str, int] = {}
 
@@ -72,7 +81,7 @@ class BlockManager:
         block_ids: list[int] = []
         for i in range(max_blocks):
             block_id = self._hash_to_block.get(request.block_hashes[i])
-            if block_id is None or self._block_tokens[block_id] != self._tokens_of(request, i):
+            if block_id is None or self._block_tokens[block_id] != self._block_key(request, i):
                 break
             block_ids.append(block_id)
         return block_ids, len(block_ids) * self.block_size
@@ -169,15 +178,23 @@ class BlockManager:
             if self._block_hash[block_id] is None and block_hash not in self._hash_to_block:
                 self._hash_to_block[block_hash] = block_id
                 self._block_hash[block_id] = block_hash
-                self._block_tokens[block_id] = self._tokens_of(request, i)
+                self._block_tokens[block_id] = self._block_key(request, i)
         self._num_hashed_blocks[request.req_id] = num_full_blocks
 
     def _extend_block_hashes(self, request: Request, num_full_blocks: int) -> None:
         hashes = request.block_hashes
         for i in range(len(hashes), num_full_blocks):
-            parent_hash = hashes[i - 1] if i > 0 else None
+            parent_hash = hashes[i - 1] if i > 0 else salt_hash(request.cache_salt)
             hashes.append(hash_block_tokens(parent_hash, self._tokens_of(request, i)))
 
     def _tokens_of(self, request: Request, block_index: int) -> tuple[int, ...]:
         start = block_index * self.block_size
         return tuple(request.all_token_ids[start : start + self.block_size])
+
+    def _block_key(self, request: Request, block_index: int) -> tuple:
+        """What a cached block must hold for a hit: its tokens, after the salt for a first
+        block (a hit is checked block by block from the first, so the prefix is checked too)."""
+        tokens = self._tokens_of(request, block_index)
+        if block_index == 0 and request.cache_salt is not None:
+            return (request.cache_salt, *tokens)
+        return tokens

@@ -32,6 +32,7 @@ class Request:
         prompt_token_ids: list[int],
         sampling_params: SamplingParams,
         arrival_time: float,
+        cache_salt: str | None = None,
     ) -> None:
         if not prompt_token_ids:
             raise ValueError(f"request {req_id!r} has an empty prompt: give at least one token")
@@ -39,6 +40,9 @@ class Request:
         self.prompt_token_ids = list(prompt_token_ids)
         self.sampling_params = sampling_params
         self.arrival_time = arrival_time
+        # Prefix-cache blocks are shared only between requests of the same salt (vLLM's
+        # cache_salt: tenants that must not learn each other's prompts from cache hits).
+        self.cache_salt = cache_salt
         self.output_token_ids: list[int] = []
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.num_computed_tokens = 0

@@ -106,6 +106,9 @@ class _SamplingFields(_Request):
     # The prompt's and the output's token ids beside the text (vLLM's; agents and RL rollouts
     # read them rather than tokenize the text again)
     return_token_ids: StrictBool = False
+    # Prefix-cache blocks are shared only with requests of the same salt (vLLM's: tenants
+    # that must not learn each other's prompts from cache hits)
+    cache_salt: str | None = Field(default=None, min_length=1)
     # Logprobs' tokens as "token_id:{id}" (vLLM's; logprobs.py)
     return_tokens_as_token_ids: StrictBool = False
     guided_decoding_backend: str | None = None  # accepted: llguidance is the one backend
@@ -121,7 +124,6 @@ class _SamplingFields(_Request):
     spaces_between_special_tokens: Any = _unimplemented(True)
     priority: Any = _unimplemented(0)
     request_id: Any = _unimplemented()
-    cache_salt: Any = _unimplemented()
     kv_transfer_params: Any = _unimplemented()
     vllm_xargs: Any = _unimplemented()
     repetition_detection: Any = _unimplemented()

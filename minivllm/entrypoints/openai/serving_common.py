@@ -95,11 +95,15 @@ async def fair_slices(items: list) -> AsyncIterator:
 
 
 async def submit(
-    state: ServerState, request_id: str, prompts: list[tuple[str | None, list[int], SamplingParams]]
+    state: ServerState,
+    request_id: str,
+    prompts: list[tuple[str | None, list[int], SamplingParams]],
+    cache_salt: str | None = None,
 ) -> list[AsyncIterator[RequestOutput]]:
     """Submits every prompt of a request: all are validated first (a bad one submits
     nothing), then added _SUBMIT_SLICE at a time with a yield to the loop in between (fair
-    to other clients); a bad prompt is a 400, a dead engine a 503."""
+    to other clients); a bad prompt is a 400, a dead engine a 503. cache_salt: the request's
+    (vLLM's field): its prompts share prefix-cache blocks only with requests of that salt."""
     requests = [
         (request_id if len(prompts) == 1 else f"{request_id}-{i}", text, token_ids, params)
         for i, (text, token_ids, params) in enumerate(prompts)
@@ -112,7 +116,9 @@ async def submit(
         for start in range(0, len(requests), _SUBMIT_SLICE):
             if start:
                 await asyncio.sleep(0)
-            iterators += engine.add_validated_requests(requests[start : start + _SUBMIT_SLICE])
+            iterators += engine.add_validated_requests(
+                requests[start : start + _SUBMIT_SLICE], cache_salt
+            )
     except BaseException as e:  # a failure (or a cancel) part-way: abort what was added
         for sub_id, *_ in requests[: len(iterators)]:
             engine.abort(sub_id)

@@ -12,8 +12,10 @@ from minivllm.sampling_params import SamplingParams
 BLOCK_SIZE = 4
 
 
-def make_request(req_id: str, prompt_token_ids: list[int]) -> Request:
-    return Request(req_id, prompt_token_ids, SamplingParams(), arrival_time=0.0)
+def make_request(
+    req_id: str, prompt_token_ids: list[int], cache_salt: str | None = None
+) -> Request:
+    return Request(req_id, prompt_token_ids, SamplingParams(), 0.0, cache_salt)
 
 
 def allocate(
@@ -205,6 +207,24 @@ def test_recently_freed_blocks_survive_longest():
     assert take_one_block(manager, "xx") == 0  # old's cached block goes before new's
     assert manager.get_computed_blocks(make_request("o", [1, 1, 1, 1, 1])) == ([], 0)
     assert manager.get_computed_blocks(make_request("n", [2, 2, 2, 2, 2])) == ([2], 4)
+
+
+def test_blocks_are_shared_only_within_a_cache_salt():
+    manager = BlockManager(num_blocks=16, block_size=BLOCK_SIZE, enable_prefix_caching=True)
+    prompt = list(range(10))
+    assert admit(manager, make_request("a", prompt, "tenant-a")) == ([], 0)
+    assert admit(manager, make_request("a2", prompt, "tenant-a")) == ([0, 1], 8)
+    assert admit(manager, make_request("b", prompt, "tenant-b")) == ([], 0)
+    assert admit(manager, make_request("plain", prompt)) == ([], 0)
+    assert admit(manager, make_request("plain2", prompt)) == ([7, 8], 8)
+
+
+def test_a_salt_is_checked_with_the_tokens_on_a_hash_collision(monkeypatch):
+    monkeypatch.setattr(block_manager_module, "hash_block_tokens", lambda parent, tokens: 42)
+    manager = BlockManager(num_blocks=8, block_size=BLOCK_SIZE, enable_prefix_caching=True)
+    admit(manager, make_request("a", [1, 2, 3, 4, 5], "tenant-a"))
+    assert admit(manager, make_request("b", [1, 2, 3, 4, 5], "tenant-b")) == ([], 0)
+    assert admit(manager, make_request("a2", [1, 2, 3, 4, 6], "tenant-a")) == ([0], 4)
 
 
 def test_hash_collision_is_a_miss(monkeypatch):

@@ -284,6 +284,27 @@ def test_cached_tokens_on_repeated_prompt(client) -> None:
     assert second.usage.prompt_tokens_details.cached_tokens == 40
 
 
+def test_cache_salt_keeps_tenants_apart(client) -> None:
+    prompt = list(range(200, 241))  # 41 tokens: 10 full blocks of 4 can be hit
+
+    def cached(salt: str) -> int:
+        body = {"cache_salt": salt}
+        out = client.completions.create(
+            model=MODEL_NAME, prompt=prompt, max_tokens=2, extra_body=body
+        )
+        return out.usage.prompt_tokens_details.cached_tokens
+
+    assert [cached("tenant-a"), cached("tenant-a"), cached("tenant-b")] == [0, 40, 0]
+    messages = [{"role": "user", "content": "Hello there, how are you today?"}]
+    chat = [
+        client.chat.completions.create(
+            model=MODEL_NAME, messages=messages, max_tokens=1, extra_body={"cache_salt": salt}
+        ).usage.prompt_tokens_details.cached_tokens
+        for salt in ("chat-a", "chat-a", "chat-b")
+    ]
+    assert chat[0] == chat[2] == 0 and chat[1] > 0
+
+
 def test_echo_and_default_max_tokens(client, server) -> None:
     out = client.completions.create(
         model=MODEL_NAME, prompt="Hello", echo=True, max_tokens=3, temperature=0.0

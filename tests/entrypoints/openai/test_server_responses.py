@@ -294,6 +294,16 @@ def test_previous_response_id_continues_a_stored_conversation(client):
         client.responses.retrieve(unstored.id)
 
 
+def test_cache_salt_reaches_the_prefix_cache(client):
+    text = "A long enough question to fill several blocks of the prefix cache, twice over."
+
+    def cached(salt: str) -> int:
+        response = respond(client, {"cache_salt": salt}, input=text, max_output_tokens=1)
+        return response.usage.input_tokens_details.cached_tokens
+
+    assert cached("r-a") == 0 and cached("r-a") > 0 and cached("r-b") == 0
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [

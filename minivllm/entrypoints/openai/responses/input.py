@@ -43,6 +43,7 @@ _SAME_FIELDS = (
     "allowed_token_ids",
     "structured_outputs",
     "chat_template_kwargs",
+    "cache_salt",
 )
 # A chat field's name in the Responses request, for errors found while serving it as chat.
 RESPONSES_PARAM = {

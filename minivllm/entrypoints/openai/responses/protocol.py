@@ -125,6 +125,7 @@ class ResponsesRequest(_Request):
     allowed_token_ids: list[StrictInt] | None = None
     structured_outputs: StructuredOutputsField | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    cache_salt: str | None = Field(default=None, min_length=1)
     # OpenAI's, then vLLM's, that this server does not implement
     background: Any = _unimplemented(False)
     conversation: Any = _unimplemented()
@@ -133,7 +134,6 @@ class ResponsesRequest(_Request):
     context_management: Any = _unimplemented()
     priority: Any = _unimplemented(0)
     request_id: Any = _unimplemented()
-    cache_salt: Any = _unimplemented()
     enable_response_messages: Any = _unimplemented(False)
     previous_input_messages: Any = _unimplemented()
     mm_processor_kwargs: Any = _unimplemented()
