@@ -28,8 +28,8 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     serve.add_argument(
         "--api-key",
         default=None,
-        help="require `Authorization: Bearer KEY` on every path but /health, /metrics and "
-        "/get_load (or set MINIVLLM_API_KEY)",
+        help="require `Authorization: Bearer KEY` (or `x-api-key: KEY`) on every path but "
+        "/health, /metrics and /get_load (or set MINIVLLM_API_KEY)",
     )
     serve.add_argument(
         "--chat-template", default=None, help="a Jinja chat template: a file path or the text"

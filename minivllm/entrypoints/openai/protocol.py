@@ -277,7 +277,7 @@ class TokenizeRequest(_Request):
     """Either a completion-style prompt or chat-style messages, with the tools the template
     renders beside them (vLLM's /tokenize: the count is the chat request's prompt_tokens).
     Other fields are ignored: vllm-router's cache_aware policy posts a whole chat or
-    completion body here to learn its prompt's tokens (docs/serving.md, section 10)."""
+    completion body here to learn its prompt's tokens (docs/serving.md, section 11)."""
 
     model: str | None = None
     prompt: str | None = None

@@ -18,6 +18,12 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from minivllm.entrypoints.async_llm import AsyncLLM
+from minivllm.entrypoints.openai.anthropic.protocol import CountTokensRequest, MessagesRequest
+from minivllm.entrypoints.openai.anthropic.serving import (
+    anthropic_error,
+    count_tokens,
+    create_message,
+)
 from minivllm.entrypoints.openai.chat.template import render_chat_text
 from minivllm.entrypoints.openai.errors import APIError, error_json, error_response
 from minivllm.entrypoints.openai.metrics import ServerMetrics
@@ -95,17 +101,19 @@ def _add_error_handlers(app: FastAPI) -> None:
 
 
 def _add_api_key_check(app: FastAPI, api_key: str) -> None:
-    app.add_middleware(_APIKeyCheck, expected=f"Bearer {api_key}".encode())
+    app.add_middleware(_APIKeyCheck, key=api_key.encode())
 
 
 class _APIKeyCheck:
     """Pure ASGI middleware (Starlette's BaseHTTPMiddleware would re-buffer every stream
     chunk). As in vLLM every path is protected (/v1/*, /tokenize, /detokenize, /version,
-    /docs, /openapi.json, /redoc) but /health, /metrics (and our /get_load)."""
+    /docs, /openapi.json, /redoc) but /health, /metrics (and our /get_load). The key comes
+    as `Authorization: Bearer KEY` (OpenAI's clients) or `x-api-key: KEY` (Anthropic's)."""
 
-    def __init__(self, app, expected: bytes) -> None:
+    def __init__(self, app, key: bytes) -> None:
         self.app = app
-        self.expected = expected
+        self.bearer = b"Bearer " + key
+        self.key = key
 
     async def __call__(self, scope, receive, send) -> None:
         if (
@@ -113,9 +121,10 @@ class _APIKeyCheck:
             and scope["path"] not in _OPEN_PATHS
             and scope["method"] != "OPTIONS"
         ):
-            given = dict(scope["headers"]).get(b"authorization", b"")
+            headers = dict(scope["headers"])
             # Constant time: the comparison does not reveal how much of the key matched.
-            if not hmac.compare_digest(given, self.expected):
+            bearer = hmac.compare_digest(headers.get(b"authorization", b""), self.bearer)
+            if not (bearer | hmac.compare_digest(headers.get(b"x-api-key", b""), self.key)):
                 response = error_json("Unauthorized: missing or wrong API key", 401)
                 await response(scope, receive, send)
                 return
@@ -266,6 +275,22 @@ def _add_generation_routes(app: FastAPI, state: ServerState) -> None:
     async def chat_completions(request: Request) -> Response:
         req = await read_body(request, ChatCompletionRequest, limits)
         return await _until_disconnect(request, create_chat_completion(state, req))
+
+    @app.post("/v1/messages")
+    async def anthropic_messages(request: Request) -> Response:
+        try:
+            req = await read_body(request, MessagesRequest, limits)
+            return await _until_disconnect(request, create_message(state, req))
+        except APIError as e:  # Anthropic's clients read Anthropic's error shape
+            return anthropic_error(e)
+
+    @app.post("/v1/messages/count_tokens")
+    async def anthropic_count_tokens(request: Request) -> Response:
+        try:
+            req = await read_body(request, CountTokensRequest, limits)
+            return JSONResponse(await count_tokens(state, req))
+        except APIError as e:
+            return anthropic_error(e)
 
     @app.post("/v1/responses")
     async def responses(request: Request) -> Response:

@@ -27,6 +27,22 @@ CPU_FLAGS = (
 )  # fmt: skip
 
 
+# A chat template in Qwen's layout, small, for servers whose tests need to see what reaches
+# the prompt (the tiny model's own writes only contents): the tools, each message's
+# reasoning, content and calls, tool results.
+TOOLS_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}"
+    "<|im_end|>\n{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+    "{% if m.tool_call_id %}<tool_response id={{ m.tool_call_id }}>{% endif %}"
+    "{% if m.reasoning_content %}<think>{{ m.reasoning_content }}</think>{% endif %}"
+    '{{ m.content }}{% for c in m.tool_calls or [] %}<tool_call>{"name": '
+    '{{ c.function.name | tojson }}, "arguments": {{ c.function.arguments | tojson }}}'
+    "</tool_call>{% endfor %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -13,7 +13,7 @@ import json
 import jsonschema
 import openai
 import pytest
-from conftest import MODEL_NAME, Server
+from conftest import MODEL_NAME, TOOLS_TEMPLATE, Server
 
 SCHEMA = {
     "type": "object",
@@ -32,18 +32,6 @@ HERMES_CALL = (
     r'<tool_call>\{"name": "get_weather", "arguments": \{"city": "(Paris|Oslo)", '
     r'"days": [1-7]\}\}</tool_call>'
 )
-# Qwen's layout, small: the tools, each message's reasoning, content and calls, tool results.
-TEMPLATE = (
-    "{% if tools %}<|im_start|>system\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}"
-    "<|im_end|>\n{% endif %}"
-    "{% for m in messages %}<|im_start|>{{ m.role }}\n"
-    "{% if m.tool_call_id %}<tool_response id={{ m.tool_call_id }}>{% endif %}"
-    "{% if m.reasoning_content %}<think>{{ m.reasoning_content }}</think>{% endif %}"
-    '{{ m.content }}{% for c in m.tool_calls or [] %}<tool_call>{"name": '
-    '{{ c.function.name | tojson }}, "arguments": {{ c.function.arguments | tojson }}}'
-    "</tool_call>{% endfor %}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 # Greedy, no thinking, cut at max tokens: the random model's text is the same in both APIs.
 EXTRA = {"chat_template_kwargs": {"enable_thinking": False}, "ignore_eos": True, "seed": 0}
 
@@ -53,7 +41,13 @@ def server(tiny_qwen3_dir: str, tmp_path_factory: pytest.TempPathFactory):
     log = str(tmp_path_factory.mktemp("serve-responses") / "server.log")
     flags = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
     srv = Server(
-        tiny_qwen3_dir, log, *flags, "--reasoning-parser", "qwen3", "--chat-template", TEMPLATE
+        tiny_qwen3_dir,
+        log,
+        *flags,
+        "--reasoning-parser",
+        "qwen3",
+        "--chat-template",
+        TOOLS_TEMPLATE,
     )
     yield srv
     srv.stop()
