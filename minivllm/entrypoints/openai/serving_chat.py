@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 from fastapi.responses import JSONResponse, StreamingResponse
 
@@ -57,6 +58,23 @@ class ChatRun:
     spec: ChatOutputSpec  # how each choice's text is parsed
     prompt_token_ids: list[int]
     top: int  # top logprobs per token (0 without logprobs)
+
+    async def deltas(self) -> AsyncIterator[tuple[RequestOutput, dict[str, Any], int]]:
+        """(output, delta fields, index of the delta's first token) as its one choice grows:
+        the fields are the chat parser's ({"reasoning", "content", "tool_calls"}), for APIs
+        that stream their own events (responses/, anthropic/)."""
+        parser = ChoiceParser(self.spec) if self.spec.parses else None
+        cursor = DeltaCursor()
+        (iterator,) = self.iterators
+        async for output in iterator:
+            (choice,) = output.outputs
+            delta = cursor.advance(0, choice)
+            if delta is None:
+                continue
+            text, start = delta
+            final = choice.finish_reason is not None
+            fields = {"content": text} if parser is None else parser.feed(text, final=final)
+            yield output, fields, start
 
 
 async def create_chat_completion(state: ServerState, req: ChatCompletionRequest):

@@ -27,6 +27,16 @@ CPU_FLAGS = (
 )  # fmt: skip
 
 
+# A small, closed schema: a random model can only finish it by following the mask.
+WEATHER_PARAMS = {
+    "type": "object",
+    "properties": {
+        "city": {"enum": ["Paris", "Oslo"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7},
+    },
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
 # A chat template in Qwen's layout, small, for servers whose tests need to see what reaches
 # the prompt (the tiny model's own writes only contents): the tools, each message's
 # reasoning, content and calls, tool results.

@@ -10,19 +10,11 @@ import json
 
 import jsonschema
 import pytest
-from conftest import API_KEY, MODEL_NAME, TOOLS_TEMPLATE, Server
+from conftest import API_KEY, MODEL_NAME, TOOLS_TEMPLATE, WEATHER_PARAMS, Server
 
 from minivllm.entrypoints.openai.anthropic.output import BlockEvents, content_blocks
 
-PARAMS = {
-    "type": "object",
-    "properties": {
-        "city": {"enum": ["Paris", "Oslo"]},
-        "days": {"type": "integer", "minimum": 1, "maximum": 7},
-    },
-    "required": ["city", "days"],
-    "additionalProperties": False,
-}
+PARAMS = WEATHER_PARAMS
 TOOLS = [{"name": "get_weather", "description": "The weather", "input_schema": PARAMS}]
 CHAT_TOOLS = [
     {"type": "function",

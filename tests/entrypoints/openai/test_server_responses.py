@@ -13,19 +13,10 @@ import json
 import jsonschema
 import openai
 import pytest
-from conftest import MODEL_NAME, TOOLS_TEMPLATE, Server
+from conftest import MODEL_NAME, TOOLS_TEMPLATE, WEATHER_PARAMS, Server
 
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "city": {"enum": ["Paris", "Oslo"]},
-        "days": {"type": "integer", "minimum": 1, "maximum": 7},
-    },
-    "required": ["city", "days"],
-    "additionalProperties": False,
-    "x-guidance": {"whitespace_flexible": False},
-}
-TOOL_PARAMS = {k: v for k, v in SCHEMA.items() if k != "x-guidance"}
+SCHEMA = {**WEATHER_PARAMS, "x-guidance": {"whitespace_flexible": False}}
+TOOL_PARAMS = WEATHER_PARAMS
 TOOLS = [{"type": "function", "name": "get_weather", "parameters": TOOL_PARAMS}]
 CHAT_TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": TOOL_PARAMS}}]
 HERMES_CALL = (

@@ -10,20 +10,11 @@ import re
 import jsonschema
 import openai
 import pytest
-from conftest import MODEL_NAME, Server
+from conftest import MODEL_NAME, WEATHER_PARAMS, Server
 
 # Small, closed schemas: a random model can only finish them by following the mask.
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "city": {"enum": ["Paris", "Oslo"]},
-        "days": {"type": "integer", "minimum": 1, "maximum": 7},
-    },
-    "required": ["city", "days"],
-    "additionalProperties": False,
-    "x-guidance": {"whitespace_flexible": False},
-}
-TOOL_PARAMS = {k: v for k, v in SCHEMA.items() if k != "x-guidance"}
+SCHEMA = {**WEATHER_PARAMS, "x-guidance": {"whitespace_flexible": False}}
+TOOL_PARAMS = WEATHER_PARAMS
 OTHER_PARAMS = {
     "type": "object",
     "properties": {"on": {"type": "boolean"}},

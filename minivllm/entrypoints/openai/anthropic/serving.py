@@ -19,7 +19,7 @@ from minivllm.entrypoints.openai.anthropic.output import (
     stop_reason,
 )
 from minivllm.entrypoints.openai.anthropic.protocol import CountTokensRequest, MessagesRequest
-from minivllm.entrypoints.openai.chat.output import ChoiceParser, full_message
+from minivllm.entrypoints.openai.chat.output import full_message
 from minivllm.entrypoints.openai.chat.template import render_chat_text
 from minivllm.entrypoints.openai.errors import APIError, ErrorResponse
 from minivllm.entrypoints.openai.params import check_model
@@ -30,7 +30,6 @@ from minivllm.entrypoints.openai.serving_common import (
     collect,
     tokenize_text,
 )
-from minivllm.entrypoints.openai.streaming import DeltaCursor
 from minivllm.outputs import RequestOutput
 
 
@@ -102,22 +101,13 @@ class _Answer:
         start = {**self.head, "content": [], "stop_reason": None, "stop_sequence": None}
         yield _event({"type": "message_start", "message": {**start, "usage": self._usage(None)}})
         blocks = BlockEvents()
-        parser = ChoiceParser(self.run.spec) if self.run.spec.parses else None
-        cursor = DeltaCursor()
         try:
-            (iterator,) = self.run.iterators
-            async for output in iterator:
+            async for output, fields, _ in self.run.deltas():
                 (choice,) = output.outputs
-                delta = cursor.advance(0, choice)
-                if delta is None:
-                    continue
-                text, _ = delta
-                final = choice.finish_reason is not None
-                if final and choice.finish_reason == "error":
+                if choice.finish_reason == "error":
                     raise APIError(f"the request failed: {choice.stop_reason}", status=500)
-                fields = {"content": text} if parser is None else parser.feed(text, final=final)
                 events = blocks.feed(fields)
-                if final:
+                if choice.finish_reason is not None:
                     events += blocks.finish()
                     reason, sequence = stop_reason(choice, blocks.called)
                     usage = {"output_tokens": len(choice.token_ids)}

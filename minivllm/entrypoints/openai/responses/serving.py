@@ -11,7 +11,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from minivllm.entrypoints.openai.chat.output import ChoiceParser, full_message
+from minivllm.entrypoints.openai.chat.output import full_message
 from minivllm.entrypoints.openai.errors import APIError
 from minivllm.entrypoints.openai.logprobs import chat_logprobs
 from minivllm.entrypoints.openai.protocol import ChatCompletionRequest
@@ -27,7 +27,6 @@ from minivllm.entrypoints.openai.responses.output import (
 from minivllm.entrypoints.openai.responses.protocol import ResponsesRequest
 from minivllm.entrypoints.openai.serving_chat import ChatRun, start_chat
 from minivllm.entrypoints.openai.serving_common import ServerState, as_api_error, collect
-from minivllm.entrypoints.openai.streaming import DeltaCursor
 from minivllm.outputs import CompletionOutput, RequestOutput
 
 
@@ -132,22 +131,13 @@ class _Answer:
         yield sequence.event(
             {"type": "response.in_progress", "response": self._object("in_progress", [])}
         )
-        parser = ChoiceParser(self.run.spec) if self.run.spec.parses else None
-        cursor = DeltaCursor()
         try:
-            (iterator,) = self.run.iterators
-            async for output in iterator:
+            async for output, fields, start in self.run.deltas():
                 (choice,) = output.outputs
-                delta = cursor.advance(0, choice)
-                if delta is None:
-                    continue
-                text, start = delta
-                final = choice.finish_reason is not None
-                fields = {"content": text} if parser is None else parser.feed(text, final=final)
                 body = b"".join(
                     sequence.event(e) for e in events.feed(fields, self._logprobs(choice, start))
                 )
-                if final:
+                if choice.finish_reason is not None:
                     body += b"".join(sequence.event(e) for e in events.finish(_status(choice)))
                     response = await self._finished(output, events.items)
                     kind = _FINAL_EVENTS.get(response["status"], "response.failed")
