@@ -65,6 +65,10 @@ class EngineConfig:
     # Batch-invariant numerics: a request's tokens and logprobs do not depend on its
     # neighbours, chunking, prefix hits or graph padding (docs/determinism.md).
     deterministic: bool = False
+    # The order requests are served in (vLLM's option): "fcfs", arrival order; "priority", by
+    # each request's priority (a lower value first), then arrival, and a preemption takes the
+    # lowest-priority running request. A priority other than 0 needs "priority".
+    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
     # Most logprobs / prompt_logprobs a request may ask for (vLLM's option); -1: the vocabulary.
     max_logprobs: int = 20
     # KV cache storage (vLLM's option): "auto" = the model's dtype; "fp8" (alias "fp8_e4m3"):

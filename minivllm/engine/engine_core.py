@@ -147,6 +147,7 @@ class EngineCore:
                 self.num_blocks, config.block_size, config.enable_prefix_caching
             ),
             structured_outputs=self.structured_outputs,
+            policy=config.scheduling_policy,
             speculator=(
                 None
                 if config.speculative_config is None
@@ -159,7 +160,12 @@ class EngineCore:
         ValueError for an id in use (a finished request's id is free after the next step)."""
         for r in requests:
             request = Request(
-                r.req_id, r.prompt_token_ids, r.sampling_params, r.arrival_time, r.cache_salt
+                r.req_id,
+                r.prompt_token_ids,
+                r.sampling_params,
+                r.arrival_time,
+                r.cache_salt,
+                r.priority,
             )
             self.scheduler.add_request(request)
 

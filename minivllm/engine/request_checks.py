@@ -46,3 +46,18 @@ def check_cache_salt(cache_salt: object) -> str | None:
     if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
         raise ValueError(f"cache_salt must be a non-empty string, got {cache_salt!r}")
     return cache_salt
+
+
+def check_priority(priority: object, policy: str) -> int:
+    """A request's priority: an int64 (a lower value first), other than 0 only under the
+    "priority" scheduling policy (as vLLM); else a ValueError."""
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise ValueError(f"priority must be an integer, got {priority!r}")
+    if not -(2**63) <= priority < 2**63:
+        raise ValueError(f"priority must fit in 64 bits, got {priority}")
+    if priority != 0 and policy != "priority":
+        raise ValueError(
+            f"priority {priority} needs the priority scheduling policy "
+            "(scheduling_policy='priority', --scheduling-policy priority)"
+        )
+    return priority

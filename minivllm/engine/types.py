@@ -36,6 +36,7 @@ class EngineRequest:
     sampling_params: SamplingParams
     arrival_time: float
     cache_salt: str | None = None  # prefix-cache blocks are shared only within one salt
+    priority: int = 0  # under the "priority" scheduling policy, a lower value goes first
 
 
 @dataclass

@@ -17,7 +17,7 @@ from minivllm.config import EngineConfig
 from minivllm.engine.client.core_client import EngineCoreClient
 from minivllm.engine.client.dp_core_client import DPCoreClient
 from minivllm.engine.client.protocol import EngineClient, MessageKind
-from minivllm.engine.request_checks import check_cache_salt, check_request
+from minivllm.engine.request_checks import check_cache_salt, check_priority, check_request
 from minivllm.engine.stats import CoreInfo, EngineStats
 from minivllm.engine.types import EngineOutput, EngineRequest
 from minivllm.entrypoints.async_tokenizer import AsyncTokenizer
@@ -160,33 +160,42 @@ class AsyncLLM:
         prompt_token_ids: list[int],
         params: SamplingParams,
         cache_salt: str | None = None,
+        priority: int = 0,
     ) -> AsyncIterator[RequestOutput]:
         """Validates and submits a request now (ValueError if it is bad, EngineDeadError if
         the engine is gone); returns the iterator of its outputs. Not iterating it to the
         end leaks nothing only if you call abort(request_id). cache_salt: prefix-cache
-        blocks are shared only with requests of the same salt."""
+        blocks are shared only with requests of the same salt; priority: under the
+        "priority" scheduling policy, a lower value is served first."""
         requests = [(request_id, prompt, prompt_token_ids, params)]
-        return self.add_requests(requests, cache_salt)[0]
+        return self.add_requests(requests, cache_salt, priority)[0]
 
     def add_requests(
         self,
         requests: list[tuple[str, str | None, list[int], SamplingParams]],
         cache_salt: str | None = None,
+        priority: int = 0,
     ) -> list[AsyncIterator[RequestOutput]]:
         """add_request for several (request_id, prompt, prompt_token_ids, params) at once:
         all are validated before any is submitted, so a bad one submits nothing; if a
         submission fails, those already made are aborted."""
         if self.dead_reason is not None:
             raise EngineDeadError(self.dead_reason)
-        check_cache_salt(cache_salt)
+        self.validate_options(cache_salt, priority)
         for _, _, prompt_token_ids, params in requests:
             self.validate(prompt_token_ids, params)
-        return self.add_validated_requests(requests, cache_salt)
+        return self.add_validated_requests(requests, cache_salt, priority)
+
+    def validate_options(self, cache_salt: str | None, priority: int) -> None:
+        """The checks of a request's cache salt and priority (ValueError)."""
+        check_cache_salt(cache_salt)
+        check_priority(priority, self.config.scheduling_policy)
 
     def add_validated_requests(
         self,
         requests: list[tuple[str, str | None, list[int], SamplingParams]],
         cache_salt: str | None = None,
+        priority: int = 0,
     ) -> list[AsyncIterator[RequestOutput]]:
         """add_requests for requests that validate() has passed (a caller that validates a
         large batch first, then submits it in slices): nothing is checked again."""
@@ -207,7 +216,7 @@ class AsyncLLM:
                 self._mailboxes[request_id] = mailbox
                 self._client.add_requests(
                     [
-                        EngineRequest(cid, prompt_token_ids, p, arrival, cache_salt)
+                        EngineRequest(cid, prompt_token_ids, p, arrival, cache_salt, priority)
                         for cid, p in children
                     ]
                 )

@@ -50,6 +50,8 @@ FLAG_HELP: dict[str, str] = {
     "deterministic": "batch-invariant numerics: a request's tokens do not depend on its "
     "neighbours (docs/determinism.md)",
     "max_logprobs": "most logprobs or prompt_logprobs a request may ask for; -1: the vocabulary",
+    "scheduling_policy": "fcfs: arrival order; priority: by each request's priority (lower "
+    "first), the lowest-priority running request preempted first",
     "kv_cache_dtype": "KV-cache storage; fp8 (= fp8_e4m3): half the bytes, twice the blocks",
     "disable_custom_all_reduce": "tensor parallelism: NCCL for every all-reduce (no "
     "symmetric-memory kernel)",

@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 from minivllm.config import EngineConfig
 from minivllm.demo_model import default_model
 from minivllm.engine.client.dp_engine import make_engine
-from minivllm.engine.request_checks import check_cache_salt, check_request
+from minivllm.engine.request_checks import check_cache_salt, check_priority, check_request
 from minivllm.engine.types import EngineRequest
 from minivllm.entrypoints.chat_messages import render_conversation, template_conversation
 from minivllm.entrypoints.generation_config import read_generation_defaults
@@ -78,14 +78,21 @@ class LLM:
         prompts: PromptType | Sequence[PromptType],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        priority: Sequence[int] | None = None,
     ) -> list[RequestOutput]:
-        """Generates for every prompt; returns outputs in input order.
+        """Generates for every prompt; returns outputs in input order. priority: one per
+        prompt (vLLM's; a lower value is served first), under scheduling_policy="priority".
 
         Thread-safe: concurrent calls run one after the other (the engine runs one batch).
         A call that raises, KeyboardInterrupt included, aborts its requests before it returns.
         """
         prompt_list = _as_prompt_list(prompts)
         params_list = self._params_per_prompt(sampling_params, len(prompt_list))
+        priorities = [0] * len(prompt_list) if priority is None else list(priority)
+        if len(priorities) != len(prompt_list):
+            raise ValueError(f"got {len(priorities)} priorities for {len(prompt_list)} prompts")
+        for value in priorities:
+            check_priority(value, self.config.scheduling_policy)
         with self._lock:
             # Leftovers of a call whose clean-up was itself cut short.
             self._abort_all()
@@ -97,8 +104,10 @@ class LLM:
             completed = False
             try:
                 request_ids = [
-                    self._add_request(text, token_ids, params, salt)
-                    for (text, token_ids, salt), params in zip(requests, params_list)
+                    self._add_request(text, token_ids, params, salt, value)
+                    for (text, token_ids, salt), params, value in zip(
+                        requests, params_list, priorities
+                    )
                 ]
                 outputs = self._run_engine(request_ids, use_tqdm)
                 completed = True
@@ -193,12 +202,16 @@ class LLM:
         token_ids: list[int],
         params: SamplingParams,
         cache_salt: str | None = None,
+        priority: int = 0,
     ) -> str:
         request_id = str(next(self._request_counter))
         arrival = time.time()
         children = self.output_processor.add_request(request_id, text, token_ids, params, arrival)
         self.engine.add_requests(
-            [EngineRequest(child_id, token_ids, p, arrival, cache_salt) for child_id, p in children]
+            [
+                EngineRequest(child_id, token_ids, p, arrival, cache_salt, priority)
+                for child_id, p in children
+            ]
         )
         return request_id
 

@@ -43,7 +43,8 @@ def test_choices_come_from_the_literals() -> None:
     assert _CHOICES["dtype"] == ("auto", *DTYPES)
     assert _CHOICES["attention_backend"] == ("auto", "triton", "torch_sdpa")
     assert _CHOICES["prefill_attention_kernel"] == ("auto", "triton", "gluon")
+    assert _CHOICES["scheduling_policy"] == ("fcfs", "priority")
     assert set(_CHOICES) == {
         "dtype", "device", "load_format", "attention_backend", "prefill_attention_kernel",
-        "kv_cache_dtype", "usage_context",
+        "kv_cache_dtype", "usage_context", "scheduling_policy",
     }  # fmt: skip

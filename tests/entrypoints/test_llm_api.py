@@ -47,3 +47,26 @@ def test_cumulative_logprob_is_the_sum_of_the_sampled_logprobs(tiny_llm, tempera
         assert completion.cumulative_logprob < 0
     (plain,) = tiny_llm.generate(["Hello"], SamplingParams(max_tokens=4), use_tqdm=False)
     assert plain.outputs[0].cumulative_logprob is None  # as in vLLM: only with logprobs
+
+
+def test_priority_policy_serves_lower_values_first(tiny_qwen3_dir: str) -> None:
+    llm = LLM(tiny_qwen3_dir, dtype="float32", device="cpu", block_size=4, max_num_seqs=1,
+              scheduling_policy="priority")  # fmt: skip
+    try:
+        prompts = [{"prompt_token_ids": [5 + i] * 6} for i in range(4)]
+        params = SamplingParams(max_tokens=3, ignore_eos=True)
+        outputs = llm.generate(prompts, params, use_tqdm=False, priority=[3, -1, 7, 0])
+        started = [o.metrics.first_scheduled_time for o in outputs]
+        order = sorted(range(4), key=lambda i: started[i])
+        assert order == [1, 3, 0, 2]  # one at a time, by priority
+        with pytest.raises(ValueError, match="priorities for"):
+            llm.generate(prompts, params, use_tqdm=False, priority=[0])
+    finally:
+        llm.shutdown()
+
+
+def test_a_priority_needs_the_priority_policy(tiny_llm: LLM) -> None:
+    with pytest.raises(ValueError, match="priority scheduling policy"):
+        tiny_llm.generate("Hi", SamplingParams(max_tokens=1), use_tqdm=False, priority=[1])
+    out = tiny_llm.generate("Hi", SamplingParams(max_tokens=1), use_tqdm=False, priority=[0])
+    assert len(out[0].outputs[0].token_ids) == 1

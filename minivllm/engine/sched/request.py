@@ -33,6 +33,7 @@ class Request:
         sampling_params: SamplingParams,
         arrival_time: float,
         cache_salt: str | None = None,
+        priority: int = 0,
     ) -> None:
         if not prompt_token_ids:
             raise ValueError(f"request {req_id!r} has an empty prompt: give at least one token")
@@ -43,6 +44,8 @@ class Request:
         # Prefix-cache blocks are shared only between requests of the same salt (vLLM's
         # cache_salt: tenants that must not learn each other's prompts from cache hits).
         self.cache_salt = cache_salt
+        # Under the "priority" scheduling policy, a lower value goes first (vLLM's).
+        self.priority = priority
         self.output_token_ids: list[int] = []
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.num_computed_tokens = 0

@@ -52,9 +52,13 @@ class Scheduler:
         block_manager: BlockManager,
         structured_outputs: StructuredOutputManager | None = None,
         speculator: Speculator | None = None,
+        policy: str = "fcfs",
     ) -> None:
         """structured_outputs: makes constrained requests' matchers (None: refuses them).
-        speculator: drafts tokens for decoding requests (None: no speculative decoding)."""
+        speculator: drafts tokens for decoding requests (None: no speculative decoding).
+        policy: "fcfs", requests in arrival order; "priority", by (priority, arrival time),
+        a lower value first: waiting requests are admitted in that order, running ones keep
+        it, and a preemption takes the last (vLLM's --scheduling-policy)."""
         for name, value in (
             ("max_num_seqs", max_num_seqs),
             ("max_num_batched_tokens", max_num_batched_tokens),
@@ -67,8 +71,12 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.block_manager = block_manager
         self.requests: dict[str, Request] = {}
+        if policy not in ("fcfs", "priority"):
+            raise ValueError(f"scheduling policy must be 'fcfs' or 'priority', got {policy!r}")
+        self.policy = policy
         self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []  # in admission order: the last one is preempted first
+        # In admission order ("priority": in priority order): the last one is preempted first.
+        self.running: list[Request] = []
         self._finished_req_ids: list[str] = []
         # Unfinished requests whose sampling reads earlier sampled tokens on the host.
         self.num_host_dependent = 0
@@ -96,7 +104,10 @@ class Scheduler:
             request.structured_output = self.structured_outputs.new_request(so_params)
             self.num_constrained += 1
         self.requests[request.req_id] = request
-        self.waiting.append(request)
+        if self.policy == "priority":
+            _insert_in_order(self.waiting, request)
+        else:
+            self.waiting.append(request)
         self.num_host_dependent += needs_host_tokens(request)
 
     @property
@@ -242,7 +253,10 @@ class Scheduler:
             self.prefix_cache_queries += request.num_tokens
             self.prefix_cache_hits += num_cached_tokens
             request.status = RequestStatus.RUNNING
-            self.running.append(request)
+            if self.policy == "priority":
+                _insert_in_order(self.running, request)
+            else:
+                self.running.append(request)
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = now
                 request.num_cached_tokens = num_cached_tokens
@@ -261,7 +275,10 @@ class Scheduler:
         request.status = RequestStatus.WAITING
         request.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(request)
+        if self.policy == "priority":
+            _insert_in_order(self.waiting, request)
+        else:
+            self.waiting.appendleft(request)
 
     def _add_chunk(
         self,
@@ -464,3 +481,13 @@ class Scheduler:
             request.first_scheduled_time,
             request.error,
         )
+
+
+def _insert_in_order(queue: deque[Request] | list[Request], request: Request) -> None:
+    """Puts request after every request of queue that goes before it or with it: by
+    (priority, arrival time), ties in the order they came."""
+    key = request.priority, request.arrival_time
+    index = len(queue)
+    while index and (queue[index - 1].priority, queue[index - 1].arrival_time) > key:
+        index -= 1
+    queue.insert(index, request)

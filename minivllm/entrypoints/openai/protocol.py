@@ -109,6 +109,8 @@ class _SamplingFields(_Request):
     # Prefix-cache blocks are shared only with requests of the same salt (vLLM's: tenants
     # that must not learn each other's prompts from cache hits)
     cache_salt: str | None = Field(default=None, min_length=1)
+    # Under --scheduling-policy priority, a lower value is served first (vLLM's)
+    priority: StrictInt = 0
     # Logprobs' tokens as "token_id:{id}" (vLLM's; logprobs.py)
     return_tokens_as_token_ids: StrictBool = False
     guided_decoding_backend: str | None = None  # accepted: llguidance is the one backend
@@ -122,7 +124,6 @@ class _SamplingFields(_Request):
     use_beam_search: Any = _unimplemented(False)
     length_penalty: Any = _unimplemented(1.0)
     spaces_between_special_tokens: Any = _unimplemented(True)
-    priority: Any = _unimplemented(0)
     request_id: Any = _unimplemented()
     kv_transfer_params: Any = _unimplemented()
     vllm_xargs: Any = _unimplemented()

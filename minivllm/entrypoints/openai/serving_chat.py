@@ -151,7 +151,9 @@ async def start_chat(state: ServerState, req: ChatCompletionRequest, request_id:
         prompt_logprobs=req.prompt_logprobs,
         structured_outputs=constraint[1] if constraint is not None else None,
     )
-    iterators = await submit(state, request_id, [(None, token_ids, params)], req.cache_salt)
+    iterators = await submit(
+        state, request_id, [(None, token_ids, params)], req.cache_salt, req.priority
+    )
     return ChatRun(iterators, spec, token_ids, top or 0)
 
 

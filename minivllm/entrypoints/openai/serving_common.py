@@ -99,11 +99,13 @@ async def submit(
     request_id: str,
     prompts: list[tuple[str | None, list[int], SamplingParams]],
     cache_salt: str | None = None,
+    priority: int = 0,
 ) -> list[AsyncIterator[RequestOutput]]:
     """Submits every prompt of a request: all are validated first (a bad one submits
     nothing), then added _SUBMIT_SLICE at a time with a yield to the loop in between (fair
-    to other clients); a bad prompt is a 400, a dead engine a 503. cache_salt: the request's
-    (vLLM's field): its prompts share prefix-cache blocks only with requests of that salt."""
+    to other clients); a bad prompt is a 400, a dead engine a 503. cache_salt, priority: the
+    request's (vLLM's fields): its prompts share prefix-cache blocks only with requests of
+    that salt; under --scheduling-policy priority, a lower priority is served first."""
     requests = [
         (request_id if len(prompts) == 1 else f"{request_id}-{i}", text, token_ids, params)
         for i, (text, token_ids, params) in enumerate(prompts)
@@ -111,13 +113,14 @@ async def submit(
     engine = state.engine
     iterators: list[AsyncIterator[RequestOutput]] = []
     try:
+        engine.validate_options(cache_salt, priority)
         async for _, _, token_ids, params in fair_slices(requests):
             engine.validate(token_ids, params)  # once, here: add_validated_requests trusts it
         for start in range(0, len(requests), _SUBMIT_SLICE):
             if start:
                 await asyncio.sleep(0)
             iterators += engine.add_validated_requests(
-                requests[start : start + _SUBMIT_SLICE], cache_salt
+                requests[start : start + _SUBMIT_SLICE], cache_salt, priority
             )
     except BaseException as e:  # a failure (or a cancel) part-way: abort what was added
         for sub_id, *_ in requests[: len(iterators)]:

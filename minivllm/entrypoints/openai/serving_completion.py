@@ -86,7 +86,7 @@ async def create_completion(state: ServerState, req: CompletionRequest):
         )
         specs.append((text, token_ids, params))
     request_id = f"cmpl-{uuid.uuid4().hex}"
-    iterators = await submit(state, request_id, specs, req.cache_salt)
+    iterators = await submit(state, request_id, specs, req.cache_salt, req.priority)
     response = _Response(state, req, request_id, [t for t, _ in prompts])
     if req.stream:
         return StreamingResponse(response.stream(iterators), media_type="text/event-stream")

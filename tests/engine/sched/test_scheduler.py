@@ -410,3 +410,39 @@ def test_random_simulation_leaks_no_block(enable_prefix_caching, token_mode):
     assert sum(r.num_preemptions for r in requests.values()) > 0
     num_cached = sum(max(r.num_cached_tokens, 0) for r in requests.values())
     assert (num_cached > 0) == enable_prefix_caching
+
+
+def test_priority_policy_admits_by_priority_and_preempts_the_lowest():
+    manager = BlockManager(4, BLOCK_SIZE, False)
+    scheduler = TrackingScheduler(8, 64, 64, manager, None, None, "priority")
+
+    def request(req_id: str, priority: int, arrival: float) -> Request:
+        params = SamplingParams(max_tokens=8)
+        return Request(req_id, [1] * 4, params, arrival, None, priority)
+
+    low, early_high, high = request("low", 5, 0.0), request("eh", 0, 1.0), request("h", 0, 2.0)
+    scheduler.add_request(low)
+    step(scheduler)  # low runs alone: block 0
+    for r in (high, early_high):  # added out of arrival order
+        scheduler.add_request(r)
+    assert list(scheduler.waiting) == [early_high, high]  # priority, then arrival
+    step(scheduler)  # low takes block 1 for its 5th token; eh and h get blocks 2 and 3
+    assert scheduler.running == [early_high, high, low]  # in priority order, not admission
+    sched_out, _ = step(scheduler)
+    # eh and h need a block each for their 5th token and none is free: low, the lowest
+    # priority, is preempted (under fcfs the newest, h, would be), and they get its two.
+    assert [c.req_id for c in sched_out.chunks] == ["eh", "h"]
+    assert list(scheduler.waiting) == [low] and low.num_preemptions == 1
+    urgent = request("urgent", -1, 3.0)
+    scheduler.add_request(urgent)
+    assert list(scheduler.waiting) == [urgent, low]  # ahead of the preempted one
+
+
+def test_fcfs_policy_ignores_priority_order_and_refuses_unknown_policies():
+    scheduler = make_scheduler()
+    late = Request("late", [1], SamplingParams(), 1.0, None, -5)
+    scheduler.add_request(make_request("first", [1]))
+    scheduler.add_request(late)
+    assert [r.req_id for r in scheduler.waiting] == ["first", "late"]
+    with pytest.raises(ValueError, match="scheduling policy"):
+        Scheduler(8, 64, 64, BlockManager(4, BLOCK_SIZE, False), None, None, "lifo")

@@ -86,6 +86,7 @@ def _check_error(status: int, body, expected: int) -> None:
         ("/v1/chat/completions", {**CHAT, "truncate_prompt_tokens": 600}, "truncate_prompt_tokens"),
         ("/v1/chat/completions", {**CHAT, "cache_salt": ""}, "cache_salt"),
         ("/v1/chat/completions", {**CHAT, "priority": True}, "priority"),
+        ("/v1/completions", {**COMPLETION, "priority": 3}, None),  # the server runs fcfs
         ("/v1/chat/completions", {**CHAT, "length_penalty": 2}, "length_penalty"),
         ("/v1/chat/completions", {**CHAT, "functions": [{"name": "f"}]}, "functions"),
         ("/v1/chat/completions", {**CHAT, "modalities": ["text", "audio"]}, "modalities"),

@@ -109,7 +109,10 @@ def test_submission_of_many_prompts_lets_other_tasks_run() -> None:
     events: list[str] = []
     engine = SimpleNamespace(
         validate=lambda ids, params: events.append("validate"),
-        add_validated_requests=lambda reqs, salt: [events.append("add") or iter(()) for _ in reqs],
+        validate_options=lambda salt, priority: None,
+        add_validated_requests=lambda reqs, salt, priority: [
+            events.append("add") or iter(()) for _ in reqs
+        ],
         abort=lambda request_id: None,
     )
     state = ServerState(engine, ["m"], log_requests=False)

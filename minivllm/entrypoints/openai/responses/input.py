@@ -44,6 +44,7 @@ _SAME_FIELDS = (
     "structured_outputs",
     "chat_template_kwargs",
     "cache_salt",
+    "priority",
 )
 # A chat field's name in the Responses request, for errors found while serving it as chat.
 RESPONSES_PARAM = {

@@ -126,13 +126,13 @@ class ResponsesRequest(_Request):
     structured_outputs: StructuredOutputsField | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     cache_salt: str | None = Field(default=None, min_length=1)
+    priority: StrictInt = 0
     # OpenAI's, then vLLM's, that this server does not implement
     background: Any = _unimplemented(False)
     conversation: Any = _unimplemented()
     prompt: Any = _unimplemented()
     truncation: Any = _unimplemented("disabled")
     context_management: Any = _unimplemented()
-    priority: Any = _unimplemented(0)
     request_id: Any = _unimplemented()
     enable_response_messages: Any = _unimplemented(False)
     previous_input_messages: Any = _unimplemented()
