@@ -46,8 +46,8 @@ class Harness:
     aborted: set[str] = field(default_factory=set)
     requests: dict[str, Request] = field(default_factory=dict)
 
-    def add(self, req_id: str, prompt: list[int], params: SamplingParams) -> None:
-        request = Request(req_id, prompt, params, arrival_time=float(len(self.arrival)))
+    def add(self, req_id: str, prompt: list[int], params: SamplingParams, priority: int) -> None:
+        request = Request(req_id, prompt, params, float(len(self.arrival)), None, priority)
         self.arrival[req_id] = len(self.arrival)
         self.requests[req_id] = request
         self.scheduler.add_request(request)
@@ -112,6 +112,10 @@ def check_invariants(h: Harness) -> None:
     for request in scheduler.waiting:
         assert request.status == RequestStatus.WAITING and not request.block_ids
     assert len(scheduler.running) <= scheduler.max_num_seqs
+    if scheduler.policy == "priority":  # both queues in (priority, arrival) order
+        for queue in (list(scheduler.waiting), scheduler.running):
+            keys = [(r.priority, r.arrival_time) for r in queue]
+            assert keys == sorted(keys)
 
 
 def check_fifo_admission(h: Harness) -> None:
@@ -135,6 +139,7 @@ def workloads(draw):
         max_num_batched_tokens=draw(st.integers(1, 40)),
         prefix_caching=draw(st.booleans()),
         is_async=draw(st.booleans()),
+        policy=draw(st.sampled_from(["fcfs", "priority"])),
         seed=draw(st.integers(0, 2**16)),
     )
     prefixes = draw(st.lists(st.lists(st.integers(1, VOCAB - 1), max_size=12), min_size=1))
@@ -145,6 +150,7 @@ def workloads(draw):
             st.lists(st.integers(1, VOCAB - 1), min_size=1, max_size=10),
             st.integers(1, 12),  # max_tokens
             st.booleans(),  # ignore_eos
+            st.integers(-2, 2),  # priority (under the priority policy)
         ),
         st.tuples(st.just("step")),
         st.tuples(st.just("abort"), st.integers(0, 50)),
@@ -156,8 +162,9 @@ def make_harness(config: dict) -> Harness:
     bm = BlockManager(config["num_blocks"], config["block_size"], config["prefix_caching"])
     cls = AsyncScheduler if config["is_async"] else Scheduler
     scheduler = cls(
-        config["max_num_seqs"], config["max_num_batched_tokens"], config["max_model_len"], bm
-    )
+        config["max_num_seqs"], config["max_num_batched_tokens"], config["max_model_len"], bm,
+        None, None, config["policy"],
+    )  # fmt: skip
     rng = random.Random(config["seed"])
     return Harness(scheduler, config["block_size"], rng, config["is_async"])
 
@@ -165,11 +172,12 @@ def make_harness(config: dict) -> Harness:
 def run_ops(h: Harness, config: dict, prefixes: list[list[int]], ops: list) -> None:
     for op in ops:
         if op[0] == "add":
-            _, prefix_index, suffix, max_tokens, ignore_eos = op
+            _, prefix_index, suffix, max_tokens, ignore_eos, priority = op
             prompt = (prefixes[prefix_index] + suffix)[: config["max_model_len"] - 1]
             params = SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos)
             params.eos_token_ids = [EOS]
-            h.add(f"r{len(h.arrival)}", prompt, params)
+            priority = priority if config["policy"] == "priority" else 0
+            h.add(f"r{len(h.arrival)}", prompt, params, priority)
         elif op[0] == "step":
             h.step()
         elif h.arrival:
@@ -207,4 +215,5 @@ def test_random_add_step_abort_keeps_kv_bookkeeping(workload) -> None:
     bm = h.scheduler.block_manager
     assert bm.num_free_blocks == bm.num_blocks  # cached blocks count as free
     assert not h.runner_tables
-    check_fifo_admission(h)
+    if config["policy"] == "fcfs":
+        check_fifo_admission(h)
