@@ -249,12 +249,14 @@ class ChatCompletionRequest(_ConstrainedFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: StrictBool = True
     include_reasoning: StrictBool = True  # vLLM's: False drops the reasoning from the reply
+    # vLLM's: the reply's content starts with the last message's, when that is the
+    # assistant's (a continued message, continue_final_message)
+    echo: StrictBool = False
     # OpenAI's, vLLM's: both reach the chat template, as in vLLM (template_kwargs(); the
     # documents as apply_chat_template's own argument)
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
     documents: list[dict[str, str]] | None = None
     # vLLM's, then OpenAI's, that this server does not implement
-    echo: Any = _unimplemented(False)
     thinking_token_budget: Any = _unimplemented()
     media_io_kwargs: Any = _unimplemented()
     mm_processor_kwargs: Any = _unimplemented()

@@ -9,6 +9,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from minivllm.entrypoints.chat_messages import content_text
 from minivllm.entrypoints.openai.chat.output import (
     ChatOutputSpec,
     ChoiceParser,
@@ -171,6 +172,7 @@ class _ChatResponse:
         self.prompt_token_ids = run.prompt_token_ids
         self.parsers: dict[int, ChoiceParser] = {}
         self.head = response_head(request_id, "chat.completion", state.model_name)
+        self.echo = _echoed(req)
 
     def _logprobs(self, choice: CompletionOutput, start: int) -> dict | None:
         if not self.req.logprobs:
@@ -182,6 +184,8 @@ class _ChatResponse:
         choices = []
         for c in output.outputs:
             message, finish_reason = full_message(self.spec, c.text, c.finish_reason)
+            if self.echo:
+                message["content"] = self.echo + (message["content"] or "")
             choices.append(
                 {
                     "index": c.index,
@@ -224,6 +228,8 @@ class _ChatResponse:
                 )
             else:
                 yield b"".join(chunks.choice(r) for r in roles)
+            if self.echo:  # the continued message's text first, as vLLM streams it
+                yield b"".join(chunks.choice({**r, "delta": {"content": self.echo}}) for r in roles)
             (iterator,) = iterators  # a chat request is one prompt: read it directly
             async for output in iterator:
                 final = output
@@ -273,3 +279,11 @@ class _ChatResponse:
             chunks[0]["token_ids"] = choice.token_ids[start_tokens:]
         chunks[-1].update(finish_reason=finish_reason, stop_reason=choice.stop_reason)
         return chunks
+
+
+def _echoed(req: ChatCompletionRequest) -> str:
+    """What echo puts before the reply: the last message's text when it is the assistant's."""
+    last = req.messages[-1]
+    if not req.echo or last.role != "assistant":
+        return ""
+    return content_text(last.content, f"messages[{len(req.messages) - 1}]")

@@ -79,6 +79,29 @@ def test_bad_words_match_offline(client, offline) -> None:
     assert out.choices[0].model_extra["token_ids"] == ref.token_ids
 
 
+def test_chat_echo_puts_the_continued_message_first(client) -> None:
+    messages = [
+        {"role": "user", "content": "Count."},
+        {"role": "assistant", "content": "One, two,"},
+    ]
+    body = {"continue_final_message": True, "add_generation_prompt": False, "ignore_eos": True}
+    kwargs = dict(model=MODEL_NAME, messages=messages, temperature=0.0, max_tokens=8)
+    plain = client.chat.completions.create(**kwargs, extra_body=body)
+    echoed = client.chat.completions.create(**kwargs, extra_body={**body, "echo": True})
+    text = plain.choices[0].message.content
+    assert echoed.choices[0].message.content == "One, two," + text
+    chunks = list(client.chat.completions.create(**kwargs, stream=True,
+                                                 extra_body={**body, "echo": True}))  # fmt: skip
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == "One, two," + text
+    # The last message is the user's: nothing to echo.
+    user_last = client.chat.completions.create(
+        model=MODEL_NAME, messages=messages[:1], temperature=0.0, max_tokens=4,
+        extra_body={"echo": True},
+    )  # fmt: skip
+    assert not user_last.choices[0].message.content.startswith("Count.")
+
+
 def test_chat_logprobs_match_offline(client, offline) -> None:
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     out = client.chat.completions.create(
