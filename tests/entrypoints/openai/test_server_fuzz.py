@@ -131,5 +131,89 @@ def test_fuzz_message_text(server, auth, content) -> None:
     _check(server, auth, "/v1/chat/completions", body)
 
 
+_PARTS = st.lists(
+    st.fixed_dictionaries(
+        {"type": st.sampled_from(["input_text", "output_text", "text", "input_image", "x"])},
+        optional={"text": _SCALARS},
+    ),
+    max_size=2,
+)
+_ITEMS = st.one_of(
+    _text(20),
+    st.lists(
+        st.one_of(
+            st.fixed_dictionaries(
+                {"role": st.sampled_from(["user", "assistant", "developer", "robot"]),
+                 "content": st.one_of(_SCALARS, _PARTS)}
+            ),
+            st.fixed_dictionaries(
+                {"type": st.sampled_from(
+                    ["function_call", "function_call_output", "reasoning", "message", "zz"])},
+                optional={k: _JUNK for k in
+                          ("call_id", "name", "arguments", "output", "content", "summary", "role")},
+            ),
+            _JUNK,
+        ),
+        max_size=3,
+    ),
+    _JUNK,
+)  # fmt: skip
+
+
+@_SETTINGS
+@given(
+    body=st.fixed_dictionaries(
+        {"input": _ITEMS, "max_output_tokens": _MAX_TOKENS},
+        optional={
+            k: _JUNK
+            for k in ("instructions", "tools", "tool_choice", "text", "include", "top_logprobs",
+                      "previous_response_id", "reasoning", "model", "temperature", "zz")
+        } | {"stream": st.booleans(), "store": st.booleans()},
+    )
+)  # fmt: skip
+def test_fuzz_responses(server, auth, body) -> None:
+    _check(server, auth, "/v1/responses", body)
+
+
+_BLOCKS = st.lists(
+    st.fixed_dictionaries(
+        {"type": st.sampled_from(
+            ["text", "tool_use", "tool_result", "thinking", "redacted_thinking", "image", "x"])},
+        optional={k: _JUNK for k in
+                  ("text", "id", "name", "input", "tool_use_id", "content", "thinking")},
+    ),
+    max_size=3,
+)  # fmt: skip
+
+
+@_SETTINGS
+@given(
+    body=st.fixed_dictionaries(
+        {
+            "messages": st.one_of(
+                st.lists(
+                    st.fixed_dictionaries(
+                        {"role": st.sampled_from(["user", "assistant", "system"]),
+                         "content": st.one_of(_SCALARS, _BLOCKS)}
+                    ),
+                    max_size=3,
+                ),
+                _JUNK,
+            ),
+            "max_tokens": _MAX_TOKENS,
+        },
+        optional={k: _JUNK for k in ("system", "tools", "tool_choice", "stop_sequences",
+                                     "thinking", "model", "top_k", "zz")}
+        | {"stream": st.booleans()},
+    )
+)  # fmt: skip
+def test_fuzz_anthropic_messages(server, auth, body) -> None:
+    raw = json.dumps(body)
+    status, response = server.request("POST", "/v1/messages", raw, auth)
+    assert status < 500, (status, response, raw)
+    if status >= 400:
+        assert response["type"] == "error" and set(response["error"]) == {"type", "message"}
+
+
 def test_still_healthy_after_fuzzing(server) -> None:
     assert server.request("GET", "/health")[0] == 200

@@ -76,7 +76,7 @@ def _chat_messages(role: str, content: Any, where: str) -> list[dict[str, Any]]:
         if kind == "text":
             texts.append(_string(block, "text", at))
         elif kind == "tool_result":
-            result = block.get("content", "")
+            result = block.get("content") or ""  # optional in Anthropic's API
             text = result if isinstance(result, str) else _text(result, f"{at}.content")
             if block.get("is_error"):
                 text = f"Error: {text}"
