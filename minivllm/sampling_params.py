@@ -72,12 +72,16 @@ class SamplingParams:
     # the tokens before it, the word tokenized as it is and after a space (its ids:
     # bad_words_token_ids, which the frontend fills).
     bad_words: list[str] | None = None
+    # Most tokens inside a <think> block (vLLM's thinking_token_budget): past them the block's
+    # end marker is forced (engine/runner/thinking_budget.py).
+    thinking_token_budget: int | None = None
     # The output matches a JSON schema, regex, choice or grammar (vLLM's name and type;
     # docs/structured_outputs.md).
     structured_outputs: StructuredOutputsParams | None = None
     # Filled by the engine from the tokenizer / generation_config.json, not by users.
     eos_token_ids: list[int] = field(default_factory=list)
     bad_words_token_ids: list[list[int]] = field(default_factory=list)
+    think_marker_ids: list[list[int]] = field(default_factory=list)  # <think>, </think>
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -140,6 +144,9 @@ class SamplingParams:
                     "allowed_token_ids cannot be combined with structured_outputs (the grammar "
                     "could allow none of them)"
                 )
+        budget = self.thinking_token_budget
+        if budget is not None and (not _is_int(budget) or not 0 <= budget < 2**63):
+            raise ValueError(f"thinking_token_budget must be an integer >= 0, got {budget!r}")
         for word in self.bad_words or []:
             if not isinstance(word, str):
                 raise TypeError(f"bad_words must be a list of str, got {self.bad_words!r}")

@@ -15,6 +15,7 @@ from minivllm.entrypoints.processing import (
     IncrementalDetokenizer,
     bad_words_token_ids,
     decode_logprobs,
+    think_marker_ids,
 )
 from minivllm.outputs import CompletionOutput, LogprobsDict, RequestMetrics, RequestOutput
 from minivllm.sampling_params import SamplingParams
@@ -57,6 +58,7 @@ class OutputProcessor:
     def __init__(self, tokenizer, stream: bool = False) -> None:
         self.tokenizer = tokenizer
         self.stream = stream
+        self._think_markers: list[list[int]] | None = None  # worked out at first use
         self.parents: dict[str, _Parent] = {}
         self.child_to_parent: dict[str, str] = {}
 
@@ -75,6 +77,10 @@ class OutputProcessor:
             params = params.derive(
                 bad_words_token_ids=bad_words_token_ids(params.bad_words, self.tokenizer)
             )
+        if params.thinking_token_budget is not None:
+            if self._think_markers is None:
+                self._think_markers = think_marker_ids(self.tokenizer)
+            params = params.derive(think_marker_ids=self._think_markers)
         children: dict[str, _Child] = {}
         for index in range(params.n):
             child_id = request_id if params.n == 1 else f"{index}_{request_id}"

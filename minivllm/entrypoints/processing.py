@@ -41,6 +41,12 @@ def bad_words_token_ids(bad_words: list[str], tokenizer: Any) -> list[list[int]]
     return result
 
 
+def think_marker_ids(tokenizer: Any) -> list[list[int]]:
+    """The token ids of `<think>` and `</think>` as the tokenizer writes them (one special
+    token each in Qwen3's and DeepSeek-R1's vocabularies; several where they are plain text)."""
+    return [tokenizer.encode(m, add_special_tokens=False) for m in ("<think>", "</think>")]
+
+
 def make_decode(tokenizer: Any, skip_special_tokens: bool) -> Callable[[list[int]], str]:
     """tokenizer.decode(ids, skip_special_tokens, clean_up_tokenization_spaces=False) as one
     call. For a plain HF fast tokenizer that is exactly its Rust backend's decode: calling it

@@ -100,6 +100,22 @@ def test_cache_salt_shares_prefix_blocks_only_within_a_salt(llm: LLM) -> None:
         llm.generate({"prompt_token_ids": ids, "cache_salt": ""}, GREEDY, use_tqdm=False)
 
 
+def test_thinking_budget_forces_the_end_of_the_block(llm: LLM) -> None:
+    tokenizer = llm.get_tokenizer()
+    end = tokenizer.encode("</think>", add_special_tokens=False)
+    prompt = {"prompt": "Question?<think>"}  # the prompt opens the block (a template would)
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    free = llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
+    assert free[3 : 3 + len(end)] != end
+    budget = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True,
+                            thinking_token_budget=3)  # fmt: skip
+    out = llm.generate(prompt, budget, use_tqdm=False)[0].outputs[0].token_ids
+    assert out[:3] == free[:3]  # free until the budget is spent
+    assert out[3 : 3 + len(end)] == end  # then the end marker, token by token
+    with pytest.raises(ValueError, match="thinking_token_budget"):
+        SamplingParams(thinking_token_budget=-1)
+
+
 def test_stop_string_spanning_tokens(llm: LLM) -> None:
     full = llm.generate(PROMPT, GREEDY, use_tqdm=False)[0].outputs[0]
     tok = llm.tokenizer

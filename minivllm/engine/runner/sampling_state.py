@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from minivllm.engine.runner.device_inputs import InputStaging, list_to_device
+from minivllm.engine.runner.thinking_budget import ThinkingBudget
 from minivllm.engine.types import NewRequestData
 from minivllm.layers.dispatch import use_triton_kernels
 from minivllm.layers.sampler import DRAW_SHIFT, SamplerOutput, SamplingMetadata, gather_logprobs
@@ -28,6 +29,7 @@ class _RequestState:
     # Rows built for it so far (= tokens sampled). Counted at build time: with async
     # scheduling, output_token_ids can lag a step behind.
     num_sampled: int = 0
+    thinking: ThinkingBudget | None = None  # with a thinking_token_budget
 
 
 class SamplingState:
@@ -50,8 +52,9 @@ class SamplingState:
         self._reusable: tuple[tuple[str, ...], SamplingMetadata] | None = None
         # Up to two uploads a step (parameters when the batch changes, draw keys).
         self._staging = InputStaging(self.device, num_slots=6, capacity=1 << 14)
-        # Requests with bad words: their banned tokens follow the output, step by step.
-        self._num_with_bad_words = 0
+        # Requests with bad words or a thinking budget: their banned or forced tokens follow
+        # the output, step by step.
+        self._num_following_output = 0
 
     def add_request(self, new: NewRequestData) -> None:
         """Registers a request. A req_id already known keeps its state (outputs, generator)."""
@@ -62,13 +65,19 @@ class SamplingState:
         if params.seed is not None:
             generator = torch.Generator(device=self.device)
             generator.manual_seed(params.seed)
-        self.requests[new.req_id] = _RequestState(list(new.prompt_token_ids), params, [], generator)
-        self._num_with_bad_words += bool(params.bad_words_token_ids)
+        state = _RequestState(list(new.prompt_token_ids), params, [], generator)
+        if params.thinking_token_budget is not None:
+            start_ids, end_ids = params.think_marker_ids
+            state.thinking = ThinkingBudget.after_prompt(
+                params.thinking_token_budget, start_ids, end_ids, state.prompt_token_ids
+            )
+        self.requests[new.req_id] = state
+        self._num_following_output += _follows_output(state)
 
     def remove(self, req_id: str) -> None:
         state = self.requests.pop(req_id, None)
         if state is not None:
-            self._num_with_bad_words -= bool(state.params.bad_words_token_ids)
+            self._num_following_output -= _follows_output(state)
 
     def append_tokens(self, req_ids: list[str], token_ids: list[int]) -> None:
         """Records a step's tokens; requests removed meanwhile (async scheduling) are skipped."""
@@ -98,12 +107,12 @@ class SamplingState:
             meta = self._reusable[1]
         else:
             meta = self._build_metadata(states, drafted)
-            # Without penalties, suppressed tokens or bad words nothing in it changes while
-            # the batch stays, except the draw keys (seeds and offsets, replaced below).
+            # Without penalties, suppressed tokens, bad words or thinking budgets nothing in it
+            # changes while the batch stays, except the draw keys (replaced below).
             static = (
                 meta.no_penalties
                 and meta.suppressed_token_ids is None
-                and not self._num_with_bad_words
+                and not self._num_following_output
             )
             self._reusable = (key, meta) if static else None
         # The Triton sampler draws every batch with keyed noise (plain or not), so that a
@@ -166,12 +175,13 @@ class SamplingState:
 
     def reads_output(self, req_id: str) -> bool:
         """Whether req_id's sampling depends on its output so far: penalties, min_tokens not
-        reached, bad words (its rows with drafts need build_metadata's drafted)."""
+        reached, bad words, a thinking budget (its rows with drafts need build_metadata's
+        drafted)."""
         s = self.requests[req_id]
         return (
             s.params.has_penalties
             or len(s.output_token_ids) < s.params.min_tokens
-            or bool(s.params.bad_words_token_ids)
+            or _follows_output(s)
         )
 
     def _build_metadata(
@@ -192,11 +202,11 @@ class SamplingState:
         prompt_ids = (
             _padded([s.prompt_token_ids for s in states], device) if has_repetition else None
         )
-        suppressed_ids = _suppressed_token_ids(
-            states, outputs, device, bad_words=self._num_with_bad_words > 0
-        )
+        following = self._num_following_output > 0
+        suppressed_ids = _suppressed_token_ids(states, outputs, device, bad_words=following)
         bias_ids, bias_values = _logit_bias(params, device)
-        allowed_ids, allowed_rows = _allowed_token_ids(params, device)
+        forced = _forced_token_ids(states, drafted) if following else None
+        allowed_ids, allowed_rows = _allowed_token_ids(params, device, forced)
         no_filters = {
             "no_top_k": all(p.top_k == 0 for p in random_params),
             "no_top_p": all(p.top_p == 1.0 for p in random_params),
@@ -374,15 +384,39 @@ def _logit_bias(
 
 
 def _allowed_token_ids(
-    params: list[SamplingParams], device: torch.device
+    params: list[SamplingParams], device: torch.device, forced: list[int | None] | None = None
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """[N, max_num_allowed] ids padded with -1 and [N] bool (the rows with a list) of the rows'
-    allowed_token_ids; (None, None) when no row has them."""
-    if not any(p.allowed_token_ids for p in params):
+    allowed_token_ids, or their one forced token (forced: per row, or None); (None, None) when
+    no row has either."""
+    lists = [p.allowed_token_ids for p in params]
+    if forced is not None:
+        lists = [a if f is None else [f] for a, f in zip(lists, forced, strict=True)]
+    if not any(lists):
         return None, None
-    ids = _padded([p.allowed_token_ids or [] for p in params], device)
-    rows = list_to_device([p.allowed_token_ids is not None for p in params], torch.bool, device)
+    ids = _padded([a or [] for a in lists], device)
+    rows = list_to_device([a is not None for a in lists], torch.bool, device)
     return ids, rows
+
+
+def _forced_token_ids(
+    states: list[_RequestState], drafted: list[list[int]] | None
+) -> list[int | None] | None:
+    """Per row, the token its thinking budget forces (None: free), or None when none is."""
+    forced: list[int | None] = []
+    for row, s in enumerate(states):
+        token_id = None
+        if s.thinking is not None:
+            s.thinking.read(s.output_token_ids)
+            token_id = s.thinking.forced_after(drafted[row] if drafted is not None else [])
+        forced.append(token_id)
+    return forced if any(t is not None for t in forced) else None
+
+
+def _follows_output(state: _RequestState) -> bool:
+    """Whether the request's banned or forced tokens follow its output (bad words, a thinking
+    budget)."""
+    return bool(state.params.bad_words_token_ids) or state.thinking is not None
 
 
 def _padded(rows: list[list[int]], device: torch.device) -> torch.Tensor:

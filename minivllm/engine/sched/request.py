@@ -96,7 +96,8 @@ class Request:
 
 
 def needs_host_tokens(request: Request) -> bool:
-    """Penalties, min_tokens, bad words and logprobs read sampled tokens on the host each
+    """Penalties, min_tokens, bad words, a thinking budget and logprobs read sampled tokens
+    on the host each
     step. (A grammar does too, but only for the next step's mask, which is filled once the
     step in flight has been applied: engine/sched/async_scheduler.py.)"""
     p = request.sampling_params
@@ -104,6 +105,7 @@ def needs_host_tokens(request: Request) -> bool:
         p.has_penalties
         or p.min_tokens
         or p.bad_words
+        or p.thinking_token_budget is not None
         or p.logprobs is not None
         or p.prompt_logprobs is not None
     )

@@ -187,6 +187,7 @@ def sampling_params(
             logit_bias=_logit_bias(req.logit_bias),
             allowed_token_ids=req.allowed_token_ids,
             bad_words=req.bad_words,
+            thinking_token_budget=req.thinking_token_budget,
             structured_outputs=structured_outputs,
             **values,
         )

@@ -100,6 +100,8 @@ class _SamplingFields(_Request):
     allowed_token_ids: list[StrictInt] | None = None
     # Words never written (SamplingParams.bad_words)
     bad_words: list[str] | None = None
+    # Most tokens inside a <think> block, then its end is forced (vLLM's)
+    thinking_token_budget: StrictInt | None = None
     # Keep this many prompt tokens (-1: what max_model_len leaves beside max_tokens), cut on
     # the tokenizer's truncation_side (params.truncate_prompt), as vLLM 0.20 does
     truncate_prompt_tokens: StrictInt | None = None
@@ -257,7 +259,6 @@ class ChatCompletionRequest(_ConstrainedFields):
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
     documents: list[dict[str, str]] | None = None
     # vLLM's, then OpenAI's, that this server does not implement
-    thinking_token_budget: Any = _unimplemented()
     media_io_kwargs: Any = _unimplemented()
     mm_processor_kwargs: Any = _unimplemented()
     functions: Any = _unimplemented()

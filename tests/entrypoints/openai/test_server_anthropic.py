@@ -229,3 +229,18 @@ def test_the_api_key_comes_in_either_header(server):
     bearer = {"Authorization": f"Bearer {API_KEY}"}
     assert server.request("POST", "/v1/messages", body, bearer)[0] == 200
     assert server.request("POST", "/v1/models", None, {"x-api-key": API_KEY})[0] != 401
+
+
+def test_thinking_maps_to_the_template_and_the_budget():
+    from minivllm.entrypoints.openai.anthropic.input import chat_request
+    from minivllm.entrypoints.openai.anthropic.protocol import MessagesRequest
+
+    def chat_of(thinking: dict) -> object:
+        return chat_request(MessagesRequest(max_tokens=50, messages=USER, thinking=thinking))
+
+    enabled = chat_of({"type": "enabled", "budget_tokens": 20})
+    assert enabled.thinking_token_budget == 20
+    assert enabled.chat_template_kwargs == {"enable_thinking": True}
+    disabled = chat_of({"type": "disabled"})
+    assert disabled.thinking_token_budget is None
+    assert disabled.chat_template_kwargs == {"enable_thinking": False}

@@ -254,6 +254,20 @@ def test_reasoning_split(client, stream):
     assert re.fullmatch("[a-z]{2,6}", dropped.choices[0].message.content)
 
 
+def test_thinking_token_budget_ends_the_reasoning(client):
+    # Free to think as long as it likes; the budget ends the block after 3 tokens.
+    regex = "<think>[a-z]{1,40}</think>[a-z]{2,6}"
+    body = {"guided_regex": regex, "thinking_token_budget": 3}
+    message = chat(client, extra_body=body, max_tokens=64).choices[0].message
+    reasoning = message.model_extra["reasoning"]
+    assert re.fullmatch("[a-z]{2,6}", message.content)
+    assert 0 < len(reasoning) and len(reasoning) <= 3 * 8  # at most 3 tokens of [a-z]
+    unlimited = chat(client, extra_body={"guided_regex": regex}, max_tokens=64).choices[0].message
+    # The same greedy thought, cut after its first 3 tokens.
+    free = unlimited.model_extra["reasoning"]
+    assert free.startswith(reasoning) and len(free) > len(reasoning)
+
+
 def test_tool_messages_reach_the_template(client):
     messages = [
         *MESSAGES,

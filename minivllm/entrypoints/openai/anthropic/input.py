@@ -44,6 +44,8 @@ def chat_request(req: _Conversation) -> ChatCompletionRequest:
         body["tool_choice"] = _tool_choice(req.tool_choice)
         body["parallel_tool_calls"] = not req.tool_choice.disable_parallel_tool_use
     if isinstance(req, MessagesRequest):
+        if req.thinking is not None and req.thinking.type == "enabled":
+            body["thinking_token_budget"] = req.thinking.budget_tokens
         body.update(
             max_completion_tokens=req.max_tokens,
             stream=req.stream,
