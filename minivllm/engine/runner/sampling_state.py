@@ -203,9 +203,9 @@ class SamplingState:
             _padded([s.prompt_token_ids for s in states], device) if has_repetition else None
         )
         following = self._num_following_output > 0
-        suppressed_ids = _suppressed_token_ids(states, outputs, device, bad_words=following)
-        bias_ids, bias_values = _logit_bias(params, device)
         forced = _forced_token_ids(states, drafted) if following else None
+        suppressed_ids = _suppressed_token_ids(states, outputs, device, following, forced)
+        bias_ids, bias_values = _logit_bias(params, device)
         allowed_ids, allowed_rows = _allowed_token_ids(params, device, forced)
         no_filters = {
             "no_top_k": all(p.top_k == 0 for p in random_params),
@@ -339,14 +339,22 @@ def _param_tensors(params: list[SamplingParams], staging: InputStaging) -> dict[
 
 
 def _suppressed_token_ids(
-    states: list[_RequestState], outputs: list[list[int]], device: torch.device, bad_words: bool
+    states: list[_RequestState],
+    outputs: list[list[int]],
+    device: torch.device,
+    bad_words: bool,
+    forced: list[int | None] | None = None,
 ) -> torch.Tensor | None:
     """[N, max_num_suppressed] ids banned this step by min_tokens and (where bad_words: some
     request has them) bad words, or None when none are. outputs: per row, the output tokens
-    before it (drafts before its position too)."""
+    before it (drafts before its position too). A row with a forced token (forced: per row)
+    bans nothing: its one token must stay possible."""
     rows: list[list[int]] = []
-    for s, output in zip(states, outputs, strict=True):
+    for row, (s, output) in enumerate(zip(states, outputs, strict=True)):
         banned: list[int] = []
+        if forced is not None and forced[row] is not None:
+            rows.append(banned)
+            continue
         if len(output) < s.params.min_tokens:
             banned = list(s.params.stop_token_ids)
             if not s.params.ignore_eos:

@@ -57,6 +57,7 @@ def test_the_sampler_takes_the_forced_token_over_its_argmax():
     def sample() -> list[int]:
         return sampler(logits, state.build_metadata(["b", "f"])).sampled_token_ids.tolist()
 
+    budget.bad_words, budget.bad_words_token_ids = ["x"], [[93]]  # cannot ban a forced token
     assert sample() == [7, 7]  # one token of budget
     state.append_tokens(["b", "f"], [7, 7])
     for token in (92, 93, 94):  # spent: the end marker, one token a step; then free again
