@@ -113,6 +113,8 @@ class _SamplingFields(_Request):
     cache_salt: str | None = Field(default=None, min_length=1)
     # Under --scheduling-policy priority, a lower value is served first (vLLM's)
     priority: StrictInt = 0
+    # The response's id is "{cmpl|chatcmpl}-{request_id}" (vLLM's; X-Request-Id wins)
+    request_id: str | None = None
     # Logprobs' tokens as "token_id:{id}" (vLLM's; logprobs.py)
     return_tokens_as_token_ids: StrictBool = False
     guided_decoding_backend: str | None = None  # accepted: llguidance is the one backend
@@ -126,7 +128,6 @@ class _SamplingFields(_Request):
     use_beam_search: Any = _unimplemented(False)
     length_penalty: Any = _unimplemented(1.0)
     spaces_between_special_tokens: Any = _unimplemented(True)
-    request_id: Any = _unimplemented()
     kv_transfer_params: Any = _unimplemented()
     vllm_xargs: Any = _unimplemented()
     repetition_detection: Any = _unimplemented()

@@ -269,12 +269,14 @@ def _add_generation_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         req = await read_body(request, CompletionRequest, limits)
-        return await _until_disconnect(request, create_completion(state, req))
+        header_id = request.headers.get("x-request-id")
+        return await _until_disconnect(request, create_completion(state, req, header_id))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         req = await read_body(request, ChatCompletionRequest, limits)
-        return await _until_disconnect(request, create_chat_completion(state, req))
+        header_id = request.headers.get("x-request-id")
+        return await _until_disconnect(request, create_chat_completion(state, req, header_id))
 
     @app.post("/v1/messages")
     async def anthropic_messages(request: Request) -> Response:

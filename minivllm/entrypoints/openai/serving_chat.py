@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +41,7 @@ from minivllm.entrypoints.openai.serving_common import (
     as_api_error,
     check_num_completions,
     collect,
+    request_ids,
     response_head,
     submit,
     tokenize_text,
@@ -78,10 +78,13 @@ class ChatRun:
             yield output, fields, start
 
 
-async def create_chat_completion(state: ServerState, req: ChatCompletionRequest):
-    request_id = f"chatcmpl-{uuid.uuid4().hex}"
-    run = await start_chat(state, req, request_id)
-    response = _ChatResponse(state, req, request_id, run)
+async def create_chat_completion(
+    state: ServerState, req: ChatCompletionRequest, header_id: str | None = None
+):
+    """header_id: the request's X-Request-Id (it wins over the body's request_id, as vLLM)."""
+    response_id, engine_id = request_ids("chatcmpl", header_id or req.request_id)
+    run = await start_chat(state, req, engine_id)
+    response = _ChatResponse(state, req, response_id, run)
     if req.stream:
         return StreamingResponse(response.stream(run.iterators), media_type="text/event-stream")
     (final,) = await collect(run.iterators)  # a chat request is one prompt

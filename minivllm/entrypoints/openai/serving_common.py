@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -70,6 +71,21 @@ async def tokenize_text(
         raise APIError(str(e), param=param) from None
     except TokenizerClosedError:
         raise APIError("the server is shutting down", status=503) from None
+
+
+def request_ids(prefix: str, client_id: str | None) -> tuple[str, str]:
+    """(the response's id, the engine's id) of a request: "{prefix}-{client_id}" where the
+    client named it (vLLM's X-Request-Id header or request_id field), with a random suffix for
+    the engine (two clients may pick one name); else one random id for both."""
+    if client_id is None:
+        request_id = f"{prefix}-{uuid.uuid4().hex}"
+        return request_id, request_id
+    if not 0 < len(client_id) <= 256 or not client_id.isprintable():
+        raise APIError(
+            "a request id (X-Request-Id, request_id) must be 1 to 256 printable characters",
+            param="request_id",
+        )
+    return f"{prefix}-{client_id}", f"{prefix}-{client_id}-{uuid.uuid4().hex[:8]}"
 
 
 def check_num_completions(limits: ServerLimits, num_prompts: int, n: int) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator
 
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -25,6 +24,7 @@ from minivllm.entrypoints.openai.serving_common import (
     collect,
     fair_slices,
     merge,
+    request_ids,
     response_head,
     submit,
     tokenize_text,
@@ -56,7 +56,11 @@ def _num_prompts(prompt) -> int:
     return 1 if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)) else len(prompt)
 
 
-async def create_completion(state: ServerState, req: CompletionRequest):
+async def create_completion(
+    state: ServerState, req: CompletionRequest, header_id: str | None = None
+):
+    """header_id: the request's X-Request-Id (it wins over the body's request_id, as vLLM)."""
+    response_id, engine_id = request_ids("cmpl", header_id or req.request_id)
     check_model(req.model, state.served_model_names)
     check_unimplemented(req)
     check_num_completions(state.limits, _num_prompts(req.prompt), req.n)
@@ -85,9 +89,8 @@ async def create_completion(state: ServerState, req: CompletionRequest):
             structured_outputs=constraint[1] if constraint is not None else None,
         )
         specs.append((text, token_ids, params))
-    request_id = f"cmpl-{uuid.uuid4().hex}"
-    iterators = await submit(state, request_id, specs, req.cache_salt, req.priority)
-    response = _Response(state, req, request_id, [t for t, _ in prompts])
+    iterators = await submit(state, engine_id, specs, req.cache_salt, req.priority)
+    response = _Response(state, req, response_id, [t for t, _ in prompts])
     if req.stream:
         return StreamingResponse(response.stream(iterators), media_type="text/event-stream")
     return JSONResponse(response.full(await collect(iterators)))

@@ -102,6 +102,33 @@ def test_chat_echo_puts_the_continued_message_first(client) -> None:
     assert not user_last.choices[0].message.content.startswith("Count.")
 
 
+def test_a_client_named_request_keeps_its_name(client, server, auth) -> None:
+    base = dict(model=MODEL_NAME, prompt=PROMPT_IDS, max_tokens=2)
+    assert client.completions.create(**base, extra_body={"request_id": "job-7"}).id == "cmpl-job-7"
+    header = {"X-Request-Id": "trace-1"}
+    named = client.completions.create(
+        **base, extra_body={"request_id": "job-7"}, extra_headers=header
+    )
+    assert named.id == "cmpl-trace-1"  # the header wins, as in vLLM
+    messages = [{"role": "user", "content": "Hi"}]
+    chunks = list(client.chat.completions.create(
+        model=MODEL_NAME, messages=messages, max_tokens=2, stream=True, extra_headers=header
+    ))  # fmt: skip
+    assert {c.id for c in chunks} == {"chatcmpl-trace-1"}
+
+    async def twice() -> list[str]:  # one name, two requests at once: both are served
+        async_client = openai.AsyncOpenAI(base_url=server.base_url + "/v1", api_key=API_KEY)
+        outs = await asyncio.gather(
+            *(async_client.completions.create(**base, extra_headers=header) for _ in range(2))
+        )
+        return [o.id for o in outs]
+
+    assert asyncio.run(twice()) == ["cmpl-trace-1"] * 2
+    body = {"model": MODEL_NAME, "prompt": "Hi", "max_tokens": 1, "request_id": "a\nb"}
+    status, error = server.request("POST", "/v1/completions", body, auth)
+    assert status == 400 and error["error"]["param"] == "request_id"
+
+
 def test_chat_logprobs_match_offline(client, offline) -> None:
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     out = client.chat.completions.create(
