@@ -3,14 +3,14 @@ many tokens inside a think block, the next tokens are forced to the block's end 
 token at a time, until it is written.
 
 The markers are token sequences (`<think>` and `</think>` as the tokenizer encodes them: one
-special token each for Qwen3 and DeepSeek-R1, several for a tokenizer without them), found by
-exact match at the end of the output. The state is kept incrementally per request: each
-step reads only the tokens added since the last one.
+special token each in Qwen3's and DeepSeek-R1's vocabularies, several for a tokenizer without
+them), found by exact match at the end of the output. The state is kept incrementally per
+request: each step reads only the tokens added since the last one.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 @dataclass
@@ -50,7 +50,7 @@ class ThinkingBudget:
         in the output yet (speculative drafts), read on a copy."""
         state = self
         if drafts:
-            state = ThinkingBudget(**{**self.__dict__, "tail": list(self.tail)})
+            state = replace(self, tail=list(self.tail))
             for token_id in drafts:
                 state._step(token_id)
         if not state.in_think or state.count < state.budget:

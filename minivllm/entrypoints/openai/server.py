@@ -24,7 +24,7 @@ from minivllm.entrypoints.openai.anthropic.serving import (
     count_tokens,
     create_message,
 )
-from minivllm.entrypoints.openai.chat.template import render_chat_text
+from minivllm.entrypoints.openai.chat.template import render_chat
 from minivllm.entrypoints.openai.errors import APIError, error_json, error_response
 from minivllm.entrypoints.openai.metrics import ServerMetrics
 from minivllm.entrypoints.openai.params import check_model, check_unimplemented, read_body
@@ -217,17 +217,15 @@ def _add_info_routes(app: FastAPI, state: ServerState, metrics: ServerMetrics) -
         if (req.messages is None) == (req.prompt is None):
             raise APIError("give either prompt or messages", param="prompt")
         if req.messages is not None:
-            text = await render_chat_text(
+            tokens = await render_chat(
                 state.engine,
                 state.chat_template,
                 req.messages,
+                req.tools,
+                req.chat_template_kwargs,
                 req.add_generation_prompt,
                 req.continue_final_message,
-                req.chat_template_kwargs,
-                [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None,
-            )
-            tokens = await tokenize_text(
-                state.engine, text, bool(req.add_special_tokens), param="messages"
+                bool(req.add_special_tokens),
             )
         else:
             if req.tools is not None:

@@ -118,7 +118,7 @@ async def start_chat(state: ServerState, req: ChatCompletionRequest, request_id:
         req.add_generation_prompt,
         req.continue_final_message,
         template_kwargs,
-        [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None,
+        req.tools,
         documents=req.documents,
     )
     token_ids = await tokenize_text(
@@ -170,9 +170,7 @@ class _ChatResponse:
         run: ChatRun,
     ) -> None:
         self.req = req
-        self.top = run.top
-        self.spec = run.spec
-        self.prompt_token_ids = run.prompt_token_ids
+        self.run = run
         self.parsers: dict[int, ChoiceParser] = {}
         self.head = response_head(request_id, "chat.completion", state.model_name)
         self.echo = _echoed(req)
@@ -181,12 +179,12 @@ class _ChatResponse:
         if not self.req.logprobs:
             return None
         token_ids, logprobs = choice.token_ids[start:], (choice.logprobs or [])[start:]
-        return chat_logprobs(token_ids, logprobs, self.top, self.req.return_tokens_as_token_ids)
+        return chat_logprobs(token_ids, logprobs, self.run.top, self.req.return_tokens_as_token_ids)
 
     def full(self, output: RequestOutput) -> dict:
         choices = []
         for c in output.outputs:
-            message, finish_reason = full_message(self.spec, c.text, c.finish_reason)
+            message, finish_reason = full_message(self.run.spec, c.text, c.finish_reason)
             if self.echo:
                 message["content"] = self.echo + (message["content"] or "")
             choices.append(
@@ -202,7 +200,7 @@ class _ChatResponse:
                 choices[-1]["token_ids"] = c.token_ids
         body = {**self.head, "choices": choices, "usage": usage([output])}
         if self.req.return_token_ids:  # vLLM's field, on the response
-            body["prompt_token_ids"] = self.prompt_token_ids
+            body["prompt_token_ids"] = self.run.prompt_token_ids
         if self.req.prompt_logprobs is not None:  # vLLM's field, on the response
             body["prompt_logprobs"] = prompt_logprobs(
                 output.prompt_token_ids, output.prompt_logprobs, self.req.prompt_logprobs
@@ -225,7 +223,7 @@ class _ChatResponse:
                 for index in range(self.req.n)
             ]
             if self.req.return_token_ids:
-                ids = self.prompt_token_ids
+                ids = self.run.prompt_token_ids
                 yield b"".join(
                     chunks.last({"choices": [r], "prompt_token_ids": ids}) for r in roles
                 )
@@ -258,12 +256,12 @@ class _ChatResponse:
             return []
         text, start_tokens = delta
         finish_reason = choice.finish_reason
-        if not self.spec.parses:  # plain text (kept as it was: a content delta every time)
+        if not self.run.spec.parses:  # plain text (kept as it was: a content delta every time)
             fields = {"content": text} if text or finish_reason is None else {}
         else:
             parser = self.parsers.get(choice.index)
             if parser is None:
-                parser = self.parsers[choice.index] = ChoiceParser(self.spec)
+                parser = self.parsers[choice.index] = ChoiceParser(self.run.spec)
             fields = parser.feed(text, final=finish_reason is not None)
             if finish_reason is not None:
                 finish_reason = parser.finish_reason(finish_reason)

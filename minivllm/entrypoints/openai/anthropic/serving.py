@@ -20,7 +20,7 @@ from minivllm.entrypoints.openai.anthropic.output import (
 )
 from minivllm.entrypoints.openai.anthropic.protocol import CountTokensRequest, MessagesRequest
 from minivllm.entrypoints.openai.chat.output import full_message
-from minivllm.entrypoints.openai.chat.template import render_chat_text
+from minivllm.entrypoints.openai.chat.template import render_chat
 from minivllm.entrypoints.openai.errors import APIError, ErrorResponse
 from minivllm.entrypoints.openai.params import check_model
 from minivllm.entrypoints.openai.serving_chat import ChatRun, start_chat
@@ -28,7 +28,6 @@ from minivllm.entrypoints.openai.serving_common import (
     ServerState,
     as_api_error,
     collect,
-    tokenize_text,
 )
 from minivllm.outputs import RequestOutput
 
@@ -55,11 +54,9 @@ async def count_tokens(state: ServerState, req: CountTokensRequest) -> dict[str,
     """The prompt's token count, rendered as /v1/messages renders it (tools included)."""
     chat = chat_request(req)
     check_model(chat.model, state.served_model_names)
-    text = await render_chat_text(
-        state.engine, state.chat_template, chat.messages, True, False, chat.template_kwargs(),
-        [t.model_dump(exclude_none=True) for t in chat.tools] if chat.tools else None,
-    )  # fmt: skip
-    token_ids = await tokenize_text(state.engine, text, add_special_tokens=False, param="messages")
+    token_ids = await render_chat(
+        state.engine, state.chat_template, chat.messages, chat.tools, chat.template_kwargs()
+    )
     return {"input_tokens": len(token_ids)}
 
 

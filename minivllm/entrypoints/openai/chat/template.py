@@ -13,7 +13,8 @@ from minivllm.entrypoints.chat_messages import (
     template_conversation,
 )
 from minivllm.entrypoints.openai.errors import APIError
-from minivllm.entrypoints.openai.protocol import ChatMessage
+from minivllm.entrypoints.openai.protocol import ChatMessage, ChatTool
+from minivllm.entrypoints.openai.serving_common import tokenize_text
 
 
 def _render(tokenizer, messages: list[ChatMessage], **options) -> str:
@@ -33,7 +34,7 @@ async def render_chat_text(
     add_generation_prompt: bool,
     continue_final_message: bool,
     template_kwargs: dict[str, Any] | None,
-    tools: list[dict[str, Any]] | None = None,
+    tools: list[ChatTool] | None = None,
     documents: list[dict[str, str]] | None = None,
 ) -> str:
     """The conversation through the chat template, as text (rendered on a tokenizer thread: a
@@ -51,7 +52,7 @@ async def render_chat_text(
         _render,
         tokenizer,
         messages,
-        tools=tools,
+        tools=[t.model_dump(exclude_none=True) for t in tools] if tools else None,
         documents=documents,
         chat_template=chat_template,
         add_generation_prompt=add_generation_prompt,
@@ -67,3 +68,22 @@ async def render_chat_text(
     except Exception as e:  # noqa: BLE001 - template errors are the request's fault
         raise APIError(f"the chat template failed on these messages: {e}") from None
     return text
+
+
+async def render_chat(
+    engine,
+    chat_template: str | None,
+    messages: list[ChatMessage],
+    tools: list[ChatTool] | None,
+    template_kwargs: dict[str, Any] | None,
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+    add_special_tokens: bool = False,
+) -> list[int]:
+    """The prompt's token ids of a conversation (render_chat_text, then tokenized): what
+    /tokenize and Anthropic's count_tokens count, as the chat endpoint renders it."""
+    text = await render_chat_text(
+        engine, chat_template, messages, add_generation_prompt, continue_final_message,
+        template_kwargs, tools,
+    )  # fmt: skip
+    return await tokenize_text(engine, text, add_special_tokens, param="messages")
