@@ -10,6 +10,8 @@ CUDA-event timings after a warm-up. Prints one JSON line (config, then one entry
                      # small prompts are bound by the launch's host time
         [--launch-profile]  # also where a launch's host time goes: the functions with the
                             # most own time, µs a call (cProfile over launches back to back)
+        [--deterministic]   # also deterministic mode's two prefill kernels: the Triton walk
+                            # and the Gluon kernel of the same bits (checked equal)
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from functools import partial
 import torch
 import triton
 
+from minivllm.kernels.batch_invariant_attention import batch_invariant_attention
+from minivllm.kernels.gluon_batch_invariant_attention import gluon_batch_invariant_attention
 from minivllm.kernels.gluon_prefill_attention import gluon_prefill_attention
 from minivllm.kernels.prefill_attention import prefill_attention
 
@@ -98,6 +102,7 @@ def bench_len(
     iters: int,
     launch: bool,
     launch_profile: bool = False,
+    deterministic: bool = False,
 ) -> dict:
     """Both kernels on one prompt of seq_len tokens; overrides: (block_n, num_stages, pingpong[,
     kv_head_major]) settings of the Gluon kernel to time as well."""
@@ -129,6 +134,17 @@ def bench_len(
         row["gluon_launch_profile_us"] = host_profile(
             partial(gluon_prefill_attention, *inputs, out_gluon)
         )
+    if deterministic:
+        out_walk, out_bi = torch.empty_like(inputs[0]), torch.empty_like(inputs[0])
+        walk_ms = time_ms(partial(batch_invariant_attention, *inputs, out_walk), warmup, iters)
+        bi_ms = time_ms(partial(gluon_batch_invariant_attention, *inputs, out_bi), warmup, iters)
+        row["bi_triton_tflop_per_s"] = round(flops / walk_ms / 1e9, 1)
+        row["bi_gluon_tflop_per_s"] = round(flops / bi_ms / 1e9, 1)
+        row["bi_bits_equal"] = torch.equal(out_walk, out_bi)
+        if launch:
+            row["bi_gluon_launch_us"] = round(
+                launch_us(partial(gluon_batch_invariant_attention, *inputs, out_bi)), 1
+            )
     for config in overrides:
         block_n, num_stages, pingpong, *order = config  # no order given: the launcher's rule
         fn = partial(gluon_prefill_attention, *inputs, out_gluon, block_n=block_n,
@@ -152,6 +168,9 @@ def main() -> None:
     parser.add_argument(
         "--launch-profile", action="store_true", help="also the launch's host time by function"
     )
+    parser.add_argument(
+        "--deterministic", action="store_true", help="also deterministic mode's two kernels"
+    )
     args = parser.parse_args()
     overrides = [tuple(map(int, c.split(":"))) for c in args.gluon_configs.split(",") if c]
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -159,7 +178,14 @@ def main() -> None:
     for seq_len in map(int, args.lens.split(",")):
         cases.append(
             bench_len(
-                seq_len, gen, overrides, args.warmup, args.iters, args.launch, args.launch_profile
+                seq_len,
+                gen,
+                overrides,
+                args.warmup,
+                args.iters,
+                args.launch,
+                args.launch_profile,
+                args.deterministic,
             )
         )
         torch.cuda.empty_cache()

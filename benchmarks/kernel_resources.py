@@ -11,7 +11,8 @@ SM (0: more shared memory than a block may have, the launch fails), the BLOCK_* 
 num_warps, num_stages. One JSON line.
 
     python benchmarks/kernel_resources.py [--only bi_walk,prefill]
-    PYTHONPATH=TRITON36_SITE python benchmarks/kernel_resources.py --only gluon_prefill
+    PYTHONPATH=TRITON36_SITE python benchmarks/kernel_resources.py \
+        --only gluon_prefill,gluon_bi_prefill
 
 The numbers are the compiler's (Triton and its ptxas), in the output as "triton".
 """
@@ -161,6 +162,26 @@ def gluon_prefill():
     return gluon, launch
 
 
+def gluon_bi_prefill():
+    """Deterministic mode's Gluon prefill kernel on the prefill chunk (as `gluon_prefill`)."""
+    import minivllm.kernels.gluon_batch_invariant_attention as gluon_bi
+
+    def launch():
+        blocks = triton.cdiv(CTX, BLOCK_SIZE)
+        args = {k: torch.empty_like(v, device="cpu") if isinstance(v, torch.Tensor) else v
+                for k, v in inputs(ROWS, 1, CTX).items()}  # fmt: skip
+        args["query_start_loc"] = torch.tensor([0, ROWS], dtype=torch.int32)
+        args["seq_lens"] = torch.tensor([CTX], dtype=torch.int32)
+        args["block_tables"] = torch.arange(blocks, dtype=torch.int32)[None]
+        supports, gluon_bi.fa3.supports = gluon_bi.fa3.supports, lambda q, kv_cache: True
+        try:
+            gluon_bi.gluon_batch_invariant_attention(**args, kv_head_major=True)
+        finally:
+            gluon_bi.fa3.supports = supports
+
+    return gluon_bi, launch
+
+
 BI_PREFILL = bi.batch_invariant_config(HEAD_DIM, 2)
 # name -> (module, kernel, launch)
 VARIANTS = {
@@ -173,7 +194,10 @@ VARIANTS = {
     "decode": (dec, "_decode_kernel", decode_launch()),
 }
 # Compiled only when asked for (--only gluon_prefill): written against triton 3.6's Gluon.
-OPTIONAL = {"gluon_prefill": ("_gluon_prefill_kernel", gluon_prefill)}
+OPTIONAL = {
+    "gluon_prefill": ("_gluon_prefill_kernel", gluon_prefill),
+    "gluon_bi_prefill": ("_gluon_bi_kernel", gluon_bi_prefill),
+}
 
 
 def resources(kernel, log: str) -> dict:

@@ -140,11 +140,6 @@ class EngineConfig:
         check_choice("load_format")
         check_choice("attention_backend")
         check_choice("prefill_attention_kernel")
-        check(
-            not (self.deterministic and self.prefill_attention_kernel == "gluon"),
-            "prefill_attention_kernel='gluon' cannot be combined with deterministic=True: "
-            "deterministic mode runs every row through its batch-invariant kernel",
-        )
         check(self.kv_cache_memory > 0, "kv_cache_memory must be > 0")
         check(
             self.max_mixed_graph_tokens >= 0,

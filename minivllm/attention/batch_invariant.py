@@ -1,6 +1,7 @@
-"""The triton backend's deterministic path: every row through the batch-invariant kernel
+"""The triton backend's deterministic path: every row through the batch-invariant kernels
 (docs/determinism.md): decode rows in their own launch (decode tiles; split by segment for
-parallelism in small batches), then the prefill rows."""
+parallelism in small batches), then the prefill rows, through the kernel the backend picks
+(the Triton walk, or on Hopper the Gluon kernel of the same bits)."""
 
 from __future__ import annotations
 
@@ -62,6 +63,7 @@ class BatchInvariantAttention:
         meta: AttnMetadata,
         scale: float,
         out: torch.Tensor,  # [num_tokens, num_heads, head_dim], written
+        prefill_fn=batch_invariant_attention,  # the prefill rows' kernel (same bits either way)
         k_scale: float = 1.0,  # an fp8 cache's scales
         v_scale: float = 1.0,
     ) -> None:
@@ -86,7 +88,7 @@ class BatchInvariantAttention:
             )
             start = num_decodes
         if meta.num_seqs > start:
-            batch_invariant_attention(
+            prefill_fn(
                 q,
                 kv_cache,
                 meta.query_start_loc[start:],

@@ -4,8 +4,9 @@ Decode rows (the leading `num_decode_tokens`) go to the decode kernel, split-KV 
 is too small to fill the GPU; the remaining rows go to a varlen prefill kernel: the Gluon
 FA3-style one on Hopper GPUs with a bf16/fp16 cache in a step large enough to repay its
 launch, the Triton one elsewhere (the engine's `prefill_attention_kernel` option).
-In deterministic mode every row goes through the batch-invariant kernel
-(attention/batch_invariant.py).
+In deterministic mode every row goes through the batch-invariant kernels
+(attention/batch_invariant.py), its prefill rows by the same rule through the Gluon one of
+the same bits or the Triton one.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import torch
 from minivllm.attention.base import AttnMetadata
 from minivllm.attention.batch_invariant import BatchInvariantAttention
 from minivllm.attention.graph_state import DecodeGraphState
+from minivllm.kernels import gluon_batch_invariant_attention as gluon_bi
 from minivllm.kernels import gluon_prefill_attention as gluon
+from minivllm.kernels.batch_invariant_attention import batch_invariant_attention
 from minivllm.kernels.decode_attention import MAX_SPLITS, choose_num_splits, decode_attention
 from minivllm.kernels.kv_store import store_kv
 from minivllm.kernels.prefill_attention import prefill_attention
@@ -127,16 +130,19 @@ class TritonBackend:
             store_kv(k, v, kv_cache, meta.slot_mapping, k_scale, v_scale)
         if out is None:
             out = torch.empty_like(q)
-        if self.batch_invariant is not None:
-            self.batch_invariant.forward(q, kv_cache, meta, scale, out, k_scale, v_scale)
-            return out
         num_decodes = meta.num_decode_tokens
+        work = (q.shape[0] - num_decodes) * meta.max_seq_len
+        large = q.shape[0] >= GLUON_MIN_STEP_TOKENS or work >= GLUON_MIN_WORK
+        if self.batch_invariant is not None:
+            prefill_fn = self._prefill_fn(q, kv_cache, large, deterministic=True)
+            self.batch_invariant.forward(
+                q, kv_cache, meta, scale, out, prefill_fn, k_scale, v_scale
+            )
+            return out
         num_seqs = meta.num_seqs
         if num_decodes > 0:
             self._decode(q, kv_cache, meta, scale, out, k_scale, v_scale)
         if num_seqs > num_decodes:
-            work = (q.shape[0] - num_decodes) * meta.max_seq_len
-            large = q.shape[0] >= GLUON_MIN_STEP_TOKENS or work >= GLUON_MIN_WORK
             self._prefill_fn(q, kv_cache, large)(
                 q,
                 kv_cache,
@@ -151,14 +157,22 @@ class TritonBackend:
             )
         return out
 
-    def _prefill_fn(self, q: torch.Tensor, kv_cache: torch.Tensor, large: bool):
+    def _prefill_fn(
+        self, q: torch.Tensor, kv_cache: torch.Tensor, large: bool, deterministic: bool = False
+    ):
         """The prefill kernel for these tensors in a step that is large or not (see
         GLUON_MIN_STEP_TOKENS): Gluon's where it supports them (not an fp8 cache, for one)
-        unless "triton" was asked for, or "auto" was and the step is not large."""
+        unless "triton" was asked for, or "auto" was and the step is not large. deterministic:
+        the pair of batch-invariant kernels instead, which give a row the same bits."""
+        triton_fn, fast = prefill_attention, gluon
+        gluon_fn = gluon.gluon_prefill_attention
+        if deterministic:
+            triton_fn, fast = batch_invariant_attention, gluon_bi
+            gluon_fn = gluon_bi.gluon_batch_invariant_attention
         if self.prefill_kernel == "triton" or (self.prefill_kernel == "auto" and not large):
-            return prefill_attention
-        if gluon.supports(q, kv_cache):
-            return gluon.gluon_prefill_attention
+            return triton_fn
+        if fast.supports(q, kv_cache):
+            return gluon_fn
         if self.prefill_kernel == "gluon":
             raise ValueError(
                 "prefill_attention_kernel='gluon' does not support this model and cache: it "
@@ -166,7 +180,7 @@ class TritonBackend:
                 f"({q.dtype}; the cache is {kv_cache.dtype}) and blocks of a power of two >= "
                 f"{gluon.MIN_BLOCK_SIZE} tokens ({kv_cache.shape[2]})"
             )
-        return prefill_attention
+        return triton_fn
 
     def _decode(
         self,

@@ -40,7 +40,8 @@ FLAG_HELP: dict[str, str] = {
     "seed": "the engine's random seed (dummy weights, unseeded sampling)",
     "attention_backend": "auto: triton on CUDA, torch_sdpa on CPU",
     "prefill_attention_kernel": "the triton backend's prefill kernel; auto: Gluon (FA3-style) "
-    "on Hopper with a bf16/fp16 KV cache in large steps, else Triton",
+    "on Hopper with a bf16/fp16 KV cache in large steps, else Triton (deterministic mode: "
+    "its batch-invariant pair, same bits)",
     "kv_cache_memory": "KV-cache bytes on the CPU (on CUDA it comes from profiling)",
     "num_gpu_blocks_override": "a fixed number of KV-cache blocks; none: from memory",
     "async_scheduling": "schedule step N+1 while step N runs",

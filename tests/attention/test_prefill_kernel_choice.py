@@ -13,7 +13,9 @@ from minivllm.attention.base import AttnMetadata
 from minivllm.attention.selector import get_attn_backend
 from minivllm.attention.triton import GLUON_MIN_STEP_TOKENS, GLUON_MIN_WORK, TritonBackend
 from minivllm.config import EngineConfig
+from minivllm.kernels import gluon_batch_invariant_attention as gluon_bi
 from minivllm.kernels import gluon_prefill_attention as gluon
+from minivllm.kernels.batch_invariant_attention import batch_invariant_attention
 from minivllm.kernels.checks import FP8_KV_DTYPE
 from minivllm.kernels.prefill_attention import prefill_attention
 
@@ -68,23 +70,33 @@ def prefill_step(num_decodes: int, prompt_lens: list[int], context: int) -> Attn
         (0, [1000] * 8, 1000, True),  # a served wave of prompts
     ],
 )
+@pytest.mark.parametrize("deterministic", [False, True])
 def test_auto_takes_gluon_only_in_steps_large_enough_to_repay_its_launch(
-    monkeypatch, num_decodes, prompt_lens, context, large
+    monkeypatch, num_decodes, prompt_lens, context, large, deterministic
 ):
-    """The size rule through forward(), with both kernels replaced by recorders and Gluon
+    """The size rule through forward(), with the kernels replaced by recorders and Gluon
     pretended to support the tensors (so that it runs anywhere); "gluon" insisted on takes it
-    at every size, "triton" never."""
+    at every size, "triton" never. Deterministic mode picks between its own pair (the Gluon
+    kernel of the walk's bits, the walk) by the same rule; its decode rows take the walk."""
     called = []
-    monkeypatch.setattr(gluon, "supports", lambda q, kv_cache: True)
-    for name, module in (("gluon", gluon), ("triton", None)):
-        recorder = lambda *args, _name=name, **kwargs: called.append(_name)  # noqa: E731
-        if module is None:
-            monkeypatch.setattr("minivllm.attention.triton.prefill_attention", recorder)
-        else:
-            monkeypatch.setattr(gluon, "gluon_prefill_attention", recorder)
+    kernels = (
+        (gluon_bi, "gluon_batch_invariant_attention", "batch_invariant_attention")
+        if deterministic
+        else (gluon, "gluon_prefill_attention", "prefill_attention")
+    )
+    module, gluon_name, triton_name = kernels
+    monkeypatch.setattr(module, "supports", lambda q, kv_cache: True)
+    monkeypatch.setattr(module, gluon_name, lambda *args, **kwargs: called.append("gluon"))
+    monkeypatch.setattr(
+        f"minivllm.attention.triton.{triton_name}", lambda *a, **k: called.append("triton")
+    )
+    monkeypatch.setattr(
+        "minivllm.attention.batch_invariant.batch_invariant_attention",
+        lambda *a, **k: called.append("decode"),
+    )
     monkeypatch.setattr("minivllm.attention.triton.decode_attention", lambda *a, **k: None)
     assert GLUON_MIN_WORK == 3584 * 3584  # the cases' threshold
-    backend = TritonBackend(64, 32768, 4, 128, "cpu", num_kv_heads=2)
+    backend = TritonBackend(64, 32768, 4, 128, "cpu", num_kv_heads=2, deterministic=deterministic)
     meta = prefill_step(num_decodes, prompt_lens, context)
     num_tokens = meta.slot_mapping.shape[0]
     q = torch.zeros(num_tokens, 4, 128)
@@ -94,13 +106,15 @@ def test_auto_takes_gluon_only_in_steps_large_enough_to_repay_its_launch(
         backend.prefill_kernel = choice  # "auto" as on a GPU where Gluon runs
         backend.forward(q, q[:, :2], q[:, :2], cache, meta, 1.0, write_kv=False)
         assert called.pop() == expected, choice
+        assert called == (["decode"] if deterministic and num_decodes else []), choice
+        called.clear()
 
 
-def test_gluon_needs_the_triton_backend_and_not_deterministic_mode(tmp_path):
+def test_gluon_needs_the_triton_backend(tmp_path):
     with pytest.raises(ValueError, match="needs attention_backend='triton'; got 'torch_sdpa'"):
         get_attn_backend("torch_sdpa", torch.device("cpu"), 4, 64, 8, 512, prefill_kernel="gluon")
-    with pytest.raises(ValueError, match="cannot be combined with deterministic=True"):
-        EngineConfig(model=str(tmp_path), deterministic=True, prefill_attention_kernel="gluon")
+    config = EngineConfig(model=str(tmp_path), deterministic=True, prefill_attention_kernel="gluon")
+    assert config.prefill_attention_kernel == "gluon"  # the mode's Gluon kernel, same bits
     with pytest.raises(
         ValueError, match=re.escape("prefill_attention_kernel must be auto|triton|gluon")
     ):
@@ -121,3 +135,6 @@ def test_auto_takes_gluon_for_16_bit_caches_and_triton_for_fp8():
     assert insisted._prefill_fn(*bf16, False) is gluon.gluon_prefill_attention
     with pytest.raises(ValueError, match="does not support this model and cache"):
         insisted._prefill_fn(*fp8, True)
+    bi = gluon_bi.gluon_batch_invariant_attention
+    assert auto._prefill_fn(*bf16, True, deterministic=True) is bi
+    assert auto._prefill_fn(*fp8, True, deterministic=True) is batch_invariant_attention

@@ -109,6 +109,38 @@ def test_same_bits_prefill_chunks_and_decodes(dtype):
         assert torch.equal(got[0], whole[33])
 
 
+@pytest.mark.usefixtures("ordered_dot")
+def test_split_fold_of_more_segments_than_it_loads_at_once():
+    """Rows of up to 10 segments of 16 keys: the fold kernel loads the first
+    FOLD_SEGMENTS_AT_ONCE states together and the rest one by one, in the walk's order."""
+    from minivllm.kernels.batch_invariant_attention import FOLD_SEGMENTS_AT_ONCE
+
+    rule = SegmentRule(min_len=16, per_row=1, max_len=16)
+    length = 150
+    assert rule.max_count(length) > FOLD_SEGMENTS_AT_ONCE
+    case = make_paged_case([length], NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, torch.float32)
+    gen = torch.Generator().manual_seed(4)
+    q = torch.randn(length, NUM_HEADS, HEAD_DIM, generator=gen).to(DEVICE)
+    whole = batch_invariant_attention(
+        q, case.kv_cache, _qsl([length]), case.seq_lens, case.block_tables, HEAD_DIM**-0.5,
+        torch.empty_like(q), segments=rule, config=CONFIG,
+    )  # fmt: skip
+    positions = [0, 15, 16, 127, 128, 129, 143, 144, 149]
+    n = len(positions)
+    segs = rule.max_count(length)
+    shape = (n, NUM_HEADS, segs)
+    got = batch_invariant_attention(
+        q[positions].contiguous(), case.kv_cache, _qsl([1] * n),
+        torch.tensor([p + 1 for p in positions], dtype=torch.int32, device=DEVICE),
+        case.block_tables.expand(n, -1).contiguous(), HEAD_DIM**-0.5,
+        torch.empty(n, NUM_HEADS, HEAD_DIM, device=DEVICE), num_segments=segs,
+        part_acc=torch.empty(*shape, HEAD_DIM, device=DEVICE),
+        part_m=torch.empty(shape, device=DEVICE), part_l=torch.empty(shape, device=DEVICE),
+        segments=rule, config=DECODE_CONFIG, decode_rows=True,
+    )  # fmt: skip
+    assert torch.equal(got, whole[positions])
+
+
 @triton.jit
 def _segment_len_kernel(
     ctx_ptr, out_ptr, n, MIN_LEN: tl.constexpr, PER_ROW: tl.constexpr, MAX_LEN: tl.constexpr,
