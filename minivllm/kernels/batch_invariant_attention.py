@@ -23,7 +23,6 @@ from minivllm.kernels.checks import LOG2E, check_kv_scales
 from minivllm.kernels.prefill_attention import _check_inputs, _find_tile, _load_rows
 
 L_COLS: tl.constexpr = tl.constexpr(16)  # columns of the row-sum MMA (tl.dot's minimum N)
-FOLD_SEGMENTS_AT_ONCE = 8  # segment states the fold kernel loads in one go (per_row's default)
 
 
 @triton.jit
@@ -315,13 +314,11 @@ def _fold_kernel(
     stride_pa_t, stride_pa_h, stride_pa_s, stride_pm_t, stride_pm_h, stride_ot, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr,
     BLOCK_D: tl.constexpr, SEG_MIN: tl.constexpr, SEG_PER_ROW: tl.constexpr,
-    SEG_MAX: tl.constexpr, SEG_CAP: tl.constexpr, KV_FP8: tl.constexpr,
+    SEG_MAX: tl.constexpr, KV_FP8: tl.constexpr,
 ):  # fmt: skip
     """Grid (num_seqs, num_kv_heads): folds the segment states of the GROUP heads of one
     decode row (cdiv(seq_len, its segment length) of them), left to right, exactly as the
-    varlen launch does. The first SEG_CAP segments' states are loaded at once (one round of
-    memory latency instead of one per segment) and picked out one by one with an exact max
-    against -inf; a row with more segments loads the rest one at a time."""
+    varlen launch does."""
     row = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * GROUP + tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
@@ -332,26 +329,7 @@ def _fold_kernel(
     l_i = tl.zeros([BLOCK_G, 1], tl.float32)  # [R, C] as `_fold` takes it
     seq_len = tl.load(seq_lens_ptr + row)
     num_segs = tl.cdiv(seq_len, segment_len(seq_len, SEG_MIN, SEG_PER_ROW, SEG_MAX))
-    segs = tl.arange(0, SEG_CAP)
-    seg_ok = segs < num_segs
-    parts = row * stride_pa_t + heads[None, :] * stride_pa_h + segs[:, None] * stride_pa_s
-    all_acc = tl.load(
-        part_acc_ptr + parts[:, :, None] + offs_d[None, None, :],
-        mask=seg_ok[:, None, None] & io_mask[None, :, :],
-        other=0.0,
-    )  # [SEG_CAP, BLOCK_G, BLOCK_D]
-    mls = row * stride_pm_t + heads[None, :] * stride_pm_h + segs[:, None]
-    ml_mask = seg_ok[:, None] & g_mask[None, :]
-    all_m = tl.load(part_m_ptr + mls, mask=ml_mask, other=float("-inf"))
-    all_l = tl.load(part_l_ptr + mls, mask=ml_mask, other=0.0)
-    for seg in tl.static_range(SEG_CAP):
-        pick = segs == seg
-        seg_acc = tl.max(tl.where(pick[:, None, None], all_acc, float("-inf")), 0)
-        seg_m = tl.max(tl.where(pick[:, None], all_m, float("-inf")), 0)
-        seg_l = tl.max(tl.where(pick[:, None], all_l, float("-inf")), 0)
-        if seg < num_segs:
-            acc, m_i, l_i = _fold(acc, m_i, l_i, seg_acc, seg_m, seg_l[:, None])
-    for seg in range(SEG_CAP, num_segs):
+    for seg in range(0, num_segs):
         part = row * stride_pa_t + heads * stride_pa_h + seg * stride_pa_s
         seg_acc = tl.load(part_acc_ptr + part[:, None] + offs_d[None, :], mask=io_mask, other=0.0)
         ml = row * stride_pm_t + heads * stride_pm_h + seg
@@ -466,8 +444,6 @@ def batch_invariant_attention(
             part_acc, part_m, part_l, seq_lens, out, v_scale, *pa, *pm, out.stride(0),
             out.stride(1), GROUP=group, HEAD_DIM=head_dim, BLOCK_G=triton.next_power_of_2(group),
             BLOCK_D=triton.next_power_of_2(head_dim), SEG_MIN=segments.min_len,
-            SEG_PER_ROW=segments.per_row, SEG_MAX=segments.max_len,
-            SEG_CAP=min(triton.next_power_of_2(num_segments), FOLD_SEGMENTS_AT_ONCE),
-            KV_FP8=is_fp8, num_warps=4,
+            SEG_PER_ROW=segments.per_row, SEG_MAX=segments.max_len, KV_FP8=is_fp8, num_warps=4,
         )  # fmt: skip
     return out

@@ -110,14 +110,12 @@ def test_same_bits_prefill_chunks_and_decodes(dtype):
 
 
 @pytest.mark.usefixtures("ordered_dot")
-def test_split_fold_of_more_segments_than_it_loads_at_once():
-    """Rows of up to 10 segments of 16 keys: the fold kernel loads the first
-    FOLD_SEGMENTS_AT_ONCE states together and the rest one by one, in the walk's order."""
-    from minivllm.kernels.batch_invariant_attention import FOLD_SEGMENTS_AT_ONCE
-
+def test_split_fold_of_ten_segments_equals_the_walk():
+    """Rows of up to 10 segments of 16 keys (the fold kernel's longest loop here) split, and
+    the same rows in one prefill."""
     rule = SegmentRule(min_len=16, per_row=1, max_len=16)
     length = 150
-    assert rule.max_count(length) > FOLD_SEGMENTS_AT_ONCE
+    assert rule.max_count(length) == 10
     case = make_paged_case([length], NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, torch.float32)
     gen = torch.Generator().manual_seed(4)
     q = torch.randn(length, NUM_HEADS, HEAD_DIM, generator=gen).to(DEVICE)
