@@ -16,7 +16,12 @@ row count and the library, and nothing promises the bits, so they are checked, n
   Rows past the largest rung checked (the LM head's are capped by the check's memory) go in
   chunks of that rung.
 
-cuBLAS is the faster of the two at most shapes (measured: docs/determinism.md).
+cuBLAS is the faster of the two at most shapes (measured: docs/determinism.md), not all: at a
+few small row counts (SMALL_ROWS) the two are also timed, and where the Triton GEMM takes at most
+FASTER of cuBLAS's time it runs there instead (same bits either way). The default mode's
+`TunedGemm` makes the same choice the other way round: cuBLAS, except at those row counts
+where the Triton GEMM gives cuBLAS's bits and is that much faster (Qwen3-0.6B's o_proj at one
+row on an H200: 6.2 against 12.3 µs).
 """
 
 from __future__ import annotations
@@ -32,11 +37,18 @@ logger = logging.getLogger(__name__)
 
 # The check's output at its largest rung is at most this many bytes (it holds two).
 CHECK_BYTES = 512 << 20
+# Row counts at which both GEMMs are also timed (batch-1 and small-batch decode), and the share
+# of the other's time at which the Triton GEMM is taken instead of cuBLAS: a wide margin, so
+# that timing noise never flips a choice.
+SMALL_ROWS = (1, 2, 4, 8)
+FASTER = 0.8
 
 # (x [num_tokens, in], weight [out, in], bias [out] | None) -> [num_tokens, out]
 Gemm = Callable[..., torch.Tensor]
 # (N, K, dtype, has_bias) of a weight as the GEMM sees it.
 ShapeKey = tuple[int, int, torch.dtype, bool]
+# (gemm, x, weight, bias) -> microseconds a call
+Timer = Callable[[Gemm, torch.Tensor, torch.Tensor, torch.Tensor | None], float]
 
 
 def gemm_ladder(max_rows: int) -> list[int]:
@@ -51,6 +63,17 @@ def gemm_ladder(max_rows: int) -> list[int]:
     return [r for r in rungs if r < top] + [next(r for r in rungs if r >= top)]
 
 
+def operands(
+    n: int, k: int, dtype: torch.dtype, has_bias: bool, rows: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Random x [rows, k], weight [n, k] and (if has_bias) bias [n] of the shape, seeded."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(rows, k, device=device, dtype=dtype, generator=gen)
+    w = torch.randn(n, k, device=device, dtype=dtype, generator=gen) / k**0.5
+    b = torch.randn(n, device=device, dtype=dtype, generator=gen) if has_bias else None
+    return x, w, b
+
+
 def rungs_matching(
     gemm: Gemm,
     reference: Gemm,
@@ -63,20 +86,68 @@ def rungs_matching(
 ) -> list[int]:
     """The rungs at which gemm gives every row the bits `reference` gives it (random inputs of
     the shape: weight [n, k], a bias if has_bias, rungs[-1] rows at most)."""
-    gen = torch.Generator(device=device).manual_seed(0)
-    x = torch.randn(rungs[-1], k, device=device, dtype=dtype, generator=gen)
-    w = torch.randn(n, k, device=device, dtype=dtype, generator=gen) / k**0.5
-    b = torch.randn(n, device=device, dtype=dtype, generator=gen) if has_bias else None
+    x, w, b = operands(n, k, dtype, has_bias, rungs[-1], device)
     return [m for m in rungs if torch.equal(gemm(x[:m], w, b), reference(x[:m], w, b))]
+
+
+def graph_us(gemm: Gemm, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> float:
+    """Microseconds a call of gemm(x, w, b) takes replayed in a CUDA graph, as the engine's
+    decode steps run it (no launch host time), after a first call that compiles it."""
+    reps, rounds = 20, 5
+    gemm(x, w, b)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            gemm(x, w, b)
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(rounds):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / (reps * rounds)
+
+
+def clearly_faster(
+    gemm: Gemm, other: Gemm, key: ShapeKey, rows: int, device: torch.device, timer: Timer
+) -> bool:
+    """Whether gemm takes at most FASTER of other's time at this shape and row count."""
+    n, k, dtype, has_bias = key
+    x, w, b = operands(n, k, dtype, has_bias, rows, device)
+    return timer(gemm, x, w, b) <= FASTER * timer(other, x, w, b)
+
+
+def model_shapes(model: torch.nn.Module, gemm: Gemm) -> set[ShapeKey]:
+    """The weight shapes of every layer of `model` that calls `gemm` (a layer with a bias also
+    without it: under TP only rank 0 adds a row-parallel bias)."""
+    shapes = set()
+    for module in model.modules():
+        if getattr(module, "gemm", None) is not gemm:
+            continue
+        weight, bias = module.weight, getattr(module, "bias", None)
+        shapes.add((weight.shape[0], weight.shape[1], weight.dtype, False))
+        if bias is not None:
+            shapes.add((weight.shape[0], weight.shape[1], weight.dtype, True))
+    return shapes
+
+
+def default_timer(device: torch.device) -> Timer | None:
+    """graph_us on CUDA; no timing elsewhere (the CPU path has one GEMM)."""
+    return graph_us if device.type == "cuda" else None
 
 
 class InvariantGemm:
     """gemm(x, weight, bias=None) -> [rows, N]: `fast` (cuBLAS) at the rungs where it matched
     `reference` (the batch-invariant Triton GEMM), `reference` everywhere else."""
 
-    def __init__(self, reference: Gemm, max_rows: int, fast: Gemm = F.linear) -> None:
+    def __init__(
+        self, reference: Gemm, max_rows: int, fast: Gemm = F.linear, timer: Timer | None = None
+    ) -> None:
         self.reference = reference
         self.fast = fast
+        self.timer = timer  # None: default_timer(device) at verify
         self.ladder = gemm_ladder(max_rows)
         # Verified shapes -> the rungs where fast runs, and the largest rung checked.
         self.fast_rungs: dict[ShapeKey, frozenset[int]] = {}
@@ -84,30 +155,30 @@ class InvariantGemm:
 
     def verify(self, shapes: Iterable[ShapeKey], device: torch.device) -> dict[ShapeKey, int]:
         """Checks each shape at every rung its memory allows; returns shape -> how many rungs
-        run `fast`."""
+        run `fast`. At the SMALL_ROWS rungs where both match, `fast` also has to be the
+        faster one (the reference runs where it is clearly faster)."""
+        timer = self.timer or default_timer(device)
         counts = {}
         for key in sorted(set(shapes), key=str):
             n, k, dtype, has_bias = key
             cap = max(1, CHECK_BYTES // (n * dtype.itemsize))
             rungs = [r for r in self.ladder if r <= cap] or [1]
             same = rungs_matching(self.fast, self.reference, n, k, dtype, has_bias, rungs, device)
+            if timer is not None:
+                same = [
+                    r
+                    for r in same
+                    if r not in SMALL_ROWS
+                    or not clearly_faster(self.reference, self.fast, key, r, device, timer)
+                ]
             self.fast_rungs[key] = frozenset(same)
             self.top_rung[key] = rungs[-1]
             counts[key] = len(same)
         return counts
 
     def verify_model(self, model: torch.nn.Module, device: torch.device) -> None:
-        """Verifies the shapes of every layer of `model` that calls this GEMM (a layer with a
-        bias also without it: under TP only rank 0 adds a row-parallel bias)."""
-        shapes = set()
-        for module in model.modules():
-            if getattr(module, "gemm", None) is not self:
-                continue
-            weight, bias = module.weight, getattr(module, "bias", None)
-            shapes.add((weight.shape[0], weight.shape[1], weight.dtype, False))
-            if bias is not None:
-                shapes.add((weight.shape[0], weight.shape[1], weight.dtype, True))
-        for key, count in self.verify(shapes, device).items():
+        """Verifies the shapes of every layer of `model` that calls this GEMM."""
+        for key, count in self.verify(model_shapes(model, self), device).items():
             n, k, dtype, has_bias = key
             checked = bisect.bisect_right(self.ladder, self.top_rung[key])
             logger.info(
@@ -152,3 +223,49 @@ class InvariantGemm:
         padded = x.new_empty(rung, x.shape[1])
         padded[:rows] = x
         return self.fast(padded, weight, bias)[:rows]
+
+
+class TunedGemm:
+    """The default mode's GEMM on CUDA: cuBLAS (`F.linear`), except at the SMALL_ROWS row
+    counts where, for a weight shape of the model, the Triton GEMM gives cuBLAS's bits and
+    takes at most FASTER of its time (checked and timed once the model is built). Same bits
+    as cuBLAS everywhere, so outputs do not depend on the choice."""
+
+    def __init__(self, alternative: Gemm, cublas: Gemm = F.linear, timer: Timer | None = None):
+        self.alternative = alternative
+        self.cublas = cublas
+        self.timer = timer  # None: default_timer(device) at verify
+        self.alternative_at: set[tuple[ShapeKey, int]] = set()
+
+    def verify(self, shapes: Iterable[ShapeKey], device: torch.device) -> None:
+        timer = self.timer or default_timer(device)
+        if timer is None:
+            return
+        for key in sorted(set(shapes), key=str):
+            n, k, dtype, has_bias = key
+            rows = list(SMALL_ROWS)
+            same = rungs_matching(
+                self.alternative, self.cublas, n, k, dtype, has_bias, rows, device
+            )
+            for r in same:
+                if clearly_faster(self.alternative, self.cublas, key, r, device, timer):
+                    self.alternative_at.add((key, r))
+
+    def verify_model(self, model: torch.nn.Module, device: torch.device) -> None:
+        self.verify(model_shapes(model, self), device)
+        for (n, k, dtype, has_bias), rows in sorted(self.alternative_at, key=str):
+            logger.info(
+                "GEMM %dx%d %s%s at %d rows: the Triton GEMM (cuBLAS's bits, faster)",
+                n, k, str(dtype).removeprefix("torch."), " + bias" if has_bias else "", rows,
+            )  # fmt: skip
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def __call__(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        if self.alternative_at and x.dim() == 2:
+            key = (weight.shape[0], weight.shape[1], weight.dtype, bias is not None)
+            if (key, x.shape[0]) in self.alternative_at:
+                return self.alternative(x, weight, bias)
+        return self.cublas(x, weight, bias)

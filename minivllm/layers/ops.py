@@ -11,12 +11,13 @@ import torch.nn.functional as F
 
 from minivllm.distributed.all_reduce import Reduce, SymmBuffer, tp_all_reduce
 from minivllm.distributed.parallel_state import all_reduce
-from minivllm.layers.invariant_gemm import Gemm, InvariantGemm
+from minivllm.layers.invariant_gemm import Gemm, InvariantGemm, TunedGemm
 
 
 @dataclass(frozen=True)
 class LayerOps:
-    # F.linear (cuBLAS); in deterministic mode the batch-invariant Triton GEMM
+    # F.linear (cuBLAS; on CUDA a TunedGemm: the Triton GEMM at the few small row counts where
+    # it gives cuBLAS's bits faster); in deterministic mode the batch-invariant Triton GEMM
     # (kernels/matmul.py), on CUDA behind cuBLAS where it gives the same bits (InvariantGemm).
     gemm: Gemm = F.linear
     # The embedding's sum over ranks: one rank holds each row, so any order gives its bits.
@@ -33,15 +34,17 @@ def layer_ops(
 ) -> LayerOps:
     """The layers' ops: batch-invariant ones when `deterministic`; the symmetric-memory
     all-reduce where `symm` (this rank's buffer, or None: NCCL only) gives the same sums.
-    On CUDA the deterministic GEMM is an InvariantGemm for steps of up to max_rows rows: the
-    runner verifies it once the model is built (InvariantGemm.verify_model)."""
+    On CUDA the GEMM is an InvariantGemm (deterministic, for steps of up to max_rows rows) or a
+    TunedGemm: the runner verifies it once the model is built (`verify_model`)."""
     gemm: Gemm = F.linear
-    if deterministic:
+    on_cuda = device is not None and device.type == "cuda"
+    if deterministic or on_cuda:
         from minivllm.kernels.matmul import matmul  # Triton: imported only when it runs
 
-        gemm = matmul
-        if device is not None and device.type == "cuda":
-            gemm = InvariantGemm(matmul, max_rows)
+        if deterministic:
+            gemm = InvariantGemm(matmul, max_rows) if on_cuda else matmul
+        else:
+            gemm = TunedGemm(matmul)
     return LayerOps(
         gemm=gemm,
         reduce=tp_all_reduce(symm, ordered=False),

@@ -1,7 +1,10 @@
 """InvariantGemm (deterministic mode's GEMM on CUDA): the fast GEMM runs only at rungs of the
-ladder where the check found it equal to the reference, the reference everywhere else. CPU
-stand-ins: the reference computes every row alone (invariant by construction); the fast ones
-are the same, or other bits above 16 rows (as cuBLAS is where it switches to split-K)."""
+ladder where the check found it equal to the reference (and, at the small row counts, not
+clearly slower), the reference everywhere else; TunedGemm (the default mode's): cuBLAS, except
+at the small row counts where the alternative gives its bits clearly faster. CPU stand-ins:
+the reference computes every row alone (invariant by construction); the fast ones are the
+same, or other bits above 16 rows (as cuBLAS is where it switches to split-K); timers that
+return set figures."""
 
 from __future__ import annotations
 
@@ -16,7 +19,14 @@ from minivllm.attention.torch_sdpa import TorchSDPABackend
 from minivllm.engine.runner.cuda_graph import graph_batch_sizes
 from minivllm.engine.runner.piecewise_graph import mixed_graph_sizes
 from minivllm.layers import invariant_gemm
-from minivllm.layers.invariant_gemm import InvariantGemm, gemm_ladder, rungs_matching
+from minivllm.layers.invariant_gemm import (
+    FASTER,
+    SMALL_ROWS,
+    InvariantGemm,
+    TunedGemm,
+    gemm_ladder,
+    rungs_matching,
+)
 from minivllm.layers.ops import layer_ops
 from minivllm.model_loader import build_model
 from minivllm.models.model_config import ModelConfig
@@ -133,7 +143,76 @@ def test_verify_model_checks_every_layer_shape(tiny_qwen2_dir: str) -> None:
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
-def test_layer_ops_use_it_on_cuda_only(device: str) -> None:
+def test_layer_ops_use_them_on_cuda_only(device: str) -> None:
     ops = layer_ops(deterministic=True, device=torch.device(device), max_rows=64)
     assert isinstance(ops.gemm, InvariantGemm) == (device == "cuda")
-    assert layer_ops(deterministic=False, device=torch.device(device)).gemm is F.linear
+    default = layer_ops(deterministic=False, device=torch.device(device)).gemm
+    assert isinstance(default, TunedGemm) if device == "cuda" else default is F.linear
+
+
+def timer_of(times: dict[str, dict[int, float]]):
+    """A timer that answers times[gemm's name][rows] (µs) for the stand-ins below."""
+    return lambda gemm, x, w, b: times[gemm.name][x.shape[0]]
+
+
+class Named(Spy):
+    def __init__(self, gemm, name: str):
+        super().__init__(gemm)
+        self.name = name
+
+
+def test_invariant_gemm_keeps_the_reference_where_it_is_clearly_faster() -> None:
+    """At the small row counts both are timed: the reference (the Triton GEMM) runs where it
+    takes at most FASTER of cuBLAS's time, cuBLAS at the other rungs where it matched."""
+    ref_us = {1: 6.0, 2: 6.0, 4: 9.0, 8: 9.0}
+    fast_us = {1: 12.0, 2: 6.5, 4: 9.0, 8: 8.0}
+    assert ref_us[1] <= FASTER * fast_us[1] and ref_us[2] > FASTER * fast_us[2]
+    reference, fast = Named(row_alone, "reference"), Named(row_alone, "fast")
+    timer = timer_of({"reference": ref_us, "fast": fast_us})
+    gemm = InvariantGemm(reference, max_rows=40, fast=fast, timer=timer)
+    key = (24, 16, torch.float32, False)
+    assert gemm.verify([key], CPU) == {key: 7}
+    assert gemm.fast_rungs[key] == frozenset({2, 4, 8, 16, 24, 32, 40})
+    x, w = torch.randn(40, 16), torch.randn(24, 16)
+    fast.rows.clear(), reference.rows.clear()
+    for rows in (1, 2, 3, 9):
+        assert torch.equal(gemm(x[:rows], w), row_alone(x[:rows], w))
+    assert reference.rows == [1] and fast.rows == [2, 4, 16]
+
+
+def test_tuned_gemm_takes_the_alternative_only_with_cublas_bits_and_clearly_faster() -> None:
+    """The default mode's GEMM: the alternative where it matched cuBLAS's bits and took at most
+    FASTER of its time, at exactly that row count; cuBLAS everywhere else (other rows, other
+    shapes, a shape whose bits differ, a bias the check did not see)."""
+
+    def other_bits(x, w, b=None):
+        return row_alone(x, w, b) * (1 + 2**-10)
+
+    alternative = Named(row_alone, "alt")
+    cublas = Named(row_alone, "cublas")
+    slow = {r: 10.0 for r in SMALL_ROWS}
+    alt_us = {1: 5.0, 2: 9.0, 4: 5.0, 8: 11.0}
+    gemm = TunedGemm(alternative, cublas=cublas, timer=timer_of({"alt": alt_us, "cublas": slow}))
+    key = (24, 16, torch.float32, False)
+    gemm.verify([key], CPU)
+    assert gemm.alternative_at == {(key, 1), (key, 4)}
+    x, w = torch.randn(16, 16), torch.randn(24, 16)
+    alternative.rows.clear(), cublas.rows.clear()
+    for rows in (1, 2, 3, 4, 8, 16):
+        assert torch.equal(gemm(x[:rows], w), row_alone(x[:rows], w))
+    assert alternative.rows == [1, 4] and cublas.rows == [2, 3, 8, 16]
+    gemm(x[:1], w, torch.randn(24))  # with a bias: not checked, so cuBLAS
+    assert cublas.rows[-1] == 1
+    differs = TunedGemm(Named(other_bits, "alt"), cublas=cublas,
+                        timer=timer_of({"alt": alt_us, "cublas": slow}))  # fmt: skip
+    differs.verify([key], CPU)
+    assert differs.alternative_at == set()  # never other bits, however fast
+
+
+def test_without_a_timer_nothing_is_timed_on_the_cpu() -> None:
+    gemm = TunedGemm(row_alone)
+    gemm.verify([(24, 16, torch.float32, False)], CPU)
+    assert gemm.alternative_at == set()
+    invariant = InvariantGemm(row_alone, max_rows=8, fast=row_alone)
+    key = (24, 16, torch.float32, False)
+    assert invariant.verify([key], CPU) == {key: 4}  # matched rungs only, untimed

@@ -28,7 +28,7 @@ from minivllm.engine.runner.step_handle import DeferredSampling, StepHandle
 from minivllm.engine.setup import EngineSetup
 from minivllm.engine.types import RunnerOutput, SchedulerOutput
 from minivllm.layers.dispatch import use_triton_kernels
-from minivllm.layers.invariant_gemm import InvariantGemm
+from minivllm.layers.invariant_gemm import InvariantGemm, TunedGemm
 from minivllm.layers.ops import layer_ops
 from minivllm.layers.sampler import Sampler
 from minivllm.model_loader import build_model
@@ -80,7 +80,7 @@ class ModelRunner:
             seed=config.seed,
             ops=ops,
         )
-        if isinstance(ops.gemm, InvariantGemm):
+        if isinstance(ops.gemm, InvariantGemm | TunedGemm):
             ops.gemm.verify_model(self.model, device)
         self.sampler = Sampler(use_triton_kernels(device))
         self.sampling_state = SamplingState(device, seed=config.seed)
