@@ -18,10 +18,9 @@ row count and the library, and nothing promises the bits, so they are checked, n
 
 cuBLAS is the faster of the two at most shapes (measured: docs/determinism.md), not all: at a
 few small row counts (SMALL_ROWS) the two are also timed, and where the Triton GEMM takes at most
-FASTER of cuBLAS's time it runs there instead (same bits either way). The default mode's
-`TunedGemm` makes the same choice the other way round: cuBLAS, except at those row counts
-where the Triton GEMM gives cuBLAS's bits and is that much faster (Qwen3-0.6B's o_proj at one
-row on an H200: 6.2 against 12.3 µs).
+FASTER of cuBLAS's time it runs there instead (same bits either way; Qwen3-0.6B's o_proj at one
+row on an H200: 6.2 against 12.3 µs). The default mode makes the same choice the other way
+round (layers/tuned_gemm.py), with this module's check and timer.
 """
 
 from __future__ import annotations
@@ -223,49 +222,3 @@ class InvariantGemm:
         padded = x.new_empty(rung, x.shape[1])
         padded[:rows] = x
         return self.fast(padded, weight, bias)[:rows]
-
-
-class TunedGemm:
-    """The default mode's GEMM on CUDA: cuBLAS (`F.linear`), except at the SMALL_ROWS row
-    counts where, for a weight shape of the model, the Triton GEMM gives cuBLAS's bits and
-    takes at most FASTER of its time (checked and timed once the model is built). Same bits
-    as cuBLAS everywhere, so outputs do not depend on the choice."""
-
-    def __init__(self, alternative: Gemm, cublas: Gemm = F.linear, timer: Timer | None = None):
-        self.alternative = alternative
-        self.cublas = cublas
-        self.timer = timer  # None: default_timer(device) at verify
-        self.alternative_at: set[tuple[ShapeKey, int]] = set()
-
-    def verify(self, shapes: Iterable[ShapeKey], device: torch.device) -> None:
-        timer = self.timer or default_timer(device)
-        if timer is None:
-            return
-        for key in sorted(set(shapes), key=str):
-            n, k, dtype, has_bias = key
-            rows = list(SMALL_ROWS)
-            same = rungs_matching(
-                self.alternative, self.cublas, n, k, dtype, has_bias, rows, device
-            )
-            for r in same:
-                if clearly_faster(self.alternative, self.cublas, key, r, device, timer):
-                    self.alternative_at.add((key, r))
-
-    def verify_model(self, model: torch.nn.Module, device: torch.device) -> None:
-        self.verify(model_shapes(model, self), device)
-        for (n, k, dtype, has_bias), rows in sorted(self.alternative_at, key=str):
-            logger.info(
-                "GEMM %dx%d %s%s at %d rows: the Triton GEMM (cuBLAS's bits, faster)",
-                n, k, str(dtype).removeprefix("torch."), " + bias" if has_bias else "", rows,
-            )  # fmt: skip
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-
-    def __call__(
-        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        if self.alternative_at and x.dim() == 2:
-            key = (weight.shape[0], weight.shape[1], weight.dtype, bias is not None)
-            if (key, x.shape[0]) in self.alternative_at:
-                return self.alternative(x, weight, bias)
-        return self.cublas(x, weight, bias)

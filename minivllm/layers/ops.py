@@ -11,7 +11,8 @@ import torch.nn.functional as F
 
 from minivllm.distributed.all_reduce import Reduce, SymmBuffer, tp_all_reduce
 from minivllm.distributed.parallel_state import all_reduce
-from minivllm.layers.invariant_gemm import Gemm, InvariantGemm, TunedGemm
+from minivllm.layers.invariant_gemm import Gemm, InvariantGemm
+from minivllm.layers.tuned_gemm import TunedGemm
 
 
 @dataclass(frozen=True)

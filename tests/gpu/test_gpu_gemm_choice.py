@@ -26,7 +26,8 @@ def _operands(n: int, k: int, rows: int):
 
 def test_tuned_gemm_has_cublas_bits_at_every_row_count() -> None:
     from minivllm.kernels.matmul import matmul
-    from minivllm.layers.invariant_gemm import SMALL_ROWS, TunedGemm
+    from minivllm.layers.invariant_gemm import SMALL_ROWS
+    from minivllm.layers.tuned_gemm import TunedGemm
 
     gemm = TunedGemm(matmul)
     gemm.verify([(n, k, torch.bfloat16, False) for n, k in SHAPES], torch.device("cuda"))

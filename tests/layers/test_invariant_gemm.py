@@ -23,11 +23,11 @@ from minivllm.layers.invariant_gemm import (
     FASTER,
     SMALL_ROWS,
     InvariantGemm,
-    TunedGemm,
     gemm_ladder,
     rungs_matching,
 )
 from minivllm.layers.ops import layer_ops
+from minivllm.layers.tuned_gemm import TunedGemm
 from minivllm.model_loader import build_model
 from minivllm.models.model_config import ModelConfig
 

@@ -28,9 +28,10 @@ from minivllm.engine.runner.step_handle import DeferredSampling, StepHandle
 from minivllm.engine.setup import EngineSetup
 from minivllm.engine.types import RunnerOutput, SchedulerOutput
 from minivllm.layers.dispatch import use_triton_kernels
-from minivllm.layers.invariant_gemm import InvariantGemm, TunedGemm
+from minivllm.layers.invariant_gemm import InvariantGemm
 from minivllm.layers.ops import layer_ops
 from minivllm.layers.sampler import Sampler
+from minivllm.layers.tuned_gemm import TunedGemm
 from minivllm.model_loader import build_model
 from minivllm.structured_output.bitmask import allocate_bitmask, apply_bitmask
 
