@@ -140,11 +140,15 @@ def decode_launch():
     return lambda: dec.decode_attention(**args, num_splits=splits, **scratch)
 
 
-def gluon_prefill():
-    """The Gluon (FA3-style) prefill kernel on the prefill chunk. Its launcher builds TMA
-    descriptors from data pointers (CPU tensors stand in) and checks for a Hopper GPU, which a
-    compile without one has to skip."""
-    import minivllm.kernels.gluon_prefill_attention as gluon
+def gluon_launch(module_name: str, launcher: str):
+    """A Gluon kernel's launcher on the prefill chunk. It builds TMA descriptors from data
+    pointers (CPU tensors stand in) and checks for a Hopper GPU, which a compile without one
+    has to skip: the FA3-style module's `supports` says yes here."""
+    import importlib
+
+    import minivllm.kernels.gluon_prefill_attention as fa3
+
+    module = importlib.import_module(f"minivllm.kernels.{module_name}")
 
     def launch():
         blocks = triton.cdiv(CTX, BLOCK_SIZE)
@@ -153,33 +157,13 @@ def gluon_prefill():
         args["query_start_loc"] = torch.tensor([0, ROWS], dtype=torch.int32)
         args["seq_lens"] = torch.tensor([CTX], dtype=torch.int32)
         args["block_tables"] = torch.arange(blocks, dtype=torch.int32)[None]
-        supports, gluon.supports = gluon.supports, lambda q, kv_cache: True
+        supports, fa3.supports = fa3.supports, lambda q, kv_cache: True
         try:
-            gluon.gluon_prefill_attention(**args, kv_head_major=True)  # no device to ask
+            getattr(module, launcher)(**args, kv_head_major=True)  # no device to ask
         finally:
-            gluon.supports = supports
+            fa3.supports = supports
 
-    return gluon, launch
-
-
-def gluon_bi_prefill():
-    """Deterministic mode's Gluon prefill kernel on the prefill chunk (as `gluon_prefill`)."""
-    import minivllm.kernels.gluon_batch_invariant_attention as gluon_bi
-
-    def launch():
-        blocks = triton.cdiv(CTX, BLOCK_SIZE)
-        args = {k: torch.empty_like(v, device="cpu") if isinstance(v, torch.Tensor) else v
-                for k, v in inputs(ROWS, 1, CTX).items()}  # fmt: skip
-        args["query_start_loc"] = torch.tensor([0, ROWS], dtype=torch.int32)
-        args["seq_lens"] = torch.tensor([CTX], dtype=torch.int32)
-        args["block_tables"] = torch.arange(blocks, dtype=torch.int32)[None]
-        supports, gluon_bi.fa3.supports = gluon_bi.fa3.supports, lambda q, kv_cache: True
-        try:
-            gluon_bi.gluon_batch_invariant_attention(**args, kv_head_major=True)
-        finally:
-            gluon_bi.fa3.supports = supports
-
-    return gluon_bi, launch
+    return module, launch
 
 
 BI_PREFILL = bi.batch_invariant_config(HEAD_DIM, 2)
@@ -195,8 +179,14 @@ VARIANTS = {
 }
 # Compiled only when asked for (--only gluon_prefill): written against triton 3.6's Gluon.
 OPTIONAL = {
-    "gluon_prefill": ("_gluon_prefill_kernel", gluon_prefill),
-    "gluon_bi_prefill": ("_gluon_bi_kernel", gluon_bi_prefill),
+    "gluon_prefill": (
+        "_gluon_prefill_kernel",
+        lambda: gluon_launch("gluon_prefill_attention", "gluon_prefill_attention"),
+    ),
+    "gluon_bi_prefill": (
+        "_gluon_bi_kernel",
+        lambda: gluon_launch("gluon_batch_invariant_attention", "gluon_batch_invariant_attention"),
+    ),
 }
 
 

@@ -32,21 +32,23 @@ from minivllm.kernels.attention_segments import SEGMENTS, SegmentRule, segment_l
 from minivllm.kernels.batch_invariant_configs import batch_invariant_config
 from minivllm.kernels.checks import LOG2E, check_kv_scales
 from minivllm.kernels.gluon_prefill_attention import (
-    _BLOCK_M,
     _CONSUMER_REGS,
     _PRODUCER_REGS,
     _WG_ROWS,
     BLOCK_M,
     GLUON_IMPORT_ERROR,
     SHARED_MEMORY_LIMIT,
+    _allocate_ring,
     _descriptor,
     _jit,
     _kv_head_major,
     _pass_turn,
     _producer,
+    _program,
     _take_turn,
+    _tile_keys,
+    _tile_rows,
 )
-from minivllm.kernels.prefill_attention import _find_tile
 
 if GLUON_IMPORT_ERROR is None:
     from triton.experimental.gluon import language as gl
@@ -271,30 +273,13 @@ def _gluon_bi_kernel(
 ):  # fmt: skip
     """The grid and program order of `_gluon_prefill_kernel`; shared memory adds the
     [BLOCK_N, L_COLS] block of ones that the row-sum MMA reads."""
-    pid = gl.program_id(0)
-    num_q_tiles = gl.num_programs(0) // NUM_HEADS
-    if KV_HEAD_MAJOR:
-        kv_head = pid // (num_q_tiles * GROUP)
-        rest = pid % (num_q_tiles * GROUP)
-        head = kv_head * GROUP + rest % GROUP
-        tile_id = num_q_tiles - 1 - rest // GROUP
-    else:
-        head = pid % NUM_HEADS
-        tile_id = num_q_tiles - 1 - pid // NUM_HEADS
-    seq, q_start, tile = _find_tile(query_start_loc_ptr, num_seqs, start_row, tile_id, _BLOCK_M)
-    query_len = gl.load(query_start_loc_ptr + seq + 1) - q_start
-    t0 = tile * _BLOCK_M
+    head, tile_id = _program(NUM_HEADS, GROUP, KV_HEAD_MAJOR)
+    seq, q_start, t0, query_len = _tile_rows(query_start_loc_ptr, num_seqs, start_row, tile_id)
     if t0 >= query_len:
         return
-    ctx_start = gl.load(seq_lens_ptr + seq) - query_len
-    kv_end = ctx_start + gl.minimum(t0 + _BLOCK_M, query_len)
-    full_tiles = (ctx_start + t0 + 1) // BLOCK_N
-    num_tiles = gl.cdiv(kv_end, BLOCK_N)
-
+    ctx_start, kv_end, full_tiles, num_tiles = _tile_keys(seq_lens_ptr, seq, t0, query_len, BLOCK_N)
+    bufs, bars = _allocate_ring(q_desc, k_desc, v_desc, HEAD_DIM, BLOCK_N, NUM_STAGES)
     dtype: gl.constexpr = q_desc.dtype
-    q_smem = gl.allocate_shared_memory(dtype, [_BLOCK_M, HEAD_DIM], q_desc.layout)
-    k_bufs = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
-    v_bufs = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
     ones_layout: gl.constexpr = gl.NVMMASharedLayout(
         swizzle_byte_width=32, element_bitwidth=dtype.primitive_bitwidth, rank=2
     )
@@ -304,25 +289,6 @@ def _gluon_bi_kernel(
         gl.full([BLOCK_N, _L_COLS], 1.0, dtype, layout=fill),
     )  # fmt: skip
     fence_async_shared()  # wgmma reads the ones through the async proxy
-    bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
-    k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], bar_layout)
-    k_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], bar_layout)
-    v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], bar_layout)
-    v_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], bar_layout)
-    mbarrier.init(q_bar, count=1)
-    for i in gl.static_range(NUM_STAGES):
-        mbarrier.init(k_ready.index(i), count=1)
-        mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=2)
-        mbarrier.init(v_empty.index(i), count=2)
-    turns = gl.allocate_shared_memory(gl.int64, [2, 1], bar_layout)
-    mbarrier.init(turns.index(0), count=1)
-    mbarrier.init(turns.index(1), count=1)
-    mbarrier.arrive(turns.index(0))
-
-    bufs = (q_smem, k_bufs, v_bufs)
-    bars = (q_bar, k_ready, k_empty, v_ready, v_empty, turns)
     tile = (q_start + t0, head, t0, query_len, ctx_start, kv_end, full_tiles, num_tiles)
     block_table = block_table_ptr + seq.to(gl.int64) * stride_bt
     gl.warp_specialize(

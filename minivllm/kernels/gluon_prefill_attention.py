@@ -309,26 +309,9 @@ def _consumer(WG: gl.constexpr, bufs, bars, tile, out_ptr, scale_log2e, stride_o
                 HEAD_DIM)  # fmt: skip
 
 
-# Batch-dependent integers and metadata slices must not be specialized on value or alignment,
-# or every new batch shape would compile the kernel again.
-@_jit(
-    do_not_specialize=["num_seqs", "start_row", "stride_bt"],
-    do_not_specialize_on_alignment=["block_table_ptr", "seq_lens_ptr", "query_start_loc_ptr"],
-)
-def _gluon_prefill_kernel(
-    q_desc, k_desc, v_desc, out_ptr, block_table_ptr, seq_lens_ptr, query_start_loc_ptr,
-    scale_log2e, num_seqs, start_row, stride_ot, stride_oh, stride_bt,
-    NUM_HEADS: gl.constexpr, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr,
-    BLOCK_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-    PINGPONG: gl.constexpr, KV_HEAD_MAJOR: gl.constexpr,
-):  # fmt: skip
-    """Grid ((cdiv(num_rows, 128) + num_seqs) * num_heads,): program = (q head, query tile of
-    128 rows of one request); programs past a request's last tile exit at once. Tiles run
-    last-first, so the longest causal tiles start first and the short ones fill the tail.
-    KV_HEAD_MAJOR: the programs of one KV head run together (its GROUP q heads fastest, then
-    the tiles), so the blocks resident at a time read one head's K/V, which stays in L2; else
-    heads vary fastest, and at a 16k prompt the resident blocks read every head's K/V (64 MB
-    at 8 KV heads of 128 dims in bf16, more than the L2)."""
+@_jit
+def _program(NUM_HEADS: gl.constexpr, GROUP: gl.constexpr, KV_HEAD_MAJOR: gl.constexpr):
+    """(q head, query tile id) of this program; tile ids run last-first (see the kernel)."""
     pid = gl.program_id(0)
     num_q_tiles = gl.num_programs(0) // NUM_HEADS
     if KV_HEAD_MAJOR:
@@ -339,16 +322,33 @@ def _gluon_prefill_kernel(
     else:
         head = pid % NUM_HEADS
         tile_id = num_q_tiles - 1 - pid // NUM_HEADS
+    return head, tile_id
+
+
+@_jit
+def _tile_rows(query_start_loc_ptr, num_seqs, start_row, tile_id):
+    """(request, its first packed row, the tile's first row t0 in it, its query length): the
+    program has no rows when t0 >= query_len."""
     seq, q_start, tile = _find_tile(query_start_loc_ptr, num_seqs, start_row, tile_id, _BLOCK_M)
     query_len = gl.load(query_start_loc_ptr + seq + 1) - q_start
-    t0 = tile * _BLOCK_M
-    if t0 >= query_len:
-        return
-    ctx_start = gl.load(seq_lens_ptr + seq) - query_len  # position of the first query
-    kv_end = ctx_start + gl.minimum(t0 + _BLOCK_M, query_len)  # keys any row of the tile sees
-    full_tiles = (ctx_start + t0 + 1) // BLOCK_N  # key tiles that every row sees whole
-    num_tiles = gl.cdiv(kv_end, BLOCK_N)
+    return seq, q_start, tile * _BLOCK_M, query_len
 
+
+@_jit
+def _tile_keys(seq_lens_ptr, seq, t0, query_len, BLOCK_N: gl.constexpr):
+    """(position of the request's first query, keys any row of the tile sees, key tiles every
+    row sees whole, key tiles in all)."""
+    ctx_start = gl.load(seq_lens_ptr + seq) - query_len
+    kv_end = ctx_start + gl.minimum(t0 + _BLOCK_M, query_len)
+    full_tiles = (ctx_start + t0 + 1) // BLOCK_N
+    return ctx_start, kv_end, full_tiles, gl.cdiv(kv_end, BLOCK_N)
+
+
+@_jit
+def _allocate_ring(q_desc, k_desc, v_desc, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+                   NUM_STAGES: gl.constexpr):  # fmt: skip
+    """Q, the K/V ring and their mbarriers in shared memory, initialized: (bufs, bars) as the
+    partitions take them."""
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [_BLOCK_M, HEAD_DIM], q_desc.layout)
     k_bufs = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
@@ -369,9 +369,35 @@ def _gluon_prefill_kernel(
     mbarrier.init(turns.index(0), count=1)
     mbarrier.init(turns.index(1), count=1)
     mbarrier.arrive(turns.index(0))  # warpgroup 0 issues first
+    return (q_smem, k_bufs, v_bufs), (q_bar, k_ready, k_empty, v_ready, v_empty, turns)
 
-    bufs = (q_smem, k_bufs, v_bufs)
-    bars = (q_bar, k_ready, k_empty, v_ready, v_empty, turns)
+
+# Batch-dependent integers and metadata slices must not be specialized on value or alignment,
+# or every new batch shape would compile the kernel again.
+@_jit(
+    do_not_specialize=["num_seqs", "start_row", "stride_bt"],
+    do_not_specialize_on_alignment=["block_table_ptr", "seq_lens_ptr", "query_start_loc_ptr"],
+)
+def _gluon_prefill_kernel(
+    q_desc, k_desc, v_desc, out_ptr, block_table_ptr, seq_lens_ptr, query_start_loc_ptr,
+    scale_log2e, num_seqs, start_row, stride_ot, stride_oh, stride_bt,
+    NUM_HEADS: gl.constexpr, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr,
+    BLOCK_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+    PINGPONG: gl.constexpr, KV_HEAD_MAJOR: gl.constexpr,
+):  # fmt: skip
+    """Grid ((cdiv(num_rows, 128) + num_seqs) * num_heads,): program = (q head, query tile of
+    128 rows of one request); programs past a request's last tile exit at once. Tiles run
+    last-first, so the longest causal tiles start first and the short ones fill the tail.
+    KV_HEAD_MAJOR: the programs of one KV head run together (its GROUP q heads fastest, then
+    the tiles), so the blocks resident at a time read one head's K/V, which stays in L2; else
+    heads vary fastest, and at a 16k prompt the resident blocks read every head's K/V (64 MB
+    at 8 KV heads of 128 dims in bf16, more than the L2)."""
+    head, tile_id = _program(NUM_HEADS, GROUP, KV_HEAD_MAJOR)
+    seq, q_start, t0, query_len = _tile_rows(query_start_loc_ptr, num_seqs, start_row, tile_id)
+    if t0 >= query_len:
+        return
+    ctx_start, kv_end, full_tiles, num_tiles = _tile_keys(seq_lens_ptr, seq, t0, query_len, BLOCK_N)
+    bufs, bars = _allocate_ring(q_desc, k_desc, v_desc, HEAD_DIM, BLOCK_N, NUM_STAGES)
     tile = (q_start + t0, head, t0, query_len, ctx_start, kv_end, full_tiles, num_tiles)
     block_table = block_table_ptr + seq.to(gl.int64) * stride_bt
     gl.warp_specialize(
