@@ -18,9 +18,9 @@ row count and the library, and nothing promises the bits, so they are checked, n
 
 cuBLAS is the faster of the two at most shapes (measured: docs/determinism.md), not all: at a
 few small row counts (SMALL_ROWS) the two are also timed, and where the Triton GEMM takes at most
-FASTER of cuBLAS's time it runs there instead (same bits either way; Qwen3-0.6B's o_proj at one
-row on an H200: 6.2 against 12.3 µs). The default mode makes the same choice the other way
-round (layers/tuned_gemm.py), with this module's check and timer.
+FASTER of cuBLAS's time it runs there instead (same bits either way). The default mode makes
+the same choice the other way round (layers/tuned_gemm.py), with this module's check and
+timer.
 """
 
 from __future__ import annotations

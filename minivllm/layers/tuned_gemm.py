@@ -2,7 +2,7 @@
 (`SMALL_ROWS`, batch-1 and small-batch decode) where, for a weight shape of the model, the Triton
 GEMM (kernels/matmul.py) gives cuBLAS's bits in at most `FASTER` of its time. Checked and timed
 once the model is built, with deterministic mode's check and timer (layers/invariant_gemm.py).
-On an H200, Qwen3-0.6B's o_proj at one row: 6.2 against 12.3 µs (docs/performance.md)."""
+Where it pays: docs/performance.md (batch 1)."""
 
 from __future__ import annotations
 
@@ -38,18 +38,27 @@ class TunedGemm:
         self.alternative_at: set[tuple[ShapeKey, int]] = set()
 
     def verify(self, shapes: Iterable[ShapeKey], device: torch.device) -> None:
+        """Checks and times each shape at SMALL_ROWS (on CUDA, or with a timer given). Where
+        the Triton GEMM cannot run at all (a GPU its compiler does not take), cuBLAS stays
+        everywhere."""
         timer = self.timer or default_timer(device)
         if timer is None:
             return
-        for key in sorted(set(shapes), key=str):
-            n, k, dtype, has_bias = key
-            rows = list(SMALL_ROWS)
-            same = rungs_matching(
-                self.alternative, self.cublas, n, k, dtype, has_bias, rows, device
-            )
-            for r in same:
-                if clearly_faster(self.alternative, self.cublas, key, r, device, timer):
-                    self.alternative_at.add((key, r))
+        chosen = set()
+        try:
+            for key in sorted(set(shapes), key=str):
+                n, k, dtype, has_bias = key
+                rows = list(SMALL_ROWS)
+                same = rungs_matching(
+                    self.alternative, self.cublas, n, k, dtype, has_bias, rows, device
+                )
+                for r in same:
+                    if clearly_faster(self.alternative, self.cublas, key, r, device, timer):
+                        chosen.add((key, r))
+        except Exception as err:  # noqa: BLE001 - any compile or launch error of that GEMM
+            logger.warning("the Triton GEMM cannot run here (%s): cuBLAS at every row count", err)
+            return
+        self.alternative_at |= chosen
 
     def verify_model(self, model: torch.nn.Module, device: torch.device) -> None:
         self.verify(model_shapes(model, self), device)

@@ -209,6 +209,17 @@ def test_tuned_gemm_takes_the_alternative_only_with_cublas_bits_and_clearly_fast
     assert differs.alternative_at == set()  # never other bits, however fast
 
 
+def test_tuned_gemm_keeps_cublas_where_the_alternative_cannot_run() -> None:
+    def broken(x, w, b=None):
+        raise RuntimeError("no Triton backend for this GPU")
+
+    gemm = TunedGemm(broken, cublas=row_alone, timer=timer_of({}))
+    gemm.verify([(24, 16, torch.float32, False)], CPU)
+    assert gemm.alternative_at == set()
+    x, w = torch.randn(1, 16), torch.randn(24, 16)
+    assert torch.equal(gemm(x, w), row_alone(x, w))
+
+
 def test_without_a_timer_nothing_is_timed_on_the_cpu() -> None:
     gemm = TunedGemm(row_alone)
     gemm.verify([(24, 16, torch.float32, False)], CPU)
