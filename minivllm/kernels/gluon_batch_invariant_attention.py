@@ -330,7 +330,11 @@ def gluon_batch_invariant_attention(
     fa3._check_inputs(q, kv_cache, query_start_loc, seq_lens, block_tables, scale, out)
     check_kv_scales(kv_cache, k_scale, v_scale)
     if not supports(q, kv_cache):
-        raise ValueError("gluon_batch_invariant_attention: these tensors are not supported")
+        raise ValueError(
+            "gluon_batch_invariant_attention needs what gluon_prefill_attention needs (CUDA on "
+            "a 9.x GPU with Gluon's Hopper API, q and cache in one of bf16/fp16, block_size a "
+            "power of two >= 8, q's heads contiguous) and head_dim 64 or 128"
+        )
     num_seqs = seq_lens.shape[0]
     num_rows = q.shape[0] - start_row
     if num_seqs == 0 or num_rows <= 0:
