@@ -25,7 +25,6 @@ masked keys: exact zeros, as in the walk.
 from __future__ import annotations
 
 import torch
-import triton
 
 from minivllm.kernels import gluon_prefill_attention as fa3
 from minivllm.kernels.attention_segments import SEGMENTS, SegmentRule, segment_len
@@ -39,9 +38,7 @@ from minivllm.kernels.gluon_prefill_attention import (
     GLUON_IMPORT_ERROR,
     SHARED_MEMORY_LIMIT,
     _allocate_ring,
-    _descriptor,
     _jit,
-    _kv_head_major,
     _pass_turn,
     _producer,
     _program,
@@ -340,7 +337,7 @@ def gluon_batch_invariant_attention(
     if num_seqs == 0 or num_rows <= 0:
         return out
     num_heads, head_dim = q.shape[1], q.shape[2]
-    _, num_blocks, block_size, num_kv_heads, _ = kv_cache.shape
+    block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
     block_n = batch_invariant_config(head_dim, q.element_size())[1]
     num_stages = _STAGES[head_dim]
     if segments.min_len % block_n:
@@ -349,16 +346,11 @@ def gluon_batch_invariant_attention(
     smem = q.element_size() * (head_dim * (BLOCK_M + 2 * num_stages * block_n) + block_n * L_COLS)
     if smem > SHARED_MEMORY_LIMIT:
         raise ValueError(f"needs {smem} B of shared memory, more than {SHARED_MEMORY_LIMIT}")
-    box_n = min(block_size, block_n)
-    cache_rows = num_blocks * block_size
-    q_desc = _descriptor(q.view(q.shape[0], num_heads * head_dim), (BLOCK_M, head_dim))
-    k_desc = _descriptor(kv_cache[0].view(cache_rows, num_kv_heads * head_dim), (box_n, head_dim))
-    v_desc = _descriptor(kv_cache[1].view(cache_rows, num_kv_heads * head_dim), (box_n, head_dim))
-    grid = ((triton.cdiv(num_rows, BLOCK_M) + num_seqs) * num_heads,)
-    if kv_head_major is None:
-        kv_head_major = _kv_head_major(grid[0] // num_kv_heads, q.device)
+    descs, grid, kv_head_major = fa3.launch_plan(
+        q, kv_cache, block_n, num_seqs, kv_head_major, start_row
+    )
     _gluon_bi_kernel[grid](
-        q_desc, k_desc, v_desc, out, block_tables, seq_lens, query_start_loc,
+        *descs, out, block_tables, seq_lens, query_start_loc,
         scale * LOG2E, num_seqs, start_row, out.stride(0), out.stride(1), block_tables.stride(0),
         NUM_HEADS=num_heads, GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, BLOCK_N=block_n, NUM_STAGES=num_stages, PINGPONG=pingpong,

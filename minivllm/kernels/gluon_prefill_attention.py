@@ -457,6 +457,33 @@ def _kv_head_major(programs_per_kv_head: int, device: torch.device) -> bool:
     return programs_per_kv_head >= num_sms
 
 
+def launch_plan(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_n: int,
+    num_seqs: int,
+    kv_head_major: bool | None,
+    start_row: int = 0,
+) -> tuple[tuple, tuple[int], bool]:
+    """What a launch of the kernels built on this one's machinery needs from the host: the TMA
+    descriptors of Q (128-row boxes) and of the K and V caches (one box per cache block, at
+    most block_n rows), the grid (a program per q head and 128-row tile, plus one idle tile per
+    request) and the program order (`_kv_head_major`'s rule when kv_head_major is None)."""
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    _, num_blocks, block_size, num_kv_heads, _ = kv_cache.shape
+    box_n = min(block_size, block_n)
+    cache_rows = num_blocks * block_size
+    descs = (
+        _descriptor(q.view(q.shape[0], num_heads * head_dim), (BLOCK_M, head_dim)),
+        _descriptor(kv_cache[0].view(cache_rows, num_kv_heads * head_dim), (box_n, head_dim)),
+        _descriptor(kv_cache[1].view(cache_rows, num_kv_heads * head_dim), (box_n, head_dim)),
+    )
+    grid = ((triton.cdiv(q.shape[0] - start_row, BLOCK_M) + num_seqs) * num_heads,)
+    if kv_head_major is None:
+        kv_head_major = _kv_head_major(grid[0] // num_kv_heads, q.device)
+    return descs, grid, kv_head_major
+
+
 def gluon_prefill_attention(
     q: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -491,7 +518,7 @@ def gluon_prefill_attention(
     if num_seqs == 0 or num_rows <= 0:
         return out
     num_heads, head_dim = q.shape[1], q.shape[2]
-    _, num_blocks, block_size, num_kv_heads, _ = kv_cache.shape
+    block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
     cfg_n, cfg_stages = _CONFIGS[head_dim]
     block_n = block_n or cfg_n
     num_stages = num_stages or cfg_stages
@@ -500,16 +527,11 @@ def gluon_prefill_attention(
         raise ValueError(f"block_n must be 64 or 128 and num_stages >= 2 with Q and the K/V "
                          f"ring within {SHARED_MEMORY_LIMIT} B of shared memory: block_n "
                          f"{block_n}, num_stages {num_stages} need {smem} B")  # fmt: skip
-    box_n = min(block_size, block_n)
-    cache_rows = num_blocks * block_size
-    q_desc = _descriptor(q.view(q.shape[0], num_heads * head_dim), (BLOCK_M, head_dim))
-    k_desc = _descriptor(kv_cache[0].view(cache_rows, num_kv_heads * head_dim), (box_n, head_dim))
-    v_desc = _descriptor(kv_cache[1].view(cache_rows, num_kv_heads * head_dim), (box_n, head_dim))
-    grid = ((triton.cdiv(num_rows, BLOCK_M) + num_seqs) * num_heads,)
-    if kv_head_major is None:
-        kv_head_major = _kv_head_major(grid[0] // num_kv_heads, q.device)
+    descs, grid, kv_head_major = launch_plan(
+        q, kv_cache, block_n, num_seqs, kv_head_major, start_row
+    )
     _gluon_prefill_kernel[grid](
-        q_desc, k_desc, v_desc, out, block_tables, seq_lens, query_start_loc,
+        *descs, out, block_tables, seq_lens, query_start_loc,
         scale * LOG2E, num_seqs, start_row, out.stride(0), out.stride(1), block_tables.stride(0),
         NUM_HEADS=num_heads, GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, BLOCK_N=block_n, NUM_STAGES=num_stages, PINGPONG=pingpong,
