@@ -38,6 +38,7 @@ from minivllm.kernels.gluon_prefill_attention import (
     GLUON_IMPORT_ERROR,
     SHARED_MEMORY_LIMIT,
     _allocate_ring,
+    _first_scores,
     _jit,
     _pass_turn,
     _producer,
@@ -196,14 +197,7 @@ def _consumer(WG: gl.constexpr, bufs, ones, bars, tile, out_ptr, scale_log2e, st
     seg_lo = segment_len(ctx_start + t0 + WG * _WG_ROWS + 1, SEG_MIN, SEG_PER_ROW, SEG_MAX)
     mbarrier.wait(q_bar, 0)
 
-    mbarrier.wait(k_ready.index(0), 0)
-    _take_turn(turns, WG, 0, PINGPONG)
-    s = warpgroup_mma(q, k_bufs.index(0).permute((1, 0)),
-                      gl.zeros([_WG_ROWS, BLOCK_N], gl.float32, layout=s_layout),
-                      use_acc=False, is_async=True)  # fmt: skip
-    _pass_turn(turns, WG, PINGPONG)
-    s = warpgroup_mma_wait(0, deps=[s])
-    mbarrier.arrive(k_empty.index(0))
+    s = _first_scores(WG, q, k_bufs, bars, s_layout, BLOCK_N, PINGPONG)
     m_i = gl.full([_WG_ROWS], float("-inf"), gl.float32, layout=row_layout)
     p, m_i, _ = _softmax(s, m_i, scale_log2e, q_pos, 0, kv_end, True)
     p_op = gl.convert_layout(p.to(q_smem.dtype), p_layout)

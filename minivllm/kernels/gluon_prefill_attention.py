@@ -236,6 +236,23 @@ def _attend_tiles(WG: gl.constexpr, acc, m_i, l_i, p_op, q, k_bufs, v_bufs, bars
 
 
 @_jit
+def _first_scores(WG: gl.constexpr, q, k_bufs, bars, s_layout: gl.constexpr,
+                  BLOCK_N: gl.constexpr, PINGPONG: gl.constexpr):  # fmt: skip
+    """S_0 = Q K_0^T of one consumer warpgroup, in its turn on the tensor cores; frees K_0's
+    ring stage."""
+    q_bar, k_ready, k_empty, v_ready, v_empty, turns = bars
+    mbarrier.wait(k_ready.index(0), 0)
+    _take_turn(turns, WG, 0, PINGPONG)
+    s = warpgroup_mma(q, k_bufs.index(0).permute((1, 0)),
+                      gl.zeros([_WG_ROWS, BLOCK_N], gl.float32, layout=s_layout),
+                      use_acc=False, is_async=True)  # fmt: skip
+    _pass_turn(turns, WG, PINGPONG)
+    s = warpgroup_mma_wait(0, deps=[s])
+    mbarrier.arrive(k_empty.index(0))
+    return s
+
+
+@_jit
 def _store_rows(acc, l_i, out_ptr, row0, rows, query_len, head, stride_ot, stride_oh,
                 HEAD_DIM: gl.constexpr):  # fmt: skip
     """out[row0 + rows, head] = acc / l_i for the rows < query_len (the rest belong to the
@@ -275,14 +292,7 @@ def _consumer(WG: gl.constexpr, bufs, bars, tile, out_ptr, scale_log2e, stride_o
     mbarrier.wait(q_bar, 0)
 
     # Tile 0 (always masked: cheap, once) leaves P_0 for the loops' first PV product.
-    mbarrier.wait(k_ready.index(0), 0)
-    _take_turn(turns, WG, 0, PINGPONG)
-    s = warpgroup_mma(q, k_bufs.index(0).permute((1, 0)),
-                      gl.zeros([_WG_ROWS, BLOCK_N], gl.float32, layout=s_layout),
-                      use_acc=False, is_async=True)  # fmt: skip
-    _pass_turn(turns, WG, PINGPONG)
-    s = warpgroup_mma_wait(0, deps=[s])
-    mbarrier.arrive(k_empty.index(0))
+    s = _first_scores(WG, q, k_bufs, bars, s_layout, BLOCK_N, PINGPONG)
     m_i = gl.full([_WG_ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([_WG_ROWS], gl.float32, layout=gl.SliceLayout(1, s_layout))
     p, m_i, l_i, _ = _softmax_step(s, m_i, l_i, scale_log2e, q_pos, 0, kv_end, True)
