@@ -43,6 +43,7 @@ from minivllm.kernels.gluon_prefill_attention import (
     _pass_turn,
     _producer,
     _program,
+    _store_rows,
     _take_turn,
     _tile_keys,
     _tile_rows,
@@ -241,13 +242,9 @@ def _consumer(WG: gl.constexpr, bufs, ones, bars, tile, out_ptr, scale_log2e, st
     every = gl.full([_WG_ROWS], 1, gl.int1, layout=row_layout)
     tot_acc, tot_m, tot_l = _fold_ended(tot_acc, tot_m, tot_l, acc, m_i, l_i, every)
 
-    l_row = gl.convert_layout(gl.max(tot_l, axis=1), gl.SliceLayout(1, o_layout))
-    o = tot_acc / gl.where(l_row == 0.0, 1.0, l_row)[:, None]
-    out_rows = gl.convert_layout(rows, gl.SliceLayout(1, o_layout))
-    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-    dst = (out_ptr + (q_row - t0 + out_rows).to(gl.int64)[:, None] * stride_ot
-           + head * stride_oh + cols[None, :])  # fmt: skip
-    gl.store(dst, o.to(out_ptr.dtype.element_ty), mask=(out_rows < query_len)[:, None])
+    l_row = gl.max(tot_l, axis=1)  # its columns are equal: exact
+    _store_rows(tot_acc, gl.where(l_row == 0.0, 1.0, l_row), out_ptr, q_row - t0, rows,
+                query_len, head, stride_ot, stride_oh, HEAD_DIM)  # fmt: skip
 
 
 @_jit(

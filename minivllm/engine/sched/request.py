@@ -97,9 +97,8 @@ class Request:
 
 def needs_host_tokens(request: Request) -> bool:
     """Penalties, min_tokens, bad words, a thinking budget and logprobs read sampled tokens
-    on the host each
-    step. (A grammar does too, but only for the next step's mask, which is filled once the
-    step in flight has been applied: engine/sched/async_scheduler.py.)"""
+    on the host each step. (A grammar does too, but only for the next step's mask, which is
+    filled once the step in flight has been applied: engine/sched/async_scheduler.py.)"""
     p = request.sampling_params
     return bool(
         p.has_penalties

@@ -104,10 +104,7 @@ class Scheduler:
             request.structured_output = self.structured_outputs.new_request(so_params)
             self.num_constrained += 1
         self.requests[request.req_id] = request
-        if self.policy == "priority":
-            _insert_in_order(self.waiting, request)
-        else:
-            self.waiting.append(request)
+        self._enqueue(self.waiting, request)
         self.num_host_dependent += needs_host_tokens(request)
 
     @property
@@ -253,10 +250,7 @@ class Scheduler:
             self.prefix_cache_queries += request.num_tokens
             self.prefix_cache_hits += num_cached_tokens
             request.status = RequestStatus.RUNNING
-            if self.policy == "priority":
-                _insert_in_order(self.running, request)
-            else:
-                self.running.append(request)
+            self._enqueue(self.running, request)
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = now
                 request.num_cached_tokens = num_cached_tokens
@@ -275,10 +269,19 @@ class Scheduler:
         request.status = RequestStatus.WAITING
         request.num_preemptions += 1
         self.num_preemptions += 1
+        self._enqueue(self.waiting, request, first=True)
+
+    def _enqueue(
+        self, queue: deque[Request] | list[Request], request: Request, first: bool = False
+    ) -> None:
+        """Puts request in queue by the policy: "fcfs" at the end (at the front where first: a
+        preempted request resumes before newer ones), "priority" in (priority, arrival) order."""
         if self.policy == "priority":
-            _insert_in_order(self.waiting, request)
+            _insert_in_order(queue, request)
+        elif first:
+            queue.insert(0, request)
         else:
-            self.waiting.appendleft(request)
+            queue.append(request)
 
     def _add_chunk(
         self,
