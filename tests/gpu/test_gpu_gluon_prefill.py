@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.gpu.conftest import skip_unless_supported
 from tests.kernels.paged_case import make_paged_case, tolerance
 
 pytestmark = [
@@ -21,10 +22,7 @@ def gluon_prefill():
     """The launcher, or a skip where the GPU or triton cannot run it (not Hopper, no Gluon)."""
     from minivllm.kernels import gluon_prefill_attention as module
 
-    probe = torch.empty(1, 2, 128, dtype=torch.bfloat16, device="cuda")
-    cache = torch.empty(2, 1, 16, 1, 128, dtype=torch.bfloat16, device="cuda")
-    if not module.supports(probe, cache):
-        pytest.skip(f"needs Hopper and Gluon (import error: {module.GLUON_IMPORT_ERROR})")
+    skip_unless_supported(module)
     return module.gluon_prefill_attention
 
 
