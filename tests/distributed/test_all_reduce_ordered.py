@@ -3,8 +3,9 @@ once, the same bits on each rank."""
 
 from __future__ import annotations
 
+import datetime
 import os
-import socket
+import time
 
 import torch
 import torch.distributed as dist
@@ -21,9 +22,14 @@ def _part(rank: int) -> torch.Tensor:
     return (torch.randn(5, 7, generator=gen) * 10.0 ** (2 * rank)).to(torch.bfloat16)
 
 
-def _worker(rank: int, port: int, out_dir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+def _worker(rank: int, out_dir: str) -> None:
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{os.path.join(out_dir, 'rendezvous')}",  # no port to race for
+        rank=rank,
+        world_size=WORLD,
+        timeout=datetime.timedelta(seconds=30),
+    )
     try:
         torch.save(all_reduce_ordered(_part(rank), WORLD), os.path.join(out_dir, f"{rank}.pt"))
     finally:
@@ -31,11 +37,17 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
 
 
 def test_ordered_sum_same_bits_on_every_rank(tmp_path) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    # fork: the workers need nothing but torch, already imported (spawn costs ~15 s here).
-    mp.start_processes(_worker, (port, str(tmp_path)), nprocs=WORLD, start_method="fork")
+    # spawn, not fork: a fork of a pytest worker that has run other tests can inherit held
+    # locks and hang; a deadline turns any hang into a failure.
+    ranks = mp.start_processes(
+        _worker, (str(tmp_path),), nprocs=WORLD, join=False, start_method="spawn"
+    )
+    deadline = time.monotonic() + 120
+    while not ranks.join(timeout=1.0):
+        if time.monotonic() > deadline:
+            for proc in ranks.processes:
+                proc.kill()
+            raise AssertionError("the ranks did not finish within 120 s")
     expected = ((_part(0).float() + _part(1).float()) + _part(2).float()).to(torch.bfloat16)
     for rank in range(WORLD):
         assert torch.equal(torch.load(tmp_path / f"{rank}.pt"), expected), f"rank {rank}"
