@@ -1,11 +1,12 @@
 """The deterministic engine (triton backend and GEMMs in the interpreter): a request's tokens and
-logprobs are the same bits alone, in a batch, chunked, and preempted and recomputed."""
+logprobs are the same bits alone, in a batch, chunked, and preempted and recomputed; with
+tensor parallelism too (two ranks over gloo, the row-parallel sums in rank order)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from ordered_dot import ordered_dot  # noqa: F401 (fixture)
+from ordered_dot import ordered_dot, ordered_dot_in_workers  # noqa: F401 (fixtures)
 
 from minivllm import LLM, SamplingParams
 
@@ -41,6 +42,22 @@ def test_deterministic_engine_same_bits(tiny_qwen3_dir: str) -> None:
     assert _generate(tiny_qwen3_dir, PROMPTS, max_num_batched_tokens=16) == ref  # chunked
     # 12 blocks of 8 hold the longest request but not all four: preemption and recompute.
     assert _generate(tiny_qwen3_dir, PROMPTS, num_gpu_blocks_override=12) == ref
+
+
+@pytest.mark.skipif(
+    DEVICE == "cuda",
+    reason="on GPUs: benchmarks/determinism_check.py --tensor-parallel-size 2 (two GPUs)",
+)
+@pytest.mark.usefixtures("ordered_dot", "ordered_dot_in_workers")
+def test_deterministic_engine_same_bits_tensor_parallel(tiny_qwen3_dir: str) -> None:
+    ref = _generate(tiny_qwen3_dir, PROMPTS, tensor_parallel_size=2)
+    assert _generate(tiny_qwen3_dir, PROMPTS[:1], tensor_parallel_size=2) == ref[:1]
+    chunked = _generate(tiny_qwen3_dir, PROMPTS, tensor_parallel_size=2, max_num_batched_tokens=16)
+    assert chunked == ref
+    preempted = _generate(
+        tiny_qwen3_dir, PROMPTS, tensor_parallel_size=2, num_gpu_blocks_override=12
+    )
+    assert preempted == ref
 
 
 def test_deterministic_needs_the_triton_backend(tiny_qwen3_dir: str) -> None:
