@@ -17,7 +17,12 @@ C-chain GEMM gives a row the same bits at every M (`rows_invariant`), and cuBLAS
 segments gives the C-chain GEMM's bits (`segments_equal`).
 
     python benchmarks/probe_down_chains.py [--shape 1024x3072] [--chains 2,4]
-        [--rows 1,2,4,8,64,256,1024,8192]
+        [--rows 1,2,4,8,64,256,1024,8192] [--gluon]
+
+--gluon adds, at 256 rows and more, `gluon{C}` for C = 1, 2: the Gluon GEMM of
+`gluon_chains_gemm.py` (TMA producer warp, two wgmma warpgroups), its time and whether it
+gives the bits of the one-chain GEMM (C = 1) or of the C-chain Triton GEMM (`gluon{C}_equal`).
+It has never run on a GPU: a hang is possible, so run the probe under `timeout`.
 """
 
 from __future__ import annotations
@@ -153,6 +158,7 @@ def main() -> None:
     parser.add_argument("--shape", default="1024x3072", help="N x K of the weight")
     parser.add_argument("--chains", default="2,4")
     parser.add_argument("--rows", default="1,2,4,8,64,256,1024,8192")
+    parser.add_argument("--gluon", action="store_true", help="also the Gluon GEMM (see above)")
     args = parser.parse_args()
     n, k = map(int, args.shape.split("x"))
     chain_counts = [int(c) for c in args.chains.split(",")]
@@ -181,6 +187,16 @@ def main() -> None:
                 whole = whole[:m]
                 entry[f"chains{c}_rows_invariant"] = torch.equal(ref, whole)
                 entry[f"segments{c}_equal"] = torch.equal(segments_gemm(c)(x, w), ref)
+        if args.gluon and m >= 256:
+            from gluon_chains_gemm import gluon_chains_gemm
+
+            for c in (1, 2):
+                gemm = gluon_chains_gemm(c)
+                entry[f"gluon{c}"] = graph_us(gemm, x, w, None)
+                config = entry.get(f"chains{c}_config")
+                ref = matmul(x, w) if c == 1 else config and chains_gemm(c, config)(x, w)
+                if ref is not None:
+                    entry[f"gluon{c}_equal"] = torch.equal(gemm(x, w), ref)
         result["rows"][m] = {
             key: round(v, 2) if isinstance(v, float) else v for key, v in entry.items()
         }

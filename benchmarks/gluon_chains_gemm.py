@@ -1,0 +1,178 @@
+"""A candidate for `probe_down_chains.py --gluon`: y = x @ w.T on Hopper in Triton's Gluon, with K
+summed as CHAINS in-register chains (as the probe's Triton kernel sums it), at large M.
+
+One program owns a [128, BLOCK_N] output tile, in three partitions (`gl.warp_specialize`): a
+producer warp TMA-loads, step by step, the [128, BLOCK_K] box of x and the [BLOCK_N, BLOCK_K]
+box of w into a ring of NUM_STAGES stages, the chains' steps interleaved (step s of chain c
+reads K at c * K_SEG + s * BLOCK_K); two consumer warpgroups (64 rows each, both on the same
+w box) issue an asynchronous wgmma per step into the chain's accumulator, keep one in flight,
+and free a stage once the wgmma that read it has retired. At the end each warpgroup adds its
+chains in order ((acc0 + acc1), as the Triton kernel does) and stores its rows.
+
+Written against triton 3.6's Gluon (`triton.experimental.gluon`), after
+`minivllm/kernels/gluon_prefill_attention.py`; compiled for sm_90a without a GPU, never run
+on one yet: run it under `timeout` (a wrong barrier phase hangs, it does not fail).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    _jit = gluon.jit
+    GLUON_IMPORT_ERROR: ImportError | None = None
+except ImportError as err:
+    GLUON_IMPORT_ERROR = err
+
+    def _jit(fn=None, **_kwargs):
+        return fn if fn is not None else (lambda f: f)
+
+
+BLOCK_M = 128  # two consumer warpgroups of 64 rows (wgmma's M)
+GROUP_M = 8  # row tiles that share a column band (L2 reuse of w)
+# Registers per thread of the two workers (the second consumer, the producer's warpgroup);
+# the default partition (the first consumer) gets what they leave.
+_CONSUMER_REGS = tl.constexpr(232)
+_PRODUCER_REGS = tl.constexpr(40)
+# What the kernel reads (jit functions see module globals only as constexprs).
+_BLOCK_M = tl.constexpr(BLOCK_M)
+_WG_ROWS = tl.constexpr(BLOCK_M // 2)
+_GROUP_M = tl.constexpr(GROUP_M)
+
+
+@_jit
+def _producer(x_desc, w_desc, a_bufs, b_bufs, ready, empty, off_m, off_n, k_seg,
+              CHAINS: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr):  # fmt: skip
+    """Fills stage i % NUM_STAGES with step i of the interleaved chains once both consumers
+    freed it (a fresh barrier passes a wait on phase 1: the first lap does not wait)."""
+    num_steps = k_seg // BLOCK_K * CHAINS
+    for i in range(num_steps):
+        k = (i % CHAINS) * k_seg + (i // CHAINS) * BLOCK_K
+        stage = i % NUM_STAGES
+        mbarrier.wait(empty.index(stage), ((i // NUM_STAGES) & 1) ^ 1)
+        bar = ready.index(stage)
+        mbarrier.expect(bar, x_desc.block_type.nbytes + w_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(x_desc, [off_m, k], bar, a_bufs.index(stage))
+        tma.async_copy_global_to_shared(w_desc, [off_n, k], bar, b_bufs.index(stage))
+
+
+@_jit
+def _consumer(WG: gl.constexpr, a_bufs, b_bufs, ready, empty, y_ptr, M, N, stride_ym, off_m,
+              off_n, k_seg, CHAINS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+              NUM_STAGES: gl.constexpr):  # fmt: skip
+    """Rows WG * 64 .. WG * 64 + 63 of the tile: a wgmma per step into its chain's accumulator,
+    one in flight; then acc0 (+ acc1) stored as y's dtype."""
+    layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
+    )
+    acc0 = gl.zeros([_WG_ROWS, BLOCK_N], gl.float32, layout=layout)
+    acc1 = gl.zeros([_WG_ROWS, BLOCK_N], gl.float32, layout=layout)
+    for s in range(k_seg // BLOCK_K):
+        for c in gl.static_range(CHAINS):
+            i = s * CHAINS + c
+            stage = i % NUM_STAGES
+            mbarrier.wait(ready.index(stage), (i // NUM_STAGES) & 1)
+            a = a_bufs.index(stage).slice(WG * _WG_ROWS, _WG_ROWS)
+            b = b_bufs.index(stage).permute((1, 0))
+            if c == 0:
+                acc0 = warpgroup_mma(a, b, acc0, is_async=True)
+            else:
+                acc1 = warpgroup_mma(a, b, acc1, is_async=True)
+            # wgmma groups retire in order: one outstanding means step i - 1's has retired.
+            acc0, acc1 = warpgroup_mma_wait(1, deps=[acc0, acc1])
+            if i > 0:
+                mbarrier.arrive(empty.index((i - 1) % NUM_STAGES))
+    acc0, acc1 = warpgroup_mma_wait(0, deps=[acc0, acc1])
+    acc = acc0
+    if CHAINS == 2:
+        acc = acc0 + acc1
+    rows = off_m + WG * _WG_ROWS
+    rows += gl.arange(0, _WG_ROWS, layout=gl.SliceLayout(1, layout))
+    cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
+    dst = y_ptr + rows.to(gl.int64)[:, None] * stride_ym + cols[None, :]
+    mask = (rows < M)[:, None] & (cols < N)[None, :]
+    gl.store(dst, acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@_jit
+def _gluon_chains_kernel(x_desc, w_desc, y_ptr, M, N, k_seg, stride_ym,
+                         CHAINS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+                         NUM_STAGES: gl.constexpr):  # fmt: skip
+    """Grid (cdiv(M, 128) * cdiv(N, BLOCK_N),), grouped along M as kernels/matmul.py groups."""
+    pid = gl.program_id(0)
+    num_m = gl.cdiv(M, _BLOCK_M)
+    num_n = gl.cdiv(N, BLOCK_N)
+    band = _GROUP_M * num_n
+    first_m = pid // band * _GROUP_M
+    size_m = gl.minimum(num_m - first_m, _GROUP_M)
+    off_m = (first_m + (pid % band) % size_m) * _BLOCK_M
+    off_n = (pid % band) // size_m * BLOCK_N
+    dtype: gl.constexpr = x_desc.dtype
+    a_bufs = gl.allocate_shared_memory(dtype, [NUM_STAGES, _BLOCK_M, BLOCK_K], x_desc.layout)
+    b_bufs = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, BLOCK_K], w_desc.layout)
+    bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
+    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], bar_layout)
+    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], bar_layout)
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(ready.index(i), count=1)  # the producer's expect; TMA bytes complete it
+        mbarrier.init(empty.index(i), count=2)  # one arrive per consumer warpgroup
+    gl.warp_specialize(
+        [
+            (_consumer, (0, a_bufs, b_bufs, ready, empty, y_ptr, M, N, stride_ym, off_m, off_n,
+                         k_seg, CHAINS, BLOCK_N, BLOCK_K, NUM_STAGES)),
+            (_consumer, (1, a_bufs, b_bufs, ready, empty, y_ptr, M, N, stride_ym, off_m, off_n,
+                         k_seg, CHAINS, BLOCK_N, BLOCK_K, NUM_STAGES)),
+            (_producer, (x_desc, w_desc, a_bufs, b_bufs, ready, empty, off_m, off_n, k_seg,
+                         CHAINS, BLOCK_K, NUM_STAGES)),
+        ],
+        [4, 1],
+        [_CONSUMER_REGS, _PRODUCER_REGS],
+    )  # fmt: skip
+
+
+@functools.cache
+def _shared_layout(block_shape: tuple[int, int], dtype: torch.dtype):
+    gl_dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
+    return gl.NVMMASharedLayout.get_default_for(list(block_shape), gl_dtype)
+
+
+def gluon_chains_gemm(chains: int, block_n: int = 128, block_k: int = 64, num_stages: int = 4):
+    """F.linear(x, w) (no bias) by `_gluon_chains_kernel`: x [M, K], w [N, K], both K-major
+    bf16/fp16, K a multiple of chains * block_k."""
+    if chains not in (1, 2):
+        raise ValueError(f"chains must be 1 or 2, got {chains}")
+
+    def gemm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+        (m, k), n = x.shape, w.shape[0]
+        if k % (chains * block_k):
+            raise ValueError(f"K = {k} is not {chains} segments of whole {block_k}-steps")
+        y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+        x_box, w_box = (BLOCK_M, block_k), (block_n, block_k)
+        x_desc = TensorDescriptor(
+            x, [m, k], [x.stride(0), 1], list(x_box), _shared_layout(x_box, x.dtype)
+        )
+        w_desc = TensorDescriptor(
+            w, [n, k], [w.stride(0), 1], list(w_box), _shared_layout(w_box, w.dtype)
+        )
+        grid = (triton.cdiv(m, BLOCK_M) * triton.cdiv(n, block_n),)
+        _gluon_chains_kernel[grid](
+            x_desc, w_desc, y, m, n, k // chains, y.stride(0),
+            CHAINS=chains, BLOCK_N=block_n, BLOCK_K=block_k, NUM_STAGES=num_stages, num_warps=4,
+        )  # fmt: skip
+        return y
+
+    return gemm
