@@ -20,8 +20,9 @@ segments gives the C-chain GEMM's bits (`segments_equal`).
         [--rows 1,2,4,8,64,256,1024,8192] [--gluon]
 
 --gluon adds, at 256 rows and more, `gluon{C}` for C = 1, 2: the Gluon GEMM of
-`gluon_chains_gemm.py` (TMA producer warp, two wgmma warpgroups), its time and whether it
-gives the bits of the one-chain GEMM (C = 1) or of the C-chain Triton GEMM (`gluon{C}_equal`).
+`gluon_chains_gemm.py` (TMA producer warp, two wgmma warpgroups; a program per SM, and
+`_per_tile` a program per output tile), its time and whether it gives the bits of the
+one-chain GEMM (C = 1) or of the C-chain Triton GEMM (`..._equal`).
 It has never run on a GPU: a hang is possible, so run the probe under `timeout`.
 """
 
@@ -191,12 +192,13 @@ def main() -> None:
             from gluon_chains_gemm import gluon_chains_gemm
 
             for c in (1, 2):
-                gemm = gluon_chains_gemm(c)
-                entry[f"gluon{c}"] = graph_us(gemm, x, w, None)
                 config = entry.get(f"chains{c}_config")
                 ref = matmul(x, w) if c == 1 else config and chains_gemm(c, config)(x, w)
-                if ref is not None:
-                    entry[f"gluon{c}_equal"] = torch.equal(gemm(x, w), ref)
+                for name, persistent in ((f"gluon{c}", True), (f"gluon{c}_per_tile", False)):
+                    gemm = gluon_chains_gemm(c, persistent=persistent)
+                    entry[name] = graph_us(gemm, x, w, None)
+                    if ref is not None:
+                        entry[f"{name}_equal"] = torch.equal(gemm(x, w), ref)
         result["rows"][m] = {
             key: round(v, 2) if isinstance(v, float) else v for key, v in entry.items()
         }
