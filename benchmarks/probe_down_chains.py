@@ -47,7 +47,7 @@ LARGE += [(128, 128, 32, 8, 2), (64, 64, 64, 4, 2)]
 CHECK = [(64, 64, 0, 4, 2), (64, 32, 0, 4, 1), (64, 16, 0, 4, 1)]
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # one compile per config for every M
 def _chains_kernel(
     x_ptr, w_ptr, y_ptr, M, N, K_SEG, stride_xm, stride_wn, stride_ym,
     CHAINS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
