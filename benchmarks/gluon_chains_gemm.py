@@ -17,31 +17,22 @@ on one yet: run it under `timeout` (a wrong barrier phase hangs, it does not fai
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
-try:
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (
+# Gluon's Hopper API as the engine's Gluon attention kernel imports it (None: unavailable).
+from minivllm.kernels.gluon_prefill_attention import GLUON_IMPORT_ERROR, _jit, _shared_layout
+
+if GLUON_IMPORT_ERROR is None:
+    from minivllm.kernels.gluon_prefill_attention import (
+        TensorDescriptor,
+        gl,
         mbarrier,
         tma,
         warpgroup_mma,
         warpgroup_mma_wait,
     )
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    _jit = gluon.jit
-    GLUON_IMPORT_ERROR: ImportError | None = None
-except ImportError as err:
-    GLUON_IMPORT_ERROR = err
-
-    def _jit(fn=None, **_kwargs):
-        return fn if fn is not None else (lambda f: f)
-
 
 BLOCK_M = 128  # two consumer warpgroups of 64 rows (wgmma's M)
 GROUP_M = 8  # row tiles that share a column band (L2 reuse of w)
@@ -163,12 +154,6 @@ def _gluon_chains_kernel(x_desc, w_desc, y_ptr, M, N, k_seg, stride_ym,
         [4, 1],
         [_CONSUMER_REGS, _PRODUCER_REGS],
     )  # fmt: skip
-
-
-@functools.cache
-def _shared_layout(block_shape: tuple[int, int], dtype: torch.dtype):
-    gl_dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
-    return gl.NVMMASharedLayout.get_default_for(list(block_shape), gl_dtype)
 
 
 def gluon_chains_gemm(
