@@ -23,6 +23,7 @@ import triton.language as tl
 
 # Gluon's Hopper API as the engine's Gluon attention kernel imports it (None: unavailable).
 from minivllm.kernels.gluon_prefill_attention import GLUON_IMPORT_ERROR, _jit, _shared_layout
+from minivllm.kernels.matmul import GROUP_M, tile_origin  # the Triton GEMM's tile order
 
 if GLUON_IMPORT_ERROR is None:
     from minivllm.kernels.gluon_prefill_attention import (
@@ -35,7 +36,6 @@ if GLUON_IMPORT_ERROR is None:
     )
 
 BLOCK_M = 128  # two consumer warpgroups of 64 rows (wgmma's M)
-GROUP_M = 8  # row tiles that share a column band (L2 reuse of w)
 # Registers per thread of the two workers (the second consumer, the producer's warpgroup);
 # the default partition (the first consumer) gets what they leave.
 _CONSUMER_REGS = tl.constexpr(232)
@@ -44,18 +44,6 @@ _PRODUCER_REGS = tl.constexpr(40)
 _BLOCK_M = tl.constexpr(BLOCK_M)
 _WG_ROWS = tl.constexpr(BLOCK_M // 2)
 _GROUP_M = tl.constexpr(GROUP_M)
-
-
-@_jit
-def _tile_origin(t, M, N, BLOCK_N: gl.constexpr):
-    """(first row, first column) of output tile t, tiles grouped along M as kernels/matmul.py
-    groups its programs (GROUP_M row tiles share a column band: L2 reuse of w)."""
-    num_m = gl.cdiv(M, _BLOCK_M)
-    num_n = gl.cdiv(N, BLOCK_N)
-    band = _GROUP_M * num_n
-    first_m = t // band * _GROUP_M
-    size_m = gl.minimum(num_m - first_m, _GROUP_M)
-    return (first_m + (t % band) % size_m) * _BLOCK_M, (t % band) // size_m * BLOCK_N
 
 
 @_jit
@@ -68,7 +56,7 @@ def _producer(x_desc, w_desc, a_bufs, b_bufs, ready, empty, M, N, k_seg, num_til
     steps = k_seg // BLOCK_K * CHAINS
     g = 0
     for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-        off_m, off_n = _tile_origin(t, M, N, BLOCK_N)
+        off_m, off_n = tile_origin(t, M, N, _BLOCK_M, BLOCK_N, _GROUP_M)
         for i in range(steps):
             k = (i % CHAINS) * k_seg + (i // CHAINS) * BLOCK_K
             stage = g % NUM_STAGES
@@ -117,7 +105,7 @@ def _consumer(WG: gl.constexpr, a_bufs, b_bufs, ready, empty, y_ptr, M, N, strid
         acc = acc0
         if CHAINS == 2:
             acc = acc0 + acc1
-        off_m, off_n = _tile_origin(t, M, N, BLOCK_N)
+        off_m, off_n = tile_origin(t, M, N, _BLOCK_M, BLOCK_N, _GROUP_M)
         rows = off_m + WG * _WG_ROWS + gl.arange(0, _WG_ROWS, layout=gl.SliceLayout(1, layout))
         cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
         dst = y_ptr + rows.to(gl.int64)[:, None] * stride_ym + cols[None, :]

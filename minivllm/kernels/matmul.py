@@ -23,6 +23,19 @@ from minivllm.kernels.matmul_configs import (
 GROUP_M = 8  # row tiles that share a column band (L2 reuse of w)
 
 
+@triton.jit
+def tile_origin(t, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr):
+    """(first row, first column) of output tile t of an [M, N] product, tiles grouped along M:
+    GROUP row tiles run through a column band together, which keeps that band of w in L2.
+    Scalar code: Gluon kernels call it too."""
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    band = GROUP * num_n
+    first_m = t // band * GROUP
+    size_m = tl.minimum(num_m - first_m, GROUP)
+    return (first_m + (t % band) % size_m) * BLOCK_M, (t % band) // size_m * BLOCK_N
+
+
 @triton.jit(do_not_specialize=["M"])
 def _matmul_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
@@ -32,16 +45,9 @@ def _matmul_kernel(
     """Grid (cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N),), grouped along M for L2 reuse. Program
     computes one [BLOCK_M, BLOCK_N] tile: acc += x[:, k:k+BLOCK_K] @ w[:, k:k+BLOCK_K].T for
     k = 0, BLOCK_K, ... in order, in float32."""
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    band = GROUP * num_n
-    first_m = pid // band * GROUP
-    size_m = tl.minimum(num_m - first_m, GROUP)
-    pid_m = first_m + (pid % band) % size_m
-    pid_n = (pid % band) // size_m
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row0, col0 = tile_origin(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP)
+    offs_m = row0 + tl.arange(0, BLOCK_M)
+    offs_n = col0 + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     m_mask = offs_m < M
     n_mask = offs_n < N
