@@ -22,7 +22,12 @@ import triton
 import triton.language as tl
 
 # Gluon's Hopper API as the engine's Gluon attention kernel imports it (None: unavailable).
-from minivllm.kernels.gluon_prefill_attention import GLUON_IMPORT_ERROR, _jit, _shared_layout
+from minivllm.kernels.gluon_prefill_attention import (
+    GLUON_IMPORT_ERROR,
+    _jit,
+    _shared_layout,
+    wgmma_layout,
+)
 from minivllm.kernels.matmul import GROUP_M, tile_origin  # the Triton GEMM's tile order
 
 if GLUON_IMPORT_ERROR is None:
@@ -76,9 +81,7 @@ def _consumer(WG: gl.constexpr, a_bufs, b_bufs, ready, empty, y_ptr, M, N, strid
     chain's accumulator, one in flight, a stage freed once the wgmma that read it retired; then
     acc0 (+ acc1) stored in y's dtype while the producer already fills the next tile's
     stages."""
-    layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
-    )
+    layout: gl.constexpr = wgmma_layout(BLOCK_N)
     zero = gl.zeros([_WG_ROWS, BLOCK_N], gl.float32, layout=layout)
     g = 0
     for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):

@@ -47,6 +47,7 @@ from minivllm.kernels.gluon_prefill_attention import (
     _take_turn,
     _tile_keys,
     _tile_rows,
+    wgmma_layout,
 )
 
 if GLUON_IMPORT_ERROR is None:
@@ -178,15 +179,9 @@ def _consumer(WG: gl.constexpr, bufs, ones, bars, tile, out_ptr, scale_log2e, st
     q_smem, k_bufs, v_bufs = bufs
     q_bar, k_ready, k_empty, v_ready, v_empty, turns = bars
     q_row, head, t0, query_len, ctx_start, kv_end, full_tiles, num_tiles = tile
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
-    )
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16]
-    )
-    l_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, _L_COLS, 16]
-    )
+    s_layout: gl.constexpr = wgmma_layout(BLOCK_N)
+    o_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
+    l_layout: gl.constexpr = wgmma_layout(_L_COLS)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     q = q_smem.slice(WG * _WG_ROWS, _WG_ROWS)

@@ -55,12 +55,16 @@ try:  # Gluon's Hopper API as triton 3.6 lays it out; without it, supports() is 
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     _jit = gluon.jit
+    _constexpr_function = gluon.constexpr_function
     GLUON_IMPORT_ERROR: ImportError | None = None
 except ImportError as err:  # the kernels below are then defined but never compiled
     GLUON_IMPORT_ERROR = err
 
     def _jit(fn=None, **_kwargs):
         return fn if fn is not None else (lambda f: f)
+
+    def _constexpr_function(fn):
+        return fn
 
 
 BLOCK_M = 128  # query rows per program: two consumer warpgroups of 64 rows (wgmma's M)
@@ -104,6 +108,13 @@ def supports(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
         and q.data_ptr() % 16 == 0  # TMA: 16-byte aligned base and row stride
         and q.stride(0) * q.element_size() % 16 == 0
     )
+
+
+@_constexpr_function
+def wgmma_layout(n):
+    """The register layout of a warpgroup's [64, n] wgmma accumulator: its 4 warps along M
+    (16 rows each), the whole n in one instruction."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, 16])
 
 
 @_jit
@@ -276,13 +287,8 @@ def _consumer(WG: gl.constexpr, bufs, bars, tile, out_ptr, scale_log2e, stride_o
     q_smem, k_bufs, v_bufs = bufs
     q_bar, k_ready, k_empty, v_ready, v_empty, turns = bars
     q_row, head, t0, query_len, ctx_start, kv_end, full_tiles, num_tiles = tile
-    # wgmma accumulators: 4 warps along M (16 rows each), the whole N in one instruction.
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
-    )
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16]
-    )
+    s_layout: gl.constexpr = wgmma_layout(BLOCK_N)
+    o_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
     # P feeds the PV wgmma from registers; from S's accumulator layout this is a register
     # permutation, no shared memory round trip.
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
