@@ -34,6 +34,7 @@ from minivllm.kernels.gluon_prefill_attention import (
     _CONSUMER_REGS,
     _PRODUCER_REGS,
     _WG_ROWS,
+    BATCH_ARGS,
     BLOCK_M,
     GLUON_IMPORT_ERROR,
     SHARED_MEMORY_LIMIT,
@@ -242,10 +243,7 @@ def _consumer(WG: gl.constexpr, bufs, ones, bars, tile, out_ptr, scale_log2e, st
                 query_len, head, stride_ot, stride_oh, HEAD_DIM)  # fmt: skip
 
 
-@_jit(
-    do_not_specialize=["num_seqs", "start_row", "stride_bt"],
-    do_not_specialize_on_alignment=["block_table_ptr", "seq_lens_ptr", "query_start_loc_ptr"],
-)
+@_jit(**BATCH_ARGS)  # the default kernel's: no specialization on batch-dependent arguments
 def _gluon_bi_kernel(
     q_desc, k_desc, v_desc, out_ptr, block_table_ptr, seq_lens_ptr, query_start_loc_ptr,
     scale_log2e, num_seqs, start_row, stride_ot, stride_oh, stride_bt,

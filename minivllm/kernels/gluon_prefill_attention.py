@@ -389,11 +389,15 @@ def _allocate_ring(q_desc, k_desc, v_desc, HEAD_DIM: gl.constexpr, BLOCK_N: gl.c
 
 
 # Batch-dependent integers and metadata slices must not be specialized on value or alignment,
-# or every new batch shape would compile the kernel again.
-@_jit(
-    do_not_specialize=["num_seqs", "start_row", "stride_bt"],
-    do_not_specialize_on_alignment=["block_table_ptr", "seq_lens_ptr", "query_start_loc_ptr"],
-)
+# or every new batch shape would compile the kernel again (the kernels built on this one's
+# machinery take them the same way).
+BATCH_ARGS = {
+    "do_not_specialize": ["num_seqs", "start_row", "stride_bt"],
+    "do_not_specialize_on_alignment": ["block_table_ptr", "seq_lens_ptr", "query_start_loc_ptr"],
+}
+
+
+@_jit(**BATCH_ARGS)
 def _gluon_prefill_kernel(
     q_desc, k_desc, v_desc, out_ptr, block_table_ptr, seq_lens_ptr, query_start_loc_ptr,
     scale_log2e, num_seqs, start_row, stride_ot, stride_oh, stride_bt,
