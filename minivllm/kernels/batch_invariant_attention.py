@@ -306,6 +306,34 @@ def _bi_attention_kernel(
         tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=io_mask)
 
 
+@triton.jit
+def _load_part(
+    part_acc_ptr, part_m_ptr, part_l_ptr, row, heads, seg, num_segs, offs_d, g_mask,
+    d_mask, stride_pa_t, stride_pa_h, stride_pa_s, stride_pm_t, stride_pm_h,
+):  # fmt: skip
+    """Segment seg's written state of one decode row's heads, acc [G, D], m [G], l [G, 1];
+    an empty state (nothing read) past the row's num_segs."""
+    g_mask = g_mask & (tl.zeros_like(heads) + seg < num_segs)
+    part = row * stride_pa_t + heads * stride_pa_h + seg * stride_pa_s
+    seg_acc = tl.load(
+        part_acc_ptr + part[:, None] + offs_d[None, :],
+        mask=g_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )
+    ml = row * stride_pm_t + heads * stride_pm_h + seg
+    seg_m = tl.load(part_m_ptr + ml, mask=g_mask, other=float("-inf"))
+    seg_l = tl.load(part_l_ptr + ml, mask=g_mask, other=0.0)
+    return seg_acc, seg_m, seg_l[:, None]
+
+
+@triton.jit
+def _fold_if(acc, m_i, l_i, seg_acc, seg_m, seg_l, seg, num_segs):
+    """`_fold` of segment seg when the row has it (a uniform branch: no fold of padding)."""
+    if seg < num_segs:
+        acc, m_i, l_i = _fold(acc, m_i, l_i, seg_acc, seg_m, seg_l)
+    return acc, m_i, l_i
+
+
 # seq_lens may be a slice of the step's packed inputs: no alignment specialization, or a split
 # decode beside a prefill would compile a second variant mid-run (seen on the H200).
 @triton.jit(do_not_specialize_on_alignment=["seq_lens_ptr"])
@@ -318,29 +346,44 @@ def _fold_kernel(
 ):  # fmt: skip
     """Grid (num_seqs, num_kv_heads): folds the segment states of the GROUP heads of one
     decode row (cdiv(seq_len, its segment length) of them), left to right, exactly as the
-    varlen launch does."""
+    varlen launch does. The states are read four at a time, the four loads issued before
+    the first of their folds."""
     row = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * GROUP + tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
     g_mask = tl.arange(0, BLOCK_G) < GROUP
-    io_mask = g_mask[:, None] & (offs_d < HEAD_DIM)[None, :]
+    d_mask = offs_d < HEAD_DIM
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G, 1], tl.float32)  # [R, C] as `_fold` takes it
     seq_len = tl.load(seq_lens_ptr + row)
     num_segs = tl.cdiv(seq_len, segment_len(seq_len, SEG_MIN, SEG_PER_ROW, SEG_MAX))
-    for seg in range(0, num_segs):
-        part = row * stride_pa_t + heads * stride_pa_h + seg * stride_pa_s
-        seg_acc = tl.load(part_acc_ptr + part[:, None] + offs_d[None, :], mask=io_mask, other=0.0)
-        ml = row * stride_pm_t + heads * stride_pm_h + seg
-        seg_m = tl.load(part_m_ptr + ml, mask=g_mask, other=float("-inf"))
-        seg_l = tl.load(part_l_ptr + ml, mask=g_mask, other=0.0)
-        acc, m_i, l_i = _fold(acc, m_i, l_i, seg_acc, seg_m, seg_l[:, None])
+    for seg in range(0, num_segs, 4):
+        a0, m0, l0 = _load_part(
+            part_acc_ptr, part_m_ptr, part_l_ptr, row, heads, seg, num_segs, offs_d, g_mask,
+            d_mask, stride_pa_t, stride_pa_h, stride_pa_s, stride_pm_t, stride_pm_h,
+        )  # fmt: skip
+        a1, m1, l1 = _load_part(
+            part_acc_ptr, part_m_ptr, part_l_ptr, row, heads, seg + 1, num_segs, offs_d,
+            g_mask, d_mask, stride_pa_t, stride_pa_h, stride_pa_s, stride_pm_t, stride_pm_h,
+        )  # fmt: skip
+        a2, m2, l2 = _load_part(
+            part_acc_ptr, part_m_ptr, part_l_ptr, row, heads, seg + 2, num_segs, offs_d,
+            g_mask, d_mask, stride_pa_t, stride_pa_h, stride_pa_s, stride_pm_t, stride_pm_h,
+        )  # fmt: skip
+        a3, m3, l3 = _load_part(
+            part_acc_ptr, part_m_ptr, part_l_ptr, row, heads, seg + 3, num_segs, offs_d,
+            g_mask, d_mask, stride_pa_t, stride_pa_h, stride_pa_s, stride_pm_t, stride_pm_h,
+        )  # fmt: skip
+        acc, m_i, l_i = _fold(acc, m_i, l_i, a0, m0, l0)
+        acc, m_i, l_i = _fold_if(acc, m_i, l_i, a1, m1, l1, seg + 1, num_segs)
+        acc, m_i, l_i = _fold_if(acc, m_i, l_i, a2, m2, l2, seg + 2, num_segs)
+        acc, m_i, l_i = _fold_if(acc, m_i, l_i, a3, m3, l3, seg + 3, num_segs)
     o = acc / tl.where(l_i == 0.0, 1.0, l_i)
     if KV_FP8:
         o = o * v_scale
     dst = out_ptr + row * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
-    tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=io_mask)
+    tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
 
 
 def _check_split(part_acc, part_m, part_l, q, num_segments) -> None:
