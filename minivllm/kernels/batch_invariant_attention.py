@@ -307,22 +307,14 @@ def _bi_attention_kernel(
 
 
 @triton.jit
-def _load_part(
-    part_acc_ptr, part_m_ptr, part_l_ptr, row, heads, seg, num_segs, offs_d, g_mask,
-    d_mask, stride_pa_t, stride_pa_h, stride_pa_s, stride_pm_t, stride_pm_h,
-):  # fmt: skip
-    """Segment seg's written state of one decode row's heads, acc [G, D], m [G], l [G, 1];
-    an empty state (nothing read) past the row's num_segs."""
-    g_mask = g_mask & (tl.zeros_like(heads) + seg < num_segs)
-    part = row * stride_pa_t + heads * stride_pa_h + seg * stride_pa_s
-    seg_acc = tl.load(
-        part_acc_ptr + part[:, None] + offs_d[None, :],
-        mask=g_mask[:, None] & d_mask[None, :],
-        other=0.0,
-    )
-    ml = row * stride_pm_t + heads * stride_pm_h + seg
-    seg_m = tl.load(part_m_ptr + ml, mask=g_mask, other=float("-inf"))
-    seg_l = tl.load(part_l_ptr + ml, mask=g_mask, other=0.0)
+def _load_part(acc_ptrs, m_ptrs, l_ptrs, seg, num_segs, stride_s, g_mask, d_mask):
+    """Segment seg's written state of one decode row's heads, acc [G, D], m [G], l [G, 1], from
+    the pointers of its segment 0 (acc_ptrs [G, D], m_ptrs and l_ptrs [G]); an empty state
+    (nothing read) past the row's num_segs."""
+    g_mask = g_mask & (tl.zeros(g_mask.shape, tl.int32) + seg < num_segs)  # a tensor mask
+    seg_acc = tl.load(acc_ptrs + seg * stride_s, mask=g_mask[:, None] & d_mask[None, :], other=0.0)
+    seg_m = tl.load(m_ptrs + seg, mask=g_mask, other=float("-inf"))
+    seg_l = tl.load(l_ptrs + seg, mask=g_mask, other=0.0)
     return seg_acc, seg_m, seg_l[:, None]
 
 
@@ -358,23 +350,22 @@ def _fold_kernel(
     l_i = tl.zeros([BLOCK_G, 1], tl.float32)  # [R, C] as `_fold` takes it
     seq_len = tl.load(seq_lens_ptr + row)
     num_segs = tl.cdiv(seq_len, segment_len(seq_len, SEG_MIN, SEG_PER_ROW, SEG_MAX))
+    acc_ptrs = part_acc_ptr + (row * stride_pa_t + heads * stride_pa_h)[:, None] + offs_d[None, :]
+    ml = row * stride_pm_t + heads * stride_pm_h
+    m_ptrs, l_ptrs = part_m_ptr + ml, part_l_ptr + ml
     for seg in range(0, num_segs, 4):
         a0, m0, l0 = _load_part(
-            part_acc_ptr, part_m_ptr, part_l_ptr, row, heads, seg, num_segs, offs_d, g_mask,
-            d_mask, stride_pa_t, stride_pa_h, stride_pa_s, stride_pm_t, stride_pm_h,
-        )  # fmt: skip
+            acc_ptrs, m_ptrs, l_ptrs, seg, num_segs, stride_pa_s, g_mask, d_mask
+        )
         a1, m1, l1 = _load_part(
-            part_acc_ptr, part_m_ptr, part_l_ptr, row, heads, seg + 1, num_segs, offs_d,
-            g_mask, d_mask, stride_pa_t, stride_pa_h, stride_pa_s, stride_pm_t, stride_pm_h,
-        )  # fmt: skip
+            acc_ptrs, m_ptrs, l_ptrs, seg + 1, num_segs, stride_pa_s, g_mask, d_mask
+        )
         a2, m2, l2 = _load_part(
-            part_acc_ptr, part_m_ptr, part_l_ptr, row, heads, seg + 2, num_segs, offs_d,
-            g_mask, d_mask, stride_pa_t, stride_pa_h, stride_pa_s, stride_pm_t, stride_pm_h,
-        )  # fmt: skip
+            acc_ptrs, m_ptrs, l_ptrs, seg + 2, num_segs, stride_pa_s, g_mask, d_mask
+        )
         a3, m3, l3 = _load_part(
-            part_acc_ptr, part_m_ptr, part_l_ptr, row, heads, seg + 3, num_segs, offs_d,
-            g_mask, d_mask, stride_pa_t, stride_pa_h, stride_pa_s, stride_pm_t, stride_pm_h,
-        )  # fmt: skip
+            acc_ptrs, m_ptrs, l_ptrs, seg + 3, num_segs, stride_pa_s, g_mask, d_mask
+        )
         acc, m_i, l_i = _fold(acc, m_i, l_i, a0, m0, l0)
         acc, m_i, l_i = _fold_if(acc, m_i, l_i, a1, m1, l1, seg + 1, num_segs)
         acc, m_i, l_i = _fold_if(acc, m_i, l_i, a2, m2, l2, seg + 2, num_segs)
