@@ -1,10 +1,12 @@
-"""Batch-1 latency on dummy weights: time to first token for a 1,000-token prompt and time per
-output token over 256 greedy tokens (median of 3). Prints one JSON line."""
+"""Batch-1 latency on dummy weights: time to first token for a 1,000-token prompt (median of
+--ttft-samples, each a new prompt; its quartiles too) and time per output token over 256 greedy
+tokens (median of 3). Prints one JSON line."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 
 from common import dummy_model_dir
@@ -18,6 +20,7 @@ def main() -> None:
     parser.add_argument("--deterministic", action="store_true")
     parser.add_argument("--max-mixed-graph-tokens", type=int, default=4096, help="0: eager")
     parser.add_argument("--prefill-attention-kernel", default="auto", help="auto|triton|gluon")
+    parser.add_argument("--ttft-samples", type=int, default=15)
     args = parser.parse_args()
 
     from minivllm import LLM, SamplingParams
@@ -33,7 +36,8 @@ def main() -> None:
         max_mixed_graph_tokens=args.max_mixed_graph_tokens,
         prefill_attention_kernel=args.prefill_attention_kernel,
     )
-    prompts = iter(random_prompts(8, 1000, seed=1))  # a new prompt each time: no cache hits
+    # A new prompt each time: no cache hits.
+    prompts = iter(random_prompts(args.ttft_samples + 5, 1000, seed=1))
 
     def generate(max_tokens: int) -> None:
         prompt = next(prompts)
@@ -43,14 +47,17 @@ def main() -> None:
     generate(8)
     generate(8)
     ttft, full = [], []
-    for _ in range(3):
+    for _ in range(args.ttft_samples):
         start = time.perf_counter()
         generate(1)
         ttft.append(time.perf_counter() - start)
+    for _ in range(3):
         start = time.perf_counter()
         generate(257)
         full.append(time.perf_counter() - start)
-    t1, tf = sorted(ttft)[1], sorted(full)[1]
+    ttft.sort()
+    t1, tf = statistics.median(ttft), sorted(full)[1]
+    quartiles = statistics.quantiles(ttft, n=4) if len(ttft) > 1 else [t1, t1, t1]
     print(
         json.dumps(
             {
@@ -61,6 +68,7 @@ def main() -> None:
                 "max_mixed_graph_tokens": args.max_mixed_graph_tokens,
                 "prefill_attention_kernel": args.prefill_attention_kernel,
                 "ttft_ms": round(t1 * 1e3, 2),
+                "ttft_q1_q3_ms": [round(quartiles[0] * 1e3, 2), round(quartiles[2] * 1e3, 2)],
                 "tpot_ms": round((tf - t1) / 256 * 1e3, 3),
             }
         ),

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -25,6 +26,7 @@ from workloads import WORKLOADS, Workload, make_workload, random_prompts, result
 ENGINES = ("minivllm", "vllm")
 LATENCY_PROMPT_LEN = 1000
 LATENCY_OUTPUT_LEN = 256
+TTFT_SAMPLES = 15  # a TTFT is ~5 ms: its median needs more samples than TPOT's
 
 
 def build(engine: str, model_dir: str, max_model_len: int):
@@ -85,8 +87,8 @@ def throughput(llm, params, workload: Workload) -> dict:
 def latency(llm, params) -> dict:
     """Batch 1, as bench_latency.py measures it: the time of a one-token generate of a new
     1,000-token prompt (TTFT), and the rest of a 257-token greedy generate over its 256 later
-    tokens (TPOT); medians of 3. A new prompt each time: no prefix-cache hits."""
-    prompts = iter(random_prompts(8, LATENCY_PROMPT_LEN, seed=1))
+    tokens (TPOT); medians of 15 and 3. A new prompt each time: no prefix-cache hits."""
+    prompts = iter(random_prompts(TTFT_SAMPLES + 4, LATENCY_PROMPT_LEN, seed=1))
 
     def timed(max_tokens: int) -> float:
         prompt = [{"prompt_token_ids": next(prompts)}]
@@ -95,11 +97,9 @@ def latency(llm, params) -> dict:
         return time.perf_counter() - start
 
     timed(8)  # a prefill of the full length before the measured ones
-    firsts, fulls = [], []
-    for _ in range(3):
-        firsts.append(timed(1))
-        fulls.append(timed(LATENCY_OUTPUT_LEN + 1))
-    first, full = sorted(firsts)[1], sorted(fulls)[1]
+    firsts = [timed(1) for _ in range(TTFT_SAMPLES)]
+    fulls = [timed(LATENCY_OUTPUT_LEN + 1) for _ in range(3)]
+    first, full = statistics.median(firsts), statistics.median(fulls)
     return {
         "workload": "latency",
         "ttft_ms": round(first * 1e3, 2),
