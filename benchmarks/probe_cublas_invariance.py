@@ -1,7 +1,8 @@
 """Where does cuBLAS give the batch-invariant GEMM's bits? For each linear layer of a model shape
 (and its LM head), the check deterministic mode runs when it builds a model
 (layers/invariant_gemm.py: cuBLAS against the Triton GEMM of kernels/matmul.py at every rung of
-the row ladder, all rows, bitwise, random inputs): the rungs where they differ; and the times
+the row ladder, all rows, bitwise, random inputs): the rungs where they differ and those of
+them that run cuBLAS padded to a near rung that matched; and the times
 of cuBLAS, of deterministic mode's GEMM (InvariantGemm: cuBLAS padded to a rung where it
 matched, Triton elsewhere) and of the Triton GEMM. One JSON line per layer.
 
@@ -94,6 +95,8 @@ def main() -> None:
             "rungs_checked": len(checked),
             "top_rung": checked[-1],
             "cublas_ne_triton": [r for r in checked if r not in gemm.fast_rungs[key]],
+            # rungs that missed but run cuBLAS padded to a near one that matched
+            "padded_to": {r: m for r, m in gemm.run_at[key].items() if r != m},
         }
         if not args.no_times:
             x = torch.randn(max(TIMED), k, device=device, dtype=dtype)

@@ -11,8 +11,10 @@ row count and the library, and nothing promises the bits, so they are checked, n
 - when the model is built, `verify` runs cuBLAS and the Triton GEMM for each weight shape of
   the model at every rung on random inputs and keeps the rungs where every row has the same
   bits in both;
-- a call runs cuBLAS at such a rung and the Triton GEMM otherwise (a shape or rung that failed,
-  or that nobody verified). Every row therefore has the Triton GEMM's bits, whatever its batch.
+- a call runs cuBLAS at such a rung, at a rung that failed it runs cuBLAS padded to the next
+  rung that passed if that adds at most an eighth of the rows (padding changes no row's bits),
+  and the Triton GEMM otherwise (a shape nobody verified, or no passing rung near). Every row
+  therefore has the Triton GEMM's bits, whatever its batch.
   Rows past the largest rung checked (the LM head's are capped by the check's memory) go in
   chunks of that rung.
 
@@ -41,6 +43,10 @@ CHECK_BYTES = 512 << 20
 # that timing noise never flips a choice.
 SMALL_ROWS = (1, 2, 4, 8)
 FASTER = 0.8
+# A rung where cuBLAS missed the bits runs cuBLAS at the next rung where it matched if that has
+# at most this many times its rows: at large M the Triton GEMM takes 1.4-1.5x cuBLAS's time
+# (docs/determinism.md), at small M a GEMM reads its weight whatever the rows.
+NEXT_RUNG_AT_MOST = 1.125
 
 # (x [num_tokens, in], weight [out, in], bias [out] | None) -> [num_tokens, out]
 Gemm = Callable[..., torch.Tensor]
@@ -87,6 +93,19 @@ def rungs_matching(
     the shape: weight [n, k], a bias if has_bias, rungs[-1] rows at most)."""
     x, w, b = operands(n, k, dtype, has_bias, rungs[-1], device)
     return [m for m in rungs if torch.equal(gemm(x[:m], w, b), reference(x[:m], w, b))]
+
+
+def rungs_to_run(rungs: list[int], matched: Iterable[int]) -> dict[int, int]:
+    """rung -> the rung the fast GEMM runs it at: itself where it matched, else the next rung
+    that matched if it has at most NEXT_RUNG_AT_MOST times the rows; rungs with neither are
+    left out (they run the reference)."""
+    matched = sorted(matched)
+    run_at = {}
+    for rung in rungs:
+        i = bisect.bisect_left(matched, rung)
+        if i < len(matched) and matched[i] <= rung * NEXT_RUNG_AT_MOST:
+            run_at[rung] = matched[i]
+    return run_at
 
 
 def graph_us(gemm: Gemm, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> float:
@@ -139,7 +158,8 @@ def default_timer(device: torch.device) -> Timer | None:
 
 class InvariantGemm:
     """gemm(x, weight, bias=None) -> [rows, N]: `fast` (cuBLAS) at the rungs where it matched
-    `reference` (the batch-invariant Triton GEMM), `reference` everywhere else."""
+    `reference` (the batch-invariant Triton GEMM) or padded to one near, `reference` everywhere
+    else."""
 
     def __init__(
         self, reference: Gemm, max_rows: int, fast: Gemm = F.linear, timer: Timer | None = None
@@ -148,8 +168,10 @@ class InvariantGemm:
         self.fast = fast
         self.timer = timer  # None: default_timer(device) at verify
         self.ladder = gemm_ladder(max_rows)
-        # Verified shapes -> the rungs where fast runs, and the largest rung checked.
+        # Verified shapes -> the rungs where fast matched, each rung that runs fast -> the rung
+        # it runs at, and the largest rung checked.
         self.fast_rungs: dict[ShapeKey, frozenset[int]] = {}
+        self.run_at: dict[ShapeKey, dict[int, int]] = {}
         self.top_rung: dict[ShapeKey, int] = {}
 
     def verify(self, shapes: Iterable[ShapeKey], device: torch.device) -> dict[ShapeKey, int]:
@@ -171,6 +193,7 @@ class InvariantGemm:
                     or not clearly_faster(self.reference, self.fast, key, r, device, timer)
                 ]
             self.fast_rungs[key] = frozenset(same)
+            self.run_at[key] = rungs_to_run(rungs, same)
             self.top_rung[key] = rungs[-1]
             counts[key] = len(same)
         return counts
@@ -181,9 +204,10 @@ class InvariantGemm:
             n, k, dtype, has_bias = key
             checked = bisect.bisect_right(self.ladder, self.top_rung[key])
             logger.info(
-                "deterministic GEMM %dx%d %s%s: cuBLAS at %d of %d row counts, Triton elsewhere",
+                "deterministic GEMM %dx%d %s%s: cuBLAS at %d of %d row counts (%d more padded "
+                "to one of them), Triton elsewhere",
                 n, k, str(dtype).removeprefix("torch."), " + bias" if has_bias else "", count,
-                checked,
+                checked, len(self.run_at[key]) - count,
             )  # fmt: skip
         if device.type == "cuda":
             torch.cuda.empty_cache()  # the check's buffers
@@ -192,16 +216,14 @@ class InvariantGemm:
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
         key = (weight.shape[0], weight.shape[1], weight.dtype, bias is not None)
-        fast_rungs = self.fast_rungs.get(key)
+        run_at = self.run_at.get(key)
         rows = x.shape[0]
-        if not fast_rungs or x.dim() != 2 or rows == 0:
+        if not run_at or x.dim() != 2 or rows == 0:
             return self.reference(x, weight, bias)
         top = self.top_rung[key]
         if rows <= top:
-            return self._at_rung(x, weight, bias, fast_rungs)
-        parts = [
-            self._at_rung(x[i : i + top], weight, bias, fast_rungs) for i in range(0, rows, top)
-        ]
+            return self._at_rung(x, weight, bias, run_at)
+        parts = [self._at_rung(x[i : i + top], weight, bias, run_at) for i in range(0, rows, top)]
         return torch.cat(parts)
 
     def _at_rung(
@@ -209,11 +231,11 @@ class InvariantGemm:
         x: torch.Tensor,
         weight: torch.Tensor,
         bias: torch.Tensor | None,
-        fast_rungs: frozenset[int],
+        run_at: dict[int, int],
     ) -> torch.Tensor:
         rows = x.shape[0]
-        rung = self.ladder[bisect.bisect_left(self.ladder, rows)]
-        if rung not in fast_rungs:
+        rung = run_at.get(self.ladder[bisect.bisect_left(self.ladder, rows)])
+        if rung is None:
             return self.reference(x, weight, bias)
         if rung == rows:
             return self.fast(x, weight, bias)

@@ -109,6 +109,32 @@ def test_rungs_that_fail_the_check_run_the_reference() -> None:
     assert fast.rows == [4, 16] and reference.rows == [17, 30, 40, 40, 20]
 
 
+def differs_at(*bad_rows):
+    """Like a library that picks a split-K kernel at a few row counts: other bits there."""
+
+    def gemm(x, w, b=None):
+        out = row_alone(x, w, b)
+        return out * (1 + 2**-10) if x.shape[0] in bad_rows else out
+
+    return gemm
+
+
+def test_a_failed_rung_runs_fast_padded_to_a_near_rung_that_passed() -> None:
+    """256 failed and 272 (1.0625x) passed: 256's calls run fast at 272; 16 and 24 failed and
+    the next pass (32) is more than an eighth above both: the reference."""
+    fast, reference = Spy(differs_at(16, 24, 256)), Spy(row_alone)
+    gemm = InvariantGemm(reference, max_rows=300, fast=fast)
+    key = (24, 16, torch.float32, False)
+    gemm.verify([key], CPU)
+    assert gemm.run_at[key][256] == 272 and 24 not in gemm.run_at[key]
+    fast.rows.clear(), reference.rows.clear()
+    gen = torch.Generator().manual_seed(2)
+    x, w = torch.randn(300, 16, generator=gen), torch.randn(24, 16, generator=gen)
+    for rows in (250, 256, 13, 20, 257):
+        assert torch.equal(gemm(x[:rows], w), row_alone(x[:rows], w))
+    assert fast.rows == [272, 272, 272] and reference.rows == [13, 20]
+
+
 def test_the_check_stays_within_its_memory(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(invariant_gemm, "CHECK_BYTES", 64 << 10)
     checked = Spy(row_alone)
