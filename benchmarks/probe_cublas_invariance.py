@@ -94,7 +94,7 @@ def main() -> None:
             "cublas_workspace": os.environ.get("CUBLAS_WORKSPACE_CONFIG", "default"),
             "rungs_checked": len(checked),
             "top_rung": checked[-1],
-            "cublas_ne_triton": [r for r in checked if r not in gemm.fast_rungs[key]],
+            "cublas_ne_triton": [r for r in checked if r not in gemm.matched_rungs(key)],
             # rungs that missed but run cuBLAS padded to a near one that matched
             "padded_to": {r: m for r, m in gemm.run_at[key].items() if r != m},
         }

@@ -168,9 +168,8 @@ class InvariantGemm:
         self.fast = fast
         self.timer = timer  # None: default_timer(device) at verify
         self.ladder = gemm_ladder(max_rows)
-        # Verified shapes -> the rungs where fast matched, each rung that runs fast -> the rung
-        # it runs at, and the largest rung checked.
-        self.fast_rungs: dict[ShapeKey, frozenset[int]] = {}
+        # Verified shapes -> (each rung that runs fast -> the rung it runs at), and the largest
+        # rung checked.
         self.run_at: dict[ShapeKey, dict[int, int]] = {}
         self.top_rung: dict[ShapeKey, int] = {}
 
@@ -192,11 +191,14 @@ class InvariantGemm:
                     if r not in SMALL_ROWS
                     or not clearly_faster(self.reference, self.fast, key, r, device, timer)
                 ]
-            self.fast_rungs[key] = frozenset(same)
             self.run_at[key] = rungs_to_run(rungs, same)
             self.top_rung[key] = rungs[-1]
             counts[key] = len(same)
         return counts
+
+    def matched_rungs(self, key: ShapeKey) -> frozenset[int]:
+        """The rungs where `fast` matched the reference (and was kept) for a verified shape."""
+        return frozenset(r for r, at in self.run_at[key].items() if r == at)
 
     def verify_model(self, model: torch.nn.Module, device: torch.device) -> None:
         """Verifies the shapes of every layer of `model` that calls this GEMM."""

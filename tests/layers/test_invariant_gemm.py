@@ -165,7 +165,7 @@ def test_verify_model_checks_every_layer_shape(tiny_qwen2_dir: str) -> None:
         (h, inter, torch.float32, False),
         (model.lm_head.weight.shape[0], h, torch.float32, False),  # vocab padded
     }
-    assert set(gemm.fast_rungs) == expected
+    assert set(gemm.run_at) == expected
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
@@ -198,7 +198,7 @@ def test_invariant_gemm_keeps_the_reference_where_it_is_clearly_faster() -> None
     gemm = InvariantGemm(reference, max_rows=40, fast=fast, timer=timer)
     key = (24, 16, torch.float32, False)
     assert gemm.verify([key], CPU) == {key: 7}
-    assert gemm.fast_rungs[key] == frozenset({2, 4, 8, 16, 24, 32, 40})
+    assert gemm.matched_rungs(key) == frozenset({2, 4, 8, 16, 24, 32, 40})
     x, w = torch.randn(40, 16), torch.randn(24, 16)
     fast.rows.clear(), reference.rows.clear()
     for rows in (1, 2, 3, 9):
