@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 
 from common import dummy_model_dir
-from workloads import random_prompts
+from workloads import measure_batch1
 
 
 def main() -> None:
@@ -36,27 +34,12 @@ def main() -> None:
         max_mixed_graph_tokens=args.max_mixed_graph_tokens,
         prefill_attention_kernel=args.prefill_attention_kernel,
     )
-    # A new prompt each time: no cache hits.
-    prompts = iter(random_prompts(args.ttft_samples + 5, 1000, seed=1))
 
-    def generate(max_tokens: int) -> None:
-        prompt = next(prompts)
+    def generate(prompt: list[int], max_tokens: int) -> None:
         params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=max_tokens)
         llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
 
-    generate(8)
-    generate(8)
-    ttft, full = [], []
-    for _ in range(args.ttft_samples):
-        start = time.perf_counter()
-        generate(1)
-        ttft.append(time.perf_counter() - start)
-    for _ in range(3):
-        start = time.perf_counter()
-        generate(257)
-        full.append(time.perf_counter() - start)
-    t1, tf = statistics.median(ttft), statistics.median(full)
-    quartiles = statistics.quantiles(ttft, n=4) if len(ttft) > 1 else [t1, t1, t1]
+    latency = measure_batch1(generate, ttft_samples=args.ttft_samples)
     print(
         json.dumps(
             {
@@ -66,10 +49,8 @@ def main() -> None:
                 "deterministic": args.deterministic,
                 "max_mixed_graph_tokens": args.max_mixed_graph_tokens,
                 "prefill_attention_kernel": args.prefill_attention_kernel,
-                "ttft_ms": round(t1 * 1e3, 2),
-                "ttft_q1_q3_ms": [round(quartiles[0] * 1e3, 2), round(quartiles[2] * 1e3, 2)],
-                "tpot_ms": round((tf - t1) / 256 * 1e3, 3),
             }
+            | latency.fields()
         ),
         flush=True,
     )

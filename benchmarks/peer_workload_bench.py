@@ -1,6 +1,7 @@
 """One workload of benchmarks/workloads.py, or batch-1 latency, through either engine's
 vLLM-style API, for side-by-side runs on dummy weights. Prints one JSON line (a workload: the
-same fields as bench_throughput.py; latency: bench_latency.py's ttft_ms and tpot_ms).
+same fields as bench_throughput.py; latency: bench_latency.py's ttft_ms, its quartiles and
+tpot_ms).
 
 Usage: [TP=N] [GPU_UTIL=0.9] [KV_CACHE_DTYPE=fp8] [DETERMINISTIC=1] [SPEC='{"method": ...}']
        [PREFILL_KERNEL=auto|triton|gluon]
@@ -17,16 +18,12 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
 import time
 
-from workloads import WORKLOADS, Workload, make_workload, random_prompts, result_fields
+from workloads import WORKLOADS, Workload, make_workload, measure_batch1, result_fields
 
 ENGINES = ("minivllm", "vllm")
-LATENCY_PROMPT_LEN = 1000
-LATENCY_OUTPUT_LEN = 256
-TTFT_SAMPLES = 15  # a TTFT is ~5 ms: its median needs more samples than TPOT's
 
 
 def build(engine: str, model_dir: str, max_model_len: int):
@@ -85,26 +82,12 @@ def throughput(llm, params, workload: Workload) -> dict:
 
 
 def latency(llm, params) -> dict:
-    """Batch 1, as bench_latency.py measures it: the time of a one-token generate of a new
-    1,000-token prompt (TTFT), and the rest of a 257-token greedy generate over its 256 later
-    tokens (TPOT); medians of 15 and 3. A new prompt each time: no prefix-cache hits."""
-    prompts = iter(random_prompts(TTFT_SAMPLES + 4, LATENCY_PROMPT_LEN, seed=1))
+    """Batch 1, as bench_latency.py measures it (workloads.measure_batch1)."""
 
-    def timed(max_tokens: int) -> float:
-        prompt = [{"prompt_token_ids": next(prompts)}]
-        start = time.perf_counter()
-        llm.generate(prompt, params(max_tokens, 0.0), use_tqdm=False)
-        return time.perf_counter() - start
+    def generate(prompt: list[int], max_tokens: int) -> None:
+        llm.generate([{"prompt_token_ids": prompt}], params(max_tokens, 0.0), use_tqdm=False)
 
-    timed(8)  # a prefill of the full length before the measured ones
-    firsts = [timed(1) for _ in range(TTFT_SAMPLES)]
-    fulls = [timed(LATENCY_OUTPUT_LEN + 1) for _ in range(3)]
-    first, full = statistics.median(firsts), statistics.median(fulls)
-    return {
-        "workload": "latency",
-        "ttft_ms": round(first * 1e3, 2),
-        "tpot_ms": round((full - first) / LATENCY_OUTPUT_LEN * 1e3, 3),
-    }
+    return {"workload": "latency"} | measure_batch1(generate).fields()
 
 
 def main(argv: list[str]) -> int:

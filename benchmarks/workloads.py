@@ -4,11 +4,15 @@ engine-free (the vLLM side of peer_workload_bench.py imports this file too).
 headline: the standard small-engine workload. short: thousands of short requests. long: long
 prompts, short outputs (prefill-bound). prefix: shared system prefixes (prefix-cache-bound).
 random_prompts: the serving and batch-1 benchmarks' prompts (one length, random ids).
+measure_batch1: batch-1 latency (TTFT and TPOT) through any engine's generate.
 """
 
 from __future__ import annotations
 
 import random
+import statistics
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 # Random prompt ids are drawn from [0, MAX_TOKEN_ID], as in the headline workload.
@@ -118,3 +122,58 @@ def result_fields(workload: Workload, generated: int, seconds: float) -> dict:
             (workload.num_prompt_tokens + workload.num_output_tokens) / seconds, 1
         ),
     }
+
+
+# Batch 1 (bench_latency.py, peer_workload_bench.py latency): a new prompt of this many tokens
+# each time (no prefix-cache hits); TPOT over this many greedy tokens after the first.
+LATENCY_PROMPT_LEN = 1000
+LATENCY_OUTPUT_LEN = 256
+
+
+@dataclass(frozen=True)
+class Batch1Latency:
+    ttft_s: list[float]  # one-token generates, each of a new prompt
+    full_s: list[float]  # (LATENCY_OUTPUT_LEN + 1)-token generates
+
+    @property
+    def ttft(self) -> float:
+        return statistics.median(self.ttft_s)
+
+    @property
+    def tpot(self) -> float:
+        """The time of a later token: a full generate's median less the median TTFT."""
+        return (statistics.median(self.full_s) - self.ttft) / LATENCY_OUTPUT_LEN
+
+    def fields(self) -> dict:
+        """ttft_ms (median), its quartiles, tpot_ms: the batch-1 JSON fields."""
+        quartiles = statistics.quantiles(self.ttft_s, n=4) if len(self.ttft_s) > 1 else []
+        return {
+            "ttft_ms": round(self.ttft * 1e3, 2),
+            "ttft_q1_q3_ms": [round(quartiles[i] * 1e3, 2) for i in (0, 2)] if quartiles else [],
+            "tpot_ms": round(self.tpot * 1e3, 3),
+        }
+
+
+def measure_batch1(
+    generate: Callable[[list[int], int], object],
+    ttft_samples: int = 15,
+    full_samples: int = 3,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Batch1Latency:
+    """Batch-1 latency through generate(prompt_ids, max_tokens), one greedy request that ignores
+    EOS. Two full-length 8-token generates warm up first. A TTFT is ~5 ms on an H100, so its
+    median takes more samples than the full generates' (~0.4 s each)."""
+    if ttft_samples < 1 or full_samples < 1:
+        raise ValueError(f"samples must be >= 1, got {ttft_samples} and {full_samples}")
+    prompts = iter(random_prompts(2 + ttft_samples + full_samples, LATENCY_PROMPT_LEN, seed=1))
+
+    def timed(max_tokens: int) -> float:
+        prompt = next(prompts)
+        start = clock()
+        generate(prompt, max_tokens)
+        return clock() - start
+
+    timed(8)
+    timed(8)
+    ttft = [timed(1) for _ in range(ttft_samples)]
+    return Batch1Latency(ttft, [timed(LATENCY_OUTPUT_LEN + 1) for _ in range(full_samples)])

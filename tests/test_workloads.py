@@ -123,3 +123,24 @@ def test_profile_runs_never_share_a_prompt(workloads, profile_workload) -> None:
 )
 def test_profile_kernel_kinds(profile_workload, name, kind) -> None:
     assert profile_workload.kind_of(name) == kind
+
+
+def test_batch1_latency_warms_up_then_times_new_prompts(workloads) -> None:
+    now, calls = [0.0], []
+
+    def generate(prompt: list[int], max_tokens: int) -> None:
+        calls.append((tuple(prompt), max_tokens))
+        now[0] += 0.004 + 0.001 * (max_tokens - 1)  # a 4 ms first token, 1 ms each later one
+
+    latency = workloads.measure_batch1(
+        generate, ttft_samples=5, full_samples=2, clock=lambda: now[0]
+    )
+    out_len = workloads.LATENCY_OUTPUT_LEN
+    assert [n for _, n in calls] == [8, 8] + [1] * 5 + [out_len + 1] * 2
+    assert all(len(p) == workloads.LATENCY_PROMPT_LEN for p, _ in calls)
+    assert len({p for p, _ in calls}) == len(calls)  # no prefix-cache hits
+    fields = latency.fields()
+    assert fields["ttft_ms"] == 4.0 and fields["tpot_ms"] == 1.0
+    assert fields["ttft_q1_q3_ms"] == [4.0, 4.0]
+    with pytest.raises(ValueError, match="samples"):
+        workloads.measure_batch1(generate, ttft_samples=0)
