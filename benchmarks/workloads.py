@@ -161,8 +161,8 @@ def measure_batch1(
     clock: Callable[[], float] = time.perf_counter,
 ) -> Batch1Latency:
     """Batch-1 latency through generate(prompt_ids, max_tokens), one greedy request that ignores
-    EOS. Two full-length 8-token generates warm up first. A TTFT is ~5 ms on an H100, so its
-    median takes more samples than the full generates' (~0.4 s each)."""
+    EOS. Two full-length 8-token generates warm up first. A TTFT is short and moves with the
+    host, so its median takes more samples than the full generates'."""
     if ttft_samples < 1 or full_samples < 1:
         raise ValueError(f"samples must be >= 1, got {ttft_samples} and {full_samples}")
     prompts = iter(random_prompts(2 + ttft_samples + full_samples, LATENCY_PROMPT_LEN, seed=1))

@@ -1,6 +1,6 @@
 """benchmarks/workloads.py: the throughput workload shapes are seeded, sized as documented, and
-the headline is exactly docs/performance.md's; benchmarks/profile_workload.py's runs and kernel
-kinds."""
+the headline is exactly docs/performance.md's; batch-1 latency's procedure;
+benchmarks/profile_workload.py's runs and kernel kinds."""
 
 from __future__ import annotations
 
