@@ -157,6 +157,10 @@ class Scheduler:
         # After a preemption memory is short: admitting now would only cause more of them.
         if not preempted:
             self._schedule_waiting(budget, decodes, others, new_requests, now)
+        # Prefill chunks by where their context ends, ascending: the attention kernels run a
+        # step's query tiles last-first, so its longest tiles (a chunk's last, or a few rows
+        # after a long context) start first and none is left to run alone at the end.
+        others.sort(key=lambda chunk: chunk.num_computed_tokens + len(chunk.token_ids))
         chunks = decodes + others
         return SchedulerOutput(
             chunks=chunks,

@@ -102,11 +102,30 @@ def test_budget_is_shared_running_first_then_waiting():
     sched_out, _ = step(scheduler)
     assert summary(sched_out) == [("a", 4, 0, [0], False)]
     sched_out, _ = step(scheduler)
-    assert summary(sched_out) == [("a", 2, 4, [0, 1], True), ("b", 2, 0, [2], False)]
+    # a (running) took its 2 tokens first, b the rest; packed by where the context ends.
+    assert summary(sched_out) == [("b", 2, 0, [2], False), ("a", 2, 4, [0, 1], True)]
     sched_out, _ = step(scheduler)
     # b's last prompt token is one token but not a decode: it is still prefill.
     assert summary(sched_out) == [("a", 1, 6, [0, 1], True), ("b", 1, 2, [2], True)]
     assert sched_out.num_decode_chunks == 1
+
+
+def test_prefill_chunks_are_packed_by_where_their_context_ends():
+    # A prompt's last few tokens after a long context end later than a new prompt's chunk:
+    # packed last, their attention tile (as long as any) starts first (tiles run last-first).
+    scheduler = make_scheduler(max_num_batched_tokens=10)
+    scheduler.add_request(make_request("long", list(range(12))))
+    scheduler.add_request(make_request("new", list(range(100, 105))))
+    scheduler.add_request(make_request("short", [7, 8]))
+    sched_out, _ = step(scheduler)
+    assert summary(sched_out) == [("long", 10, 0, [0, 1, 2], False)]
+    sched_out, _ = step(scheduler)
+    assert [(c.req_id, c.num_computed_tokens + len(c.token_ids)) for c in sched_out.chunks] == [
+        ("short", 2),
+        ("new", 5),
+        ("long", 12),
+    ]
+    assert sched_out.num_decode_chunks == 0
 
 
 def test_decode_chunks_come_first_in_a_mixed_batch():

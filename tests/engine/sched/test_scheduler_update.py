@@ -36,10 +36,11 @@ def test_request_preempted_in_flight_and_finished_by_that_token_leaves_waiting()
     step2 = scheduler.schedule()  # scheduled ahead of step 1's update
     assert [c.req_id for c in step2.chunks] == ["x"]
     assert a.status == RequestStatus.WAITING and a.num_pending_tokens == 1
-    outputs = scheduler.update(step1, RunnerOutput(["x", "a"], [7, 8]))
+    assert [c.req_id for c in step1.chunks] == ["a", "x"]  # prefills by context end
+    outputs = scheduler.update(step1, RunnerOutput(["a", "x"], [8, 7]))
     assert [(o.req_id, o.finished, o.finish_reason) for o in outputs] == [
-        ("x", False, None),
         ("a", True, "length"),
+        ("x", False, None),
     ]
     assert a not in scheduler.waiting and a not in scheduler.running
     assert a.status == RequestStatus.FINISHED_LENGTH
