@@ -144,3 +144,20 @@ def test_batch1_latency_warms_up_then_times_new_prompts(workloads) -> None:
     assert fields["ttft_q1_q3_ms"] == [4.0, 4.0]
     with pytest.raises(ValueError, match="samples"):
         workloads.measure_batch1(generate, ttft_samples=0)
+
+
+@pytest.fixture(scope="module")
+def dispatch_model(monkeypatch_module_path):
+    return SimpleNamespace(**runpy.run_path(str(_PATH.parent / "prefill_dispatch_model.py"),
+                                            run_name="bench_dispatch_model"))  # fmt: skip
+
+
+def test_dispatch_model_a_long_tile_started_last_runs_alone(dispatch_model) -> None:
+    # A 16k prompt's chunk and 8 rows after another prompt's 16k keys: the 8 rows are one
+    # tile as long as the chunk's last; started last, it runs alone past everything else.
+    tail, chunk = (8, 16376), (16376, 0)
+    late, bound = dispatch_model.launch_time([tail, chunk], 132)
+    early, same_bound = dispatch_model.launch_time([chunk, tail], 132)
+    assert bound == same_bound and early < 1.01 * bound
+    assert late > early + 100  # most of a 129-block tile
+    assert dispatch_model.tile_costs([(129, 0)]) == [1.5, 2.5]
