@@ -1,4 +1,5 @@
-"""Scheduler: chunked prefill, decode-first order, seats, preemption, stops, abort, no leaks."""
+"""Scheduler: chunked prefill, decode-first order, prefill packing order, seats, preemption,
+stops, abort, no leaks."""
 
 from __future__ import annotations
 
