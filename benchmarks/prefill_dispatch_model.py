@@ -7,7 +7,10 @@ costs its 128-key blocks plus half a block of fixed work. The bound spreads a la
 evenly over the SMs. Prints one JSON line: the modelled time over the bound, summed over the
 steps, in the scheduler's packing and with running requests' chunks packed before new ones.
 
-    python benchmarks/prefill_dispatch_model.py [--workload long] [--sms 132]
+    python benchmarks/prefill_dispatch_model.py [--workload long] [--usage offline|server]
+        [--sms 132]
+
+The scheduler's limits are the engine's defaults on an H100 or H200 for the usage.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import math
 from workloads import WORKLOADS, make_workload
 
 from minivllm.engine.sched.block_manager import BlockManager
+from minivllm.engine.sched.limits import LARGE_GPU_BYTES, auto_scheduler_limits
 from minivllm.engine.sched.request import Request
 from minivllm.engine.sched.scheduler import Scheduler
 from minivllm.engine.types import RunnerOutput, SchedulerOutput
@@ -64,12 +68,14 @@ def prefill_chunks(sched_out: SchedulerOutput, running_first: bool) -> list[tupl
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--workload", default="long", choices=WORKLOADS)
+    parser.add_argument("--usage", default="offline", choices=["offline", "server"])
     parser.add_argument("--sms", type=int, default=132, help="an H100 or H200: 132")
     args = parser.parse_args()
+    limits = auto_scheduler_limits(LARGE_GPU_BYTES, "cuda", args.usage)
     workload = make_workload(args.workload)
     tokens = workload.num_prompt_tokens + workload.num_output_tokens
     blocks = BlockManager(tokens // 16 + len(workload.prompts) + 1, 16, False)
-    scheduler = Scheduler(1024, 16384, workload.max_model_len, blocks)
+    scheduler = Scheduler(*limits, workload.max_model_len, blocks)
     for i, (prompt, out_len) in enumerate(zip(workload.prompts, workload.output_lens)):
         params = SamplingParams(max_tokens=out_len, ignore_eos=True)
         scheduler.add_request(Request(str(i), prompt, params, arrival_time=0.0))
@@ -91,6 +97,7 @@ def main() -> None:
             {
                 "bench": "prefill_dispatch_model",
                 "workload": args.workload,
+                "usage": args.usage,
                 "sms": args.sms,
                 "steps": steps,
                 "packed_over_bound": round(totals["packed"] / totals["bound"], 4),
