@@ -27,10 +27,11 @@ from minivllm.engine.sched.limits import LARGE_GPU_BYTES, auto_scheduler_limits
 from minivllm.engine.sched.request import Request
 from minivllm.engine.sched.scheduler import Scheduler
 from minivllm.engine.types import RunnerOutput, SchedulerOutput
+from minivllm.kernels.gluon_prefill_attention import BLOCK_M as TILE_ROWS
 from minivllm.sampling_params import SamplingParams
 
-TILE_ROWS = 128  # query rows a program (the Gluon kernel's BLOCK_M)
-KEY_BLOCK = 128  # keys a step of its loop (BLOCK_N)
+KEY_BLOCK = 128  # keys a step of the kernel's loop (its BLOCK_N at head_dim 128)
+KV_BLOCK_SIZE = 16  # the engine's default block_size
 TILE_FIXED = 0.5  # a program's own work, in key blocks
 NUM_HEADS, GROUP = 16, 2  # Qwen3-0.6B: 16 query heads, 8 KV heads
 
@@ -74,7 +75,8 @@ def main() -> None:
     limits = auto_scheduler_limits(LARGE_GPU_BYTES, "cuda", args.usage)
     workload = make_workload(args.workload)
     tokens = workload.num_prompt_tokens + workload.num_output_tokens
-    blocks = BlockManager(tokens // 16 + len(workload.prompts) + 1, 16, False)
+    num_blocks = tokens // KV_BLOCK_SIZE + len(workload.prompts) + 1  # never preempts
+    blocks = BlockManager(num_blocks, KV_BLOCK_SIZE, False)
     scheduler = Scheduler(*limits, workload.max_model_len, blocks)
     for i, (prompt, out_len) in enumerate(zip(workload.prompts, workload.output_lens)):
         params = SamplingParams(max_tokens=out_len, ignore_eos=True)
