@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One batched GPU measurement on the device machine (see docs/performance.md), a part a call:
-#   tests   every GPU test but the streamed server test (~500 s on an H100)
+#   tests   every GPU test but the streamed server test (320-500 s on an H100)
 #   server  the streamed server test (512 requests at 128 clients against the same offline)
 #   bench   the kernel rates, throughput, decode profile and latency
 # Usage: bash benchmarks/gpu_suite.sh tests|server|bench   (results under $OUT)
