@@ -16,23 +16,30 @@ def main() -> None:
     parser.add_argument("--model-name", default="qwen3-0.6b")
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--deterministic", action="store_true")
-    parser.add_argument("--max-mixed-graph-tokens", type=int, default=4096, help="0: eager")
-    parser.add_argument("--prefill-attention-kernel", default="auto", help="auto|triton|gluon")
+    parser.add_argument(
+        "--max-mixed-graph-tokens", type=int, default=None, help="0: eager (default: the engine's)"
+    )
+    parser.add_argument(
+        "--prefill-attention-kernel", default=None, help="auto|triton|gluon (default: the engine's)"
+    )
     parser.add_argument("--ttft-samples", type=int, default=15)
     args = parser.parse_args()
 
     from minivllm import LLM, SamplingParams
 
-    model_dir = dummy_model_dir(args.model_name)
+    options = {
+        name: getattr(args, name)
+        for name in ("max_mixed_graph_tokens", "prefill_attention_kernel")
+        if getattr(args, name) is not None
+    }
     llm = LLM(
-        model_dir,
+        dummy_model_dir(args.model_name),
         load_format="dummy",
         max_model_len=4096,
         enable_prefix_caching=False,
         enforce_eager=args.enforce_eager,
         deterministic=args.deterministic,
-        max_mixed_graph_tokens=args.max_mixed_graph_tokens,
-        prefill_attention_kernel=args.prefill_attention_kernel,
+        **options,
     )
 
     def generate(prompt: list[int], max_tokens: int) -> None:
@@ -47,8 +54,8 @@ def main() -> None:
                 "model": args.model_name,
                 "enforce_eager": args.enforce_eager,
                 "deterministic": args.deterministic,
-                "max_mixed_graph_tokens": args.max_mixed_graph_tokens,
-                "prefill_attention_kernel": args.prefill_attention_kernel,
+                "max_mixed_graph_tokens": llm.config.max_mixed_graph_tokens,
+                "prefill_attention_kernel": llm.config.prefill_attention_kernel,
             }
             | latency.fields()
         ),
