@@ -70,6 +70,11 @@ class ScheduledChunk:
     sample: bool
     num_draft_tokens: int = 0
 
+    @property
+    def context_end(self) -> int:
+        """The position after the chunk's last token: how many keys its last row attends to."""
+        return self.num_computed_tokens + len(self.token_ids)
+
 
 @dataclass
 class SchedulerOutput:

@@ -48,7 +48,7 @@ class PromptLogprobsTracker:
                 continue
             prompt = request.prompt_token_ids
             start = max(chunk.num_computed_tokens, self.num_done.get(chunk.req_id, 0))
-            end = min(chunk.num_computed_tokens + len(chunk.token_ids), len(prompt) - 1)
+            end = min(chunk.context_end, len(prompt) - 1)
             if end <= start and not (start == 0 and chunk.req_id not in self.num_done):
                 continue
             offset = int(query_start_loc[i]) - chunk.num_computed_tokens

@@ -160,7 +160,7 @@ class Scheduler:
         # Prefill chunks by where their context ends, ascending: the attention kernels run a
         # step's query tiles last-first, so its longest tiles (a chunk's last, or a few rows
         # after a long context) start first and none is left to run alone at the end.
-        others.sort(key=lambda chunk: chunk.num_computed_tokens + len(chunk.token_ids))
+        others.sort(key=lambda chunk: chunk.context_end)
         chunks = decodes + others
         return SchedulerOutput(
             chunks=chunks,
