@@ -10,6 +10,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from minivllm.layers.penalties import penalize, token_mask
+from minivllm.layers.sampling_filters import apply_top_k_top_p  # noqa: F401 (the sort path)
+from minivllm.layers.sampling_filters import keep_thresholds
+
 # A keyed draw d of a row uses philox counters [d << DRAW_SHIFT, (d << DRAW_SHIFT) + vocab_size):
 # a stride of 2**32 > any vocab size keeps draws disjoint without knowing the vocab size.
 DRAW_SHIFT = 32
@@ -20,7 +24,7 @@ class SamplingMetadata:
     """Per-row sampling parameters of one step, on the logits' device (N rows).
 
     Token-id tensors are padded with -1 (ids >= vocab size are ignored as well), so they do not
-    depend on the vocab size; the sampler turns them into [N, V] counts and masks.
+    depend on the vocab size.
     """
 
     temperature: torch.Tensor  # [N] float32, 0 = greedy
@@ -30,10 +34,6 @@ class SamplingMetadata:
     presence_penalties: torch.Tensor  # [N] float32, 0 = off
     frequency_penalties: torch.Tensor  # [N] float32, 0 = off
     repetition_penalties: torch.Tensor  # [N] float32, 1 = off
-    # [N, max_num_output_tokens] int64; None when no_penalties.
-    output_token_ids: torch.Tensor | None
-    # [N, max_prompt_len] int64; None unless some row has a repetition penalty.
-    prompt_token_ids: torch.Tensor | None
     # [N, max_num_suppressed] int64: EOS / stop tokens banned until min_tokens; None when none.
     suppressed_token_ids: torch.Tensor | None
     # row -> the request's seeded generator; rows not in here use the default RNG.
@@ -46,7 +46,21 @@ class SamplingMetadata:
     no_top_p: bool
     no_min_p: bool
     max_top_k: int  # the largest top_k among random rows (0 when no_top_k)
+    # Every random row's top-k within TOP_K_CAP, and set where its top-p is: the filters run
+    # over torch.topk candidates, without a vocabulary sort (layers/sampling_filters.py).
+    filter_by_candidates: bool = True
     max_num_logprobs: int | None = None
+    # Penalties (when not no_penalties): the penalized rows [P] int64 and their requests'
+    # slots [P] int64 of the tables output_counts [S, W] int32 and prompt_mask [S, W] bool
+    # (engine/runner/penalty_state.py); in a drafted step each row's drafts before it
+    # [P, K] int64 (padded with -1), counted as output. penalty_req_ids: the rows' requests,
+    # whose sampled tokens the runner records in the tables (None in a drafted step).
+    penalty_rows: torch.Tensor | None = None
+    penalty_slots: torch.Tensor | None = None
+    penalty_req_ids: list[str] | None = None
+    penalty_drafts: torch.Tensor | None = None
+    output_counts: torch.Tensor | None = None
+    prompt_mask: torch.Tensor | None = None
     # logit_bias: [N, max_num_biased] int64 ids and float32 values added to their logits (padded
     # with id 0 and value 0.0); None when no row has one.
     logit_bias_ids: torch.Tensor | None = None
@@ -78,17 +92,24 @@ class Sampler(nn.Module):
     """Samples one token per row of `logits` under per-row parameters (vLLM semantics).
 
     use_triton: a plain batch takes one fused pass (kernels/sampling.py) instead of ~6 full
-    [N, V] passes, and every other batch with random rows draws with the same keyed noise
-    (draw_filtered), so that a seeded request's tokens do not depend on its neighbours.
+    [N, V] passes, every other batch with random rows draws with the same keyed noise
+    (draw_kept), so that a seeded request's tokens do not depend on its neighbours, and
+    penalties run as one kernel over the penalized rows (kernels/penalties.py).
+
+    Workspace: one float32 copy of the logits (two with logprobs: their log_softmax), [N, V]
+    masks of one byte, and the filters' candidates (layers/sampling_filters.py).
     """
 
     def __init__(self, use_triton: bool = False) -> None:
         super().__init__()
         self.use_triton = use_triton
+        self._penalize = penalize
         if use_triton:
+            from minivllm.kernels.penalties import apply_penalties_from_tables
             from minivllm.kernels.sampling import sample_plain
 
             self._sample_plain = sample_plain
+            self._penalize = apply_penalties_from_tables
 
     def forward(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
         # logits: [N, V], any float dtype; left untouched.
@@ -115,19 +136,26 @@ class Sampler(nn.Module):
         if meta.allowed_token_ids is not None:
             logits.masked_fill_(disallowed_mask(meta, logits.shape[1]), -torch.inf)
         if not meta.no_penalties:
-            logits = apply_penalties(logits, meta)
-        greedy_ids = None if meta.all_random else logits.argmax(dim=-1)
+            logits = self._penalize(logits, *_penalty_args(meta))
         if meta.all_greedy:
-            sampled = greedy_ids
-        elif self.use_triton:
-            # Filter on a copy, then draw from the unscaled logits with the fused kernel's
-            # keyed noise: the same draw a plain batch makes for a row without filters.
-            filtered = self._filter(logits.clone(), meta)
-            sampled = self.draw_filtered(logits, filtered, meta)
+            sampled = logits.argmax(dim=-1)
         else:
-            sampled = self._sample(logits, meta)
-            if greedy_ids is not None:
-                sampled = torch.where(meta.temperature == 0.0, greedy_ids, sampled)
+            # The torch draw leaves greedy rows to an argmax before the filters (the Triton
+            # draw takes it itself).
+            greedy_ids = None
+            if not (meta.all_random or self.use_triton):
+                greedy_ids = logits.argmax(dim=-1)
+            # The filters' dropped tokens -inf, in place: greedy rows keep their argmax.
+            if not (meta.no_top_k and meta.no_top_p and meta.no_min_p):
+                logits.masked_fill_(logits < filter_thresholds(logits, meta), -torch.inf)
+            if self.use_triton:
+                # Drawn from the unscaled logits with the fused kernel's keyed noise: the
+                # same draw a plain batch makes for a row without filters.
+                sampled = self.draw_kept(logits, meta)
+            else:
+                sampled = self._sample(logits, meta)
+                if greedy_ids is not None:
+                    sampled = torch.where(meta.temperature == 0.0, greedy_ids, sampled)
         out = SamplerOutput(sampled_token_ids=sampled)
         if raw_logprobs is not None:
             out.logprob_token_ids, out.logprobs, out.ranks = gather_logprobs(
@@ -135,109 +163,62 @@ class Sampler(nn.Module):
             )
         return out
 
+    def draw_kept(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+        """Gumbel-max draw (the Triton sampler's keyed noise) from logits [N, V] (penalized,
+        unscaled, dropped tokens -inf); greedy rows take the argmax."""
+        return self._sample_plain(logits, meta.temperature, meta.seeds, meta.offsets)
+
     def draw_filtered(
         self, logits: torch.Tensor, filtered: torch.Tensor, meta: SamplingMetadata
     ) -> torch.Tensor:
-        """Gumbel-max draw (the Triton sampler's keyed noise) from logits [N, V] (penalized,
-        unscaled) with the tokens that filtered [N, V] dropped (-inf) masked out; greedy rows
-        take the argmax."""
-        kept = logits.masked_fill(filtered == -torch.inf, -torch.inf)
-        return self._sample_plain(kept, meta.temperature, meta.seeds, meta.offsets)
-
-    def _sample(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
-        probs = self._filter(logits, meta).softmax(dim=-1)
-        return exponential_race(probs, meta.generators)
+        """draw_kept from logits [N, V] with the tokens that filtered [N, V] drops (-inf)."""
+        return self.draw_kept(logits.masked_fill(filtered == -torch.inf, -torch.inf), meta)
 
     @staticmethod
-    def _filter(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
-        """Temperature, then top-k / top-p / min-p (dropped tokens -inf), in place."""
+    def _sample(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
         # Greedy rows get temperature 1 here only to avoid dividing by 0; their result is unused.
         temperature = torch.where(meta.temperature == 0.0, 1.0, meta.temperature)
-        logits.div_(temperature.unsqueeze(1))
-        if not meta.no_top_p:
-            logits = apply_top_k_top_p(logits, None if meta.no_top_k else meta.top_k, meta.top_p)
-        elif not meta.no_top_k:
-            logits = apply_top_k(logits, meta.top_k, meta.max_top_k)
-        if not meta.no_min_p:
-            logits = apply_min_p(logits, meta.min_p)
-        return logits
+        probs = logits.div_(temperature.unsqueeze(1)).softmax(dim=-1)
+        return exponential_race(probs, meta.generators)
 
 
-def token_counts(token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """[N, L] int64 ids padded with -1 -> [N, vocab_size] int32 occurrence counts."""
-    # Padding and out-of-vocab ids land in an extra dump column that is cut off.
-    ids = torch.where((token_ids < 0) | (token_ids >= vocab_size), vocab_size, token_ids)
-    counts = torch.zeros(ids.shape[0], vocab_size + 1, dtype=torch.int32, device=ids.device)
-    counts.scatter_add_(1, ids, torch.ones_like(ids, dtype=torch.int32))
-    return counts[:, :vocab_size]
+def filter_thresholds(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+    """[N, 1]: the smallest logit each row keeps under its top-k, top-p and min-p."""
+    return keep_thresholds(
+        logits,
+        meta.temperature,
+        None if meta.no_top_k else meta.top_k,
+        None if meta.no_top_p else meta.top_p,
+        None if meta.no_min_p else meta.min_p,
+        meta.max_top_k,
+        meta.filter_by_candidates,
+    )
 
 
-def token_mask(token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """[N, L] int64 ids padded with -1 -> [N, vocab_size] bool, True where the id occurs."""
-    return token_counts(token_ids, vocab_size) > 0
+def _penalty_args(meta: SamplingMetadata) -> tuple:
+    """The penalty functions' arguments after the logits, from meta."""
+    return (
+        meta.penalty_rows,
+        meta.penalty_slots,
+        meta.output_counts,
+        meta.prompt_mask,
+        meta.repetition_penalties,
+        meta.frequency_penalties,
+        meta.presence_penalties,
+        meta.penalty_drafts,
+    )
+
+
+def apply_penalties(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+    """Repetition (prompt + output), then frequency and presence (output) penalties, in place
+    (the torch definition; layers/penalties.py)."""
+    return penalize(logits, *_penalty_args(meta))
 
 
 def disallowed_mask(meta: SamplingMetadata, vocab_size: int) -> torch.Tensor:
     """[N, vocab_size] bool, True for the tokens a row with allowed_token_ids may not sample."""
     assert meta.allowed_token_ids is not None and meta.allowed_rows is not None
     return ~token_mask(meta.allowed_token_ids, vocab_size) & meta.allowed_rows.unsqueeze(1)
-
-
-def apply_penalties(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
-    """Repetition (prompt + output), then frequency and presence (output) penalties, in place."""
-    # logits: [N, V] float32
-    vocab_size = logits.shape[1]
-    output_counts = token_counts(meta.output_token_ids, vocab_size)  # [N, V]
-    output_mask = output_counts > 0
-    if meta.prompt_token_ids is not None:
-        seen = output_mask | token_mask(meta.prompt_token_ids, vocab_size)
-        penalties = torch.where(seen, meta.repetition_penalties.unsqueeze(1), 1.0)
-        logits = torch.where(logits > 0, logits / penalties, logits * penalties)
-    logits -= meta.frequency_penalties.unsqueeze(1) * output_counts
-    logits -= meta.presence_penalties.unsqueeze(1) * output_mask
-    return logits
-
-
-def apply_top_k(logits: torch.Tensor, top_k: torch.Tensor, max_top_k: int) -> torch.Tensor:
-    """Masks logits below each row's k-th largest (ties kept); top_k 0 = off. In place."""
-    vocab_size = logits.shape[1]
-    max_top_k = min(max(max_top_k, 1), vocab_size)
-    # Only the max_top_k largest values are needed to find every row's k-th largest.
-    top_values = logits.topk(max_top_k, dim=-1).values  # [N, max_top_k]
-    k = top_k.clamp(1, max_top_k)
-    kth = top_values.gather(1, (k - 1).unsqueeze(1))  # [N, 1]
-    kth.masked_fill_((top_k == 0).unsqueeze(1), -torch.inf)
-    return logits.masked_fill_(logits < kth, -torch.inf)
-
-
-def apply_top_k_top_p(
-    logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor
-) -> torch.Tensor:
-    """Top-k (when given), then top-p over the renormalized rest, via one sort. In place."""
-    vocab_size = logits.shape[1]
-    sorted_logits, sorted_ids = logits.sort(dim=-1, descending=True)  # [N, V]
-    if top_k is not None:
-        k = torch.where(top_k == 0, vocab_size, top_k).clamp(1, vocab_size)
-        kth = sorted_logits.gather(1, (k - 1).unsqueeze(1))  # [N, 1]
-        sorted_logits.masked_fill_(sorted_logits < kth, -torch.inf)
-    probs = sorted_logits.softmax(dim=-1)
-    # A token stays while the more likely tokens before it hold < top_p of the mass: the kept
-    # set is the smallest with mass >= top_p and always holds the top token. Rows with
-    # top_p == 1 are left alone so that cumsum rounding cannot cut their tail.
-    mass_before = probs.cumsum(dim=-1) - probs
-    drop = (mass_before >= top_p.unsqueeze(1)) & (top_p < 1.0).unsqueeze(1)
-    # A top_p below float32's smallest value arrives as 0: the top token must still stay.
-    drop[:, 0] = False
-    sorted_logits.masked_fill_(drop, -torch.inf)
-    return logits.scatter_(1, sorted_ids, sorted_logits)
-
-
-def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
-    """Drops tokens with prob < min_p * max_prob; min_p 0 = off. In place."""
-    max_logits = logits.amax(dim=-1, keepdim=True)  # [N, 1]
-    # prob / max_prob == exp(logit - max_logit), so compare in log space (log 0 = -inf: keep all).
-    threshold = max_logits + torch.log(min_p).unsqueeze(1)
-    return logits.masked_fill_(logits < threshold, -torch.inf)
 
 
 def exponential_race(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:

@@ -84,7 +84,11 @@ class ModelRunner:
         if isinstance(ops.gemm, InvariantGemm | TunedGemm):
             ops.gemm.verify_model(self.model, device)
         self.sampler = Sampler(use_triton_kernels(device))
-        self.sampling_state = SamplingState(device, seed=config.seed)
+        # The penalty tables (max_num_seqs x vocabulary) are allocated now: the memory
+        # profile that sizes the KV cache counts them.
+        self.sampling_state = SamplingState(
+            device, config.seed, max_num_seqs, model_config.vocab_size
+        )
         # Drafts kept by forced rates (benchmarks), or None: by the target's own draws.
         self.synthetic_acceptance = SyntheticAcceptance.for_config(
             config.speculative_config, device, config.seed
@@ -241,6 +245,7 @@ class ModelRunner:
         else:
             sampling_meta = self.sampling_state.build_metadata(req_ids)
             sampler_out = self.sampler(logits[:num_rows], sampling_meta)
+            self.sampling_state.record_sampled(sampling_meta, sampler_out.sampled_token_ids)
             # The next step's placeholders (async scheduling) are filled from these.
             self._last_sampled = (sampler_out.sampled_token_ids, req_ids)
             handle = StepHandle(self.sampling_state, req_ids, sampler_out, self._next_host_buffer())

@@ -1,7 +1,11 @@
-"""The runner's per-request sampling state: params, output ids, seeded generators.
+"""The runner's per-request sampling state: params, output ids, seeded generators, and the
+penalties' tables on the device (penalty_state.py).
 
 It turns a step's rows into SamplingMetadata for the Sampler (with the per-step keys of the
 Triton sampler's draws) and the sampler's logprob tensors back into plain LogprobsDicts.
+Nothing it builds for a step needs the step before's tokens on the host, but for bad words
+and thinking budgets (reads_output): penalties count sampled tokens on the device (record),
+min_tokens counts rows built.
 """
 
 from __future__ import annotations
@@ -12,10 +16,12 @@ import numpy as np
 import torch
 
 from minivllm.engine.runner.device_inputs import InputStaging, list_to_device
+from minivllm.engine.runner.penalty_state import PenaltyState
 from minivllm.engine.runner.thinking_budget import ThinkingBudget
 from minivllm.engine.types import NewRequestData
 from minivllm.layers.dispatch import use_triton_kernels
 from minivllm.layers.sampler import DRAW_SHIFT, SamplerOutput, SamplingMetadata, gather_logprobs
+from minivllm.layers.sampling_filters import can_filter_by_candidates
 from minivllm.outputs import Logprob, LogprobsDict
 from minivllm.sampling_params import SamplingParams
 
@@ -43,15 +49,25 @@ class SamplingState:
     rows; plain batches get keys there too (the Triton sampler in tests).
     """
 
-    def __init__(self, device: torch.device | str, seed: int = 0) -> None:
+    def __init__(
+        self,
+        device: torch.device | str,
+        seed: int = 0,
+        max_num_seqs: int | None = None,
+        vocab_size: int | None = None,
+    ) -> None:
+        """max_num_seqs, vocab_size: the penalty tables' size, allocated now (the engine);
+        None: grown as requests need (the sampler's tests)."""
         self.device = torch.device(device)
         self.keyed_draws = use_triton_kernels(self.device)
         self.requests: dict[str, _RequestState] = {}
+        self.penalties = PenaltyState(self.device, max_num_seqs, vocab_size)
         self._step_generator = torch.Generator().manual_seed(seed)
         # (req_ids, metadata) of the last step, when it can be reused as is.
         self._reusable: tuple[tuple[str, ...], SamplingMetadata] | None = None
-        # Up to two uploads a step (parameters when the batch changes, draw keys).
-        self._staging = InputStaging(self.device, num_slots=6, capacity=1 << 14)
+        # Up to three uploads a step (parameters and penalty rows when the batch changes,
+        # draw keys).
+        self._staging = InputStaging(self.device, num_slots=8, capacity=1 << 14)
         # Requests with bad words or a thinking budget: their banned or forced tokens follow
         # the output, step by step.
         self._num_following_output = 0
@@ -78,6 +94,7 @@ class SamplingState:
         state = self.requests.pop(req_id, None)
         if state is not None:
             self._num_following_output -= _follows_output(state)
+            self.penalties.release(req_id)
 
     def append_tokens(self, req_ids: list[str], token_ids: list[int]) -> None:
         """Records a step's tokens; requests removed meanwhile (async scheduling) are skipped."""
@@ -85,6 +102,7 @@ class SamplingState:
             state = self.requests.get(req_id)
             if state is not None:
                 state.output_token_ids.append(token_id)
+                self.penalties.count_appended(req_id, len(state.output_token_ids), token_id)
 
     def build_metadata(
         self, req_ids: list[str], drafted: list[list[int]] | None = None
@@ -103,17 +121,20 @@ class SamplingState:
         for s in states:
             draw_index.append(s.num_sampled)
             s.num_sampled += 1
-        if self._reusable is not None and self._reusable[0] == key and drafted is None:
-            meta = self._reusable[1]
+        reusable = self._reusable
+        if (
+            reusable is not None
+            and reusable[0] == key
+            and drafted is None
+            and reusable[1].output_counts in (None, self.penalties.output_counts)
+        ):
+            meta = reusable[1]
         else:
-            meta = self._build_metadata(states, drafted)
-            # Without penalties, suppressed tokens, bad words or thinking budgets nothing in it
-            # changes while the batch stays, except the draw keys (replaced below).
-            static = (
-                meta.no_penalties
-                and meta.suppressed_token_ids is None
-                and not self._num_following_output
-            )
+            meta = self._build_metadata(req_ids, states, draw_index, drafted)
+            # Without suppressed tokens, bad words or thinking budgets nothing in it changes
+            # while the batch stays, except the draw keys (replaced below): penalties read
+            # tables that the device keeps up to date.
+            static = meta.suppressed_token_ids is None and not self._num_following_output
             self._reusable = (key, meta) if static else None
         # The Triton sampler draws every batch with keyed noise (plain or not), so that a
         # seeded request's tokens do not depend on its neighbours' sampling options.
@@ -185,35 +206,34 @@ class SamplingState:
         )
 
     def _build_metadata(
-        self, states: list[_RequestState], drafted: list[list[int]] | None = None
+        self,
+        req_ids: list[str],
+        states: list[_RequestState],
+        draw_index: list[int],
+        drafted: list[list[int]] | None = None,
     ) -> SamplingMetadata:
         device = self.device
         params = [s.params for s in states]
         random_params = [p for p in params if not p.is_greedy]
-        has_repetition = any(p.repetition_penalty != 1.0 for p in params)
-        no_penalties = not has_repetition and all(
-            p.presence_penalty == 0.0 and p.frequency_penalty == 0.0 for p in params
-        )
         num_logprobs = [p.logprobs for p in params if p.logprobs is not None]
-        outputs = [s.output_token_ids for s in states]
-        if drafted is not None:
-            outputs = [out + before for out, before in zip(outputs, drafted, strict=True)]
-        output_ids = None if no_penalties else _padded(outputs, device)
-        prompt_ids = (
-            _padded([s.prompt_token_ids for s in states], device) if has_repetition else None
-        )
         following = self._num_following_output > 0
+        outputs = None  # per row, the output before it: only bad words read it
+        if following:
+            outputs = [s.output_token_ids for s in states]
+            if drafted is not None:
+                outputs = [out + before for out, before in zip(outputs, drafted, strict=True)]
         forced = _forced_token_ids(states, drafted) if following else None
-        suppressed_ids = _suppressed_token_ids(states, outputs, device, following, forced)
+        suppressed_ids = _suppressed_token_ids(states, draw_index, outputs, device, forced)
         bias_ids, bias_values = _logit_bias(params, device)
         allowed_ids, allowed_rows = _allowed_token_ids(params, device, forced)
+        penalties = self._penalty_fields(req_ids, states, drafted)
         no_filters = {
             "no_top_k": all(p.top_k == 0 for p in random_params),
             "no_top_p": all(p.top_p == 1.0 for p in random_params),
             "no_min_p": all(p.min_p == 0.0 for p in random_params),
         }
         is_plain = (
-            no_penalties
+            penalties["no_penalties"]
             and suppressed_ids is None
             and bias_ids is None
             and allowed_ids is None
@@ -225,11 +245,11 @@ class SamplingState:
         draws = None
         if is_plain and not random_params:
             draws = torch.zeros(2, len(states), dtype=torch.int64, device=device)
+        random_top = [(p.top_k, p.top_p) for p in random_params]
         return SamplingMetadata(
             **_param_tensors(params, self._staging),
             **no_filters,
-            output_token_ids=output_ids,
-            prompt_token_ids=prompt_ids,
+            **penalties,
             suppressed_token_ids=suppressed_ids,
             generators={
                 row: s.generator
@@ -238,8 +258,10 @@ class SamplingState:
             },
             all_greedy=not random_params,
             all_random=len(random_params) == len(params),
-            no_penalties=no_penalties,
             max_top_k=max((p.top_k for p in random_params), default=0),
+            filter_by_candidates=can_filter_by_candidates(*zip(*random_top, strict=True))
+            if random_top
+            else True,
             max_num_logprobs=max(num_logprobs) if num_logprobs else None,
             logit_bias_ids=bias_ids,
             logit_bias_values=bias_values,
@@ -249,6 +271,54 @@ class SamplingState:
             seeds=None if draws is None else draws[0],
             offsets=None if draws is None else draws[1],
         )
+
+    def _penalty_fields(
+        self, req_ids: list[str], states: list[_RequestState], drafted: list[list[int]] | None
+    ) -> dict:
+        """The SamplingMetadata fields of the rows with penalties: their rows, their requests'
+        slots of the penalty tables (filled where new), the tables, and each row's drafts
+        before it (a drafted step) padded with -1."""
+        rows = [row for row, s in enumerate(states) if s.params.has_penalties]
+        if not rows:
+            return {"no_penalties": True}
+        unique = list(dict.fromkeys(req_ids[row] for row in rows))
+        slot_of = dict(
+            zip(
+                unique,
+                self.penalties.slots_for(
+                    unique,
+                    [self.requests[r].prompt_token_ids for r in unique],
+                    [self.requests[r].output_token_ids for r in unique],
+                ),
+                strict=True,
+            )
+        )
+        arrays = {
+            "rows": np.array(rows, np.int64),
+            "slots": np.array([slot_of[req_ids[row]] for row in rows], np.int64),
+        }
+        if drafted is not None:
+            width = max(1, max(len(drafted[row]) for row in rows))
+            arrays["drafts"] = np.array(
+                [drafted[row] + [-1] * (width - len(drafted[row])) for row in rows], np.int64
+            )
+        dev = self._staging.upload(arrays)
+        return {
+            "no_penalties": False,
+            "penalty_rows": dev["rows"],
+            "penalty_slots": dev["slots"],
+            "penalty_req_ids": [req_ids[row] for row in rows] if drafted is None else None,
+            "penalty_drafts": dev.get("drafts"),
+            "output_counts": self.penalties.output_counts,
+            "prompt_mask": self.penalties.prompt_mask,
+        }
+
+    def record_sampled(self, meta: SamplingMetadata, sampled_token_ids: torch.Tensor) -> None:
+        """Counts a plain step's sampled ids [N] (on the device) in its penalized rows' slots,
+        so that the next step's penalties see them before they reach the host."""
+        if meta.penalty_req_ids is not None:
+            tokens = sampled_token_ids[meta.penalty_rows]
+            self.penalties.record(meta.penalty_slots, tokens, meta.penalty_req_ids)
 
     def num_logprobs(self, req_ids: list[str]) -> list[int | None]:
         """Per row: how many top logprobs the request asked for (None: no logprobs)."""
@@ -340,27 +410,27 @@ def _param_tensors(params: list[SamplingParams], staging: InputStaging) -> dict[
 
 def _suppressed_token_ids(
     states: list[_RequestState],
-    outputs: list[list[int]],
+    num_before: list[int],
+    outputs: list[list[int]] | None,
     device: torch.device,
-    bad_words: bool,
     forced: list[int | None] | None = None,
 ) -> torch.Tensor | None:
-    """[N, max_num_suppressed] ids banned this step by min_tokens and (where bad_words: some
-    request has them) bad words, or None when none are. outputs: per row, the output tokens
-    before it (drafts before its position too). A row with a forced token (forced: per row)
-    bans nothing: its one token must stay possible."""
+    """[N, max_num_suppressed] ids banned this step by min_tokens and (where outputs: some
+    request has bad words) bad words, or None when none are. num_before: per row, the output
+    tokens before it (drafts before its position too); outputs: per row, those tokens. A row
+    with a forced token (forced: per row) bans nothing: its one token must stay possible."""
     rows: list[list[int]] = []
-    for row, (s, output) in enumerate(zip(states, outputs, strict=True)):
+    for row, s in enumerate(states):
         banned: list[int] = []
         if forced is not None and forced[row] is not None:
             rows.append(banned)
             continue
-        if len(output) < s.params.min_tokens:
+        if num_before[row] < s.params.min_tokens:
             banned = list(s.params.stop_token_ids)
             if not s.params.ignore_eos:
                 banned += s.params.eos_token_ids
-        if bad_words:
-            banned += _banned_by_bad_words(s.params.bad_words_token_ids, output)
+        if outputs is not None:
+            banned += _banned_by_bad_words(s.params.bad_words_token_ids, outputs[row])
         rows.append(banned)
     return _padded(rows, device) if any(rows) else None
 

@@ -17,7 +17,7 @@ class AsyncScheduler(Scheduler):
     The tokens step N samples enter step N + 1 as placeholders (see Scheduler). A step in
     flight whose requests were all aborted is simply applied (to nothing) by the next update.
 
-    While some request reads sampled tokens on the host (penalties, min_tokens, logprobs:
+    While some request reads sampled tokens on the host (bad words, a thinking budget:
     can_schedule_ahead is False), schedule() first applies the step in flight, so that the
     next step starts from every token, as a synchronous step does.
 

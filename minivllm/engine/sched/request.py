@@ -96,18 +96,12 @@ class Request:
 
 
 def needs_host_tokens(request: Request) -> bool:
-    """Penalties, min_tokens, bad words, a thinking budget and logprobs read sampled tokens
-    on the host each step. (A grammar does too, but only for the next step's mask, which is
-    filled once the step in flight has been applied: engine/sched/async_scheduler.py.)"""
+    """Bad words and a thinking budget read sampled tokens on the host each step. (Penalties
+    count them on the device, min_tokens counts steps, logprobs are read after the step; a
+    grammar reads them only for the next step's mask, which is filled once the step in flight
+    has been applied: engine/sched/async_scheduler.py.)"""
     p = request.sampling_params
-    return bool(
-        p.has_penalties
-        or p.min_tokens
-        or p.bad_words
-        or p.thinking_token_budget is not None
-        or p.logprobs is not None
-        or p.prompt_logprobs is not None
-    )
+    return bool(p.bad_words or p.thinking_token_budget is not None)
 
 
 def draft_room(

@@ -53,7 +53,7 @@ def test_metadata_plain_batch_builds_nothing_extra():
     # The greedy row's top_k and seed do not matter: flags look at random rows only.
     assert meta.no_top_k and meta.no_top_p and meta.no_min_p and meta.no_penalties
     assert meta.max_top_k == 0 and meta.generators == {}
-    assert meta.output_token_ids is None and meta.prompt_token_ids is None
+    assert meta.penalty_rows is None and meta.output_counts is None
     assert meta.suppressed_token_ids is None and meta.max_num_logprobs is None
     torch.testing.assert_close(meta.temperature, torch.tensor([0.5, 0.0]))
     assert meta.top_k.tolist() == [0, 5]
@@ -142,17 +142,46 @@ def test_metadata_penalty_and_filter_tensors():
     assert meta.all_random is False and not meta.no_penalties
     assert not meta.no_top_k and not meta.no_top_p and not meta.no_min_p
     assert meta.max_top_k == 4 and meta.max_num_logprobs == 4
-    assert meta.output_token_ids.tolist() == [[-1, -1], [8, 9], [-1, -1]]
-    assert meta.prompt_token_ids.tolist() == [[1, 2, 3], [4, -1, -1], [5, 6, -1]]
+    # The penalized rows read their requests' slots of the tables: prompt tokens and output
+    # counts, filled once from the host's copies.
+    assert meta.penalty_rows.tolist() == [0, 1]
+    slots = meta.penalty_slots.tolist()
+    assert len(set(slots)) == 2
+    assert meta.prompt_mask[slots[0]].nonzero().flatten().tolist() == [1, 2, 3]
+    assert meta.prompt_mask[slots[1]].nonzero().flatten().tolist() == [4]
+    assert meta.output_counts[slots[0]].count_nonzero() == 0
+    assert meta.output_counts[slots[1]].nonzero().flatten().tolist() == [8, 9]
     torch.testing.assert_close(meta.repetition_penalties, torch.tensor([1.2, 1.0, 1.0]))
     torch.testing.assert_close(meta.frequency_penalties, torch.tensor([0.0, 0.5, 0.0]))
     assert list(meta.generators) == [0]
 
 
-def test_presence_only_skips_prompt_tensor():
-    state = new_state(("a", [1, 2], SamplingParams(presence_penalty=0.5)))
+def test_penalty_tables_follow_the_device_records_and_host_appends():
+    """A plain step's sampled tokens are counted on the device (record_sampled) before the
+    host sees them; appending them later does not count them twice. A token appended that no
+    record counted (a drafted step's) is counted once. A released slot is refilled from the
+    host's copy of the next request that takes it."""
+    state = SamplingState("cpu", max_num_seqs=1, vocab_size=16)
+    state.add_request(NewRequestData("a", [1, 2], SamplingParams(frequency_penalty=1.0)))
     meta = state.build_metadata(["a"])
-    assert meta.output_token_ids is not None and meta.prompt_token_ids is None
+    state.record_sampled(meta, torch.tensor([5]))
+    meta = state.build_metadata(["a"])  # async: built before step 1's token is appended
+    slot = meta.penalty_slots.item()
+    assert meta.output_counts[slot, 5] == 1
+    state.append_tokens(["a"], [5])
+    assert meta.output_counts[slot, 5] == 1
+    state.append_tokens(["a"], [7])  # no record counted it
+    assert meta.output_counts[slot].tolist() == [0] * 5 + [1, 0, 1] + [0] * 8
+    state.add_request(NewRequestData("b", [3], SamplingParams(repetition_penalty=1.2)))
+    state.add_request(NewRequestData("c", [4], SamplingParams()))
+    state.append_tokens(["b"], [9])
+    # One slot: "b" takes it from "a" (not in this step) and fills it from the host.
+    meta = state.build_metadata(["b", "c"])
+    assert meta.penalty_rows.tolist() == [0] and meta.penalty_slots.tolist() == [slot]
+    assert meta.output_counts[slot].nonzero().flatten().tolist() == [9]
+    assert meta.prompt_mask[slot].nonzero().flatten().tolist() == [3]
+    meta = state.build_metadata(["a"])
+    assert meta.output_counts[slot].nonzero().flatten().tolist() == [5, 7]
 
 
 def test_to_runner_logprobs():

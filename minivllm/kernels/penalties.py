@@ -1,0 +1,89 @@
+"""Repetition, frequency and presence penalties from per-request tables on the device, in place.
+
+Each penalized row reads its request's slot of two tables that live across steps: whether a
+token occurs in the prompt and how often it occurs in the output. Nothing is built per step
+but the rows' slot indices, so the cost does not grow with prompt or output length.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from minivllm.kernels.checks import check_same, check_tensor
+
+DEFAULT_BLOCK = 2048
+
+
+@triton.jit(do_not_specialize_on_alignment=["rows_ptr", "slots_ptr", "rep_ptr", "freq_ptr",
+                                            "pres_ptr"])  # fmt: skip
+def _penalties_kernel(
+    logits_ptr, rows_ptr, slots_ptr, counts_ptr, prompt_ptr, rep_ptr, freq_ptr, pres_ptr,
+    drafts_ptr, stride_logits, stride_table, stride_drafts, vocab_size, table_width,
+    NUM_DRAFTS: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """Grid (num_penalized, cdiv(vocab_size, BLOCK)): one vocab chunk of one penalized row."""
+    i = tl.program_id(0).to(tl.int64)
+    ids = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    row = tl.load(rows_ptr + i)
+    slot = tl.load(slots_ptr + i)
+    in_vocab = ids < vocab_size
+    in_table = ids < table_width
+    logits_row = logits_ptr + row * stride_logits
+    x = tl.load(logits_row + ids, mask=in_vocab, other=0.0)
+    count = tl.load(counts_ptr + slot * stride_table + ids, mask=in_table, other=0)
+    # Drafts before this row's position count as output (speculative decoding).
+    for j in tl.static_range(NUM_DRAFTS):
+        draft = tl.load(drafts_ptr + i * stride_drafts + j)
+        count += (ids == draft).to(tl.int32)
+    in_prompt = tl.load(prompt_ptr + slot * stride_table + ids, mask=in_table, other=0)
+    seen = (count > 0) | (in_prompt != 0)
+    repetition = tl.where(seen, tl.load(rep_ptr + row), 1.0)
+    # IEEE division, as torch's: the fast default would differ from the CPU path in the last bit.
+    x = tl.where(x > 0, tl.math.div_rn(x, repetition), x * repetition)
+    x = x - tl.load(freq_ptr + row) * count.to(tl.float32)
+    x = x - tl.load(pres_ptr + row) * (count > 0).to(tl.float32)
+    tl.store(logits_row + ids, x, mask=in_vocab)
+
+
+def apply_penalties_from_tables(
+    logits: torch.Tensor,
+    rows: torch.Tensor,
+    slots: torch.Tensor,
+    output_counts: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    repetition: torch.Tensor,
+    frequency: torch.Tensor,
+    presence: torch.Tensor,
+    drafts: torch.Tensor | None = None,
+    block: int = DEFAULT_BLOCK,
+) -> torch.Tensor:
+    """Penalizes logits rows in place; returns logits.
+
+    logits: [N, V] float32; rows, slots: [P] int64 (penalized rows and their table slots);
+    output_counts: [S, W] int32 and prompt_mask: [S, W] bool (ids >= W count as unseen);
+    repetition, frequency, presence: [N] float32 per row; drafts: [P, K] int64 ids counted as
+    output on top of the table (padded with -1), or None. Grid (P, cdiv(V, block)).
+    """
+    check_tensor("logits", logits, 2, (torch.float32,))
+    check_tensor("output_counts", output_counts, 2, (torch.int32,))
+    check_tensor("prompt_mask", prompt_mask, 2, (torch.bool,))
+    check_same("output_counts.shape", output_counts.shape, "prompt_mask.shape", prompt_mask.shape)
+    check_same("output_counts.stride", output_counts.stride(), "prompt_mask.stride",
+               prompt_mask.stride())  # fmt: skip
+    num_penalized = rows.shape[0]
+    if num_penalized == 0:
+        return logits
+    num_drafts = 0 if drafts is None else drafts.shape[1]
+    if drafts is None:
+        drafts = rows  # never read
+    vocab_size = logits.shape[1]
+    grid = (num_penalized, triton.cdiv(vocab_size, block))
+    _penalties_kernel[grid](
+        logits, rows, slots, output_counts, prompt_mask.view(torch.uint8), repetition, frequency,
+        presence, drafts, logits.stride(0), output_counts.stride(0), drafts.stride(0),
+        vocab_size, output_counts.shape[1], NUM_DRAFTS=num_drafts, BLOCK=block,
+        num_warps=min(max(block // 512, 1), 8),
+    )  # fmt: skip
+    return logits
