@@ -25,9 +25,7 @@ SORT_BYTES_PER_ELEMENT = 24
 def can_filter_by_candidates(top_k: list[int], top_p: list[float]) -> bool:
     """Whether rows with these (random rows') top_k and top_p filter over topk candidates:
     every top_k within TOP_K_CAP, and every row with a top_p also with a top_k."""
-    return all(
-        k <= TOP_K_CAP and (k > 0 or p >= 1.0) for k, p in zip(top_k, top_p, strict=True)
-    )
+    return all(k <= TOP_K_CAP and (k > 0 or p >= 1.0) for k, p in zip(top_k, top_p, strict=True))
 
 
 def keep_thresholds(

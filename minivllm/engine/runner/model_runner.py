@@ -21,7 +21,11 @@ from minivllm.engine.runner.draft_step import DraftedStep, SyntheticAcceptance, 
 from minivllm.engine.runner.input_prep import StepInputs, prepare_inputs
 from minivllm.engine.runner.kv_cache import KVCacheSpec, bind_kv_caches
 from minivllm.engine.runner.piecewise_graph import PiecewiseGraphRunner
-from minivllm.engine.runner.profiling import memory_baseline, profile_kv_budget
+from minivllm.engine.runner.profiling import (
+    memory_baseline,
+    profile_kv_budget,
+    sample_worst_case,
+)
 from minivllm.engine.runner.prompt_logprobs import PromptLogprobsJob, PromptLogprobsTracker
 from minivllm.engine.runner.sampling_state import SamplingState
 from minivllm.engine.runner.step_handle import DeferredSampling, StepHandle
@@ -136,8 +140,13 @@ class ModelRunner:
             self.max_model_len,
             self.config.gpu_memory_utilization,
             self.memory_baseline,
+            self._sample_worst_case,
         )
         return self.kv_spec.num_blocks_for(budget)
+
+    @torch.inference_mode()
+    def _sample_worst_case(self, logits: torch.Tensor) -> None:
+        sample_worst_case(self.sampling_state, self.sampler, logits, self.config.max_logprobs)
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         self.kv_caches = self.kv_spec.allocate(num_blocks)

@@ -13,8 +13,12 @@ import torch
 from minivllm.engine.runner.block_table import BlockTable
 from minivllm.engine.runner.input_prep import StepInputs, prepare_inputs
 from minivllm.engine.runner.kv_cache import KVCacheSpec, bind_kv_caches
-from minivllm.engine.types import ScheduledChunk, SchedulerOutput
+from minivllm.engine.runner.sampling_state import SamplingState
+from minivllm.engine.types import NewRequestData, ScheduledChunk, SchedulerOutput
 from minivllm.layers.attention import Attention
+from minivllm.layers.sampler import Sampler
+from minivllm.layers.sampling_filters import TOP_K_CAP
+from minivllm.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +37,33 @@ def dummy_step(
         chunks.append(ScheduledChunk(f"profile-{i}", [0] * n, 0, block_ids, 0, True))
         next_block += num_blocks
     return SchedulerOutput(chunks=[c for c in chunks if c.token_ids], num_decode_chunks=0)
+
+
+def sample_worst_case(
+    sampling_state: SamplingState, sampler: Sampler, logits: torch.Tensor, max_logprobs: int
+) -> None:
+    """Samples logits' rows as the options with the largest workspaces would: every row with
+    the three penalties, min_tokens and the most logprobs allowed, once with top-p alone (the
+    sort fallback) and once with top-k at its candidate cap. Profiling runs it after the
+    forward, so the peak it reads holds the sampler's workspace."""
+    num_rows, vocab_size = logits.shape
+    num_logprobs = vocab_size if max_logprobs == -1 else min(max_logprobs, vocab_size)
+    for top_k in (0, TOP_K_CAP):
+        params = SamplingParams(
+            temperature=0.7, top_k=top_k, top_p=0.9, min_p=0.05, repetition_penalty=1.05,
+            frequency_penalty=0.1, presence_penalty=0.1, min_tokens=1, stop_token_ids=[0],
+            logprobs=num_logprobs or None, seed=0,
+        )  # fmt: skip
+        req_ids = [f"profile-{row}" for row in range(num_rows)]
+        for req_id in req_ids:
+            sampling_state.add_request(NewRequestData(req_id, [0], params))
+        try:
+            meta = sampling_state.build_metadata(req_ids)
+            out = sampler(logits, meta)  # in place, as a step samples its logits
+            sampling_state.record_sampled(meta, out.sampled_token_ids)
+        finally:
+            for req_id in req_ids:
+                sampling_state.remove(req_id)
 
 
 def memory_baseline(device: torch.device, gpu_memory_utilization: float) -> int:
@@ -62,12 +93,14 @@ def profile_kv_budget(
     max_model_len: int,
     gpu_memory_utilization: float,
     baseline_used: int,
+    run_sampler: Callable[[torch.Tensor], None],
 ) -> int:
     """Returns the bytes the KV cache may take on this rank's GPU.
 
     run_model runs the model over a step's inputs (ModelRunner.run_model); the layers get a
     throwaway cache just large enough for the dummy step, unbound again afterwards.
-    baseline_used: memory_baseline() taken before the weights were loaded.
+    baseline_used: memory_baseline() taken before the weights were loaded. run_sampler
+    samples the step's logits at the sampler's largest workspace (sample_worst_case).
     """
     num_seqs = min(max_num_seqs, max_num_batched_tokens)
     sched_out = dummy_step(max_num_batched_tokens, num_seqs, max_model_len, kv_spec.block_size)
@@ -84,12 +117,9 @@ def profile_kv_budget(
     cache_bytes = num_blocks * kv_spec.bytes_per_block
     bind_kv_caches(attention_layers, caches)
     logits = run_model(inputs)
+    run_sampler(logits)
     torch.cuda.synchronize()
-    # Top-p sorting and softmax take a few float32 copies of the logits on top.
-    sampler_bytes = 4 * logits.shape[0] * logits.shape[1] * 4
-    peak_activation = (
-        torch.cuda.max_memory_allocated() - allocated_before - cache_bytes + sampler_bytes
-    )
+    peak_activation = torch.cuda.max_memory_allocated() - allocated_before - cache_bytes
     bind_kv_caches(attention_layers, [torch.empty(0)] * len(caches))
     del caches, logits
     torch.cuda.empty_cache()

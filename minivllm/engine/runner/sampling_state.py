@@ -223,7 +223,13 @@ class SamplingState:
             if drafted is not None:
                 outputs = [out + before for out, before in zip(outputs, drafted, strict=True)]
         forced = _forced_token_ids(states, drafted) if following else None
-        suppressed_ids = _suppressed_token_ids(states, draw_index, outputs, device, forced)
+        # Output tokens before each row: rows built so far (the tokens of steps still in
+        # flight included) or, where more, the recorded output and the drafts before it.
+        num_before = [
+            max(index, len(s.output_token_ids) + (len(drafted[row]) if drafted else 0))
+            for row, (index, s) in enumerate(zip(draw_index, states, strict=True))
+        ]
+        suppressed_ids = _suppressed_token_ids(states, num_before, outputs, device, forced)
         bias_ids, bias_values = _logit_bias(params, device)
         allowed_ids, allowed_rows = _allowed_token_ids(params, device, forced)
         penalties = self._penalty_fields(req_ids, states, drafted)

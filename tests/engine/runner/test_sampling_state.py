@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from minivllm.engine.runner.sampling_state import (
@@ -239,3 +240,19 @@ def test_step_generator_moves_only_for_unseeded_rows():
     assert torch.equal(state._step_generator.get_state(), before)
     state.build_metadata(["seeded", "unseeded"])
     assert not torch.equal(state._step_generator.get_state(), before)
+
+
+@pytest.mark.parametrize("use_triton", [False, True])
+def test_worst_case_sampling_of_the_memory_profile_leaves_nothing_behind(use_triton) -> None:
+    # The memory profile samples every row with the largest workspaces (penalties, logprobs,
+    # both top-k / top-p paths); the engine's state is as before afterwards.
+    from minivllm.engine.runner.profiling import sample_worst_case
+
+    state = SamplingState("cpu", max_num_seqs=4, vocab_size=50)
+    state.keyed_draws = use_triton  # as on CUDA, where the Triton sampler draws keyed noise
+    state.add_request(NewRequestData("kept", [1, 2], SamplingParams(presence_penalty=1.0)))
+    state.build_metadata(["kept"])
+    slots = dict(state.penalties.slots)
+    sample_worst_case(state, Sampler(use_triton), torch.randn(3, 50), max_logprobs=20)
+    assert list(state.requests) == ["kept"]
+    assert dict(state.penalties.slots) == slots and len(state.penalties.free) == 3
