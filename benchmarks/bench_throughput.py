@@ -146,8 +146,10 @@ def main() -> None:
         if getattr(args, name) is not None:
             options[name] = getattr(args, name)
     llm = LLM(model_dir, **options)
+    sampling = workload.sampling or [{}] * workload.num_requests
     params = [
-        SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=n) for n in workload.output_lens
+        SamplingParams(ignore_eos=True, max_tokens=n, **({"temperature": 0.6} | options))
+        for n, options in zip(workload.output_lens, sampling, strict=True)
     ]
     llm.generate([{"prompt_token_ids": [1, 2, 3, 4]}], SamplingParams(max_tokens=8), use_tqdm=False)
 

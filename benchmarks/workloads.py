@@ -3,12 +3,16 @@ engine-free (the vLLM side of peer_workload_bench.py imports this file too).
 
 headline: the standard small-engine workload. short: thousands of short requests. long: long
 prompts, short outputs (prefill-bound). prefix: shared system prefixes (prefix-cache-bound).
+chat: chat-like lengths with the sampling options real checkpoints and clients send;
+chat-temperature the same requests with temperature alone; headline-qwen3 the headline with
+Qwen3's generation_config (top-k 20, top-p 0.95).
 random_prompts: the serving and batch-1 benchmarks' prompts (one length, random ids).
 measure_batch1: batch-1 latency (TTFT and TPOT) through any engine's generate.
 """
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 import time
@@ -26,6 +30,9 @@ class Workload:
     output_lens: list[int]
     # Long enough for the longest prompt plus its output (both engines take this value).
     max_model_len: int
+    # Per request, SamplingParams options on top of the benchmarks' defaults (vLLM's names,
+    # which both engines take); None: the defaults alone (temperature 0.6).
+    sampling: list[dict] | None = None
 
     @property
     def num_requests(self) -> int:
@@ -93,7 +100,70 @@ def prefix(num_requests: int = 512, seed: int = 0, num_prefixes: int = 8) -> Wor
     return Workload("prefix", prompts, output_lens, max_model_len=4096)
 
 
-WORKLOADS = {"headline": headline, "short": short, "long": long, "prefix": prefix}
+# Qwen2.5-Instruct's generation_config (top-k 20, top-p 0.8, repetition penalty 1.05) is the
+# base of chat's sampling; clients add the rest.
+CHAT_BASE = {"temperature": 0.7, "top_k": 20, "top_p": 0.8}
+
+
+def _log_normal(rng: random.Random, median: float, sigma: float, low: int, high: int) -> int:
+    return min(high, max(low, round(rng.lognormvariate(math.log(median), sigma))))
+
+
+def chat_sampling(rng: random.Random, num_requests: int) -> list[dict]:
+    """Per request: CHAT_BASE on all; a repetition penalty on a quarter; presence, frequency,
+    logprobs and min_tokens each on an eighth (drawn independently)."""
+    result = []
+    for _ in range(num_requests):
+        options = dict(CHAT_BASE)
+        if rng.random() < 0.25:
+            options["repetition_penalty"] = 1.05
+        if rng.random() < 0.125:
+            options["presence_penalty"] = 0.5
+        if rng.random() < 0.125:
+            options["frequency_penalty"] = 0.3
+        if rng.random() < 0.125:
+            options["logprobs"] = 5
+        if rng.random() < 0.125:
+            options["min_tokens"] = 16
+        result.append(options)
+    return result
+
+
+def chat(num_requests: int = 1000, seed: int = 0) -> Workload:
+    """Chat-like requests: log-normal prompt (median 400, 16-3000) and output (median 200,
+    8-1000) lengths, and chat_sampling's options."""
+    rng = random.Random(seed)
+    prompts = [_ids(rng, _log_normal(rng, 400, 0.8, 16, 3000)) for _ in range(num_requests)]
+    output_lens = [_log_normal(rng, 200, 0.7, 8, 1000) for _ in range(num_requests)]
+    sampling = chat_sampling(rng, num_requests)
+    return Workload("chat", prompts, output_lens, max_model_len=4096, sampling=sampling)
+
+
+def chat_temperature(num_requests: int = 1000, seed: int = 0) -> Workload:
+    """chat's requests with temperature 0.7 alone: what a sampling option costs."""
+    workload = chat(num_requests, seed)
+    sampling = [{"temperature": CHAT_BASE["temperature"]}] * num_requests
+    return Workload("chat-temperature", workload.prompts, workload.output_lens,
+                    workload.max_model_len, sampling)  # fmt: skip
+
+
+def headline_qwen3(num_requests: int = 256, seed: int = 0) -> Workload:
+    """The headline's requests with Qwen3's generation_config: top-k 20, top-p 0.95."""
+    workload = headline(num_requests, seed)
+    sampling = [{"temperature": 0.6, "top_k": 20, "top_p": 0.95}] * num_requests
+    return Workload("headline-qwen3", workload.prompts, workload.output_lens,
+                    workload.max_model_len, sampling)  # fmt: skip
+
+
+WORKLOADS = {
+    "headline": headline,
+    "short": short,
+    "long": long,
+    "prefix": prefix,
+    "chat": chat,
+    "chat-temperature": chat_temperature,
+    "headline-qwen3": headline_qwen3,
+}
 
 
 def make_workload(name: str, num_requests: int | None = None, seed: int = 0) -> Workload:

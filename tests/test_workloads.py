@@ -54,7 +54,34 @@ def test_short_long_prefix_shapes(workloads) -> None:
     assert len({tuple(p[:2048]) for p in prefix.prompts[:8]}) > 1
 
 
-@pytest.mark.parametrize("name", ["headline", "short", "prefix"])
+def test_chat_sends_what_real_requests_send(workloads) -> None:
+    from minivllm import SamplingParams
+
+    chat = workloads.make_workload("chat")
+    assert chat.num_requests == 1000 and len(chat.sampling) == 1000
+    _check_ranges(chat, (16, 3000), (8, 1000))
+    # Log-normal: a long tail above the median.
+    lens = sorted(len(p) for p in chat.prompts)
+    assert 300 < lens[500] < 500 and lens[-1] > 4 * lens[500]
+    assert all(o["top_k"] == 20 and o["top_p"] == 0.8 for o in chat.sampling)
+    share = {
+        name: sum(name in o for o in chat.sampling) / 1000
+        for name in ("repetition_penalty", "presence_penalty", "frequency_penalty", "logprobs",
+                     "min_tokens")
+    }  # fmt: skip
+    assert 0.2 < share.pop("repetition_penalty") < 0.3
+    assert all(0.09 < v < 0.16 for v in share.values()), share
+    for options in chat.sampling:  # every option is one SamplingParams takes
+        SamplingParams(**options)
+    plain = workloads.make_workload("chat-temperature")
+    assert (plain.prompts, plain.output_lens) == (chat.prompts, chat.output_lens)
+    assert plain.sampling == [{"temperature": 0.7}] * 1000
+    qwen3 = workloads.make_workload("headline-qwen3")
+    assert qwen3.prompts == workloads.make_workload("headline").prompts
+    assert qwen3.sampling[0] == {"temperature": 0.6, "top_k": 20, "top_p": 0.95}
+
+
+@pytest.mark.parametrize("name", ["headline", "short", "prefix", "chat"])
 def test_seeded_and_sized(workloads, name) -> None:
     a, b = workloads.make_workload(name, 12), workloads.make_workload(name, 12)
     assert a == b and a.num_requests == 12
