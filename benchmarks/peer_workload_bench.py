@@ -70,7 +70,8 @@ def _options(options: dict) -> dict:
 def scheduler_limits(engine: str, llm) -> dict:
     """max_num_seqs and max_num_batched_tokens as the engine resolved them."""
     if engine == "minivllm":
-        limits = getattr(llm.engine, "limits", None)  # a data-parallel frontend has none
+        setup = getattr(llm.engine, "setup", None)  # a data-parallel frontend has none
+        limits = None if setup is None else setup.limits
         return {} if limits is None else limits._asdict()
     try:
         sched = llm.llm_engine.vllm_config.scheduler_config

@@ -1,4 +1,6 @@
 """Fused sampling for plain batches (greedy or temperature-only rows): one Gumbel-max pass.
+With per-row thresholds (the filters' top-k / top-p / min-p, layers/sampling_filters.py), ids
+whose logit is below the row's threshold are dropped in the same pass.
 
 token = argmax_i(logits_i / T + g_i), g_i = -log(-log(u_i)), u_i = word i % 4 of
 philox(seed, counter offset + i // 4); greedy rows (T = 0) take argmax_i(logits_i).
@@ -33,12 +35,13 @@ def _fast_log2(x, FAST: tl.constexpr):
 
 
 @triton.jit
-def _word_scores(logits_row, ids, vocab_size, scale, u, RANDOM: tl.constexpr, U_MIN: tl.constexpr,
-                 U_MAX: tl.constexpr, FAST_LOG: tl.constexpr):  # fmt: skip
-    """Scores of one philox word's ids [BLOCK // 4] (u: their uniforms); -inf past the vocab.
-    In log2 units: x * log2(e) / T - log2(-log2(u)) is log2(e) * (x / T + g) minus a constant,
-    so its argmax is the Gumbel-max token."""
+def _word_scores(logits_row, ids, vocab_size, scale, u, threshold, RANDOM: tl.constexpr,
+                 U_MIN: tl.constexpr, U_MAX: tl.constexpr, FAST_LOG: tl.constexpr):  # fmt: skip
+    """Scores of one philox word's ids [BLOCK // 4] (u: their uniforms); -inf past the vocab
+    and below threshold. In log2 units: x * log2(e) / T - log2(-log2(u)) is log2(e) * (x / T +
+    g) minus a constant, so its argmax is the Gumbel-max token."""
     score = tl.load(logits_row + ids, mask=ids < vocab_size, other=-float("inf")).to(tl.float32)
+    score = tl.where(score >= threshold, score, -float("inf"))
     if RANDOM:
         u = tl.minimum(tl.maximum(u, U_MIN), U_MAX)
         score = score * scale - _fast_log2(-_fast_log2(u, FAST_LOG), FAST_LOG)
@@ -46,16 +49,18 @@ def _word_scores(logits_row, ids, vocab_size, scale, u, RANDOM: tl.constexpr, U_
 
 
 @triton.jit
-def _chunk_best(logits_row, ids, vocab_size, scale, u0, u1, u2, u3, RANDOM: tl.constexpr,
-                U_MIN: tl.constexpr, U_MAX: tl.constexpr, FAST_LOG: tl.constexpr):  # fmt: skip
+def _chunk_best(logits_row, ids, vocab_size, scale, u0, u1, u2, u3, threshold,
+                RANDOM: tl.constexpr, U_MIN: tl.constexpr, U_MAX: tl.constexpr,
+                FAST_LOG: tl.constexpr):  # fmt: skip
     """The best (score, lowest id) of the chunk: ids 4k + j take word j (u_j). The four words'
     scores are merged elementwise, then reduced once."""
-    best = _word_scores(logits_row, ids, vocab_size, scale, u0, RANDOM, U_MIN, U_MAX, FAST_LOG)
+    best = _word_scores(logits_row, ids, vocab_size, scale, u0, threshold, RANDOM, U_MIN, U_MAX,
+                        FAST_LOG)  # fmt: skip
     best_id = ids
     for j in tl.static_range(1, 4):
         u = u1 if j == 1 else (u2 if j == 2 else u3)
-        score = _word_scores(logits_row, ids + j, vocab_size, scale, u, RANDOM, U_MIN, U_MAX,
-                             FAST_LOG)  # fmt: skip
+        score = _word_scores(logits_row, ids + j, vocab_size, scale, u, threshold, RANDOM, U_MIN,
+                             U_MAX, FAST_LOG)  # fmt: skip
         take = score > best  # on a tie the earlier word keeps it: its id is lower
         best = tl.where(take, score, best)
         best_id = tl.where(take, ids + j, best_id)
@@ -69,11 +74,13 @@ def _chunk_best(logits_row, ids, vocab_size, scale, u0, u1, u2, u3, RANDOM: tl.c
 # rows of one [2, N] tensor), so their alignment changes with the batch size: not specialized
 # on it, or an odd batch would compile a second variant mid-run (a fresh server's first
 # request would wait for that compile).
-@triton.jit(do_not_specialize_on_alignment=["temperature_ptr", "seeds_ptr", "offsets_ptr"])
+@triton.jit(do_not_specialize_on_alignment=["temperature_ptr", "seeds_ptr", "offsets_ptr",
+                                            "thresholds_ptr"])  # fmt: skip
 def _chunk_max_kernel(
-    logits_ptr, temperature_ptr, seeds_ptr, offsets_ptr, chunk_scores_ptr, chunk_ids_ptr,
-    stride_logits, vocab_size, num_chunks,
+    logits_ptr, temperature_ptr, seeds_ptr, offsets_ptr, thresholds_ptr, chunk_scores_ptr,
+    chunk_ids_ptr, stride_logits, vocab_size, num_chunks,
     BLOCK: tl.constexpr, U_MIN: tl.constexpr, U_MAX: tl.constexpr, FAST_LOG: tl.constexpr,
+    HAS_THRESHOLDS: tl.constexpr,
 ):  # fmt: skip
     """Grid (num_rows, num_chunks): the best (score, token id) of one BLOCK-wide vocab chunk.
     Philox counter k of the chunk gives 4 words, the uniforms of ids 4k, ..., 4k + 3 (one philox
@@ -87,17 +94,20 @@ def _chunk_max_kernel(
     ids = chunk * BLOCK + 4 * k
     logits_row = logits_ptr + row * stride_logits
     temperature = tl.load(temperature_ptr + row)
+    threshold = -float("inf")
+    if HAS_THRESHOLDS:
+        threshold = tl.load(thresholds_ptr + row)
     if temperature > 0.0:
         scale = 1.4426950408889634 / temperature  # log2(e) / T
         seed = tl.load(seeds_ptr + row)
         # int64 counters: philox takes them as (low, high) 32-bit words, so offsets never wrap.
         counters = tl.load(offsets_ptr + row) + chunk * QUARTER + k
         u0, u1, u2, u3 = tl.rand4x(seed, counters)
-        best, best_id = _chunk_best(logits_row, ids, vocab_size, scale, u0, u1, u2, u3, True,
-                                    U_MIN, U_MAX, FAST_LOG)  # fmt: skip
+        best, best_id = _chunk_best(logits_row, ids, vocab_size, scale, u0, u1, u2, u3,
+                                    threshold, True, U_MIN, U_MAX, FAST_LOG)  # fmt: skip
     else:
-        best, best_id = _chunk_best(logits_row, ids, vocab_size, 1.0, k, k, k, k, False, U_MIN,
-                                    U_MAX, FAST_LOG)  # fmt: skip
+        best, best_id = _chunk_best(logits_row, ids, vocab_size, 1.0, k, k, k, k, threshold,
+                                    False, U_MIN, U_MAX, FAST_LOG)  # fmt: skip
     tl.store(chunk_scores_ptr + row * num_chunks + chunk, best)
     tl.store(chunk_ids_ptr + row * num_chunks + chunk, best_id)
 
@@ -125,6 +135,7 @@ def sample_plain(
     offsets: torch.Tensor,
     out: torch.Tensor | None = None,
     block: int = DEFAULT_BLOCK,
+    thresholds: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Samples one token id per row of logits; returns out [num_rows] int64.
 
@@ -133,7 +144,9 @@ def sample_plain(
     row's noise for id i is word i % 4 of philox(seeds[row], offsets[row] + i // 4), so its
     token depends only on (logits row, temperature, seed, offset), never on the row index, the
     batch or block. The caller keeps the counter ranges [offset, offset + cdiv(vocab_size, 4))
-    of rows sharing a seed disjoint.
+    of rows sharing a seed disjoint. thresholds: [num_rows] or [num_rows, 1] fp32, each row
+    drawn among the ids whose logit is >= its threshold (the same draw as with the others set
+    to -inf), or None.
     Grids: (num_rows, cdiv(vocab_size, block)) over vocab chunks, then (num_rows,); no host sync.
     """
     check_tensor("logits", logits, 2)
@@ -144,6 +157,10 @@ def sample_plain(
     for name, t in (("temperature", temperature), ("seeds", seeds), ("offsets", offsets)):
         check_same(f"{name}.shape[0]", t.shape[0], "num_rows", num_rows)
         check_same(f"{name}.device", t.device, "logits.device", logits.device)
+    if thresholds is not None:
+        thresholds = thresholds.reshape(-1)
+        check_tensor("thresholds", thresholds, 1, (torch.float32,))
+        check_same("thresholds.shape[0]", thresholds.shape[0], "num_rows", num_rows)
     if out is None:
         out = torch.empty(num_rows, dtype=torch.int64, device=logits.device)
     check_tensor("out", out, 1, (torch.int64,))
@@ -159,9 +176,10 @@ def sample_plain(
     chunk_scores = torch.empty(num_rows, num_chunks, dtype=torch.float32, device=logits.device)
     chunk_ids = torch.empty(num_rows, num_chunks, dtype=torch.int32, device=logits.device)
     _chunk_max_kernel[(num_rows, num_chunks)](
-        logits, temperature, seeds, offsets, chunk_scores, chunk_ids,
-        logits.stride(0), vocab_size, num_chunks,
+        logits, temperature, seeds, offsets, temperature if thresholds is None else thresholds,
+        chunk_scores, chunk_ids, logits.stride(0), vocab_size, num_chunks,
         BLOCK=block, U_MIN=U_MIN, U_MAX=U_MAX, FAST_LOG=runs_inline_ptx(logits),
+        HAS_THRESHOLDS=thresholds is not None,
         num_warps=min(max(block // 512, 1), 8),
     )  # fmt: skip
     _reduce_kernel[(num_rows,)](

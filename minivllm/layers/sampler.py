@@ -99,7 +99,8 @@ class Sampler(nn.Module):
     penalties run as one kernel over the penalized rows (kernels/penalties.py).
 
     Workspace: one float32 copy of the logits (two with logprobs: their log_softmax), [N, V]
-    masks of one byte, and the filters' candidates (layers/sampling_filters.py).
+    masks of one byte, and the filters' candidates (layers/sampling_filters.py); the filters'
+    thresholds drop tokens inside the Triton draw, without a mask.
     """
 
     def __init__(self, use_triton: bool = False) -> None:
@@ -134,7 +135,7 @@ class Sampler(nn.Module):
         if meta.logit_bias_ids is not None:
             logits.scatter_add_(1, meta.logit_bias_ids, meta.logit_bias_values)
         if meta.suppressed_token_ids is not None:
-            logits.masked_fill_(token_mask(meta.suppressed_token_ids, logits.shape[1]), -torch.inf)
+            ban_tokens(logits, meta.suppressed_token_ids)
         if meta.allowed_token_ids is not None:
             logits.masked_fill_(disallowed_mask(meta, logits.shape[1]), -torch.inf)
         if not meta.no_penalties:
@@ -147,14 +148,19 @@ class Sampler(nn.Module):
             greedy_ids = None
             if not (meta.all_random or self.use_triton):
                 greedy_ids = logits.argmax(dim=-1)
-            # The filters' dropped tokens -inf, in place: greedy rows keep their argmax.
+            # Each row keeps the logits at or above its threshold: greedy rows keep their
+            # argmax.
+            thresholds = None
             if not (meta.no_top_k and meta.no_top_p and meta.no_min_p):
-                logits.masked_fill_(logits < filter_thresholds(logits, meta), -torch.inf)
+                thresholds = filter_thresholds(logits, meta)
             if self.use_triton:
-                # Drawn from the unscaled logits with the fused kernel's keyed noise: the
-                # same draw a plain batch makes for a row without filters.
-                sampled = self.draw_kept(logits, meta)
+                # Drawn from the unscaled logits with the fused kernel's keyed noise (the
+                # same draw a plain batch makes for a row without filters), the dropped
+                # tokens left out in the same pass.
+                sampled = self.draw_kept(logits, meta, thresholds)
             else:
+                if thresholds is not None:
+                    logits.masked_fill_(logits < thresholds, -torch.inf)
                 sampled = self._sample(logits, meta)
                 if greedy_ids is not None:
                     sampled = torch.where(meta.temperature == 0.0, greedy_ids, sampled)
@@ -165,10 +171,15 @@ class Sampler(nn.Module):
             )
         return out
 
-    def draw_kept(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+    def draw_kept(
+        self, logits: torch.Tensor, meta: SamplingMetadata, thresholds: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Gumbel-max draw (the Triton sampler's keyed noise) from logits [N, V] (penalized,
-        unscaled, dropped tokens -inf); greedy rows take the argmax."""
-        return self._sample_plain(logits, meta.temperature, meta.seeds, meta.offsets)
+        unscaled, dropped tokens -inf or below thresholds [N, 1]); greedy rows take the
+        argmax of what they keep."""
+        return self._sample_plain(
+            logits, meta.temperature, meta.seeds, meta.offsets, thresholds=thresholds
+        )
 
     def draw_filtered(
         self, logits: torch.Tensor, filtered: torch.Tensor, meta: SamplingMetadata
@@ -215,6 +226,15 @@ def apply_penalties(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tenso
     """Repetition (prompt + output), then frequency and presence (output) penalties, in place
     (the torch definition; layers/penalties.py)."""
     return penalize(logits, *_penalty_args(meta))
+
+
+def ban_tokens(logits: torch.Tensor, token_ids: torch.Tensor) -> None:
+    """Sets logits [N, V] float32 to -inf at each row's token_ids [N, M] int64 (padded with
+    -1; ids outside the vocabulary ignored), in place: one scatter of N x M elements."""
+    valid = (token_ids >= 0) & (token_ids < logits.shape[1])
+    # amin with +inf leaves the padding's target as it is, whichever id it points at.
+    values = torch.where(valid, -torch.inf, torch.inf)
+    logits.scatter_reduce_(1, torch.where(valid, token_ids, 0), values, reduce="amin")
 
 
 def disallowed_mask(meta: SamplingMetadata, vocab_size: int) -> torch.Tensor:

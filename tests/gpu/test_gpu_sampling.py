@@ -34,7 +34,7 @@ def test_default_limits_sample_every_option_within_the_budget(model_dir: str) ->
     llm = LLM(model_dir, dtype="bfloat16", max_model_len=2048,
               gpu_memory_utilization=utilization)  # fmt: skip
     try:
-        num_seqs = llm.engine.limits.max_num_seqs
+        num_seqs = llm.engine.setup.limits.max_num_seqs
         if total >= 70 * 2**30:
             assert num_seqs == 1024
         params = [

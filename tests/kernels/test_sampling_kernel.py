@@ -138,3 +138,26 @@ def test_bad_inputs_raise_value_error():
         sample_plain(logits, t, ids, ids, block=100)
     with pytest.raises(ValueError, match="out"):
         sample_plain(logits, t, ids, ids, out=torch.empty(3, dtype=torch.int64, device=DEVICE))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_thresholds_draw_as_the_masked_logits_do(dtype):
+    # A row's threshold drops its logits below it in the same pass: the same token as the
+    # plain draw over logits with those set to -inf, greedy rows (argmax of what stays) too.
+    torch.manual_seed(3)
+    logits = (torch.randn(5, 700) * 3).to(dtype).to(DEVICE)
+    thresholds = torch.tensor([[-torch.inf], [2.0], [4.0], [1.0], [3.0]], device=DEVICE)
+    temperature = torch.tensor([0.7, 1.0, 0.0, 1.3, 0.5], device=DEVICE)
+    seeds = torch.tensor([1, 2, 3, 4, 5], device=DEVICE)
+    offsets = torch.arange(5, device=DEVICE) * DRAW
+    masked = logits.masked_fill(logits.float() < thresholds, -torch.inf)
+    expected = sample_plain(masked, temperature, seeds, offsets, block=128)
+    got = sample_plain(logits, temperature, seeds, offsets, block=128, thresholds=thresholds)
+    assert got.tolist() == expected.tolist()
+    kept = logits.float().gather(1, got.unsqueeze(1))
+    assert (kept >= thresholds).all()
+    # Greedy row 2's argmax stays itself under its threshold; a threshold above every logit
+    # but the top leaves only the top.
+    top = logits.float().max(dim=1, keepdim=True).values
+    only_top = sample_plain(logits, temperature, seeds, offsets, thresholds=top)
+    assert only_top.tolist() == logits.float().argmax(dim=1).tolist()

@@ -354,3 +354,18 @@ def test_top_p_that_rounds_to_zero_keeps_the_top_token() -> None:
     logits = torch.tensor([[0.5, 3.0, -1.0, 2.0]])
     out = apply_top_k_top_p(logits.clone(), None, torch.tensor([1e-50], dtype=torch.float32))
     assert torch.isfinite(out[0, 1]) and torch.isinf(out[0, [0, 2, 3]]).all()
+
+
+def test_ban_tokens_sets_each_rows_ids_and_ignores_padding() -> None:
+    from minivllm.layers.sampler import ban_tokens
+
+    logits = torch.arange(12, dtype=torch.float32).reshape(2, 6)
+    # Row 0 bans 3 and 0 beside a padding -1 (which points at id 0 too); row 1 bans 5,
+    # and an id past the vocabulary is ignored.
+    ban_tokens(logits, torch.tensor([[3, 0, -1], [5, 9, -1]]))
+    inf = float("-inf")
+    assert logits.tolist() == [[inf, 1, 2, inf, 4, 5], [6, 7, 8, 9, 10, inf]]
+    # Padding alone leaves id 0 as it is.
+    row = torch.ones(1, 4)
+    ban_tokens(row, torch.tensor([[-1, -1]]))
+    assert row.tolist() == [[1, 1, 1, 1]]
