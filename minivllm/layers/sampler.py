@@ -52,6 +52,9 @@ class SamplingMetadata:
     # over torch.topk candidates, without a vocabulary sort (layers/sampling_filters.py).
     filter_by_candidates: bool = True
     max_num_logprobs: int | None = None
+    # The rows whose logprobs are computed ([R] int64), where not every row asked; None: all.
+    # SamplerOutput's logprob tensors keep a row for every row (zeros for the others).
+    logprob_rows: torch.Tensor | None = None
     # Penalties (when not no_penalties): the penalized rows [P] int64 and their requests'
     # slots [P] int64 of the tables output_counts [S, W] int32 and prompt_mask [S, W] bool
     # (engine/runner/penalty_state.py); in a drafted step each row's drafts before it
@@ -122,7 +125,9 @@ class Sampler(nn.Module):
             )
         raw_logprobs = None
         if meta.max_num_logprobs is not None:
-            raw_logprobs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
+            rows = meta.logprob_rows
+            asked = logits if rows is None else logits.index_select(0, rows)
+            raw_logprobs = torch.log_softmax(asked, dim=-1, dtype=torch.float32)
         needs_edit = (
             meta.suppressed_token_ids is not None
             or meta.logit_bias_ids is not None
@@ -166,9 +171,17 @@ class Sampler(nn.Module):
                     sampled = torch.where(meta.temperature == 0.0, greedy_ids, sampled)
         out = SamplerOutput(sampled_token_ids=sampled)
         if raw_logprobs is not None:
-            out.logprob_token_ids, out.logprobs, out.ranks = gather_logprobs(
-                raw_logprobs, sampled, meta.max_num_logprobs
+            rows = meta.logprob_rows
+            found = gather_logprobs(
+                raw_logprobs,
+                sampled if rows is None else sampled.index_select(0, rows),
+                meta.max_num_logprobs,
             )
+            if rows is not None:  # back to one row per sampled row
+                found = tuple(
+                    t.new_zeros((len(sampled), *t.shape[1:])).index_copy_(0, rows, t) for t in found
+                )
+            out.logprob_token_ids, out.logprobs, out.ranks = found
         return out
 
     def draw_kept(

@@ -186,12 +186,17 @@ def test_logprobs_come_from_raw_logits():
     assert meta.max_num_logprobs == 3
     out = Sampler()(logits, meta)
     raw = torch.log_softmax(logits.float(), dim=-1)
+    # Only the three rows that asked are computed; row 3's entries stay unread.
+    assert meta.logprob_rows.tolist() == [0, 1, 2]
     assert out.logprob_token_ids.shape == (4, 4) and out.logprobs.dtype == torch.float32
-    assert torch.equal(out.logprob_token_ids[:, 0], out.sampled_token_ids)
-    torch.testing.assert_close(out.logprobs, raw.gather(1, out.logprob_token_ids))
-    top_values, top_ids = raw.topk(3, dim=-1)
-    assert torch.equal(out.logprob_token_ids[:, 1:], top_ids)
-    for row in range(4):
+    asked = slice(0, 3)
+    assert torch.equal(out.logprob_token_ids[asked, 0], out.sampled_token_ids[asked])
+    torch.testing.assert_close(
+        out.logprobs[asked], raw[asked].gather(1, out.logprob_token_ids[asked])
+    )
+    top_values, top_ids = raw[asked].topk(3, dim=-1)
+    assert torch.equal(out.logprob_token_ids[asked, 1:], top_ids)
+    for row in range(3):
         sampled = out.sampled_token_ids[row]
         expected_rank = int((raw[row] > raw[row, sampled]).sum()) + 1
         assert out.ranks[row].item() == expected_rank

@@ -252,6 +252,11 @@ class SamplingState:
         if is_plain and not random_params:
             draws = torch.zeros(2, len(states), dtype=torch.int64, device=device)
         random_top = [(p.top_k, p.top_p) for p in random_params]
+        # The rows that asked for logprobs, where not all did: only they take a log_softmax.
+        logprob_rows = None
+        if num_logprobs and len(num_logprobs) < len(params):
+            rows = [row for row, p in enumerate(params) if p.logprobs is not None]
+            logprob_rows = self._staging.upload({"rows": np.array(rows, np.int64)})["rows"]
         return SamplingMetadata(
             **_param_tensors(params, self._staging),
             **no_filters,
@@ -269,6 +274,7 @@ class SamplingState:
             if random_top
             else True,
             max_num_logprobs=max(num_logprobs) if num_logprobs else None,
+            logprob_rows=logprob_rows,
             logit_bias_ids=bias_ids,
             logit_bias_values=bias_values,
             allowed_token_ids=allowed_ids,
