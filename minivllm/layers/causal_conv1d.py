@@ -37,11 +37,14 @@ def causal_conv1d_prefill(
     """x: [T, C] packed sequences (cu_seqlens [N + 1]); weight: [C, width]; bias: [C] or None;
     conv_state: [num_slots, width - 1, C], row j the input width - 1 - j tokens before the
     sequence's start: sequence i reads conv_state[state_slots[i]] where has_initial_state[i]
-    (else zeros) and leaves its own last width - 1 inputs there. Returns [T, C] in x.dtype."""
+    (else zeros) and leaves its own last width - 1 inputs there (an empty sequence leaves it
+    alone). Returns [T, C] in x.dtype."""
     _check_activation(activation)
     out = torch.empty_like(x)
     bounds = cu_seqlens.tolist()
     for i, (start, end) in enumerate(zip(bounds[:-1], bounds[1:])):
+        if start == end:
+            continue  # an empty sequence leaves its state alone
         slot = int(state_slots[i])
         history = (
             conv_state[slot] if bool(has_initial_state[i]) else torch.zeros_like(conv_state[slot])

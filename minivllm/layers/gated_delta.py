@@ -99,12 +99,15 @@ def gated_delta_rule_prefill(
     """Packed sequences. q, k: [T, H_k, d_k]; v: [T, H_v, d_v]; g, beta: [T, H_v];
     cu_seqlens: [N + 1]; state: [num_slots, H_v, d_k, d_v] float32, sequence i starts from
     state[state_slots[i]] where has_initial_state[i] (else zeros) and its final state is
-    written there. scale defaults to d_k ** -0.5. Returns out [T, H_v, d_v] in v.dtype."""
+    written there (an empty sequence leaves it alone). scale defaults to d_k ** -0.5.
+    Returns out [T, H_v, d_v] in v.dtype."""
     num_v_heads = v.shape[1]
     q, k = _prepare_qk(q, k, num_v_heads, scale, use_qk_l2norm)
     out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
     bounds = cu_seqlens.tolist()
     for i, (start, end) in enumerate(zip(bounds[:-1], bounds[1:])):
+        if start == end:
+            continue  # an empty sequence leaves its state alone
         slot = int(state_slots[i])
         init = state[slot] if bool(has_initial_state[i]) else None
         sl = slice(start, end)
