@@ -146,7 +146,8 @@ def gated_delta_rule_decode(
 def gated_delta_gates(
     a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Qwen3.5's gates from the a and b projections [T, H_v]: (g, beta), float32, with
-    g = -exp(A_log) * softplus(a + dt_bias) (the log decay) and beta = sigmoid(b)."""
-    g = -a_log.float().exp() * F.softplus(a.float() + dt_bias.float())
-    return g, b.float().sigmoid()
+    """Qwen3.5's gates from the a and b projections [T, H_v]: (g, beta) with
+    g = -exp(A_log) * softplus(a + dt_bias), the log decay, in float32 (in float16, exp(A_log)
+    could overflow) and beta = sigmoid(b) in b's dtype, as HF computes them."""
+    g = -a_log.float().exp() * F.softplus(a.float() + dt_bias)
+    return g, b.sigmoid()

@@ -154,7 +154,8 @@ def _chunk_output_kernel(
     gc = tl.load(gc_ptr + rows64 * H_V + head, mask=ok, other=0.0)
     op = h_ptr.dtype.element_ty
     i = tl.arange(0, BT)
-    causal = i[:, None] >= i[None, :]
+    # Rows past the end (gc 0) are left out: exp(0 - gc_j) would overflow.
+    causal = (i[:, None] >= i[None, :]) & ok[:, None]
     decay = tl.exp(tl.where(causal, gc[:, None] - gc[None, :], float("-inf")))
     attn = _dot(q.to(op), tl.trans(k.to(op)), PRECISION) * decay
     h_offs = (chunk.to(tl.int64) * H_V + head) * D_K * D_V
