@@ -7,6 +7,7 @@ import pytest
 import torch
 from paged_case import DEVICE
 
+from minivllm.kernels.gated_delta import chunk_kernels, decode
 from minivllm.kernels.gated_delta import conv1d as kernel
 from minivllm.layers import causal_conv1d as ref
 
@@ -98,3 +99,19 @@ def test_conv1d_update_matches_reference(dtype):
     )
     torch.testing.assert_close(out.cpu(), expected, **_tol(dtype))
     torch.testing.assert_close(state.cpu(), expected_state, atol=0, rtol=0)
+
+
+def test_step_metadata_is_not_specialized():
+    """The per-step tables and slots may be slices of persistent buffers: a new offset must not
+    compile the kernels again. Triton ignores a misspelled name, so each must be a parameter."""
+    step_pointers = {"chunk_table_ptr", "cu_seqlens_ptr", "cu_chunks_ptr", "slots_ptr",
+                     "has_init_ptr"}  # fmt: skip
+    for k in (
+        kernel._conv1d_prefill_kernel, kernel._conv1d_update_kernel,
+        chunk_kernels._chunk_prepare_kernel, chunk_kernels._chunk_state_kernel,
+        chunk_kernels._chunk_output_kernel, decode._recurrent_step_kernel,
+    ):  # fmt: skip
+        # JITFunction keeps the list as an attribute, the interpreter's function in kwargs.
+        listed = getattr(k, "do_not_specialize_on_alignment", None)
+        listed = set(listed or getattr(k, "kwargs", {}).get("do_not_specialize_on_alignment"))
+        assert listed == step_pointers & set(k.arg_names), k.fn.__name__

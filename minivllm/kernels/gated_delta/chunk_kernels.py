@@ -10,7 +10,8 @@
    exp(gc_i - gc_j)) v_new, all chunks in parallel.
 
 Rows past a sequence's end inside its last chunk are loaded as zeros (k, v, beta, g = 0),
-which makes them write nothing. Dots take q's dtype (float32: exact "ieee" dots)."""
+which makes them write nothing. Dots take q's dtype (float32: exact "ieee" dots). The step's
+metadata (tables, slots) may be slices of persistent buffers: no alignment specialization."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def _chunk_rows(chunk_table_ptr, cu_seqlens_ptr, chunk, BT: tl.constexpr):
     return seq, rows, rows < tl.load(cu_seqlens_ptr + seq + 1)
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["chunk_table_ptr", "cu_seqlens_ptr"])
 def _chunk_prepare_kernel(
     k_ptr, v_ptr, g_ptr, beta_ptr, gc_ptr, w_ptr, u_ptr, chunk_table_ptr, cu_seqlens_ptr,
     stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_bt,
@@ -79,7 +80,8 @@ def _chunk_prepare_kernel(
     tl.store(u_ptr + u_offs, u.to(op), mask=ok[:, None] & (cols_v < D_V)[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["cu_seqlens_ptr", "cu_chunks_ptr", "slots_ptr",
+                                            "has_init_ptr"])  # fmt: skip
 def _chunk_state_kernel(
     k_ptr, gc_ptr, w_ptr, u_ptr, h_ptr, v_new_ptr, state_ptr, cu_seqlens_ptr, cu_chunks_ptr,
     slots_ptr, has_init_ptr, stride_kt, stride_kh, stride_ss, stride_sh,
@@ -130,7 +132,7 @@ def _chunk_state_kernel(
     tl.store(state_ptr + s_offs, s, mask=s_mask & (cols_k < final_rows)[:, None])
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["chunk_table_ptr", "cu_seqlens_ptr"])
 def _chunk_output_kernel(
     q_ptr, k_ptr, gc_ptr, h_ptr, v_new_ptr, out_ptr, chunk_table_ptr, cu_seqlens_ptr, scale,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_ot, stride_oh,

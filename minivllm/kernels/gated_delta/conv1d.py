@@ -33,7 +33,8 @@ def _tap_input(x_ptr, state_ptr, src, seq_start, rows_ok, has_init, stride_xt, s
     return x.to(tl.float32) + old.to(tl.float32)
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["chunk_table_ptr", "cu_seqlens_ptr", "slots_ptr",
+                                            "has_init_ptr"])  # fmt: skip
 def _conv1d_prefill_kernel(
     x_ptr, w_ptr, bias_ptr, out_ptr, state_ptr, chunk_table_ptr, cu_seqlens_ptr, slots_ptr,
     has_init_ptr, num_channels, stride_xt, stride_ot, stride_ss, stride_sw,
@@ -78,7 +79,7 @@ def _conv1d_prefill_kernel(
                  mask=(j < WIDTH - 1)[:, None] & cmask[None, :])  # fmt: skip
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["slots_ptr"])
 def _conv1d_update_kernel(
     x_ptr, w_ptr, bias_ptr, out_ptr, state_ptr, slots_ptr, num_channels, stride_xt, stride_ot,
     stride_ss, stride_sw,
@@ -163,7 +164,7 @@ def causal_conv1d_prefill(
     if layout.num_chunks == 0:
         return out
     num_channels = x.shape[1]
-    block_c = min(128, triton.next_power_of_2(num_channels))
+    block_c = min(64, triton.next_power_of_2(num_channels))
     grid = (layout.num_chunks, triton.cdiv(num_channels, block_c))
     _conv1d_prefill_kernel[grid](
         x, weight, bias if bias is not None else weight, out, conv_state, layout.chunk_table,

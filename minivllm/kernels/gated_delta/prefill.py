@@ -71,12 +71,12 @@ def gated_delta_rule_prefill(
     _chunk_prepare_kernel[(layout.num_chunks, num_v_heads)](
         k, v, g, beta, gc, w, u, layout.chunk_table, cu_seqlens,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
-        BV=block_v, **shapes, num_warps=4,
+        BV=block_v, **shapes, num_warps=8,
     )  # fmt: skip
     _chunk_state_kernel[(num_seqs, num_v_heads, triton.cdiv(d_v, split_v))](
         k, gc, w, u, h, v_new, state, cu_seqlens, layout.cu_chunks, state_slots,
         has_initial_state.to(torch.int32), k.stride(0), k.stride(1), state.stride(0),
-        state.stride(1), BV=split_v, **shapes, num_warps=4,
+        state.stride(1), BV=split_v, **shapes, num_warps=8,
     )  # fmt: skip
     _chunk_output_kernel[(layout.num_chunks, num_v_heads, triton.cdiv(d_v, split_v))](
         q, k, gc, h, v_new, out, layout.chunk_table, cu_seqlens,
