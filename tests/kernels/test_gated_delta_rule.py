@@ -9,6 +9,7 @@ import torch
 from paged_case import DEVICE
 
 from minivllm.kernels.gated_delta import decode, prefill
+from minivllm.kernels.gated_delta.chunk_layout import chunk_layout
 from minivllm.layers import gated_delta as ref
 
 DTYPES = [torch.float32, torch.float16]
@@ -141,3 +142,12 @@ def test_checks_refuse_bad_inputs():
             q, k, v[:, :2], g[:, :2], beta[:, :2], state[:, :2].half(),
             torch.zeros(4, dtype=torch.int32),
         )  # fmt: skip
+
+
+def test_chunk_layout():
+    layout = chunk_layout([0, 1, 1, 130], "cpu")  # 1 token, an empty sequence, 129 tokens
+    assert layout.chunk_table.tolist() == [[0, 0], [2, 1], [2, 65], [2, 129]]
+    assert layout.cu_chunks.tolist() == [0, 1, 1, 4]
+    assert layout.num_chunks == 4
+    with pytest.raises(ValueError, match="non-decreasing"):
+        chunk_layout([0, 5, 3], "cpu")
