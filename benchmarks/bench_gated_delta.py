@@ -50,7 +50,7 @@ def rule_inputs(num_tokens: int, num_slots: int):
     q = qkv[:, : H_K * D].view(num_tokens, H_K, D)
     k = qkv[:, H_K * D : 2 * H_K * D].view(num_tokens, H_K, D)
     v = qkv[:, 2 * H_K * D :].view(num_tokens, H_V, D)
-    g = -torch.rand(num_tokens, H_V, device="cuda") * 2
+    g = -torch.rand(num_tokens, H_V, device="cuda") * 0.1
     beta = torch.rand(num_tokens, H_V, device="cuda", dtype=torch.bfloat16)
     state = torch.zeros(num_slots, H_V, D, D, device="cuda")
     return qkv, q, k, v, g, beta, state

@@ -38,11 +38,14 @@ def test_rule_prefill_then_decode(dtype):
     gen = torch.Generator().manual_seed(0)
     steps, total = 3, sum(LENS)
     # Inputs in the kernel's dtype; the reference computes from the same values in float32.
-    qkv = torch.randn(total + steps * len(LENS), (2 * H_K + H_V) * D, generator=gen).to(dtype)
+    qkv = torch.randn(total + steps * len(LENS), (2 * H_K + H_V) * D, generator=gen)
+    qkv[:, H_K * D : 2 * H_K * D] += torch.randn(H_K * D, generator=gen)  # keys share a direction
+    qkv = qkv.to(dtype)
     q = qkv[:, : H_K * D].view(-1, H_K, D)
     k = qkv[:, H_K * D : 2 * H_K * D].view(-1, H_K, D)
     v = qkv[:, 2 * H_K * D :].view(-1, H_V, D)
-    g = -torch.rand(qkv.shape[0], H_V, generator=gen) * 3
+    # Half the heads forget within a few tokens, half keep their state over hundreds.
+    g = -torch.rand(qkv.shape[0], H_V, generator=gen) * torch.tensor([3.0, 0.01]).repeat(H_V // 2)
     beta = torch.rand(qkv.shape[0], H_V, generator=gen).to(dtype)
     state = torch.randn(8, H_V, D, D, generator=gen) * 0.1
     slots = torch.tensor([5, 0, 7, 2, 3], dtype=torch.int32)

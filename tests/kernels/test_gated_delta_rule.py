@@ -21,14 +21,26 @@ def _tol(dtype):
     return {"atol": 2e-5, "rtol": 2e-5} if dtype == torch.float32 else {"atol": 1e-2, "rtol": 1e-2}
 
 
+def decays(num_tokens, num_v_heads, gen):
+    """Log decays g [T, H_v]: even heads forget within a few tokens, odd heads keep their
+    state over hundreds (so the state carried across chunks and the coupling between far rows
+    of a chunk both count)."""
+    scale = torch.tensor([1.5, 0.01]).repeat(num_v_heads)[:num_v_heads]
+    return -torch.rand(num_tokens, num_v_heads, generator=gen) * scale
+
+
 def make_rule_inputs(num_tokens, num_k_heads, num_v_heads, d_k, d_v, dtype, seed):
     gen = torch.Generator().manual_seed(seed)
     qkv = torch.randn(num_tokens, (2 * num_k_heads) * d_k + num_v_heads * d_v, generator=gen)
+    # Keys share a direction (k_i . k_j ~ 0.5 after the norm), as real keys do: the chunk's
+    # triangular system is then far from the identity.
+    shared = torch.randn(num_k_heads * d_k, generator=gen)
+    qkv[:, num_k_heads * d_k : 2 * num_k_heads * d_k] += shared
     qkv = qkv.to(dtype)  # q, k, v are strided views of one buffer, as after the conv
     q = qkv[:, : num_k_heads * d_k].view(num_tokens, num_k_heads, d_k)
     k = qkv[:, num_k_heads * d_k : 2 * num_k_heads * d_k].view(num_tokens, num_k_heads, d_k)
     v = qkv[:, 2 * num_k_heads * d_k :].view(num_tokens, num_v_heads, d_v)
-    g = -torch.rand(num_tokens, num_v_heads, generator=gen) * 1.5
+    g = decays(num_tokens, num_v_heads, gen)
     beta = torch.rand(num_tokens, num_v_heads, generator=gen)
     return q, k, v, g, beta
 
@@ -67,9 +79,9 @@ def test_prefill_matches_reference(dtype, heads):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_prefill_without_l2norm_and_with_scale(dtype):
     """Inputs the layer has already normalized, a given scale, one sequence of 2 chunks."""
-    q, k, v, g, beta = make_rule_inputs(100, 1, 1, 16, 16, dtype, seed=4)
+    q, k, v, g, beta = make_rule_inputs(100, 1, 2, 16, 16, dtype, seed=4)
     q, k = ref.l2_normalize(q).to(dtype), ref.l2_normalize(k).to(dtype)
-    state = torch.zeros(1, 1, 16, 16)
+    state = torch.zeros(1, 2, 16, 16)
     args = (torch.tensor([0, 100], dtype=torch.int32),)
     slot, no_init = torch.tensor([0], dtype=torch.int32), torch.tensor([False])
     expected = ref.gated_delta_rule_prefill(

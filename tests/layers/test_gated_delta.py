@@ -20,10 +20,12 @@ TOL = {"atol": 2e-5, "rtol": 2e-5}
 def make_inputs(seq_len, num_k_heads, num_v_heads, d_k, d_v, seed=0):
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(seq_len, num_k_heads, d_k, generator=gen)
-    k = torch.randn(seq_len, num_k_heads, d_k, generator=gen)
+    # Keys share a direction (k_i . k_j ~ 0.5 after the norm), as real keys do.
+    k = torch.randn(seq_len, num_k_heads, d_k, generator=gen) + torch.randn(d_k, generator=gen)
     v = torch.randn(seq_len, num_v_heads, d_v, generator=gen)
-    # Decays from ~0 to strongly forgetting, as Qwen3.5's gates produce.
-    g = -torch.rand(seq_len, num_v_heads, generator=gen) * 2.0
+    # Even heads forget within a few tokens, odd heads keep their state over hundreds.
+    scale = torch.tensor([2.0, 0.01]).repeat(num_v_heads)[:num_v_heads]
+    g = -torch.rand(seq_len, num_v_heads, generator=gen) * scale
     beta = torch.rand(seq_len, num_v_heads, generator=gen)
     return q, k, v, g, beta
 
@@ -57,7 +59,7 @@ def test_chunked_rule_matches_hf(seq_len, with_state):
 
 def test_chunked_rule_matches_hf_recurrent_over_long_decay():
     """Against the token-by-token definition, across three chunk boundaries."""
-    q, k, v, g, beta = make_inputs(200, 1, 1, 32, 16, seed=3)
+    q, k, v, g, beta = make_inputs(200, 1, 2, 32, 16, seed=3)
     expected, expected_state = hf_rule(hf.torch_recurrent_gated_delta_rule, q, k, v, g, beta, None)
     q = hf.l2norm(q) * 32**-0.5
     out, state = chunk_gated_delta_rule_one(q, hf.l2norm(k), v, g, beta)

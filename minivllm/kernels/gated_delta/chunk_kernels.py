@@ -2,7 +2,8 @@
 
 1. `_chunk_prepare_kernel` (chunk x head): cumulative decay gc, then the WY form of the
    chunk's updates: (I + A)^-1 with A[i, j] = beta_i k_i.k_j exp(gc_i - gc_j) (i > j), applied
-   to beta * v (u) and to beta * k * exp(gc) (w).
+   to beta * v (u) and to beta * k * exp(gc) (w). The inverse is float32 (on the GPU its dots
+   are tf32 for 16-bit inputs: finer than the 16-bit w and u they make).
 2. `_chunk_state_kernel` (sequence x head x d_v block): walks its sequence's chunks in order,
    saving the state at each chunk's start (h) and the chunk's corrected values
    v_new = u - w S, and carries S to the next chunk; writes the final state to the slot.
@@ -25,6 +26,27 @@ from minivllm.kernels.gated_delta.common import load_rows
 def _dot(a, b, PRECISION: tl.constexpr):
     """a @ b in float32, from operands in the op dtype of the launch (see `prefill.py`)."""
     return tl.dot(a, b, input_precision=PRECISION)
+
+
+@triton.jit
+def _unit_lower_inverse(a, BT: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr):
+    """(I + A)^-1 for A [BT, BT] float32, strictly lower triangular, BT = 4 * SUB: a few
+    dots, no reductions (a row-by-row substitution over BT rows reduces across warps twice a
+    row)."""
+    tl.static_assert(BT == 4 * SUB)
+    i = tl.arange(0, BT)
+    eye = tl.where(i[:, None] == i[None, :], 1.0, 0.0)
+    same_block = (i[:, None] // SUB) == (i[None, :] // SUB)
+    a_diag = tl.where(same_block, a, 0.0)
+    # D, the inverses of the SUB x SUB diagonal blocks, all at once by forward substitution:
+    # step r finishes row r of every block, e_r - A[r, :] D (the rows above r are final).
+    d = eye
+    for r in range(1, SUB):
+        d -= _dot(tl.where((i % SUB == r)[:, None], a_diag, 0.0), d, PRECISION)
+    # I + A = (I + A_diag)(I + M) with M = D B, B the part of A below the diagonal blocks. M is
+    # strictly block-lower (M^4 = 0), so (I + M)^-1 = (I - M)(I + M^2).
+    m = _dot(d, tl.where(same_block, 0.0, a), PRECISION)
+    return _dot(_dot(eye - m, eye + _dot(m, m, PRECISION), PRECISION), d, PRECISION)
 
 
 @triton.jit
@@ -65,13 +87,7 @@ def _chunk_prepare_kernel(
     lower = i[:, None] > i[None, :]
     decay = tl.exp(tl.where(lower, gc[:, None] - gc[None, :], float("-inf")))
     a = _dot(kb, tl.trans(k.to(op)), PRECISION) * decay  # strictly lower: 0 on and above
-    # Forward substitution: row r of (I + A)^-1 is e_r - sum_{j < r} A[r, j] row_j, rows
-    # above r already final; the rows below r are still e_r, which A[r, :] does not reach.
-    inv = tl.where(i[:, None] == i[None, :], 1.0, 0.0)
-    for r in range(1, BT):
-        a_r = tl.sum(tl.where(i[:, None] == r, a, 0.0), 0)  # [BT]: row r of A
-        inv = tl.where(i[:, None] == r, inv - tl.sum(a_r[:, None] * inv, 0)[None, :], inv)
-    inv = inv.to(op)
+    inv = _unit_lower_inverse(a, BT, BT // 4, PRECISION).to(op)
     w = _dot(inv, (k * (beta * tl.exp(gc))[:, None]).to(op), PRECISION)
     u = _dot(inv, (v * beta[:, None]).to(op), PRECISION)
     w_offs = (rows64[:, None] * H_V + head) * D_K + cols_k[None, :]
