@@ -19,14 +19,19 @@ pytestmark = [
 
 H_K, H_V, D = 16, 32, 128
 LENS = [3000, 1, 64, 130, 517]
-# Mean absolute error against the float32 reference, and the worst element.
-TOL = {torch.float32: (1e-5, 1e-3), torch.bfloat16: (1e-2, 0.15)}
+# Error against the float32 reference, relative to the reference's size: the mean error to
+# the mean magnitude, the worst element to the largest. In the interpreter float16 (3 mantissa
+# bits more than bf16) stayed within 0.1 % of the largest; bf16 keeps w, u, v_new and the
+# per-chunk states in bf16, ~8x coarser.
+TOL = {torch.float32: (1e-5, 1e-4), torch.bfloat16: (1e-2, 5e-2)}
 
 
 def _close(got, expected, dtype):
     mean_tol, max_tol = TOL[dtype]
     err = (got.float() - expected.float()).abs()
-    assert err.mean() < mean_tol and err.max() < max_tol, (err.mean().item(), err.max().item())
+    size = expected.float().abs()
+    mean_rel, max_rel = (err.mean() / size.mean()).item(), (err.max() / size.max()).item()
+    assert mean_rel < mean_tol and max_rel < max_tol, (mean_rel, max_rel)
 
 
 def _cu(lens):
