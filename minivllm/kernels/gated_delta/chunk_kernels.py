@@ -24,7 +24,8 @@ from minivllm.kernels.gated_delta.common import load_rows
 
 @triton.jit
 def _dot(a, b, PRECISION: tl.constexpr):
-    """a @ b in float32, from operands in the op dtype of the launch (see `prefill.py`)."""
+    """a @ b, accumulated in float32; float32 operands are multiplied at PRECISION ("ieee"
+    for float32 inputs, "tf32" otherwise: `prefill.py`)."""
     return tl.dot(a, b, input_precision=PRECISION)
 
 
