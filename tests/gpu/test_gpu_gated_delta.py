@@ -28,8 +28,8 @@ TOL = {torch.float32: (1e-5, 1e-4), torch.bfloat16: (1e-2, 5e-2)}
 
 def _close(got, expected, dtype):
     mean_tol, max_tol = TOL[dtype]
-    err = (got.float() - expected.float()).abs()
-    size = expected.float().abs()
+    err = (got.float().cpu() - expected.float().cpu()).abs()
+    size = expected.float().cpu().abs()
     mean_rel, max_rel = (err.mean() / size.mean()).item(), (err.max() / size.max()).item()
     assert mean_rel < mean_tol and max_rel < max_tol, (mean_rel, max_rel)
 

@@ -44,6 +44,9 @@ def test_default_limits_sample_every_option_within_the_budget(model_dir: str) ->
         prompts = [{"prompt_token_ids": [10 + (i * 7 + j) % 5000 for j in range(64)]}
                    for i in range(num_seqs)]  # fmt: skip
         torch.cuda.synchronize()
+        runner = llm.engine.executor.runner
+        print(f"\nafter start: {torch.cuda.memory_allocated() / 2**30:.2f} GiB allocated, of"
+              f" which CUDA graphs {runner.graph_bytes / 2**30:.2f} GiB")  # fmt: skip
         torch.cuda.reset_peak_memory_stats()
         outs = llm.generate(prompts, params, use_tqdm=False)
         torch.cuda.synchronize()

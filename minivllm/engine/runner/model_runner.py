@@ -113,6 +113,7 @@ class ModelRunner:
                 torch.empty(max_num_seqs, dtype=torch.int64, pin_memory=True) for _ in range(3)
             ]
         self._num_steps = 0
+        self.graph_bytes = 0  # the memory the captured CUDA graphs hold, once captured
         # A constrained step's sampling waits for the next launch (DeferredSampling). Not
         # under TP: the workers read rank 0's mask right after the step it belongs to
         # (executor/step_mask.py), which a later fill would reorder.
@@ -153,11 +154,15 @@ class ModelRunner:
         bind_kv_caches(self.model.attention_layers(), self.kv_caches)
         backend = self.attn_backend
         if self.device.type == "cuda" and not self.config.enforce_eager:
+            before = torch.cuda.memory_allocated(self.device)
             if backend.supports_cuda_graphs:
                 self.graphs = self._capture_graphs()
             else:
                 logger.info("attention backend %s runs without CUDA graphs", backend.name)
             self.mixed_graphs = self._capture_mixed_graphs()
+            # Not in the memory profile that sized the KV cache (see docs/architecture.md).
+            self.graph_bytes = torch.cuda.memory_allocated(self.device) - before
+            logger.info("CUDA graphs hold %.2f GiB", self.graph_bytes / 2**30)
         if self.device.type == "cuda":
             self._compile_masking()
 
