@@ -12,8 +12,7 @@ own slot from the host when it needs one again.
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
+import numpy as np
 import torch
 
 from minivllm.engine.runner.device_inputs import list_to_device
@@ -36,8 +35,11 @@ class PenaltyState:
         self.output_counts = torch.zeros(num_slots or 0, width or 0, dtype=torch.int32,
                                          device=device)  # fmt: skip
         self.prompt_mask = torch.zeros_like(self.output_counts, dtype=torch.bool)
-        # req_id -> slot, least recently used first.
-        self.slots: OrderedDict[str, int] = OrderedDict()
+        # req_id -> slot; the step each slot was last used in (the least recently used is
+        # evicted when none is free).
+        self.slots: dict[str, int] = {}
+        self.last_used = np.zeros(num_slots or 0, np.int64)
+        self._step = 0
         self.free = list(range(num_slots or 0))
         # req_id -> how many of its output tokens its slot counts, recorded on the device
         # but not yet appended on the host included.
@@ -51,18 +53,20 @@ class PenaltyState:
         self, req_ids: list[str], prompts: list[list[int]], outputs: list[list[int]]
     ) -> list[int]:
         """The slot of each request (distinct ids), filling the ones that have none."""
-        step = set(req_ids)
-        result = []
-        for req_id, prompt, output in zip(req_ids, prompts, outputs, strict=True):
-            slot = self.slots.get(req_id)
-            if slot is None:
-                slot = self._take_slot(step)
-                self._fill(slot, prompt, output)
-                self.num_counted[req_id] = len(output)
-                self.slots[req_id] = slot
-            else:
-                self.slots.move_to_end(req_id)
-            result.append(slot)
+        self._step += 1
+        slots = self.slots
+        result = [slots.get(req_id, -1) for req_id in req_ids]
+        if -1 in result:
+            step = set(req_ids)
+            for i, (req_id, prompt, output) in enumerate(
+                zip(req_ids, prompts, outputs, strict=True)
+            ):
+                if result[i] == -1:
+                    slot = result[i] = self._take_slot(step)
+                    self._fill(slot, prompt, output)
+                    self.num_counted[req_id] = len(output)
+                    slots[req_id] = slot
+        self.last_used[result] = self._step
         return result
 
     def release(self, req_id: str) -> None:
@@ -90,11 +94,12 @@ class PenaltyState:
     def _take_slot(self, step: set[str]) -> int:
         if self.free:
             return self.free.pop()
-        for req_id in self.slots:  # least recently used first
-            if req_id not in step:
-                slot = self.slots.pop(req_id)
-                del self.num_counted[req_id]
-                return slot
+        idle = [(self.last_used[slot], req_id) for req_id, slot in self.slots.items()
+                if req_id not in step]  # fmt: skip
+        if idle:
+            req_id = min(idle)[1]  # the least recently used
+            del self.num_counted[req_id]
+            return self.slots.pop(req_id)
         if self.fixed_slots:
             raise RuntimeError(f"a step samples more than {len(self.slots)} penalized requests")
         self._resize(max(2 * self.output_counts.shape[0], 8), self.output_counts.shape[1])
@@ -124,3 +129,4 @@ class PenaltyState:
         mask[:old_slots, :old_width] = self.prompt_mask
         self.output_counts, self.prompt_mask = counts, mask
         self.free += range(old_slots, num_slots)
+        self.last_used = np.concatenate([self.last_used, np.zeros(num_slots - old_slots, np.int64)])

@@ -36,6 +36,42 @@ class _RequestState:
     # scheduling, output_token_ids can lag a step behind.
     num_sampled: int = 0
     thinking: ThinkingBudget | None = None  # with a thinking_token_budget
+    # Read from params once, at add_request: a step's metadata gathers these per row.
+    floats: tuple[float, ...] = ()  # _FLOAT_PARAMS' values
+    is_random: bool = False
+    has_penalties: bool = False
+    # The ids min_tokens bans (stop ids, and EOS ids unless ignore_eos); empty without it.
+    banned_early: tuple[int, ...] = ()
+
+
+# The float parameters every row carries to the device, in SamplingMetadata's names.
+_FLOAT_PARAMS = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "min_p": "min_p",
+    "presence_penalties": "presence_penalty",
+    "frequency_penalties": "frequency_penalty",
+    "repetition_penalties": "repetition_penalty",
+}
+
+
+def _new_state(new: NewRequestData, generator: torch.Generator | None) -> _RequestState:
+    params = new.sampling_params
+    banned: tuple[int, ...] = ()
+    if params.min_tokens:
+        banned = tuple(params.stop_token_ids)
+        if not params.ignore_eos:
+            banned += tuple(params.eos_token_ids)
+    return _RequestState(
+        list(new.prompt_token_ids),
+        params,
+        [],
+        generator,
+        floats=tuple(getattr(params, name) for name in _FLOAT_PARAMS.values()),
+        is_random=not params.is_greedy,
+        has_penalties=params.has_penalties,
+        banned_early=banned,
+    )
 
 
 class SamplingState:
@@ -81,7 +117,7 @@ class SamplingState:
         if params.seed is not None:
             generator = torch.Generator(device=self.device)
             generator.manual_seed(params.seed)
-        state = _RequestState(list(new.prompt_token_ids), params, [], generator)
+        state = _new_state(new, generator)
         if params.thinking_token_budget is not None:
             start_ids, end_ids = params.think_marker_ids
             state.thinking = ThinkingBudget.after_prompt(
@@ -214,8 +250,21 @@ class SamplingState:
     ) -> SamplingMetadata:
         device = self.device
         params = [s.params for s in states]
-        random_params = [p for p in params if not p.is_greedy]
-        num_logprobs = [p.logprobs for p in params if p.logprobs is not None]
+        # One pass over the rows for what every step needs (a batch changes most steps).
+        floats, top_k, random_top, penalized, logprob_rows, num_logprobs = [], [], [], [], [], []
+        early = False  # some row may still be under its min_tokens
+        for row, s in enumerate(states):
+            p = s.params
+            floats.append(s.floats)
+            top_k.append(p.top_k)
+            if s.is_random:
+                random_top.append((p.top_k, p.top_p, p.min_p))
+            if s.has_penalties:
+                penalized.append(row)
+            if p.logprobs is not None:
+                logprob_rows.append(row)
+                num_logprobs.append(p.logprobs)
+            early = early or bool(s.banned_early)
         following = self._num_following_output > 0
         outputs = None  # per row, the output before it: only bad words read it
         if following:
@@ -223,20 +272,39 @@ class SamplingState:
             if drafted is not None:
                 outputs = [out + before for out, before in zip(outputs, drafted, strict=True)]
         forced = _forced_token_ids(states, drafted) if following else None
-        # Output tokens before each row: rows built so far (the tokens of steps still in
-        # flight included) or, where more, the recorded output and the drafts before it.
-        num_before = [
-            max(index, len(s.output_token_ids) + (len(drafted[row]) if drafted else 0))
-            for row, (index, s) in enumerate(zip(draw_index, states, strict=True))
-        ]
-        suppressed_ids = _suppressed_token_ids(states, num_before, outputs, device, forced)
+        suppressed_ids = None
+        if early or following:
+            # Output tokens before each row: rows built so far (the tokens of steps still in
+            # flight included) or, where more, the recorded output and the drafts before it.
+            num_before = [
+                max(index, len(s.output_token_ids) + (len(drafted[row]) if drafted else 0))
+                for row, (index, s) in enumerate(zip(draw_index, states, strict=True))
+            ]
+            suppressed_ids = _suppressed_token_ids(states, num_before, outputs, device, forced)
         bias_ids, bias_values = _logit_bias(params, device)
         allowed_ids, allowed_rows = _allowed_token_ids(params, device, forced)
-        penalties = self._penalty_fields(req_ids, states, drafted)
+        float_rows = np.array(floats, np.float32).reshape(len(states), len(_FLOAT_PARAMS))
+        arrays = {
+            "floats": float_rows.T.copy(),  # [6, N]: a row a parameter
+            "top_k": np.array(top_k, np.int64),
+        }
+        # The rows that asked for logprobs, where not all did: only they take a log_softmax.
+        if logprob_rows and len(logprob_rows) < len(states):
+            arrays["logprob_rows"] = np.array(logprob_rows, np.int64)
+        penalties = self._penalty_arrays(req_ids, penalized, drafted, arrays)
+        dev = self._staging.upload(arrays)
+        tensors = dict(zip(_FLOAT_PARAMS, dev["floats"].unbind(0), strict=True))
+        tensors["top_k"] = dev["top_k"]
+        if penalized:
+            penalties |= {
+                "penalty_rows": dev["penalty_rows"],
+                "penalty_slots": dev["penalty_slots"],
+                "penalty_drafts": dev.get("penalty_drafts"),
+            }
         no_filters = {
-            "no_top_k": all(p.top_k == 0 for p in random_params),
-            "no_top_p": all(p.top_p == 1.0 for p in random_params),
-            "no_min_p": all(p.min_p == 0.0 for p in random_params),
+            "no_top_k": all(k == 0 for k, _, _ in random_top),
+            "no_top_p": all(p == 1.0 for _, p, _ in random_top),
+            "no_min_p": all(m == 0.0 for _, _, m in random_top),
         }
         is_plain = (
             penalties["no_penalties"]
@@ -249,32 +317,26 @@ class SamplingState:
         # Greedy rows never draw, so an all-greedy batch keeps zeros; for the others
         # build_metadata puts in each step's seeds and offsets.
         draws = None
-        if is_plain and not random_params:
+        if is_plain and not random_top:
             draws = torch.zeros(2, len(states), dtype=torch.int64, device=device)
-        random_top = [(p.top_k, p.top_p) for p in random_params]
-        # The rows that asked for logprobs, where not all did: only they take a log_softmax.
-        logprob_rows = None
-        if num_logprobs and len(num_logprobs) < len(params):
-            rows = [row for row, p in enumerate(params) if p.logprobs is not None]
-            logprob_rows = self._staging.upload({"rows": np.array(rows, np.int64)})["rows"]
         return SamplingMetadata(
-            **_param_tensors(params, self._staging),
+            **tensors,
             **no_filters,
             **penalties,
             suppressed_token_ids=suppressed_ids,
             generators={
                 row: s.generator
                 for row, s in enumerate(states)
-                if s.generator is not None and not s.params.is_greedy
+                if s.generator is not None and s.is_random
             },
-            all_greedy=not random_params,
-            all_random=len(random_params) == len(params),
-            max_top_k=max((p.top_k for p in random_params), default=0),
-            filter_by_candidates=can_filter_by_candidates(*zip(*random_top, strict=True))
-            if random_top
-            else True,
+            all_greedy=not random_top,
+            all_random=len(random_top) == len(states),
+            max_top_k=max((k for k, _, _ in random_top), default=0),
+            filter_by_candidates=can_filter_by_candidates(
+                [k for k, _, _ in random_top], [p for _, p, _ in random_top]
+            ),
             max_num_logprobs=max(num_logprobs) if num_logprobs else None,
-            logprob_rows=logprob_rows,
+            logprob_rows=dev.get("logprob_rows"),
             logit_bias_ids=bias_ids,
             logit_bias_values=bias_values,
             allowed_token_ids=allowed_ids,
@@ -284,43 +346,43 @@ class SamplingState:
             offsets=None if draws is None else draws[1],
         )
 
-    def _penalty_fields(
-        self, req_ids: list[str], states: list[_RequestState], drafted: list[list[int]] | None
+    def _penalty_arrays(
+        self,
+        req_ids: list[str],
+        rows: list[int],
+        drafted: list[list[int]] | None,
+        arrays: dict[str, np.ndarray],
     ) -> dict:
-        """The SamplingMetadata fields of the rows with penalties: their rows, their requests'
-        slots of the penalty tables (filled where new), the tables, and each row's drafts
-        before it (a drafted step) padded with -1."""
-        rows = [row for row, s in enumerate(states) if s.params.has_penalties]
+        """The penalized rows' arrays for the step's upload (added to arrays: the rows, their
+        requests' slots of the penalty tables, filled where new, and in a drafted step each
+        row's drafts before it, padded with -1), and the SamplingMetadata fields that need no
+        upload."""
         if not rows:
             return {"no_penalties": True}
-        unique = list(dict.fromkeys(req_ids[row] for row in rows))
+        row_req_ids = [req_ids[row] for row in rows]
+        unique = list(dict.fromkeys(row_req_ids))
+        requests = self.requests
         slot_of = dict(
             zip(
                 unique,
                 self.penalties.slots_for(
                     unique,
-                    [self.requests[r].prompt_token_ids for r in unique],
-                    [self.requests[r].output_token_ids for r in unique],
+                    [requests[r].prompt_token_ids for r in unique],
+                    [requests[r].output_token_ids for r in unique],
                 ),
                 strict=True,
             )
         )
-        arrays = {
-            "rows": np.array(rows, np.int64),
-            "slots": np.array([slot_of[req_ids[row]] for row in rows], np.int64),
-        }
+        arrays["penalty_rows"] = np.array(rows, np.int64)
+        arrays["penalty_slots"] = np.array([slot_of[r] for r in row_req_ids], np.int64)
         if drafted is not None:
             width = max(1, max(len(drafted[row]) for row in rows))
-            arrays["drafts"] = np.array(
+            arrays["penalty_drafts"] = np.array(
                 [drafted[row] + [-1] * (width - len(drafted[row])) for row in rows], np.int64
             )
-        dev = self._staging.upload(arrays)
         return {
             "no_penalties": False,
-            "penalty_rows": dev["rows"],
-            "penalty_slots": dev["slots"],
-            "penalty_req_ids": [req_ids[row] for row in rows] if drafted is None else None,
-            "penalty_drafts": dev.get("drafts"),
+            "penalty_req_ids": row_req_ids if drafted is None else None,
             "output_counts": self.penalties.output_counts,
             "prompt_mask": self.penalties.prompt_mask,
         }
@@ -389,37 +451,6 @@ def _to_dict(ids: list[int], logprobs: list[float], rank: int, num_logprobs: int
     return entry
 
 
-def _param_tensors(params: list[SamplingParams], staging: InputStaging) -> dict[str, torch.Tensor]:
-    """The per-row [N] parameter tensors of SamplingMetadata, in one transfer."""
-    floats = np.array(
-        [
-            (
-                p.temperature,
-                p.top_p,
-                p.min_p,
-                p.presence_penalty,
-                p.frequency_penalty,
-                p.repetition_penalty,
-            )
-            for p in params
-        ],
-        np.float32,  # SamplingParams keeps every one inside float32's range
-    ).reshape(len(params), 6)
-    top_k = np.array([p.top_k for p in params], np.int64)
-    dev = staging.upload({"floats": floats.T.copy(), "top_k": top_k})  # floats: [6, N]
-    names = (
-        "temperature",
-        "top_p",
-        "min_p",
-        "presence_penalties",
-        "frequency_penalties",
-        "repetition_penalties",
-    )
-    tensors = dict(zip(names, dev["floats"].unbind(0), strict=True))
-    tensors["top_k"] = dev["top_k"]
-    return tensors
-
-
 def _suppressed_token_ids(
     states: list[_RequestState],
     num_before: list[int],
@@ -438,9 +469,7 @@ def _suppressed_token_ids(
             rows.append(banned)
             continue
         if num_before[row] < s.params.min_tokens:
-            banned = list(s.params.stop_token_ids)
-            if not s.params.ignore_eos:
-                banned += s.params.eos_token_ids
+            banned = list(s.banned_early)
         if outputs is not None:
             banned += _banned_by_bad_words(s.params.bad_words_token_ids, outputs[row])
         rows.append(banned)
