@@ -18,14 +18,14 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib.metadata import version
-from json import dumps, loads
 from typing import Any
 
 import llguidance
 import llguidance.hf
 import torch
-from llguidance.gbnf_to_lark import any_to_lark
 
+from minivllm.structured_output.grammar_probe import probe_error, probe_token_ids
+from minivllm.structured_output.grammar_text import grammar_text
 from minivllm.structured_output.params import StructuredOutputSpec
 
 # The oldest llguidance whose API this backend uses (LLTokenizer.eos_tokens, ...); pyproject's
@@ -192,6 +192,7 @@ class LLGuidanceBackend:
         )
         self._limits = limits or llguidance.LLParserLimits(verbose_errors=False)
         self.byte_token_ids = byte_token_ids(self.tokenizer)
+        self._probe_tokens = probe_token_ids(self.tokenizer)
 
     @property
     def vocab_size(self) -> int:
@@ -206,6 +207,12 @@ class LLGuidanceBackend:
         template = self._template(text)
         if template.is_error():
             raise ValueError(f"invalid structured output {spec.kind}: {template.get_error()}")
+        error = probe_error(template, self._probe_tokens)
+        if error is not None:
+            raise ValueError(
+                f"the structured output {spec.kind} is beyond the grammar engine's limits "
+                f"(llguidance: {error.removesuffix('<non-verbose/>').strip()})"
+            )
         return LLGuidanceGrammar(spec, text, [template])
 
     def new_matcher(self, grammar: LLGuidanceGrammar) -> LLGuidanceMatcher:
@@ -264,23 +271,3 @@ def byte_token_ids(tokenizer: llguidance.LLTokenizer) -> tuple[int, ...]:
             if len(spelling) == 1:
                 first.setdefault(spelling, token_id)
     return tuple(first.values())
-
-
-def grammar_text(spec: StructuredOutputSpec) -> str:
-    """The llguidance grammar (its JSON form) of a spec; a GBNF grammar that does not
-    convert to Lark is a ValueError. Other errors surface when the matcher is built."""
-    if spec.kind == "json":
-        return llguidance.LLMatcher.grammar_from_json_schema(spec.text)
-    if spec.kind == "json_object":
-        return llguidance.LLMatcher.grammar_from_json_schema('{"type": "object"}')
-    if spec.kind == "regex":
-        return llguidance.LLMatcher.grammar_from_regex(spec.text)
-    if spec.kind == "choice":
-        # Lark string literals take JSON's escapes.
-        alternatives = " | ".join(dumps(choice) for choice in loads(spec.text))
-        return llguidance.LLMatcher.grammar_from_lark(f"start: {alternatives}")
-    try:
-        lark = any_to_lark(spec.text)  # Lark text passes through unchanged
-    except Exception as e:  # the converter raises its own error types
-        raise ValueError(f"invalid structured output grammar (GBNF): {e}") from None
-    return llguidance.LLMatcher.grammar_from_lark(lark)

@@ -126,7 +126,14 @@ def required_tool_schema(tools: list[ChatTool], parallel_tool_calls: bool) -> di
     items = []
     for tool in tools:
         parameters = dict(_parameters(tool))
-        for key, value in parameters.pop("$defs", {}).items():
+        tool_defs = parameters.pop("$defs", {})
+        if not isinstance(tool_defs, dict):
+            raise APIError(
+                f"tool {tool.function.name!r}: its schema's $defs must be an object, "
+                f"got {type(tool_defs).__name__}",
+                param="tools",
+            )
+        for key, value in tool_defs.items():
             if key in defs and defs[key] != value:
                 raise APIError(f"tools define $defs {key!r} differently; rename one", param="tools")
             defs[key] = value
