@@ -40,6 +40,19 @@ PARALLEL_ADVANCE_MIN_ROWS = 16
 PARALLEL_ADVANCE_MIN_THREADS = 4
 
 
+# A spec's text past this many bytes is refused before it compiles: compile time grows with
+# the schema (a 147 kB schema of 4,000 properties builds in ~1.4 s on one core, a 370 kB one
+# of 10,000 in 17-30 s), and a thread that compiles cannot be stopped.
+MAX_SPEC_BYTES = 256 << 10
+
+# grammar_bytes' estimate of one lane (template): an upper bound of the resident memory that
+# distinct compiles added on the demo model's 49k vocabulary
+# (benchmarks/bench_grammar_memory_cpu.py: 15-240 bytes a character of grammar text for JSON
+# schemas of 5-450 properties, at most ~50 kB for a small regex, by the tokenizer's build).
+LANE_BYTES_BASE = 64 << 10
+LANE_BYTES_PER_CHAR = 256
+
+
 def check_llguidance_version(installed: str) -> None:
     """RuntimeError naming both versions when `installed` is older than MIN_LLGUIDANCE (an
     environment that also holds a package pinning an older one, e.g. vLLM 0.20's 1.3)."""
@@ -203,6 +216,12 @@ class LLGuidanceBackend:
         return tuple(self.tokenizer.eos_tokens)
 
     def compile(self, spec: StructuredOutputSpec) -> LLGuidanceGrammar:
+        num_bytes = len(spec.text.encode())
+        if num_bytes > MAX_SPEC_BYTES:
+            raise ValueError(
+                f"the structured output {spec.kind} is {num_bytes:,} bytes, more than the "
+                f"grammar engine's limit of {MAX_SPEC_BYTES:,} bytes (MAX_SPEC_BYTES)"
+            )
         text = grammar_text(spec)
         template = self._template(text)
         if template.is_error():
@@ -222,6 +241,11 @@ class LLGuidanceBackend:
                 self._lane_builder.submit(self._add_lane, grammar)
         lanes = grammar.lanes  # those built so far
         return LLGuidanceMatcher(lanes[turn % len(lanes)].deep_copy(), self.eos_token_ids)
+
+    def grammar_bytes(self, grammar: LLGuidanceGrammar) -> int:
+        """Lanes x an estimate of one lane (LANE_BYTES_*): the lanes a shared grammar will
+        have (num_threads), whether built yet or not."""
+        return self.num_threads * (LANE_BYTES_BASE + LANE_BYTES_PER_CHAR * len(grammar.text))
 
     def _add_lane(self, grammar: LLGuidanceGrammar) -> None:
         template = self._template(grammar.text)

@@ -77,14 +77,17 @@ def check_structured_outputs(
     params: StructuredOutputsParams | None,
     tokenizer: str,
     vocab_size: int,
+    refuse_when_busy: bool = False,
 ) -> None:
     """A frontend's check, before queueing: ValueError naming the problem for a spec that
     does not compile (or not within VALIDATE_TIMEOUT_S). The compile is cached, so the
     engine's own compile of it is a cache hit in this process. tokenizer:
-    `config.resolved_tokenizer()`."""
+    `config.resolved_tokenizer()`. refuse_when_busy: CompilerBusy at once for an uncached
+    spec while every compile worker is busy (a server: 503, not a wait behind others)."""
     if params is None:
         return
-    future = shared_compiler(tokenizer, vocab_size).submit(params.spec_key())
+    compiler = shared_compiler(tokenizer, vocab_size)
+    future = compiler.submit(params.spec_key(), refuse_when_busy)
     try:
         compile_result(future, VALIDATE_TIMEOUT_S)
     except FutureTimeout:  # the builtin TimeoutError from Python 3.11 on

@@ -90,8 +90,9 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
         type=int,
         default=64 << 20,
         help="memory for the Responses API's stored answers (store: true; for "
-        "previous_response_id), least recently used dropped past it; 0 stores none "
-        "(default 64 MiB)",
+        "previous_response_id), counted as the bytes of their JSON text, which is how they "
+        "are kept; least recently used dropped past it; an answer larger than all of it is "
+        'answered with "store": false; 0 stores none (default 64 MiB)',
     )
     add_engine_options(serve)
     return serve

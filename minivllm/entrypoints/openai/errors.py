@@ -19,11 +19,18 @@ _TYPES = {
 class APIError(Exception):
     """Raised anywhere in request handling; becomes an OpenAI-shaped error response."""
 
-    def __init__(self, message: str, status: int = 400, param: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        status: int = 400,
+        param: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
         self.param = param
+        self.headers = headers or {}  # e.g. Retry-After on a 503
 
 
 def error_body(message: str, status: int = 400, param: str | None = None) -> dict:
@@ -44,7 +51,9 @@ def error_json(message: str, status: int = 400, param: str | None = None) -> Err
 
 
 def error_response(error: APIError) -> ErrorResponse:
-    return error_json(error.message, error.status, error.param)
+    response = error_json(error.message, error.status, error.param)
+    response.headers.update(error.headers)
+    return response
 
 
 def sse_error(error: APIError) -> str:

@@ -33,7 +33,7 @@ from minivllm.outputs import RequestOutput
 
 
 def anthropic_error(error: APIError) -> ErrorResponse:
-    return ErrorResponse(error_body(error.message, error.status), error.status)
+    return ErrorResponse(error_body(error.message, error.status), error.status, error.headers)
 
 
 async def create_message(state: ServerState, req: MessagesRequest):
@@ -42,7 +42,8 @@ async def create_message(state: ServerState, req: MessagesRequest):
     try:
         run = await start_chat(state, chat, message_id)
     except APIError as e:  # named as the Messages request names the field
-        raise APIError(e.message, e.status, MESSAGES_PARAM.get(e.param, e.param)) from None
+        param = MESSAGES_PARAM.get(e.param, e.param)
+        raise APIError(e.message, e.status, param, e.headers) from None
     answer = _Answer(state, message_id, run)
     if req.stream:
         return StreamingResponse(answer.stream(), media_type="text/event-stream")

@@ -43,7 +43,8 @@ async def create_response(state: ServerState, req: ResponsesRequest):
     try:
         run = await start_chat(state, chat, response_id)
     except APIError as e:  # named as the Responses request names the field
-        raise APIError(e.message, e.status, RESPONSES_PARAM.get(e.param, e.param)) from None
+        param = RESPONSES_PARAM.get(e.param, e.param)
+        raise APIError(e.message, e.status, param, e.headers) from None
     # This turn's messages: after the instructions and the stored conversation.
     num_before = len(history) + bool(req.instructions)
     turn = [m.model_dump(exclude_none=True) for m in chat.messages[num_before:]]
@@ -113,7 +114,9 @@ class _Answer:
         response = self._object(status, items, usage, error)
         if self.stored:
             turn = self.turn + [answer_message(items)]
-            self.state.response_store.put(response, turn, self.req.previous_response_id)
+            store = self.state.response_store
+            if not store.put(response, turn, self.req.previous_response_id):
+                response["store"] = False  # larger than --responses-store-bytes: not kept
         return response
 
     def _object(self, status: str, items: list, usage=None, error=None) -> dict[str, Any]:
