@@ -4,6 +4,8 @@ ignore_eos request's mask drops EOS wherever its grammar may go on."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -94,3 +96,12 @@ def test_drop_eos_keeps_it_only_where_the_grammar_has_ended(tiny_backend, tiny_t
     assert not words[0, word] & bit  # "ab" may go on: no EOS
     assert words[0].any()
     np.testing.assert_array_equal(words[1], before[1])  # "abab" has ended: EOS only, kept
+
+
+def test_a_spec_past_the_size_limit_is_refused_before_it_compiles(tiny_backend):
+    properties = {f"property_{i}": {"type": "string"} for i in range(10_000)}
+    params = StructuredOutputsParams(json={"type": "object", "properties": properties})
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match=r"more than the grammar engine's limit of 262,144 bytes"):
+        tiny_backend.compile(params.spec_key())
+    assert time.perf_counter() - start < 1.0
