@@ -33,6 +33,16 @@ class APIError(Exception):
         self.headers = headers or {}  # e.g. Retry-After on a 503
 
 
+def renamed(error: APIError, names: dict[str, str]) -> APIError:
+    """error with its field named as another API names it (names: chat's name -> its), in
+    param and where the message starts with the field."""
+    param = names.get(error.param, error.param)
+    message = error.message
+    if error.param and param != error.param and message.startswith(error.param + " "):
+        message = param + message[len(error.param) :]
+    return APIError(message, error.status, param, error.headers)
+
+
 def error_body(message: str, status: int = 400, param: str | None = None) -> dict:
     err_type = _TYPES.get(status) or HTTPStatus(status).phrase.replace(" ", "") + "Error"
     return {"error": {"message": message, "type": err_type, "param": param, "code": status}}

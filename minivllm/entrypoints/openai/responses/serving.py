@@ -12,7 +12,7 @@ from typing import Any
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from minivllm.entrypoints.openai.chat.output import full_message
-from minivllm.entrypoints.openai.errors import APIError
+from minivllm.entrypoints.openai.errors import APIError, renamed
 from minivllm.entrypoints.openai.logprobs import chat_logprobs
 from minivllm.entrypoints.openai.protocol import ChatCompletionRequest
 from minivllm.entrypoints.openai.responses.input import RESPONSES_PARAM, chat_request
@@ -43,8 +43,7 @@ async def create_response(state: ServerState, req: ResponsesRequest):
     try:
         run = await start_chat(state, chat, response_id)
     except APIError as e:  # named as the Responses request names the field
-        param = RESPONSES_PARAM.get(e.param, e.param)
-        raise APIError(e.message, e.status, param, e.headers) from None
+        raise renamed(e, RESPONSES_PARAM) from None
     # This turn's messages: after the instructions and the stored conversation.
     num_before = len(history) + bool(req.instructions)
     turn = [m.model_dump(exclude_none=True) for m in chat.messages[num_before:]]

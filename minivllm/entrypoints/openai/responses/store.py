@@ -19,6 +19,14 @@ from typing import Any
 from minivllm.entrypoints.openai.errors import APIError
 
 
+def shown_id(response_id: str, limit: int = 64) -> str:
+    """An id as an error message quotes it: at most limit characters of it (a client's id
+    may be a megabyte)."""
+    if len(response_id) <= limit:
+        return repr(response_id)
+    return f"{response_id[:limit]!r}... ({len(response_id):,} characters)"
+
+
 @dataclass(frozen=True)
 class StoredResponse:
     data: bytes  # JSON of {"response": the response object, "turn": this turn's messages}
@@ -72,7 +80,7 @@ class ResponseStore:
         entry = self._entries.get(response_id)
         if entry is None:
             raise APIError(
-                f"no stored response with id {response_id!r} (responses are kept in this "
+                f"no stored response with id {shown_id(response_id)} (responses are kept in this "
                 "server's memory while they fit in --responses-store-bytes)",
                 status=404,
             )
@@ -96,7 +104,8 @@ class ResponseStore:
             previous = self._entries.get(entry.previous_id)
             if previous is None:
                 raise APIError(
-                    f"previous_response_id {response_id!r}: an earlier turn of its conversation "
+                    f"previous_response_id {shown_id(response_id)}: an earlier turn of its "
+                    "conversation "
                     f"({entry.previous_id!r}) is no longer stored; send the conversation as input",
                     param="previous_response_id",
                 )
