@@ -11,6 +11,7 @@ import socket
 import sys
 
 from minivllm.config import EngineConfig
+from minivllm.cpu_threads import set_torch_threads
 from minivllm.demo_model import default_model
 from minivllm.entrypoints.async_llm import AsyncLLM
 from minivllm.entrypoints.engine_args import engine_options
@@ -73,6 +74,7 @@ def run_serve(args: argparse.Namespace) -> int:
     names = args.served_model_name or [model]
     metrics = ServerMetrics(names[0])
     keep_alive = os.environ.get(KEEP_ALIVE_ENV, "0") == "1"
+    set_torch_threads("frontend")  # HTTP and text: the cores go to the engine's process
     engine = AsyncLLM(config, args.generation_config, observer=metrics)
     try:
         state = ServerState(
