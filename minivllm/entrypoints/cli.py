@@ -59,6 +59,26 @@ def run_headless_node(args: argparse.Namespace) -> int:
     return run_headless(config)
 
 
+# The `server` extra's modules: a serve without them says which extra to install.
+SERVER_EXTRA_MODULES = ("fastapi", "uvicorn", "starlette", "pydantic", "prometheus_client")
+
+
+def run_serve_checked(args: argparse.Namespace) -> int:
+    try:
+        # fastapi and uvicorn are optional (the `server` extra): imported only to serve.
+        from minivllm.entrypoints.openai.api_server import run_serve
+    except ModuleNotFoundError as e:
+        if e.name is None or e.name.split(".")[0] not in SERVER_EXTRA_MODULES:
+            raise
+        print(
+            f"minivllm: error: `minivllm serve` needs the server extra ({e.name} is not "
+            "installed): pip install -e '.[server]' in a source checkout",
+            file=sys.stderr,
+        )
+        return 2
+    return run_serve(args)
+
+
 def run_bench(args: argparse.Namespace) -> int:
     """Runs benchmarks/bench_<kind>.py of the source checkout with the remaining arguments,
     as a script: its folder first on sys.path (it imports its neighbour benchmarks/common.py,
@@ -83,8 +103,8 @@ def run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+def build_parser() -> argparse.ArgumentParser:
+    """The `minivllm` command line: generate, serve, chat, bench."""
     parser = argparse.ArgumentParser(prog="minivllm")
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate text offline")
@@ -121,7 +141,12 @@ def main(argv: list[str] | None = None) -> int:
         help="benchmarks/bench_KIND.py (`minivllm bench KIND --help` for its options)",
     )
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="the benchmark's options")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
     try:
         if args.command == "generate":
             return run_generate(args)
@@ -130,10 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "serve" and args.headless:
             return run_headless_node(args)
         if args.command == "serve":
-            # fastapi and uvicorn are optional (the `server` extra): imported only to serve.
-            from minivllm.entrypoints.openai.api_server import run_serve
-
-            return run_serve(args)
+            return run_serve_checked(args)
         return run_bench(args)
     except (ValueError, TypeError, OSError) as e:
         # Bad options, model directories and files: one line the user can act on.

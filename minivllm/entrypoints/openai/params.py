@@ -124,7 +124,13 @@ def _same(value: Any, no_op: Any) -> bool:
 
 def check_model(requested: str | None, served_names: list[str]) -> None:
     if requested is not None and requested not in served_names:
-        raise APIError(f"The model `{requested}` does not exist.", status=404, param="model")
+        shown = requested if len(requested) <= 200 else requested[:200] + "..."
+        served = ", ".join(f"`{name}`" for name in served_names)
+        raise APIError(
+            f"The model `{shown}` does not exist; this server serves {served}.",
+            status=404,
+            param="model",
+        )
 
 
 def truncate_prompt(
