@@ -10,6 +10,7 @@ import re
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -121,6 +122,14 @@ def test_bench_throughput_without_a_gpu_says_so_and_exits_2() -> None:
     assert result.returncode == 2
     assert "needs a CUDA GPU" in result.stderr and "--quick" in result.stderr
     assert "minivllm bench throughput: error:" in result.stderr
+
+
+def test_bench_latency_without_a_gpu_refuses_at_once() -> None:
+    start = time.perf_counter()
+    result = _minivllm("bench", "latency", env={"CUDA_VISIBLE_DEVICES": ""}, timeout=60)
+    assert result.returncode == 2
+    assert "minivllm bench latency: error: needs a CUDA GPU" in result.stderr
+    assert time.perf_counter() - start < 30  # not a model load, not a run
 
 
 def test_bench_throughput_quick_runs_on_a_cpu_with_progress() -> None:
