@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 
@@ -76,7 +77,13 @@ def run_serve_checked(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    return run_serve(args)
+    exit_code = run_serve(args)
+    # The server has stopped and its engine with it: skip the interpreter's finalization,
+    # which only prints triton's nanobind "leaked" warnings (dozens of lines at every stop).
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(exit_code)
 
 
 def run_bench(args: argparse.Namespace) -> int:
