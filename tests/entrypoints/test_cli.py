@@ -139,3 +139,23 @@ def test_bench_throughput_quick_runs_on_a_cpu_with_progress() -> None:
     line = json.loads(result.stdout.strip().splitlines()[-1])
     assert line["workload"] == "quick" and line["num_requests"] == 2
     assert "Processed prompts" in result.stderr  # the progress bar
+
+
+def test_every_option_of_every_command_has_help() -> None:
+    parser = cli.build_parser()
+    commands = next(a for a in parser._actions if a.dest == "command").choices
+    silent = [
+        f"{name} {action.option_strings[0]}"
+        for name, sub in commands.items()
+        for action in sub._actions
+        if action.option_strings and not (action.help or "").strip()
+    ]
+    assert silent == []
+
+
+def test_a_bad_json_option_names_the_flag_and_the_problem(capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.build_parser().parse_args(["generate", "--speculative-config", "{bad"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --speculative-config: not valid JSON" in err and "_json_object" not in err

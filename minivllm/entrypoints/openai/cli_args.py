@@ -40,8 +40,16 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
         help="sampling defaults: auto (the model's generation_config.json), vllm (none), "
         "or a directory holding a generation_config.json",
     )
-    serve.add_argument("--disable-log-requests", action="store_true")
-    serve.add_argument("--disable-uvicorn-access-log", action="store_true")
+    serve.add_argument(
+        "--disable-log-requests",
+        action="store_true",
+        help="no log line per request (its id, prompt tokens and sampling parameters)",
+    )
+    serve.add_argument(
+        "--disable-uvicorn-access-log",
+        action="store_true",
+        help="no uvicorn access-log line per HTTP request",
+    )
     serve.add_argument(
         "--timeout-graceful-shutdown",
         type=float,
