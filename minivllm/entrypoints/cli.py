@@ -11,12 +11,13 @@ import time
 
 from minivllm.config import EngineConfig
 from minivllm.demo_model import default_model
-from minivllm.engine.executor.node_worker import run_headless
-from minivllm.entrypoints.chat_cli import add_chat_parser, run_chat
+from minivllm.entrypoints.chat_args import add_chat_parser
 from minivllm.entrypoints.engine_args import add_engine_options, engine_options
-from minivllm.entrypoints.llm import LLM
 from minivllm.entrypoints.openai.cli_args import add_serve_parser
 from minivllm.sampling_params import SamplingParams
+
+# The engine (torch, seconds to import) is imported by the commands that run it, not at the
+# top: `minivllm --help` and a bad option answer at once.
 
 
 def run_generate(args: argparse.Namespace) -> int:
@@ -28,6 +29,8 @@ def run_generate(args: argparse.Namespace) -> int:
     if model is None:
         model, notice = default_model()
         print(notice, file=sys.stderr)
+    from minivllm.entrypoints.llm import LLM
+
     llm = LLM(model, **engine_options(args))  # checks the engine options first
     prompts = args.prompt or ["Hello, my name is", "The capital of France is"]
     start = time.perf_counter()
@@ -57,6 +60,8 @@ def run_headless_node(args: argparse.Namespace) -> int:
         model, notice = default_model()
         print(notice, file=sys.stderr)
     config = EngineConfig.from_options(model, usage_context="server", **engine_options(args))
+    from minivllm.engine.executor.node_worker import run_headless
+
     return run_headless(config)
 
 
@@ -158,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "generate":
             return run_generate(args)
         if args.command == "chat":
+            from minivllm.entrypoints.chat_cli import run_chat
+
             return run_chat(args)
         if args.command == "serve" and args.headless:
             return run_headless_node(args)

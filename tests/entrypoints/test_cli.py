@@ -159,3 +159,14 @@ def test_a_bad_json_option_names_the_flag_and_the_problem(capsys) -> None:
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "argument --speculative-config: not valid JSON" in err and "_json_object" not in err
+
+
+def test_the_command_line_parses_without_torch() -> None:
+    # `minivllm --help` and a bad option answer at once: torch (seconds) loads with an engine.
+    code = (
+        "import sys; from minivllm.entrypoints.cli import build_parser; build_parser(); "
+        "print(sorted(m for m in ('torch', 'transformers', 'triton') if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "[]"
