@@ -9,33 +9,44 @@ from minivllm.entrypoints.openai.responses.store import ResponseStore
 
 
 def answer(i: int, words: int = 200) -> tuple[dict, list[dict]]:
-    text = " ".join(f"word{i}_{k}" for k in range(words))
+    """A response with its tokens' logprobs (many small objects, as the server's are)."""
+    tokens = [f"w{i}_{k}" for k in range(words)]
+    text = " ".join(tokens)
+    logprobs = [
+        {"token": t, "logprob": -0.5 - k / 1000, "bytes": list(t.encode()), "top_logprobs": []}
+        for k, t in enumerate(tokens)
+    ]
+    part = {"type": "output_text", "text": text, "logprobs": logprobs}
     response = {
         "id": f"resp_{i}",
         "object": "response",
-        "output": [{"type": "message", "content": [{"type": "output_text", "text": text}]}],
+        "output": [{"type": "message", "content": [part]}],
         "usage": {"input_tokens": 3, "output_tokens": words},
         "store": True,
     }
-    turn = [{"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": text}]
+    turn = [
+        {"role": "user", "content": f"question {i}"},
+        {"role": "assistant", "content": " ".join(tokens)},
+    ]
     return response, turn
 
 
 def test_the_bound_is_the_memory_held():
     max_bytes = 1 << 20
     store = ResponseStore(max_bytes)
-    answers = [answer(i) for i in range(400)]  # ~2.4 MB of JSON: the oldest are dropped
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
-        for response, turn in answers:
-            assert store.put(response, turn, None)
+        for i in range(200):  # ~4 MB of JSON: the oldest are dropped
+            response, turn = answer(i)  # as the server builds them: only the store keeps them
+            store.put(response, turn, None)
+        del response, turn
         held = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()
     assert held <= 1.2 * max_bytes, f"{held:,} bytes held for a bound of {max_bytes:,}"
-    last, turn = answers[-1]
-    assert store.get("resp_399").response == last and store.get("resp_399").turn == turn
+    last, turn = answer(199)
+    assert store.get("resp_199").response == last and store.get("resp_199").turn == turn
 
 
 def test_an_answer_larger_than_the_store_is_refused():
