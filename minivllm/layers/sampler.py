@@ -11,10 +11,8 @@ import torch
 from torch import nn
 
 from minivllm.layers.penalties import penalize, token_mask
-from minivllm.layers.sampling_filters import (
-    apply_top_k_top_p,  # noqa: F401 (the sort path)
-    keep_thresholds,
-)
+from minivllm.layers.sampling_filters import apply_top_k_top_p  # noqa: F401 (the sort path)
+from minivllm.layers.sampling_filters import keep_thresholds
 
 # A keyed draw d of a row uses philox counters [d << DRAW_SHIFT, (d << DRAW_SHIFT) + vocab_size):
 # a stride of 2**32 > any vocab size keeps draws disjoint without knowing the vocab size.
