@@ -11,6 +11,8 @@ import openai
 import pytest
 from conftest import API_KEY, MODEL_NAME
 
+from minivllm.entrypoints.openai.path_errors import error_for_path
+
 BAD_DEFS = [{"type": "object", "properties": {}, "$defs": bad} for bad in ("x", 3, None)]
 USER = [{"role": "user", "content": "hi"}]
 
@@ -160,3 +162,13 @@ def test_integral_decimal_counts_in_a_schema_are_accepted(client):
     assert answer.choices[0].finish_reason in ("stop", "length")
     if answer.choices[0].finish_reason == "stop":
         assert 2 <= len(json.loads(answer.choices[0].message.content)["a"]) <= 4
+
+
+def test_the_generic_500_on_messages_is_anthropics():
+    # What the app's last-resort handler sends (no request reaches it on purpose any more).
+    body = json.loads(error_for_path("/v1/messages", "internal error: KeyError", 500).body)
+    assert body == {"type": "error", "error": {"type": "api_error", "message": body["error"][
+        "message"]}}  # fmt: skip
+    assert json.loads(error_for_path("/v1/messages/count_tokens", "x", 401).body)["type"] == "error"
+    assert json.loads(error_for_path("/v1/messagesx", "x", 500).body)["error"]["code"] == 500
+    assert json.loads(error_for_path("/v1/chat/completions", "x", 500).body)["error"]["code"] == 500
