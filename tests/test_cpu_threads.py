@@ -12,9 +12,7 @@ import pytest
 from minivllm.cpu_threads import engine_threads
 
 _CHILD = r"""
-import os, sys, torch
-if sys.argv[2] == "one-core":
-    os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+import sys, torch
 from minivllm import LLM
 from minivllm.cpu_threads import usable_cores
 llm = LLM(sys.argv[1], device="cpu", dtype="float32", num_gpu_blocks_override=64, block_size=4)
@@ -23,12 +21,12 @@ llm.shutdown()
 """
 
 
-def child(model_dir: str, mode: str, omp: str | None) -> list[int]:
+def child(model_dir: str, omp: str | None) -> list[int]:
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     if omp is not None:
         env["OMP_NUM_THREADS"] = omp
     out = subprocess.run(
-        [sys.executable, "-c", _CHILD, model_dir, mode],
+        [sys.executable, "-c", _CHILD, model_dir],
         env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
@@ -36,16 +34,24 @@ def child(model_dir: str, mode: str, omp: str | None) -> list[int]:
 
 
 def test_the_engine_chooses_from_the_usable_cores(tiny_qwen3_dir):
-    cores, intra, inter = child(tiny_qwen3_dir, "all", None)
+    cores, intra, inter = child(tiny_qwen3_dir, None)
     assert cores == len(os.sched_getaffinity(0))
     assert (intra, inter) == (engine_threads(cores), 1)
-    assert child(tiny_qwen3_dir, "one-core", None) == [1, 1, 1]
+
+
+def test_usable_cores_follow_the_affinity():
+    code = (
+        "import os; os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]}); "
+        "from minivllm.cpu_threads import usable_cores; print(usable_cores())"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "1", out.stderr[-2000:]
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores to tell apart")
 def test_omp_num_threads_wins(tiny_qwen3_dir):
     cores = len(os.sched_getaffinity(0))  # torch takes at most this many; the engine, one less
-    _, intra, _ = child(tiny_qwen3_dir, "all", str(cores))
+    _, intra, _ = child(tiny_qwen3_dir, str(cores))
     assert intra == cores
 
 
