@@ -170,3 +170,14 @@ def test_the_command_line_parses_without_torch() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == "[]"
+
+
+def test_serve_without_the_server_extra_says_which_to_install() -> None:
+    code = (
+        "import sys; sys.modules['uvicorn'] = None; "  # as if the extra were not installed
+        "from minivllm.entrypoints.cli import main; sys.exit(main(['serve']))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "needs the server extra (uvicorn is not installed)" in result.stderr
+    assert "pip install -e '.[server]'" in result.stderr
