@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from common import dummy_model_dir
+from common import dummy_model_dir, require_cuda
 from workloads import measure_batch1
 
 
@@ -24,6 +24,7 @@ def main() -> None:
     )
     parser.add_argument("--ttft-samples", type=int, default=15)
     args = parser.parse_args()
+    require_cuda(parser.prog, f"{args.model_name} at batch 1 would take hours on a CPU")
 
     from minivllm import LLM, SamplingParams
 

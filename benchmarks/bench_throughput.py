@@ -12,10 +12,9 @@ import argparse
 import json
 import os
 import random
-import sys
 import time
 
-from common import dummy_model_dir, measure_bandwidth, roofline_seconds
+from common import dummy_model_dir, measure_bandwidth, require_cuda, roofline_seconds
 from workloads import WORKLOADS, Workload, make_workload, result_fields
 
 
@@ -61,7 +60,6 @@ def _step_times(timer: StepTimer) -> dict:
 QUICK_NUM_SEQS = 16
 QUICK_PROMPT_LENS = (16, 64)
 QUICK_OUTPUT_LENS = (8, 32)
-EXIT_NO_GPU = 2
 
 
 def quick_workload(vocab_size: int, num_requests: int | None, seed: int = 0) -> Workload:
@@ -108,16 +106,12 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    import torch
-
-    if not args.quick and not torch.cuda.is_available():
-        print(
-            f"{parser.prog}: error: needs a CUDA GPU (the {args.workload} workload on "
-            f"{args.model_name} would take hours on a CPU); --quick runs a small CPU-sized "
-            "workload on the built-in tiny model",
-            file=sys.stderr,
+    if not args.quick:
+        require_cuda(
+            parser.prog,
+            f"the {args.workload} workload on {args.model_name} would take hours on a CPU",
+            "; --quick runs a small CPU-sized workload on the built-in tiny model",
         )
-        sys.exit(EXIT_NO_GPU)
 
     from minivllm import LLM, SamplingParams
     from minivllm.tiny_model import default_tiny_model_dir
@@ -179,7 +173,7 @@ def main() -> None:
     }
     if timer is not None:
         result |= _step_times(timer)
-    if torch.cuda.is_available() and not args.quick:
+    if not args.quick:  # a GPU run (require_cuda)
         result |= _bound(model_dir, workload, seconds)
     print(json.dumps(result), flush=True)
     llm.shutdown()

@@ -4,8 +4,22 @@ bound (the workloads live in workloads.py)."""
 from __future__ import annotations
 
 import os
+import sys
 
 from minivllm.tiny_model import make_dummy_model_dir
+
+# A GPU-only benchmark's exit code on a machine without a CUDA GPU (argparse's for bad usage).
+EXIT_NO_GPU = 2
+
+
+def require_cuda(prog: str, why: str, hint: str = "") -> None:
+    """Exits at once, with one line on stderr naming the reason, where no CUDA GPU is visible:
+    a GPU-sized benchmark on a CPU would run for hours without a line."""
+    import torch
+
+    if not torch.cuda.is_available():
+        print(f"{prog}: error: needs a CUDA GPU ({why}){hint}", file=sys.stderr)
+        sys.exit(EXIT_NO_GPU)
 
 
 def dummy_model_dir(name: str) -> str:

@@ -10,14 +10,16 @@ import typing
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Literal
 
-import torch
-
 from minivllm.spec_decode.config import SpeculativeConfig
 
 if TYPE_CHECKING:
+    import torch
+
     from minivllm.models.model_config import ModelConfig
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# torch is imported where a method needs it, not here: the command line builds its flags from
+# this class, and `minivllm --help` should not wait seconds for torch.
+DTYPES = ("float32", "float16", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,8 @@ class EngineConfig:
         check_choice("dtype")
         check_choice("device")
         # Here, before anything loads: the CLI and LLM() fail at once, not after a model load.
+        import torch
+
         check(
             self.device != "cuda" or torch.cuda.is_available(),
             "device='cuda' was asked for but no CUDA GPU is available",
@@ -217,21 +221,28 @@ class EngineConfig:
         return self.tokenizer or self.model
 
     def resolved_device(self) -> torch.device:
+        import torch
+
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)
 
     def resolved_kv_cache_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
         """The KV cache's element type: the model's, or float8_e4m3fn for fp8."""
+        import torch
+
         return model_dtype if self.kv_cache_dtype == "auto" else torch.float8_e4m3fn
 
     def resolved_dtype(self, model_config: ModelConfig, device: torch.device) -> torch.dtype:
         """auto: the checkpoint's dtype on CUDA (float32 -> bfloat16 there), float32 on CPU."""
+        import torch
+
         if self.dtype != "auto":
-            return DTYPES[self.dtype]
+            return getattr(torch, self.dtype)
         if device.type == "cpu":
             return torch.float32
-        dtype = DTYPES.get(model_config.torch_dtype, torch.bfloat16)
+        name = model_config.torch_dtype
+        dtype = getattr(torch, name) if name in DTYPES else torch.bfloat16
         return torch.bfloat16 if dtype == torch.float32 else dtype
 
     def resolved_max_model_len(self, model_config: ModelConfig) -> int:

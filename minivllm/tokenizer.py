@@ -11,6 +11,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import sys
+import time
 from typing import Any
 
 from minivllm.cache_dir import cache_root, publish_dir
@@ -48,8 +50,21 @@ def load_tokenizer(model: str) -> Any:
     if os.path.isdir(cached):
         return AutoTokenizer.from_pretrained(cached)
     directory, name = os.path.split(os.path.abspath(gguf_file))
+    # Silent, this is the longest wait of a first run: say what it is and that it is once.
+    print(
+        f"[minivllm] building the tokenizer from {name}'s vocabulary: once per file, about "
+        f"10-40 s on a small CPU; kept under {cached}",
+        file=sys.stderr,
+        flush=True,
+    )
+    start = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name)
     _save_to_cache(tokenizer, cached)
+    print(
+        f"[minivllm] tokenizer built in {time.perf_counter() - start:.1f} s",
+        file=sys.stderr,
+        flush=True,
+    )
     return tokenizer
 
 

@@ -58,6 +58,8 @@ def test_readme_generate_command_runs(tmp_path) -> None:
     assert '"num_tokens": 5' in result.stdout
     if demo_gguf_file() is None:
         assert "RANDOM weights" in result.stderr
+    else:  # a fresh HOME: the first load builds the tokenizer, and says so
+        assert "[minivllm] building the tokenizer from" in result.stderr
         return
     assert "demo model SmolLM2-135M-Instruct" in result.stderr
     # The README shows what the command prints: the first 5 tokens of it (fp32 on the CPU).

@@ -11,6 +11,7 @@ import logging
 import os
 
 from minivllm.config import EngineConfig
+from minivllm.cpu_threads import set_torch_threads
 from minivllm.engine.draft_model import DraftModelProposer
 from minivllm.engine.executor.build import build_executor
 from minivllm.engine.executor.torchrun import torchrun_rank
@@ -60,6 +61,8 @@ class EngineCore:
             *setup.limits,
         )
         on_cuda = setup.device.type == "cuda"
+        if setup.device.type == "cpu":  # torch's thread counts, from the usable cores
+            set_torch_threads("engine")
         # Grammars of constrained requests, over the tokenizer the frontend uses (loaded in
         # the core's process at the first such request; a server's core builds it once started).
         self.structured_outputs = StructuredOutputManager(

@@ -48,7 +48,9 @@ def content_text(content: Any, where: str) -> str:
 
 def _tool_call(call: Any, where: str) -> dict[str, Any]:
     """An earlier call as templates read it: arguments as a dict (Qwen's and Llama's templates
-    write `arguments | tojson`), as vLLM passes them; "" or missing arguments are {}."""
+    write `arguments | tojson`), as vLLM passes them; "" or missing arguments are {}; a text
+    that is not JSON (a call cut off by max_tokens) goes to the template as that text, as
+    OpenAI takes any string there."""
     function = call.get("function") if isinstance(call, Mapping) else None
     if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
         raise ValueError(f"{where}: each tool call needs function.name")
@@ -57,7 +59,9 @@ def _tool_call(call: Any, where: str) -> dict[str, Any]:
         try:
             arguments = json.loads(arguments)
         except ValueError:
-            raise ValueError(f"{where}: arguments must be a JSON text") from None
+            pass  # kept as the text
+        except RecursionError:
+            raise ValueError(f"{where}: arguments are nested too deeply") from None
     return {
         "id": call.get("id"),
         "type": "function",

@@ -5,17 +5,19 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 
 from minivllm.config import EngineConfig
 from minivllm.demo_model import default_model
-from minivllm.engine.executor.node_worker import run_headless
-from minivllm.entrypoints.chat_cli import add_chat_parser, run_chat
+from minivllm.entrypoints.chat_args import add_chat_parser
 from minivllm.entrypoints.engine_args import add_engine_options, engine_options
-from minivllm.entrypoints.llm import LLM
 from minivllm.entrypoints.openai.cli_args import add_serve_parser
 from minivllm.sampling_params import SamplingParams
+
+# The engine (torch, seconds to import) is imported by the commands that run it, not at the
+# top: `minivllm --help` and a bad option answer at once.
 
 
 def run_generate(args: argparse.Namespace) -> int:
@@ -27,6 +29,8 @@ def run_generate(args: argparse.Namespace) -> int:
     if model is None:
         model, notice = default_model()
         print(notice, file=sys.stderr)
+    from minivllm.entrypoints.llm import LLM
+
     llm = LLM(model, **engine_options(args))  # checks the engine options first
     prompts = args.prompt or ["Hello, my name is", "The capital of France is"]
     start = time.perf_counter()
@@ -56,7 +60,35 @@ def run_headless_node(args: argparse.Namespace) -> int:
         model, notice = default_model()
         print(notice, file=sys.stderr)
     config = EngineConfig.from_options(model, usage_context="server", **engine_options(args))
+    from minivllm.engine.executor.node_worker import run_headless
+
     return run_headless(config)
+
+
+# The `server` extra's modules: a serve without them says which extra to install.
+SERVER_EXTRA_MODULES = ("fastapi", "uvicorn", "starlette", "pydantic", "prometheus_client")
+
+
+def run_serve_checked(args: argparse.Namespace) -> int:
+    try:
+        # fastapi and uvicorn are optional (the `server` extra): imported only to serve.
+        from minivllm.entrypoints.openai.api_server import run_serve
+    except ModuleNotFoundError as e:
+        if e.name is None or e.name.split(".")[0] not in SERVER_EXTRA_MODULES:
+            raise
+        print(
+            f"minivllm: error: `minivllm serve` needs the server extra ({e.name} is not "
+            "installed): pip install -e '.[server]' in a source checkout",
+            file=sys.stderr,
+        )
+        return 2
+    exit_code = run_serve(args)
+    # The server has stopped and its engine with it: skip the interpreter's finalization,
+    # which only prints triton's nanobind "leaked" warnings (dozens of lines at every stop).
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(exit_code)
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -83,8 +115,8 @@ def run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+def build_parser() -> argparse.ArgumentParser:
+    """The `minivllm` command line: generate, serve, chat, bench."""
     parser = argparse.ArgumentParser(prog="minivllm")
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate text offline")
@@ -121,19 +153,23 @@ def main(argv: list[str] | None = None) -> int:
         help="benchmarks/bench_KIND.py (`minivllm bench KIND --help` for its options)",
     )
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="the benchmark's options")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
     try:
         if args.command == "generate":
             return run_generate(args)
         if args.command == "chat":
+            from minivllm.entrypoints.chat_cli import run_chat
+
             return run_chat(args)
         if args.command == "serve" and args.headless:
             return run_headless_node(args)
         if args.command == "serve":
-            # fastapi and uvicorn are optional (the `server` extra): imported only to serve.
-            from minivllm.entrypoints.openai.api_server import run_serve
-
-            return run_serve(args)
+            return run_serve_checked(args)
         return run_bench(args)
     except (ValueError, TypeError, OSError) as e:
         # Bad options, model directories and files: one line the user can act on.

@@ -54,8 +54,8 @@ FLAG_HELP: dict[str, str] = {
     "scheduling_policy": "fcfs: arrival order; priority: by each request's priority (lower "
     "first), the lowest-priority running request preempted first",
     "kv_cache_dtype": "KV-cache storage; fp8 (= fp8_e4m3): half the bytes, twice the blocks",
-    "disable_custom_all_reduce": "tensor parallelism: NCCL for every all-reduce (no "
-    "symmetric-memory kernel)",
+    "disable_custom_all_reduce": "tensor parallelism, on: NCCL for every all-reduce; off "
+    "(--no-disable-custom-all-reduce): the symmetric-memory all-reduce kernel where it applies",
     "stream_interval": "the server streams a request's tokens once this many have come",
     "nnodes": "machines the tensor-parallel ranks span (docs/serving.md, across nodes)",
     "node_rank": "this machine's index among the nnodes (0: the one that runs the engine)",
@@ -84,10 +84,14 @@ def _argument_options(name: str, hint: Any) -> dict[str, Any]:
 
 
 def _json_object(text: str) -> dict[str, Any]:
-    """A flag's JSON object value (argparse reports the ValueError as a usage error)."""
-    value = json.loads(text)
+    """A flag's JSON object value; argparse reports the ArgumentTypeError's message after the
+    flag's name, as a usage error."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({e}): {text!r}") from None
     if not isinstance(value, dict):
-        raise ValueError(f"expected a JSON object, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
     return value
 
 

@@ -99,6 +99,11 @@ class StructuredOutputBackend(Protocol):
         """A matcher at the start of the grammar, for one request; cheap."""
         ...
 
+    def grammar_bytes(self, grammar: CompiledGrammar) -> int:
+        """An upper estimate of the memory a compiled grammar holds while cached (the
+        compiler's cache is bounded by the sum)."""
+        ...
+
     def fill_bitmasks(
         self, rows: Sequence[tuple[GrammarMatcher, int]], bitmask: torch.Tensor
     ) -> None:

@@ -125,3 +125,17 @@ def apply_bitmask(
         return
     allowed = unpack_bitmask(bitmask, logits.shape[1])  # [len(rows), vocab_size]
     logits[rows] = torch.where(allowed, logits[rows], float("-inf"))
+
+
+def drop_eos(bitmask: torch.Tensor, rows: Sequence[int], eos_token_ids: Sequence[int]) -> None:
+    """Clears the EOS bits of bitmask's rows (int32, host), in each row that allows some other
+    token: an ignore_eos request's grammar in an accepting state goes on. A row that allows
+    only EOS (a grammar that has ended) keeps it."""
+    words = bitmask.numpy().view(np.uint32)
+    eos_words = np.array([t // 32 for t in eos_token_ids], dtype=np.int64)
+    keep_bits = np.array([~(1 << (t % 32)) & 0xFFFFFFFF for t in eos_token_ids], dtype=np.uint32)
+    for row in rows:
+        kept = words[row].copy()
+        np.bitwise_and.at(words[row], eos_words, keep_bits)
+        if not words[row].any():
+            words[row] = kept

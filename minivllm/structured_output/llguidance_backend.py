@@ -18,14 +18,14 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib.metadata import version
-from json import dumps, loads
 from typing import Any
 
 import llguidance
 import llguidance.hf
 import torch
-from llguidance.gbnf_to_lark import any_to_lark
 
+from minivllm.structured_output.grammar_probe import probe_error, probe_token_ids
+from minivllm.structured_output.grammar_text import grammar_text
 from minivllm.structured_output.params import StructuredOutputSpec
 
 # The oldest llguidance whose API this backend uses (LLTokenizer.eos_tokens, ...); pyproject's
@@ -38,6 +38,19 @@ MIN_LLGUIDANCE = (1, 9)
 # pool wakes (a token's advance costs microseconds; docs/performance.md has the figures).
 PARALLEL_ADVANCE_MIN_ROWS = 16
 PARALLEL_ADVANCE_MIN_THREADS = 4
+
+
+# A spec's text past this many bytes is refused before it compiles: compile time grows with
+# the schema (a 147 kB schema of 4,000 properties builds in ~1.4 s on one core, a 370 kB one
+# of 10,000 in 17-30 s), and a thread that compiles cannot be stopped.
+MAX_SPEC_BYTES = 256 << 10
+
+# grammar_bytes' estimate of one lane (template): an upper bound of the resident memory that
+# distinct compiles added on the demo model's 49k vocabulary
+# (benchmarks/bench_grammar_memory_cpu.py: 15-240 bytes a character of grammar text for JSON
+# schemas of 5-450 properties, at most ~50 kB for a small regex, by the tokenizer's build).
+LANE_BYTES_BASE = 64 << 10
+LANE_BYTES_PER_CHAR = 256
 
 
 def check_llguidance_version(installed: str) -> None:
@@ -192,6 +205,7 @@ class LLGuidanceBackend:
         )
         self._limits = limits or llguidance.LLParserLimits(verbose_errors=False)
         self.byte_token_ids = byte_token_ids(self.tokenizer)
+        self._probe_tokens = probe_token_ids(self.tokenizer)
 
     @property
     def vocab_size(self) -> int:
@@ -202,10 +216,22 @@ class LLGuidanceBackend:
         return tuple(self.tokenizer.eos_tokens)
 
     def compile(self, spec: StructuredOutputSpec) -> LLGuidanceGrammar:
+        num_bytes = len(spec.text.encode())
+        if num_bytes > MAX_SPEC_BYTES:
+            raise ValueError(
+                f"the structured output {spec.kind} is {num_bytes:,} bytes, more than the "
+                f"grammar engine's limit of {MAX_SPEC_BYTES:,} bytes (MAX_SPEC_BYTES)"
+            )
         text = grammar_text(spec)
         template = self._template(text)
         if template.is_error():
             raise ValueError(f"invalid structured output {spec.kind}: {template.get_error()}")
+        error = probe_error(template, self._probe_tokens)
+        if error is not None:
+            raise ValueError(
+                f"the structured output {spec.kind} is beyond the grammar engine's limits "
+                f"(llguidance: {error.removesuffix('<non-verbose/>').strip()})"
+            )
         return LLGuidanceGrammar(spec, text, [template])
 
     def new_matcher(self, grammar: LLGuidanceGrammar) -> LLGuidanceMatcher:
@@ -215,6 +241,11 @@ class LLGuidanceBackend:
                 self._lane_builder.submit(self._add_lane, grammar)
         lanes = grammar.lanes  # those built so far
         return LLGuidanceMatcher(lanes[turn % len(lanes)].deep_copy(), self.eos_token_ids)
+
+    def grammar_bytes(self, grammar: LLGuidanceGrammar) -> int:
+        """Lanes x an estimate of one lane (LANE_BYTES_*): the lanes a shared grammar will
+        have (num_threads), whether built yet or not."""
+        return self.num_threads * (LANE_BYTES_BASE + LANE_BYTES_PER_CHAR * len(grammar.text))
 
     def _add_lane(self, grammar: LLGuidanceGrammar) -> None:
         template = self._template(grammar.text)
@@ -264,23 +295,3 @@ def byte_token_ids(tokenizer: llguidance.LLTokenizer) -> tuple[int, ...]:
             if len(spelling) == 1:
                 first.setdefault(spelling, token_id)
     return tuple(first.values())
-
-
-def grammar_text(spec: StructuredOutputSpec) -> str:
-    """The llguidance grammar (its JSON form) of a spec; a GBNF grammar that does not
-    convert to Lark is a ValueError. Other errors surface when the matcher is built."""
-    if spec.kind == "json":
-        return llguidance.LLMatcher.grammar_from_json_schema(spec.text)
-    if spec.kind == "json_object":
-        return llguidance.LLMatcher.grammar_from_json_schema('{"type": "object"}')
-    if spec.kind == "regex":
-        return llguidance.LLMatcher.grammar_from_regex(spec.text)
-    if spec.kind == "choice":
-        # Lark string literals take JSON's escapes.
-        alternatives = " | ".join(dumps(choice) for choice in loads(spec.text))
-        return llguidance.LLMatcher.grammar_from_lark(f"start: {alternatives}")
-    try:
-        lark = any_to_lark(spec.text)  # Lark text passes through unchanged
-    except Exception as e:  # the converter raises its own error types
-        raise ValueError(f"invalid structured output grammar (GBNF): {e}") from None
-    return llguidance.LLMatcher.grammar_from_lark(lark)

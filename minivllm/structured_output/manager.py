@@ -19,7 +19,12 @@ from minivllm.structured_output.backend import (
     GrammarMatcher,
     StructuredOutputBackend,
 )
-from minivllm.structured_output.bitmask import allocate_bitmask, byte_token_words, unforced_rows
+from minivllm.structured_output.bitmask import (
+    allocate_bitmask,
+    byte_token_words,
+    drop_eos,
+    unforced_rows,
+)
 from minivllm.structured_output.compiler import GrammarCompiler, compile_result
 from minivllm.structured_output.llguidance_backend import LLGuidanceBackend
 from minivllm.structured_output.params import StructuredOutputsParams, StructuredOutputSpec
@@ -72,14 +77,17 @@ def check_structured_outputs(
     params: StructuredOutputsParams | None,
     tokenizer: str,
     vocab_size: int,
+    refuse_when_busy: bool = False,
 ) -> None:
     """A frontend's check, before queueing: ValueError naming the problem for a spec that
     does not compile (or not within VALIDATE_TIMEOUT_S). The compile is cached, so the
     engine's own compile of it is a cache hit in this process. tokenizer:
-    `config.resolved_tokenizer()`."""
+    `config.resolved_tokenizer()`. refuse_when_busy: CompilerBusy at once for an uncached
+    spec while every compile worker is busy (a server: 503, not a wait behind others)."""
     if params is None:
         return
-    future = shared_compiler(tokenizer, vocab_size).submit(params.spec_key())
+    compiler = shared_compiler(tokenizer, vocab_size)
+    future = compiler.submit(params.spec_key(), refuse_when_busy)
     try:
         compile_result(future, VALIDATE_TIMEOUT_S)
     except FutureTimeout:  # the builtin TimeoutError from Python 3.11 on
@@ -166,15 +174,18 @@ class StructuredOutputManager:
         constrained request: a server's core does this once it has started."""
         self._compiler_future()
 
-    def new_request(self, params: StructuredOutputsParams) -> StructuredOutputRequest:
+    def new_request(
+        self, params: StructuredOutputsParams, ignore_eos: bool = False
+    ) -> StructuredOutputRequest:
         """The request's grammar state; its compile starts now (a cache hit when the frontend
         checked the spec in this process) and, with wait_for_compiles, has ended on return
-        (a failed one fails the request at its first schedule, as without)."""
+        (a failed one fails the request at its first schedule, as without). ignore_eos: the
+        request's sampling option (its masks allow EOS only where the grammar has ended)."""
         spec = params.spec_key()
         grammar = self._submit(spec)
         if self.wait_for_compiles:
             wait([grammar])
-        return StructuredOutputRequest(spec, grammar, _LazyBackend(self))
+        return StructuredOutputRequest(spec, grammar, _LazyBackend(self), ignore_eos)
 
     def _compiler_future(self) -> Future[GrammarCompiler]:
         if self._compiler is None:
@@ -220,12 +231,27 @@ class StructuredOutputManager:
         else:
             plain, first_rows = _fill_drafted(requests, drafts, bitmask)
         backend.fill_bitmasks(plain, bitmask)
+        if any(request.ignore_eos for request in requests):
+            drop_eos(bitmask, _ignore_eos_rows(requests, first_rows, drafts), backend.eos_token_ids)
         unforced = unforced_rows(bitmask, *self._byte_words)
         if drafts is not None:  # each request's flag is its first row's
             unforced = [unforced[first] for first in first_rows]
         for request, forces_nothing in zip(requests, unforced):
             request.forces_nothing = forces_nothing
         return bitmask, row_ids
+
+
+def _ignore_eos_rows(
+    requests: Sequence[StructuredOutputRequest],
+    first_rows: Sequence[int],
+    drafts: Sequence[Sequence[int]] | None,
+) -> list[int]:
+    """The rows of the requests that ignore EOS (all of a drafting request's rows)."""
+    rows: list[int] = []
+    for k, (request, first) in enumerate(zip(requests, first_rows)):
+        if request.ignore_eos and not request.failed:
+            rows.extend(range(first, first + 1 + (len(drafts[k]) if drafts else 0)))
+    return rows
 
 
 def _allow_all_failed(

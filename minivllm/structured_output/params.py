@@ -133,6 +133,10 @@ def _schema_text(schema: Any, disable_any_whitespace: bool = False) -> str:
         )
     if not isinstance(schema, dict):
         raise ValueError(f"json schema must be a JSON object, got {dumps(schema)[:80]}")
+    try:
+        schema = _integral_counts(schema)
+    except RecursionError:
+        raise ValueError("json schema is nested too deeply") from None
     if disable_any_whitespace:
         options = schema.get("x-guidance", {})
         if not isinstance(options, dict):
@@ -142,6 +146,28 @@ def _schema_text(schema: Any, disable_any_whitespace: bool = False) -> str:
         return dumps(schema, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as e:
         raise ValueError(f"json schema is not serializable as JSON: {e}") from None
+
+
+# Keywords whose value is a non-negative integer, which JSON Schema lets a number with a zero
+# fraction be (2.0); llguidance reads only integers there.
+_COUNT_KEYWORDS = frozenset(
+    ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties",
+     "minContains", "maxContains")
+)  # fmt: skip
+
+
+def _integral_counts(node: Any) -> Any:
+    """node with every count keyword's integral float (2.0) as an int, at any depth."""
+    if isinstance(node, dict):
+        return {
+            key: int(value)
+            if key in _COUNT_KEYWORDS and isinstance(value, float) and value.is_integer()
+            else _integral_counts(value)
+            for key, value in node.items()
+        }
+    if isinstance(node, list):
+        return [_integral_counts(item) for item in node]
+    return node
 
 
 def _choice_text(choices: Any) -> str:

@@ -42,8 +42,12 @@ class StructuredOutputRequest:
         spec: StructuredOutputSpec,
         grammar: Future[CompiledGrammar],
         backend: StructuredOutputBackend,
+        ignore_eos: bool = False,
     ) -> None:
         self.spec = spec
+        # The request's ignore_eos: its masks drop EOS wherever the grammar allows more than
+        # EOS, so that an accepting state does not end it (EOS still ends a grammar that ended).
+        self.ignore_eos = ignore_eos
         self._grammar = grammar
         self._backend = backend
         self._matcher: GrammarMatcher | None = None

@@ -10,6 +10,7 @@ import re
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -123,6 +124,14 @@ def test_bench_throughput_without_a_gpu_says_so_and_exits_2() -> None:
     assert "minivllm bench throughput: error:" in result.stderr
 
 
+def test_bench_latency_without_a_gpu_refuses_at_once() -> None:
+    start = time.perf_counter()
+    result = _minivllm("bench", "latency", env={"CUDA_VISIBLE_DEVICES": ""}, timeout=60)
+    assert result.returncode == 2
+    assert "minivllm bench latency: error: needs a CUDA GPU" in result.stderr
+    assert time.perf_counter() - start < 30  # not a model load, not a run
+
+
 def test_bench_throughput_quick_runs_on_a_cpu_with_progress() -> None:
     argv = ("bench", "throughput", "--quick", "--num-seqs", "2", "--kv-cache-dtype", "auto")
     result = _minivllm(*argv, env={"CUDA_VISIBLE_DEVICES": ""}, timeout=300)
@@ -130,3 +139,45 @@ def test_bench_throughput_quick_runs_on_a_cpu_with_progress() -> None:
     line = json.loads(result.stdout.strip().splitlines()[-1])
     assert line["workload"] == "quick" and line["num_requests"] == 2
     assert "Processed prompts" in result.stderr  # the progress bar
+
+
+def test_every_option_of_every_command_has_help() -> None:
+    parser = cli.build_parser()
+    commands = next(a for a in parser._actions if a.dest == "command").choices
+    silent = [
+        f"{name} {action.option_strings[0]}"
+        for name, sub in commands.items()
+        for action in sub._actions
+        if action.option_strings and not (action.help or "").strip()
+    ]
+    assert silent == []
+
+
+def test_a_bad_json_option_names_the_flag_and_the_problem(capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.build_parser().parse_args(["generate", "--speculative-config", "{bad"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --speculative-config: not valid JSON" in err and "_json_object" not in err
+
+
+def test_the_command_line_parses_without_torch() -> None:
+    # `minivllm --help` and a bad option answer at once: torch (seconds) loads with an engine.
+    code = (
+        "import sys; from minivllm.entrypoints.cli import build_parser; build_parser(); "
+        "print(sorted(m for m in ('torch', 'transformers', 'triton') if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "[]"
+
+
+def test_serve_without_the_server_extra_says_which_to_install() -> None:
+    code = (
+        "import sys; sys.modules['uvicorn'] = None; "  # as if the extra were not installed
+        "from minivllm.entrypoints.cli import main; sys.exit(main(['serve']))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "needs the server extra (uvicorn is not installed)" in result.stderr
+    assert "pip install -e '.[server]'" in result.stderr

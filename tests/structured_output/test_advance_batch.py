@@ -141,7 +141,9 @@ class ReadyManager(StructuredOutputManager):
     def backend(self):
         return self._backend
 
-    def new_request(self, params: StructuredOutputsParams) -> StructuredOutputRequest:
+    def new_request(
+        self, params: StructuredOutputsParams, ignore_eos: bool = False
+    ) -> StructuredOutputRequest:
         return request_for(self._backend, params)
 
 

@@ -4,6 +4,7 @@ time limit, and a done-callback that submits again."""
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 
 import pytest
@@ -13,6 +14,7 @@ from minivllm.structured_output import (
     StructuredOutputsParams,
     StructuredOutputSpec,
 )
+from minivllm.structured_output.compiler import CompilerBusy
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,9 @@ class FakeBackend:
             raise ValueError("invalid structured output regex: bad")
         self.compiled.append(spec)
         return FakeGrammar(spec)
+
+    def grammar_bytes(self, grammar: FakeGrammar) -> int:
+        return 100 * len(grammar.spec.text)  # "aaa": 300 bytes
 
 
 def regex(text: str) -> StructuredOutputSpec:
@@ -129,4 +134,41 @@ def test_real_backend_compile_through_the_cache(tiny_backend):
     assert compiler.submit(spec).result(0) is grammar
     with pytest.raises(ValueError, match="Invalid type: nope"):
         compiler.submit(StructuredOutputsParams(json={"type": "nope"}).spec_key()).result(30)
+    compiler.shutdown()
+
+
+def test_the_cache_is_bounded_in_bytes(backend):
+    compiler = GrammarCompiler(backend, cache_bytes=500, time_limit_s=None)
+    first = compiler.submit(regex("aa"))
+    first.result(5)
+    compiler.submit(regex("bb")).result(5)
+    assert compiler.cache_info().num_bytes == 400
+    compiler.submit(regex("ccc")).result(5)  # 700 bytes: the oldest goes
+    info = compiler.cache_info()
+    assert (info.size, info.num_bytes) == (2, 500)
+    assert compiler.submit(regex("aa")) is not first  # compiled again
+    big = compiler.submit(regex("x" * 6))  # 600 bytes, more than the whole bound
+    assert big.result(5).spec == regex("x" * 6)  # its waiters get it; the cache keeps none of it
+    assert compiler.cache_info().num_bytes <= 500
+    assert compiler.submit(regex("x" * 6)) is not big
+    compiler.shutdown()
+
+
+def test_a_check_is_refused_while_every_worker_is_busy(backend):
+    compiler = GrammarCompiler(backend, max_workers=2, time_limit_s=0.2)
+    slow = [compiler.submit(regex(f"slow{i}")) for i in range(2)]
+    with pytest.raises(CompilerBusy, match="its 2 workers are compiling"):
+        compiler.submit(regex("small"), refuse_when_busy=True)
+    assert compiler.submit(regex("slow0"), refuse_when_busy=True) is slow[0]  # cached: served
+    # Timed out, but their threads still run: the workers are busy until they end.
+    with pytest.raises(ValueError, match="time limit"):
+        slow[0].result(5)
+    with pytest.raises(CompilerBusy):
+        compiler.submit(regex("small"), refuse_when_busy=True)
+    assert compiler.cache_info().num_running == 2
+    backend.release.set()
+    deadline = time.monotonic() + 5
+    while compiler.cache_info().num_running and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert compiler.submit(regex("small"), refuse_when_busy=True).result(5).spec == regex("small")
     compiler.shutdown()

@@ -33,7 +33,9 @@ class ControlledManager(StructuredOutputManager):
     def backend(self):
         return self._backend
 
-    def new_request(self, params: StructuredOutputsParams) -> StructuredOutputRequest:
+    def new_request(
+        self, params: StructuredOutputsParams, ignore_eos: bool = False
+    ) -> StructuredOutputRequest:
         future: Future = Future()
         self.futures.append(future)
         return StructuredOutputRequest(params.spec_key(), future, self._backend)

@@ -101,7 +101,9 @@ class Scheduler:
         if so_params is not None:
             if self.structured_outputs is None:
                 raise ValueError("this scheduler has no structured output backend")
-            request.structured_output = self.structured_outputs.new_request(so_params)
+            request.structured_output = self.structured_outputs.new_request(
+                so_params, request.sampling_params.ignore_eos
+            )
             self.num_constrained += 1
         self.requests[request.req_id] = request
         self._enqueue(self.waiting, request)

@@ -11,7 +11,8 @@ import socket
 import sys
 
 from minivllm.config import EngineConfig
-from minivllm.demo_model import default_model
+from minivllm.cpu_threads import set_torch_threads
+from minivllm.demo_model import default_model, default_model_name
 from minivllm.entrypoints.async_llm import AsyncLLM
 from minivllm.entrypoints.engine_args import engine_options
 from minivllm.entrypoints.openai.http_server import build_server
@@ -55,10 +56,11 @@ def load_chat_template(value: str | None) -> str | None:
 
 def run_serve(args: argparse.Namespace) -> int:
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
-    model = args.model
+    model, default_name = args.model, None
     if model is None:
         model, notice = default_model()
-        print(notice, file=sys.stderr)
+        default_name = default_model_name(model)
+        print(f"{notice}; served as {default_name!r}", file=sys.stderr)
     # Every option is checked before the model loads (that takes seconds to minutes).
     options = engine_options(args)
     config = EngineConfig.from_options(model, usage_context="server", **options)
@@ -70,9 +72,10 @@ def run_serve(args: argparse.Namespace) -> int:
     check_port_free(args.host, args.port)
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
         raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (as in vLLM)")
-    names = args.served_model_name or [model]
+    names = args.served_model_name or [default_name or model]
     metrics = ServerMetrics(names[0])
     keep_alive = os.environ.get(KEEP_ALIVE_ENV, "0") == "1"
+    set_torch_threads("frontend")  # HTTP and text: the cores go to the engine's process
     engine = AsyncLLM(config, args.generation_config, observer=metrics)
     try:
         state = ServerState(

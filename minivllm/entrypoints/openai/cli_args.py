@@ -40,8 +40,16 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
         help="sampling defaults: auto (the model's generation_config.json), vllm (none), "
         "or a directory holding a generation_config.json",
     )
-    serve.add_argument("--disable-log-requests", action="store_true")
-    serve.add_argument("--disable-uvicorn-access-log", action="store_true")
+    serve.add_argument(
+        "--disable-log-requests",
+        action="store_true",
+        help="no log line per request (its id, prompt tokens and sampling parameters)",
+    )
+    serve.add_argument(
+        "--disable-uvicorn-access-log",
+        action="store_true",
+        help="no uvicorn access-log line per HTTP request",
+    )
     serve.add_argument(
         "--timeout-graceful-shutdown",
         type=float,
@@ -90,8 +98,9 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
         type=int,
         default=64 << 20,
         help="memory for the Responses API's stored answers (store: true; for "
-        "previous_response_id), least recently used dropped past it; 0 stores none "
-        "(default 64 MiB)",
+        "previous_response_id), counted as the bytes of their JSON text, which is how they "
+        "are kept; least recently used dropped past it; an answer larger than all of it is "
+        'answered with "store": false; 0 stores none (default 64 MiB)',
     )
     add_engine_options(serve)
     return serve

@@ -10,6 +10,7 @@ from typing import Any
 from minivllm.entrypoints.async_llm import AsyncLLM
 from minivllm.entrypoints.openai.errors import APIError
 from minivllm.entrypoints.openai.protocol import ChatTool, NamedToolChoice
+from minivllm.structured_output.compiler import CompilerBusy
 from minivllm.structured_output.manager import check_structured_outputs
 from minivllm.structured_output.params import StructuredOutputsParams
 
@@ -90,7 +91,11 @@ async def check_constraint(
             params,
             config.resolved_tokenizer(),
             engine.info.vocab_size,
+            True,
         )
+    except CompilerBusy as e:  # another request's compiles hold every worker
+        retry = {"Retry-After": str(e.retry_after_s)}
+        raise APIError(f"{name}: {e}", status=503, param=name, headers=retry) from None
     except (ValueError, TypeError) as e:
         raise APIError(f"{name}: {e}", param=name) from None
     except RuntimeError as e:  # the grammar backend cannot be built here (an old llguidance)
@@ -126,7 +131,14 @@ def required_tool_schema(tools: list[ChatTool], parallel_tool_calls: bool) -> di
     items = []
     for tool in tools:
         parameters = dict(_parameters(tool))
-        for key, value in parameters.pop("$defs", {}).items():
+        tool_defs = parameters.pop("$defs", {})
+        if not isinstance(tool_defs, dict):
+            raise APIError(
+                f"tool {tool.function.name!r}: its schema's $defs must be an object, "
+                f"got {type(tool_defs).__name__}",
+                param="tools",
+            )
+        for key, value in tool_defs.items():
             if key in defs and defs[key] != value:
                 raise APIError(f"tools define $defs {key!r} differently; rename one", param="tools")
             defs[key] = value

@@ -19,11 +19,28 @@ _TYPES = {
 class APIError(Exception):
     """Raised anywhere in request handling; becomes an OpenAI-shaped error response."""
 
-    def __init__(self, message: str, status: int = 400, param: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        status: int = 400,
+        param: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
         self.param = param
+        self.headers = headers or {}  # e.g. Retry-After on a 503
+
+
+def renamed(error: APIError, names: dict[str, str]) -> APIError:
+    """error with its field named as another API names it (names: chat's name -> its), in
+    param and where the message starts with the field."""
+    param = names.get(error.param, error.param)
+    message = error.message
+    if error.param and param != error.param and message.startswith(error.param + " "):
+        message = param + message[len(error.param) :]
+    return APIError(message, error.status, param, error.headers)
 
 
 def error_body(message: str, status: int = 400, param: str | None = None) -> dict:
@@ -44,7 +61,9 @@ def error_json(message: str, status: int = 400, param: str | None = None) -> Err
 
 
 def error_response(error: APIError) -> ErrorResponse:
-    return error_json(error.message, error.status, error.param)
+    response = error_json(error.message, error.status, error.param)
+    response.headers.update(error.headers)
+    return response
 
 
 def sse_error(error: APIError) -> str:

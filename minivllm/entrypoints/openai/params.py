@@ -32,6 +32,12 @@ _SAMPLING_FIELDS = (
     "presence_penalty",
     "frequency_penalty",
 )
+# Request fields a SamplingParams error may start with (it names the field first).
+_PARAM_FIELDS = frozenset(
+    (*_SAMPLING_FIELDS, "n", "stop", "seed", "stop_token_ids", "max_tokens", "min_tokens",
+     "logprobs", "prompt_logprobs", "logit_bias", "allowed_token_ids", "bad_words",
+     "thinking_token_budget")
+)  # fmt: skip
 _MAX_SEED = 2**63 - 1 - MAX_N  # n samples use seed + index
 _MAX_LOGIT_BIAS = 1024  # entries a request may bias (each one a column the sampler adds to)
 # ids a request may allow (the sampler pads every row of a batch to the longest list)
@@ -118,7 +124,13 @@ def _same(value: Any, no_op: Any) -> bool:
 
 def check_model(requested: str | None, served_names: list[str]) -> None:
     if requested is not None and requested not in served_names:
-        raise APIError(f"The model `{requested}` does not exist.", status=404, param="model")
+        shown = requested if len(requested) <= 200 else requested[:200] + "..."
+        served = ", ".join(f"`{name}`" for name in served_names)
+        raise APIError(
+            f"The model `{shown}` does not exist; this server serves {served}.",
+            status=404,
+            param="model",
+        )
 
 
 def truncate_prompt(
@@ -171,6 +183,8 @@ def sampling_params(
             f"{num_prompt_tokens})",
             param="max_tokens",
         )
+    if max_tokens is not None and max_tokens < 1:
+        raise APIError(f"max_tokens must be at least 1, got {max_tokens}", param="max_tokens")
     try:
         return SamplingParams(
             n=req.n,
@@ -191,8 +205,9 @@ def sampling_params(
             structured_outputs=structured_outputs,
             **values,
         )
-    except (ValueError, TypeError) as e:
-        raise APIError(str(e)) from None
+    except (ValueError, TypeError) as e:  # SamplingParams' messages start with the field
+        field = str(e).split(" ", 1)[0]
+        raise APIError(str(e), param=field if field in _PARAM_FIELDS else None) from None
 
 
 def _logit_bias(logit_bias: dict[str, float] | None) -> dict[int, float] | None:

@@ -25,9 +25,10 @@ from minivllm.entrypoints.openai.anthropic.serving import (
     create_message,
 )
 from minivllm.entrypoints.openai.chat.template import render_chat
-from minivllm.entrypoints.openai.errors import APIError, error_json, error_response
+from minivllm.entrypoints.openai.errors import APIError, error_json
 from minivllm.entrypoints.openai.metrics import ServerMetrics
 from minivllm.entrypoints.openai.params import check_model, check_unimplemented, read_body
+from minivllm.entrypoints.openai.path_errors import error_for_path
 from minivllm.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -80,24 +81,25 @@ def build_app(state: ServerState, metrics: ServerMetrics, api_key: str | None = 
 
 def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
-    async def api_error(_: Request, e: APIError) -> JSONResponse:
-        response = error_response(e)
+    async def api_error(request: Request, e: APIError) -> JSONResponse:
+        response = error_for_path(request.url.path, e.message, e.status, e.param)
+        response.headers.update(e.headers)
         if e.status == 408:  # the body never came: the connection can carry nothing more
             response.headers["connection"] = "close"
         return response
 
     @app.exception_handler(RequestValidationError)
-    async def validation_error(_: Request, e: RequestValidationError) -> JSONResponse:
-        return error_json(f"invalid request: {e.errors()[:3]}", 400)
+    async def validation_error(request: Request, e: RequestValidationError) -> JSONResponse:
+        return error_for_path(request.url.path, f"invalid request: {e.errors()[:3]}", 400)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, e: StarletteHTTPException) -> JSONResponse:
-        return error_json(str(e.detail), e.status_code)
+    async def http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
+        return error_for_path(request.url.path, str(e.detail), e.status_code)
 
     @app.exception_handler(Exception)
-    async def internal_error(_: Request, e: Exception) -> JSONResponse:
+    async def internal_error(request: Request, e: Exception) -> JSONResponse:
         logger.exception("unhandled error")
-        return error_json(f"internal error: {type(e).__name__}", 500)
+        return error_for_path(request.url.path, f"internal error: {type(e).__name__}", 500)
 
 
 def _add_api_key_check(app: FastAPI, api_key: str) -> None:
@@ -125,7 +127,9 @@ class _APIKeyCheck:
             # Constant time: the comparison does not reveal how much of the key matched.
             bearer = hmac.compare_digest(headers.get(b"authorization", b""), self.bearer)
             if not (bearer | hmac.compare_digest(headers.get(b"x-api-key", b""), self.key)):
-                response = error_json("Unauthorized: missing or wrong API key", 401)
+                response = error_for_path(
+                    scope["path"], "Unauthorized: missing or wrong API key", 401
+                )
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
@@ -143,7 +147,8 @@ class _BodySizeLimit:
         if scope["type"] == "http":
             length = dict(scope["headers"]).get(b"content-length", b"0")
             if length.isdigit() and int(length) > self.max_bytes:
-                response = error_json(
+                response = error_for_path(
+                    scope["path"],
                     f"the request body ({int(length)} bytes) is larger than {self.max_bytes} "
                     "bytes (--max-request-body-bytes)",
                     413,

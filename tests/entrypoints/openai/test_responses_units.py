@@ -57,7 +57,7 @@ def _response(response_id: str, text: str = "") -> dict:
 
 
 def test_the_store_drops_the_least_recently_used_past_its_bytes():
-    store = ResponseStore(max_bytes=350)  # three entries of 102 bytes
+    store = ResponseStore(max_bytes=400)  # three entries of 118 bytes (their JSON text)
     turn = [{"role": "user", "content": "x" * 40}]
     for name in ("a", "b", "c"):
         store.put(_response(name), turn, None)
@@ -67,7 +67,7 @@ def test_the_store_drops_the_least_recently_used_past_its_bytes():
         store.get("b")
     assert e.value.status == 404
     assert [store.get(n).response["id"] for n in ("a", "c", "d")] == ["a", "c", "d"]
-    store.put(_response("huge"), [{"role": "user", "content": "x" * 400}], None)
+    assert not store.put(_response("huge"), [{"role": "user", "content": "x" * 400}], None)
     with pytest.raises(APIError):
         store.get("huge")  # larger than the whole store: not kept, nothing dropped for it
     store.get("a")

@@ -96,6 +96,8 @@ def test_sigterm_finishes_open_request_and_leaves_no_orphan(tiny_qwen3_dir, tmp_
     finish = json.loads(lines[0][-2][len("data: ") :])["choices"][0]["finish_reason"]
     assert finish == "length"  # graceful: the open request finished
     assert not alive(core_pid)
+    # A clean exit prints nothing after the server's last line (no nanobind leak warnings).
+    assert "leaked" not in (tmp_path / "server.log").read_text()
 
 
 def test_core_exits_when_the_server_is_killed(tiny_qwen3_dir, tmp_path) -> None:

@@ -286,10 +286,14 @@ def test_tool_messages_reach_the_template(client):
     ]
     choice = chat(client, messages=messages, tools=TOOLS, tool_choice="none", max_tokens=4)
     assert choice.choices[0].finish_reason == "length"
-    bad = [*messages[:1], {**messages[1], "tool_calls": [{**messages[1]["tool_calls"][0]}]}]
-    bad[1]["tool_calls"][0]["function"] = {"name": "f", "arguments": "{not json"}
-    with pytest.raises(openai.BadRequestError, match="arguments"):
-        chat(client, messages=bad, max_tokens=4)
+    # Arguments that are not JSON (a call cut off by max_tokens) reach it as their text, as
+    # OpenAI takes any string there; nesting past the recursion limit is a 400 naming them.
+    cut = [*messages[:1], {**messages[1], "tool_calls": [{**messages[1]["tool_calls"][0]}]}]
+    cut[1]["tool_calls"][0]["function"] = {"name": "f", "arguments": '{"city": "Os'}
+    assert chat(client, messages=cut, max_tokens=4).choices[0].finish_reason == "length"
+    cut[1]["tool_calls"][0]["function"] = {"name": "f", "arguments": "[" * 10**5 + "]" * 10**5}
+    with pytest.raises(openai.BadRequestError, match="arguments are nested too deeply"):
+        chat(client, messages=cut, max_tokens=4)
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -21,7 +21,7 @@ from minivllm.entrypoints.openai.anthropic.output import (
 from minivllm.entrypoints.openai.anthropic.protocol import CountTokensRequest, MessagesRequest
 from minivllm.entrypoints.openai.chat.output import full_message
 from minivllm.entrypoints.openai.chat.template import render_chat
-from minivllm.entrypoints.openai.errors import APIError, ErrorResponse
+from minivllm.entrypoints.openai.errors import APIError, ErrorResponse, renamed
 from minivllm.entrypoints.openai.params import check_model
 from minivllm.entrypoints.openai.serving_chat import ChatRun, start_chat
 from minivllm.entrypoints.openai.serving_common import (
@@ -33,7 +33,7 @@ from minivllm.outputs import RequestOutput
 
 
 def anthropic_error(error: APIError) -> ErrorResponse:
-    return ErrorResponse(error_body(error.message, error.status), error.status)
+    return ErrorResponse(error_body(error.message, error.status), error.status, error.headers)
 
 
 async def create_message(state: ServerState, req: MessagesRequest):
@@ -42,7 +42,7 @@ async def create_message(state: ServerState, req: MessagesRequest):
     try:
         run = await start_chat(state, chat, message_id)
     except APIError as e:  # named as the Messages request names the field
-        raise APIError(e.message, e.status, MESSAGES_PARAM.get(e.param, e.param)) from None
+        raise renamed(e, MESSAGES_PARAM) from None
     answer = _Answer(state, message_id, run)
     if req.stream:
         return StreamingResponse(answer.stream(), media_type="text/event-stream")

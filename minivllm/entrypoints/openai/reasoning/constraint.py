@@ -12,6 +12,7 @@ from typing import Any, Literal
 from llguidance.gbnf_to_lark import any_to_lark
 
 from minivllm.entrypoints.openai.reasoning.think import END, START, prompt_opens_reasoning
+from minivllm.structured_output.grammar_text import choice_lark
 from minivllm.structured_output.params import StructuredOutputsParams
 
 # off: the constraint holds from the first token; inside: the output starts inside a think
@@ -82,7 +83,7 @@ def _constraint_body(params: StructuredOutputsParams) -> str:
     if spec.kind == "json_object":
         return '%json {"type": "object"}'
     if spec.kind == "choice":
-        return " | ".join(json.dumps(choice) for choice in json.loads(spec.text))
+        return choice_lark(json.loads(spec.text))
     if spec.kind == "regex":
         return _regex_literal(spec.text)
     return f"{_PREFIX}start"

@@ -198,7 +198,7 @@ def _string(item: Mapping[str, Any], key: str, where: str) -> str:
 
 
 def _tools(tools: list | None) -> list[dict[str, Any]] | None:
-    if tools is None:
+    if not tools:  # [] is no tools, as OpenAI's Responses API takes it (the Agents SDK sends it)
         return None
     chat_tools = []
     for index, tool in enumerate(tools):

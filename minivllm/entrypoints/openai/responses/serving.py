@@ -12,7 +12,7 @@ from typing import Any
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from minivllm.entrypoints.openai.chat.output import full_message
-from minivllm.entrypoints.openai.errors import APIError
+from minivllm.entrypoints.openai.errors import APIError, renamed
 from minivllm.entrypoints.openai.logprobs import chat_logprobs
 from minivllm.entrypoints.openai.protocol import ChatCompletionRequest
 from minivllm.entrypoints.openai.responses.input import RESPONSES_PARAM, chat_request
@@ -43,7 +43,7 @@ async def create_response(state: ServerState, req: ResponsesRequest):
     try:
         run = await start_chat(state, chat, response_id)
     except APIError as e:  # named as the Responses request names the field
-        raise APIError(e.message, e.status, RESPONSES_PARAM.get(e.param, e.param)) from None
+        raise renamed(e, RESPONSES_PARAM) from None
     # This turn's messages: after the instructions and the stored conversation.
     num_before = len(history) + bool(req.instructions)
     turn = [m.model_dump(exclude_none=True) for m in chat.messages[num_before:]]
@@ -113,7 +113,9 @@ class _Answer:
         response = self._object(status, items, usage, error)
         if self.stored:
             turn = self.turn + [answer_message(items)]
-            self.state.response_store.put(response, turn, self.req.previous_response_id)
+            store = self.state.response_store
+            if not store.put(response, turn, self.req.previous_response_id):
+                response["store"] = False  # larger than --responses-store-bytes: not kept
         return response
 
     def _object(self, status: str, items: list, usage=None, error=None) -> dict[str, Any]:

@@ -1,6 +1,8 @@
 """Stored answers of the Responses API (`store: true`, OpenAI's default): for a later request's
 `previous_response_id`, and for GET and DELETE /v1/responses/{id}. In memory, bounded: past
-max_bytes (`minivllm serve --responses-store-bytes`) the least recently used are dropped.
+max_bytes (`minivllm serve --responses-store-bytes`) the least recently used are dropped. An
+entry is kept as its JSON text (UTF-8 bytes), parsed when read, so that the bound is the
+memory the entries hold (Python objects of the same answer take several times their text).
 
 Each entry keeps its own turn only (the input's messages and the answer, as chat messages)
 and the id of the response before it: a conversation is its chain of turns, so that a long
@@ -17,12 +19,32 @@ from typing import Any
 from minivllm.entrypoints.openai.errors import APIError
 
 
-@dataclass
+def shown_id(response_id: str, limit: int = 64) -> str:
+    """An id as an error message quotes it: at most limit characters of it (a client's id
+    may be a megabyte)."""
+    if len(response_id) <= limit:
+        return repr(response_id)
+    return f"{response_id[:limit]!r}... ({len(response_id):,} characters)"
+
+
+@dataclass(frozen=True)
 class StoredResponse:
-    response: dict[str, Any]  # the response object, as returned
-    turn: list[dict[str, Any]]  # this turn's input messages and the answer (chat messages)
+    data: bytes  # JSON of {"response": the response object, "turn": this turn's messages}
     previous_id: str | None
-    num_bytes: int
+
+    @property
+    def num_bytes(self) -> int:
+        return len(self.data)
+
+    @property
+    def response(self) -> dict[str, Any]:
+        """The response object, as returned."""
+        return json.loads(self.data)["response"]
+
+    @property
+    def turn(self) -> list[dict[str, Any]]:
+        """This turn's input messages and the answer (chat messages)."""
+        return json.loads(self.data)["turn"]
 
 
 class ResponseStore:
@@ -39,23 +61,26 @@ class ResponseStore:
 
     def put(
         self, response: dict[str, Any], turn: list[dict[str, Any]], previous_id: str | None
-    ) -> None:
-        """Stores a finished response (one larger than the whole store is not kept)."""
-        num_bytes = len(json.dumps(response)) + len(json.dumps(turn))
-        if num_bytes > self.max_bytes:
-            return
-        self._entries[response["id"]] = StoredResponse(response, turn, previous_id, num_bytes)
-        self._num_bytes += num_bytes
+    ) -> bool:
+        """Stores a finished response; False, and nothing kept, for one larger than the whole
+        store (the caller says "store": false in it)."""
+        data = json.dumps({"response": response, "turn": turn}, separators=(",", ":")).encode()
+        if len(data) > self.max_bytes:
+            return False
+        entry = StoredResponse(data, previous_id)
+        self._entries[response["id"]] = entry
+        self._num_bytes += entry.num_bytes
         while self._num_bytes > self.max_bytes:
             _, dropped = self._entries.popitem(last=False)
             self._num_bytes -= dropped.num_bytes
+        return True
 
     def get(self, response_id: str) -> StoredResponse:
         """The stored response (now the most recently used), or a 404."""
         entry = self._entries.get(response_id)
         if entry is None:
             raise APIError(
-                f"no stored response with id {response_id!r} (responses are kept in this "
+                f"no stored response with id {shown_id(response_id)} (responses are kept in this "
                 "server's memory while they fit in --responses-store-bytes)",
                 status=404,
             )
@@ -79,7 +104,8 @@ class ResponseStore:
             previous = self._entries.get(entry.previous_id)
             if previous is None:
                 raise APIError(
-                    f"previous_response_id {response_id!r}: an earlier turn of its conversation "
+                    f"previous_response_id {shown_id(response_id)}: an earlier turn of its "
+                    "conversation "
                     f"({entry.previous_id!r}) is no longer stored; send the conversation as input",
                     param="previous_response_id",
                 )
