@@ -4,11 +4,15 @@ teacher forcing: every greedy token is HF's argmax and every chosen-token logpro
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
 from minivllm import LLM, SamplingParams
+from minivllm.engine.executor.tp_executor import check_shardable
+from minivllm.models.model_config import ModelConfig
 
 PROMPTS = [
     [5, 17, 42, 99, 3],
@@ -73,3 +77,11 @@ def test_tp2_matches_hf(tiny_qwen3_moe_dir: str, hf_model) -> None:
     finally:
         llm.shutdown()
     assert_matches_hf(hf_model, PROMPTS, completions)
+
+
+def test_tp_needs_a_divisible_expert_intermediate_dim(tiny_qwen3_moe_dir: str) -> None:
+    config = ModelConfig.from_hf(tiny_qwen3_moe_dir)
+    check_shardable(config, 4)
+    moe = dataclasses.replace(config.moe, moe_intermediate_size=30)
+    with pytest.raises(ValueError, match=r"moe_intermediate_size \(30\).*\(4\)"):
+        check_shardable(dataclasses.replace(config, moe=moe), 4)
