@@ -17,14 +17,14 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
 ]
 
-E, H, I, TOP_K = 128, 2048, 768, 8
+E, H, INTER, TOP_K = 128, 2048, 768, 8
 
 
 def _case(num_tokens: int, dtype: torch.dtype, seed: int = 0):
     g = torch.Generator("cuda").manual_seed(seed)
     x = torch.randn(num_tokens, H, device="cuda", generator=g).to(dtype)
-    w13 = (torch.randn(E, 2 * I, H, device="cuda", generator=g) * H**-0.5).to(dtype)
-    w2 = (torch.randn(E, H, I, device="cuda", generator=g) * I**-0.5).to(dtype)
+    w13 = (torch.randn(E, 2 * INTER, H, device="cuda", generator=g) * H**-0.5).to(dtype)
+    w2 = (torch.randn(E, H, INTER, device="cuda", generator=g) * INTER**-0.5).to(dtype)
     logits = torch.randn(num_tokens, E, device="cuda", generator=g)
     topk_weights, topk_ids = route(logits, TOP_K, True)
     return x, w13, w2, topk_weights, topk_ids
@@ -43,7 +43,7 @@ def test_bf16_close_to_float32_reference(num_tokens: int) -> None:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_rows_alone_equal_rows_batched(dtype: torch.dtype) -> None:
     x, w13, w2, topk_weights, topk_ids = _case(2048, dtype)
-    shape = (E, H, I, TOP_K)
+    shape = (E, H, INTER, TOP_K)
     assert moe_config(dtype, shape, 1).block_m != moe_config(dtype, shape, 2048).block_m
     batched = fused_moe(x, w13, w2, topk_weights, topk_ids)
     small = moe_config(dtype, shape, 1)

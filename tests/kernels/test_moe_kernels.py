@@ -17,7 +17,7 @@ from minivllm.kernels.moe.topk_sum import topk_sum
 from minivllm.layers.moe_experts import experts_torch
 from minivllm.layers.moe_router import route
 
-E, H, I, TOP_K = 8, 64, 32, 2
+E, H, INTER, TOP_K = 8, 64, 32, 2
 
 
 def routes(kind: str, num_tokens: int, num_experts: int, top_k: int) -> torch.Tensor:
@@ -81,7 +81,7 @@ def test_align_groups_every_pair_once(kind: str, num_tokens: int) -> None:
                                                   (40, "skewed")])  # fmt: skip
 def test_fused_moe_matches_torch(dtype: torch.dtype, num_tokens: int, kind: str) -> None:
     x, topk_weights, ids = inputs(num_tokens, kind, dtype)
-    w13, w2 = weights(E, H, I, dtype)
+    w13, w2 = weights(E, H, INTER, dtype)
     out = fused_moe(x, w13, w2, topk_weights, ids)
     assert out.shape == (num_tokens, H) and out.dtype == dtype
     ref = experts_torch(x.float(), w13.float(), w2.float(), topk_weights, ids)
@@ -106,7 +106,7 @@ def test_fused_moe_block_sizes_and_ragged_tiles(block_m: int) -> None:
 
 def test_no_tokens() -> None:
     x, topk_weights, ids = inputs(0, "random", torch.float32)
-    w13, w2 = weights(E, H, I, torch.float32)
+    w13, w2 = weights(E, H, INTER, torch.float32)
     assert fused_moe(x, w13, w2, topk_weights, ids).shape == (0, H)
 
 

@@ -16,12 +16,12 @@ from minivllm.layers.moe_experts import experts_torch
 from minivllm.layers.moe_router import route
 from minivllm.layers.ops import LayerOps
 
-E, H, I, TOP_K = 8, 64, 32, 2
+E, H, INTER, TOP_K = 8, 64, 32, 2
 
 
 def hf_config(norm_topk_prob: bool = True) -> Qwen3MoeConfig:
     return Qwen3MoeConfig(
-        hidden_size=H, moe_intermediate_size=I, num_experts=E, num_experts_per_tok=TOP_K,
+        hidden_size=H, moe_intermediate_size=INTER, num_experts=E, num_experts_per_tok=TOP_K,
         norm_topk_prob=norm_topk_prob, initializer_range=0.1,
     )  # fmt: skip
 
@@ -79,7 +79,7 @@ def test_experts_torch_matches_hf_experts() -> None:
 @pytest.mark.parametrize("num_tokens", [1, 19])
 def test_sparse_block_matches_hf(use_triton: bool, num_tokens: int) -> None:
     hf = hf_block(True, seed=num_tokens)
-    ours = SparseMoeBlock(H, E, TOP_K, I, True, torch.float32, use_triton)
+    ours = SparseMoeBlock(H, E, TOP_K, INTER, True, torch.float32, use_triton)
     ours.gate.weight.weight_loader(ours.gate.weight, hf.gate.weight.detach())
     load_like_checkpoint(ours.experts, hf.experts)
     x = torch.randn(num_tokens, H)
@@ -100,9 +100,10 @@ def test_tp_shards_sum_to_the_full_experts(monkeypatch: pytest.MonkeyPatch) -> N
     tp_size, total = 2, torch.zeros_like(expected)
     no_reduce = LayerOps(row_reduce=lambda t, n: t)
     for rank in range(tp_size):
-        monkeypatch.setattr(fused_moe_module, "get_tp_rank_size", lambda: (rank, tp_size))
-        experts = FusedMoE(E, H, I, torch.float32, ops=no_reduce)
-        assert experts.gate_up_proj.shape == (E, I, H) and experts.down_proj.shape == (E, H, I // 2)
+        monkeypatch.setattr(fused_moe_module, "get_tp_rank_size", lambda r=rank: (r, tp_size))
+        experts = FusedMoE(E, H, INTER, torch.float32, ops=no_reduce)
+        assert experts.gate_up_proj.shape == (E, INTER, H)  # half the gate, half the up rows
+        assert experts.down_proj.shape == (E, H, INTER // 2)
         load_like_checkpoint(experts, hf.experts)
         with torch.no_grad():
             total += experts(x, topk_weights, topk_ids.to(torch.int32))
@@ -110,14 +111,14 @@ def test_tp_shards_sum_to_the_full_experts(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_weight_loader_rejects_bad_shards(monkeypatch: pytest.MonkeyPatch) -> None:
-    experts = FusedMoE(E, H, I, torch.float32)
+    experts = FusedMoE(E, H, INTER, torch.float32)
     param = experts.gate_up_proj
     with pytest.raises(ValueError, match="shard_id"):
-        param.weight_loader(param, torch.zeros(I, H), (E, "gate"))
+        param.weight_loader(param, torch.zeros(INTER, H), (E, "gate"))
     with pytest.raises(ValueError, match="shard_id"):
-        param.weight_loader(param, torch.zeros(I, H), 0)
+        param.weight_loader(param, torch.zeros(INTER, H), 0)
     with pytest.raises(ValueError, match="shape mismatch"):
-        param.weight_loader(param, torch.zeros(I + 1, H), (0, "up"))
+        param.weight_loader(param, torch.zeros(INTER + 1, H), (0, "up"))
     monkeypatch.setattr(fused_moe_module, "get_tp_rank_size", lambda: (0, 3))
     with pytest.raises(ValueError, match=r"moe_intermediate_size \(32\).*\(3\)"):
-        FusedMoE(E, H, I, torch.float32)
+        FusedMoE(E, H, INTER, torch.float32)

@@ -60,9 +60,7 @@ def rule_config(dtype: torch.dtype, num_tokens: int, top_k: int, num_experts: in
     return MoeTileConfig(block_m, gate_up, down)
 
 
-def moe_config(
-    dtype: torch.dtype, shape: MoeShape, num_tokens: int
-) -> MoeTileConfig:
+def moe_config(dtype: torch.dtype, shape: MoeShape, num_tokens: int) -> MoeTileConfig:
     """The tiles for a step of num_tokens tokens: the shape's bucket in TABLE (2-byte dtypes),
     else the rule."""
     num_experts, _, _, top_k = shape
