@@ -21,6 +21,7 @@ from minivllm.models.llama import DecoderMLP
 from minivllm.models.model_config import ModelConfig
 from minivllm.models.moe_config import MoeConfig
 from minivllm.models.registry import get_model_class, supported_architectures
+from minivllm.tiny_model import make_dummy_model_dir
 from tests.helpers import prefill_logits
 
 
@@ -44,6 +45,14 @@ def test_config_and_layers(tiny_qwen3_moe_dir: str) -> None:
     assert mlps == [SparseMoeBlock, DecoderMLP, SparseMoeBlock]
     experts = model.model.layers[0].mlp.experts
     assert experts.gate_up_proj.shape == (8, 64, 64) and experts.down_proj.shape == (8, 64, 32)
+
+
+def test_shipped_qwen3_30b_a3b_config(tmp_path) -> None:
+    """The weightless directory the GPU benchmarks run with load_format="dummy"."""
+    config = ModelConfig.from_hf(make_dummy_model_dir("qwen3-30b-a3b", str(tmp_path)))
+    assert config.architecture == "Qwen3MoeForCausalLM" and config.num_hidden_layers == 48
+    assert config.moe == MoeConfig(128, 8, 768, True, 1, ())
+    assert all(config.moe.is_sparse(i) for i in range(48))
 
 
 @pytest.mark.parametrize("use_triton", [False, True])
