@@ -77,8 +77,10 @@ def test_align_groups_every_pair_once(kind: str, num_tokens: int) -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize(("num_tokens", "kind"), [(1, "random"), (5, "same"), (40, "random"),
-                                                  (40, "skewed")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("num_tokens", "kind"),
+    [(1, "random"), (5, "same"), (40, "same"), (40, "random"), (40, "skewed")],
+)
 def test_fused_moe_matches_torch(dtype: torch.dtype, num_tokens: int, kind: str) -> None:
     x, topk_weights, ids = inputs(num_tokens, kind, dtype)
     w13, w2 = weights(E, H, INTER, dtype)
