@@ -1,6 +1,6 @@
 """A sparse MoE block (Qwen3-MoE's `mlp` on sparse layers): the router, a linear layer
-replicated on every rank, picks each token's top-k experts (layers/moe_router.py); FusedMoE
-runs them."""
+replicated on every rank, picks each token's top-k experts (layers/moe_router.py; on CUDA its
+Triton launch); FusedMoE runs them."""
 
 from __future__ import annotations
 
@@ -32,8 +32,13 @@ class SparseMoeBlock(nn.Module):
         # The checkpoint's name for the router (mlp.gate.weight).
         self.gate = ReplicatedLinear(hidden_size, num_experts, False, dtype, ops)
         self.experts = FusedMoE(num_experts, hidden_size, intermediate_size, dtype, use_triton, ops)
+        self._route = route
+        if use_triton:
+            from minivllm.kernels.moe.router import topk_softmax  # Triton: only when it runs
+
+            self._route = topk_softmax
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [num_tokens, hidden_size] -> [num_tokens, hidden_size]."""
-        topk_weights, topk_ids = route(self.gate(x), self.top_k, self.norm_topk_prob)
+        topk_weights, topk_ids = self._route(self.gate(x), self.top_k, self.norm_topk_prob)
         return self.experts(x, topk_weights, topk_ids)

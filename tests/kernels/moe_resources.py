@@ -1,8 +1,9 @@
 """Registers, spills and shared memory of the fused-MoE kernels on Hopper, without a GPU: each
-GEMM compiled for sm_90 through its launcher on meta tensors, with benchmarks/kernel_resources.py's
-stub driver (nothing runs), in the tiles `configs.py` gives a decode step (1 token) and a
-prefill step (8,192 tokens) at Qwen3-30B-A3B's shapes (128 experts, top-8, hidden 2048,
-intermediate 768), bf16. One JSON line.
+kernel compiled for sm_90 through its launcher on meta tensors, with
+benchmarks/kernel_resources.py's stub driver (nothing runs): the GEMMs in the tiles `configs.py`
+gives a decode step (1 token) and a prefill step (8,192 tokens), the router, alignment and sum,
+at Qwen3-30B-A3B's shapes (128 experts, top-8, hidden 2048, intermediate 768), bf16. One JSON
+line.
 
     python -m tests.kernels.moe_resources      (from the repository root)
 """
@@ -20,7 +21,7 @@ import torch  # noqa: E402
 from triton.runtime.driver import driver  # noqa: E402
 
 from benchmarks.kernel_resources import _Capture, _StubDriver, meta, resources  # noqa: E402
-from minivllm.kernels.moe import grouped_gemm, topk_sum  # noqa: E402
+from minivllm.kernels.moe import align, grouped_gemm, router, topk_sum  # noqa: E402
 from minivllm.kernels.moe.align import ExpertBlocks, max_padded_rows  # noqa: E402
 from minivllm.kernels.moe.configs import moe_config  # noqa: E402
 
@@ -62,10 +63,16 @@ def step(num_tokens: int) -> dict:
 
 def main() -> None:
     driver.set_active(_StubDriver())
-    # The sum's variant does not depend on the step (a second compile would be a cache hit).
-    y = meta(64 * TOP_K, H)
-    total = compiled(topk_sum, "_topk_sum_kernel", lambda: topk_sum.topk_sum(y, TOP_K))
-    print(json.dumps({"decode": step(1), "prefill": step(8192), "topk_sum": total}))
+    # These kernels' variants do not depend on the step (a second compile would be a cache hit).
+    y, logits = meta(64 * TOP_K, H), meta(64, E)
+    ids = meta(64, TOP_K, dtype=torch.int32)
+    print(json.dumps({
+        "decode": step(1), "prefill": step(8192),
+        "topk_sum": compiled(topk_sum, "_topk_sum_kernel", lambda: topk_sum.topk_sum(y, TOP_K)),
+        "router": compiled(router, "_topk_softmax_kernel",
+                           lambda: router.topk_softmax(logits, TOP_K, True)),
+        "align": compiled(align, "_align_kernel", lambda: align.align_by_expert(ids, E, 16)),
+    }))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -31,8 +31,10 @@ def resources() -> dict:
 
 
 @pytest.mark.parametrize(
-    "path", ["decode/gate_up", "decode/down", "prefill/gate_up", "prefill/down", "topk_sum"]
-)
+    "path",
+    ["decode/gate_up", "decode/down", "prefill/gate_up", "prefill/down", "topk_sum", "router",
+     "align"],
+)  # fmt: skip
 def test_fits_and_does_not_spill(resources, path: str) -> None:
     figures = resources
     for key in path.split("/"):
