@@ -1,9 +1,7 @@
 """The fused-MoE kernels in Triton's interpreter against the torch definition
 (layers/moe_experts.py): alignment by expert, the whole layer (float32, float16) over routes
 with idle experts, every token on the same experts, one token, several row blocks an expert;
-the per-token sum's order. Rows alone vs batched, bit for bit, is a GPU test
-(tests/gpu/test_gpu_moe.py): the interpreter's dots (numpy) round a row by its place in the
-tile."""
+the per-token sum's order. Rows alone vs batched, bit for bit: test_moe_batch_invariance.py."""
 
 from __future__ import annotations
 
