@@ -1,6 +1,7 @@
 """The fused-MoE kernels (kernels/moe/) on one GPU at Qwen3-30B-A3B's expert shapes (128 experts,
 top-8, hidden 2048, intermediate 768; --tp 2 halves the intermediate), bf16, at decode and
-prefill step sizes: median time, TFLOP/s (6 * pairs * H * I flops), bandwidth (the touched
+prefill step sizes: median time of the experts (alignment, two GEMMs, sum; the router's top-k
+apart), TFLOP/s (6 * pairs * H * I flops), bandwidth (the touched
 experts' weights once, plus the activations), the four launches from the profiler, and beside
 them cuBLAS per expert (the pairs' indices prepared outside the timing: the loop's floor) and,
 with --vllm, vLLM's fused_experts from the same process. --tune sweeps tiles per step size and
@@ -24,6 +25,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from minivllm.kernels.moe.configs import GemmTile, MoeTileConfig, moe_config
 from minivllm.kernels.moe.fused_moe import fused_moe
+from minivllm.kernels.moe.router import topk_softmax
 from minivllm.layers.moe_router import route
 
 E, H, INTER, TOP_K = 128, 2048, 768, 8
@@ -103,12 +105,15 @@ def case(num_tokens: int, inter: int, with_vllm: bool) -> dict:
     ours = lambda: fused_moe(x, w13, w2, topk_weights, topk_ids)  # noqa: E731
     config = moe_config(x.dtype, (E, H, inter, TOP_K), num_tokens)
     ms = bench_ms(ours)
+    logits = torch.randn(num_tokens, E, device="cuda", dtype=x.dtype)
+    router_ms = bench_ms(lambda: topk_softmax(logits, TOP_K, True))
     loop = cublas_per_expert(x, w13, w2, topk_weights, topk_ids)
     loop_ms = bench_ms(loop)
     result = {
         "case": "fused_moe", "tokens": num_tokens, "experts": E, "top_k": TOP_K, "hidden": H,
         "inter": inter, "dtype": "bfloat16", "block_m": config.block_m, "ms": round(ms, 4),
         **figures(num_tokens, inter, topk_ids, ms), "kernels_ms": per_kernel_ms(ours),
+        "router_ms": round(router_ms, 4),
         "cublas_per_expert_ms": round(loop_ms, 4), "speedup_vs_cublas_loop": round(loop_ms / ms, 2),
         "max_abs_diff_vs_loop": round((ours().float() - loop().float()).abs().max().item(), 5),
     }  # fmt: skip
