@@ -104,7 +104,7 @@ class DecoderMLP(nn.Module):
 
 
 # (config, layer index, dtype, use_triton, ops) -> the layer's MLP: dense, or a MoE block.
-MakeMlp = Callable[[ModelConfig, int, "torch.dtype | None", bool, LayerOps], nn.Module]
+MakeMlp = Callable[[ModelConfig, int, torch.dtype | None, bool, LayerOps], nn.Module]
 
 
 class DecoderLayer(nn.Module):

@@ -31,7 +31,8 @@ class MoeTileConfig:
 MoeShape = tuple[int, int, int, int]  # (num_experts, hidden, intermediate per rank, top_k)
 
 # MoeShape -> ((max_tokens, config), ...), max_tokens ascending, the last also covering every
-# larger step; 2-byte dtypes only. Empty until measured on a GPU (benchmarks/bench_moe.py).
+# larger step; 2-byte dtypes only; every config keeps _BLOCK_K's block_k in both GEMMs (batch
+# invariance). Empty until measured on a GPU (benchmarks/bench_moe.py --tune).
 TABLE: dict[MoeShape, tuple[tuple[int, MoeTileConfig], ...]] = {}
 
 # BLOCK_K per dtype: float32 tiles hold twice the bytes.
@@ -54,7 +55,7 @@ def rule_config(dtype: torch.dtype, num_tokens: int, top_k: int, num_experts: in
     block_m = block_m_rule(num_tokens, top_k, num_experts)
     block_k = _BLOCK_K[dtype]
     stages = 2 if dtype == torch.float32 else 3
-    # The gated GEMM holds two accumulators (gate and up): half the columns of the down GEMM.
+    # The gated GEMM holds two accumulators (gate and up): its column tile stays at 64.
     gate_up = GemmTile(64, block_k, 4, stages)
     down = GemmTile(64 if block_m < 64 else 128, block_k, 4, stages)
     return MoeTileConfig(block_m, gate_up, down)
