@@ -21,6 +21,7 @@ from minivllm.layers.dispatch import use_triton_kernels
 from minivllm.layers.linear import default_weight_loader
 from minivllm.layers.norm import RMSNorm
 from minivllm.layers.ops import DEFAULT_OPS, LayerOps
+from minivllm.model_loader_experts import expected_expert_loads, expert_target
 from minivllm.models.model_config import ModelConfig
 from minivllm.models.registry import get_model_class
 
@@ -102,10 +103,15 @@ def _packed_target(name: str, mapping: dict[str, tuple[str, object]]) -> tuple[s
     return name, None
 
 
-def _expected_loads(model: nn.Module, mapping: dict[str, tuple[str, object]]) -> dict:
+def _expected_loads(
+    model: nn.Module, mapping: dict[str, tuple[str, object]], expert_mapping: dict
+) -> dict:
     """(parameter name, shard_id) -> checkpoint name, for every load the model needs."""
-    expected = {}
+    expected = expected_expert_loads(dict(model.named_parameters()), expert_mapping)
+    stacked = {param_name for param_name, _ in expected}
     for param_name, _ in model.named_parameters():
+        if param_name in stacked:
+            continue
         shards = [(c, s) for c, (p, s) in mapping.items() if f".{p}." in param_name]
         if not shards:
             expected[(param_name, None)] = param_name
@@ -120,14 +126,16 @@ def load_model(model: nn.Module, model_dir: str) -> None:
     """Loads every parameter from the safetensors in model_dir (tensors cast to the
     parameter's dtype); raises ValueError listing all unloaded parameters."""
     mapping = getattr(model, "packed_modules_mapping", {})
+    expert_mapping = getattr(model, "expert_modules_mapping", {})
     tied = bool(getattr(model.config, "tie_word_embeddings", False))
     params = dict(model.named_parameters())
-    expected = _expected_loads(model, mapping)
+    expected = _expected_loads(model, mapping, expert_mapping)
     loaded, unexpected = set(), []
     for ckpt_name, tensor in _checkpoint_tensors(model_dir):
         if _skip(ckpt_name, tied):
             continue
-        param_name, shard_id = _packed_target(ckpt_name, mapping)
+        target = expert_target(ckpt_name, expert_mapping)
+        param_name, shard_id = target or _packed_target(ckpt_name, mapping)
         if param_name not in params:
             unexpected.append(ckpt_name)
             continue

@@ -47,6 +47,18 @@ SIZES = dict(
 ARCH_OVERRIDES: dict[str, dict[str, Any]] = {
     "Qwen3ForCausalLM": dict(head_dim=32, tie_word_embeddings=True, rope_theta=1000000.0),
     "Qwen2ForCausalLM": dict(tie_word_embeddings=False, rope_theta=1000000.0),
+    # Sparse layers 0 and 2, a dense MLP in layer 1 (mlp_only_layers).
+    "Qwen3MoeForCausalLM": dict(
+        head_dim=32,
+        num_hidden_layers=3,
+        tie_word_embeddings=False,
+        rope_theta=1000000.0,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        norm_topk_prob=True,
+        mlp_only_layers=[1],
+    ),
     "LlamaForCausalLM": dict(
         head_dim=16,
         tie_word_embeddings=True,
@@ -90,10 +102,11 @@ def build_tiny_tokenizer(vocab_size: int = 500):
 
 def tiny_hf_config(architecture: str, vocab_size: int, eos_token_id: int, **overrides: Any):
     """The transformers config of a tiny model of `architecture`."""
-    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config, Qwen3MoeConfig
 
     config_classes = {
         "Qwen3ForCausalLM": Qwen3Config,
+        "Qwen3MoeForCausalLM": Qwen3MoeConfig,
         "Qwen2ForCausalLM": Qwen2Config,
         "LlamaForCausalLM": LlamaConfig,
     }

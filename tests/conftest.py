@@ -35,6 +35,12 @@ def tiny_qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_qwen3_moe_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Qwen3-MoE: 8 experts, top-2, sparse layers 0 and 2, a dense layer 1."""
+    return build_tiny_model(str(tmp_path_factory.mktemp("tiny-qwen3-moe")), "Qwen3MoeForCausalLM")
+
+
+@pytest.fixture(scope="session")
 def tiny_qwen2_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     return build_tiny_model(str(tmp_path_factory.mktemp("tiny-qwen2")), "Qwen2ForCausalLM")
 

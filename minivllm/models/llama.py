@@ -6,6 +6,7 @@ gate_up_proj (see `packed_modules_mapping`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -102,6 +103,10 @@ class DecoderMLP(nn.Module):
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))
 
 
+# (config, layer index, dtype, use_triton, ops) -> the layer's MLP: dense, or a MoE block.
+MakeMlp = Callable[[ModelConfig, int, torch.dtype | None, bool, LayerOps], nn.Module]
+
+
 class DecoderLayer(nn.Module):
     def __init__(
         self,
@@ -112,10 +117,11 @@ class DecoderLayer(nn.Module):
         dtype: torch.dtype | None,
         use_triton: bool,
         ops: LayerOps,
+        mlp: nn.Module,
     ) -> None:
         super().__init__()
         self.self_attn = DecoderAttention(config, rotary_emb, attn_backend, options, dtype, ops)
-        self.mlp = DecoderMLP(config, dtype, use_triton, ops)
+        self.mlp = mlp
         eps = config.rms_norm_eps
         self.input_layernorm = RMSNorm(config.hidden_size, eps, dtype, use_triton)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype, use_triton)
@@ -168,6 +174,7 @@ class DecoderModel(nn.Module):
         dtype: torch.dtype | None,
         use_triton: bool,
         ops: LayerOps,
+        make_mlp: MakeMlp,
     ) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(
@@ -182,9 +189,12 @@ class DecoderModel(nn.Module):
             use_triton,
         )
         self.layers = nn.ModuleList(
-            DecoderLayer(config, self.rotary_emb, attn_backend, options, dtype, use_triton, ops)
-            for _ in range(config.num_hidden_layers)
-        )
+            DecoderLayer(
+                config, self.rotary_emb, attn_backend, options, dtype, use_triton, ops,
+                make_mlp(config, i, dtype, use_triton, ops),
+            )
+            for i in range(config.num_hidden_layers)
+        )  # fmt: skip
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, use_triton)
 
     def forward(
@@ -211,6 +221,18 @@ class LlamaForCausalLM(nn.Module):
     def decoder_options(cls, config: ModelConfig) -> DecoderOptions:
         return DecoderOptions(config.attention_bias, config.attention_bias, qk_norm=False)
 
+    @classmethod
+    def make_mlp(
+        cls,
+        config: ModelConfig,
+        layer_idx: int,
+        dtype: torch.dtype | None,
+        use_triton: bool,
+        ops: LayerOps,
+    ) -> nn.Module:
+        """Layer layer_idx's MLP; a family with experts returns its MoE block where it has one."""
+        return DecoderMLP(config, dtype, use_triton, ops)
+
     def __init__(
         self,
         config: ModelConfig,
@@ -225,7 +247,9 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         options = self.decoder_options(config)
-        self.model = DecoderModel(config, attn_backend, options, dtype, use_triton, ops)
+        self.model = DecoderModel(
+            config, attn_backend, options, dtype, use_triton, ops, self.make_mlp
+        )
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, dtype, ops)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight

@@ -1,5 +1,5 @@
-"""ModelConfig: a dense decoder's hyperparameters, read from an HF config.json or a GGUF
-file's metadata and validated on construction."""
+"""ModelConfig: a decoder's hyperparameters (its experts' in `moe`, models/moe_config.py), read
+from an HF config.json or a GGUF file's metadata and validated on construction."""
 
 from __future__ import annotations
 
@@ -9,12 +9,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from minivllm.gguf_loader import find_gguf_file, read_gguf_config
+from minivllm.models.moe_config import MoeConfig, moe_config_from_hf
 from minivllm.models.registry import check_architecture, supported_architectures
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The hyperparameters of a dense decoder model, read from an HF config.json."""
+    """The hyperparameters of a decoder model, read from an HF config.json."""
 
     architecture: str
     vocab_size: int
@@ -33,6 +34,7 @@ class ModelConfig:
     rope_scaling: dict[str, Any] | None = None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    moe: MoeConfig | None = None  # None: every layer has a dense MLP
 
     @classmethod
     def from_hf(cls, model_dir: str) -> ModelConfig:
@@ -80,6 +82,7 @@ class ModelConfig:
             rope_scaling=rope_scaling,
             bos_token_id=hf.get("bos_token_id"),
             eos_token_ids=eos_ids,
+            moe=_moe(hf, arch),
         )
 
 
@@ -102,6 +105,17 @@ def _architecture(hf: dict[str, Any]) -> str:
         )
     check_architecture(archs[0])
     return archs[0]
+
+
+# Architectures whose sparse layers need the MoE fields of config.json.
+_MOE_ARCHITECTURES = ("Qwen3MoeForCausalLM",)
+
+
+def _moe(hf: dict[str, Any], arch: str) -> MoeConfig | None:
+    moe = moe_config_from_hf(hf) if arch in _MOE_ARCHITECTURES else None
+    if moe is None and arch in _MOE_ARCHITECTURES:
+        raise ValueError(f"config.json has no 'num_experts', which {arch} needs")
+    return moe
 
 
 def _positive_int(hf: dict[str, Any], key: str, arch: str) -> int:

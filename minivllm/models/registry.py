@@ -10,6 +10,7 @@ from torch import nn
 # Architecture -> (module under minivllm.models, class name).
 _MODELS: dict[str, tuple[str, str]] = {
     "Qwen3ForCausalLM": ("qwen3", "Qwen3ForCausalLM"),
+    "Qwen3MoeForCausalLM": ("qwen3_moe", "Qwen3MoeForCausalLM"),
     "Qwen2ForCausalLM": ("qwen2", "Qwen2ForCausalLM"),
     "LlamaForCausalLM": ("llama", "LlamaForCausalLM"),
 }

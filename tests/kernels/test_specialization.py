@@ -14,6 +14,7 @@ from minivllm.kernels import (
     sampling,
     verify,
 )
+from minivllm.kernels.moe import grouped_gemm
 
 
 def _option(kernel, name: str) -> list[str]:
@@ -44,6 +45,8 @@ VARYING = {
     rope._rope_kernel: (set(), {"positions_ptr", "slot_ptr"}),
     # Views into one per-step staging tensor (engine/runner/sampling_state.py).
     sampling._chunk_max_kernel: (set(), {"temperature_ptr", "seeds_ptr", "offsets_ptr"}),
+    # The step's pairs (tokens x top_k); its pair lists are fresh allocations.
+    grouped_gemm._grouped_gemm_kernel: ({"num_pairs"}, set()),
     # The step's most drafts a request changes from step to step; its inputs are staged views.
     verify._verify_exact_kernel: (
         {"num_cols"},

@@ -26,7 +26,13 @@ def test_listing_and_checking_import_no_model() -> None:
     out = subprocess.run(
         [sys.executable, "-c", _PROBE], capture_output=True, text=True, check=True
     ).stdout
-    assert out.strip() == "['minivllm.models.model_config', 'minivllm.models.registry']"
+    # moe_config holds ModelConfig's MoE fields: config, not a model.
+    expected = [
+        "minivllm.models.model_config",
+        "minivllm.models.moe_config",
+        "minivllm.models.registry",
+    ]
+    assert out.strip() == str(expected)
 
 
 def test_class_imported_on_use() -> None:
@@ -34,6 +40,7 @@ def test_class_imported_on_use() -> None:
         "LlamaForCausalLM",
         "Qwen2ForCausalLM",
         "Qwen3ForCausalLM",
+        "Qwen3MoeForCausalLM",
     ]
     for architecture in supported_architectures():
         check_architecture(architecture)

@@ -53,10 +53,13 @@ def free_port() -> int:
 
 def check_shardable(model_config: ModelConfig, tp_size: int) -> None:
     """Raises ValueError, naming the numbers, for a model that tp_size ranks cannot split."""
-    for what, n in (
+    sizes = [
         ("number of attention heads", model_config.num_attention_heads),
         ("intermediate_size", model_config.intermediate_size),
-    ):
+    ]
+    if model_config.moe is not None:  # each rank holds a slice of every expert
+        sizes.append(("moe_intermediate_size", model_config.moe.moe_intermediate_size))
+    for what, n in sizes:
         if n % tp_size:
             raise ValueError(f"{what} ({n}) is not divisible by tensor_parallel_size ({tp_size})")
     kv = model_config.num_key_value_heads

@@ -1,0 +1,46 @@
+"""The experts of one MoE layer in four launches: align the pairs by expert, the gate/up
+grouped GEMM with SiLU-and-mul, the down grouped GEMM with the top-k weights, the per-token
+sum. Same contract as the torch definition `layers/moe_experts.py` (`experts_torch`)."""
+
+from __future__ import annotations
+
+import torch
+
+from minivllm.kernels.checks import check_same, check_tensor
+from minivllm.kernels.moe.align import align_by_expert
+from minivllm.kernels.moe.configs import MoeTileConfig, moe_config
+from minivllm.kernels.moe.grouped_gemm import grouped_gemm
+from minivllm.kernels.moe.topk_sum import topk_sum
+
+
+def fused_moe(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    config: MoeTileConfig | None = None,
+) -> torch.Tensor:
+    """x: [num_tokens, H]; w13: [E, 2I, H] (each expert's gate rows, then its up rows);
+    w2: [E, H, I]; topk_weights: [num_tokens, top_k] float32; topk_ids: [num_tokens, top_k]
+    int32/int64 in [0, E). Returns [num_tokens, H] in x.dtype:
+    sum over k of topk_weights[t, k] * w2[e] @ (silu(w13[e, :I] @ x[t]) * (w13[e, I:] @ x[t]))
+    with e = topk_ids[t, k]. config: the tiles (default: `moe_config` for the shape)."""
+    check_tensor("x", x, 2)
+    check_tensor("w13", w13, 3)
+    check_tensor("w2", w2, 3)
+    check_tensor("topk_weights", topk_weights, 2, (torch.float32,))
+    num_experts, hidden, inter = w2.shape
+    check_same("w13 shape", tuple(w13.shape), "[E, 2I, H]", (num_experts, 2 * inter, hidden))
+    check_same("x hidden", x.shape[1], "w2 hidden", hidden)
+    check_same("topk_weights shape", tuple(topk_weights.shape), "topk_ids shape",
+               tuple(topk_ids.shape))  # fmt: skip
+    check_same("topk_ids rows", topk_ids.shape[0], "x rows", x.shape[0])
+    num_tokens, top_k = topk_ids.shape
+    if config is None:
+        config = moe_config(x.dtype, (num_experts, hidden, inter, top_k), num_tokens)
+    blocks = align_by_expert(topk_ids, num_experts, config.block_m)
+    # act, y: [num_tokens * top_k, I | H], row t * top_k + k for token t's k-th expert.
+    act = grouped_gemm(x, w13, blocks, config.gate_up, rows_per_a=top_k, gated=True)
+    y = grouped_gemm(act, w2, blocks, config.down, 1, False, topk_weights.reshape(-1))
+    return topk_sum(y, top_k)

@@ -1,0 +1,44 @@
+"""A sparse MoE block (Qwen3-MoE's `mlp` on sparse layers): the router, a linear layer
+replicated on every rank, picks each token's top-k experts (layers/moe_router.py; on CUDA its
+Triton launch); FusedMoE runs them."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from minivllm.layers.fused_moe import FusedMoE
+from minivllm.layers.linear import ReplicatedLinear
+from minivllm.layers.moe_router import route
+from minivllm.layers.ops import DEFAULT_OPS, LayerOps
+
+
+class SparseMoeBlock(nn.Module):
+    def __init__(
+        self,
+        hidden_size: int,
+        num_experts: int,
+        top_k: int,
+        intermediate_size: int,
+        norm_topk_prob: bool,
+        dtype: torch.dtype | None,
+        use_triton: bool = False,
+        ops: LayerOps = DEFAULT_OPS,
+    ) -> None:
+        """intermediate_size: one expert's (before the TP split)."""
+        super().__init__()
+        self.top_k = top_k
+        self.norm_topk_prob = norm_topk_prob
+        # The checkpoint's name for the router (mlp.gate.weight).
+        self.gate = ReplicatedLinear(hidden_size, num_experts, False, dtype, ops)
+        self.experts = FusedMoE(num_experts, hidden_size, intermediate_size, dtype, use_triton, ops)
+        self._route = route
+        if use_triton:
+            from minivllm.kernels.moe.router import topk_softmax  # Triton: only when it runs
+
+            self._route = topk_softmax
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [num_tokens, hidden_size] -> [num_tokens, hidden_size]."""
+        topk_weights, topk_ids = self._route(self.gate(x), self.top_k, self.norm_topk_prob)
+        return self.experts(x, topk_weights, topk_ids)

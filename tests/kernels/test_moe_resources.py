@@ -1,0 +1,47 @@
+"""The fused-MoE kernels compiled for Hopper (sm_90) without a GPU (tests/kernels/moe_resources.py,
+Qwen3-30B-A3B's shapes in bf16, decode and prefill tiles): each launch fits a block's shared
+memory and spills no registers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def resources() -> dict:
+    triton = pytest.importorskip("triton")
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    if not ptxas.exists():
+        pytest.skip("this triton has no ptxas to compile for sm_90 with")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.kernels.moe_resources"],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["decode/gate_up", "decode/down", "prefill/gate_up", "prefill/down", "topk_sum", "router",
+     "align"],
+)  # fmt: skip
+def test_fits_and_does_not_spill(resources, path: str) -> None:
+    figures = resources
+    for key in path.split("/"):
+        figures = figures[key]
+    assert figures["ctas_per_sm"] >= 1, f"{path} needs {figures['shared']} B of shared memory"
+    assert figures["spill_bytes"] == 0, f"{path} spills: {figures}"
+
+
+def test_decode_and_prefill_tiles_differ(resources) -> None:
+    assert (resources["decode"]["block_m"], resources["prefill"]["block_m"]) == (16, 64)
