@@ -1,6 +1,7 @@
-"""The deterministic engine (triton backend and GEMMs in the interpreter): a request's tokens and
-logprobs are the same bits alone, in a batch, chunked, and preempted and recomputed; with
-tensor parallelism too (two ranks over gloo, the row-parallel sums in rank order)."""
+"""The deterministic engine (triton backend and GEMMs in the interpreter), dense and MoE: a
+request's tokens and logprobs are the same bits alone, in a batch, chunked, and preempted and
+recomputed; with tensor parallelism too (two ranks over gloo, the row-parallel sums in rank
+order)."""
 
 from __future__ import annotations
 
@@ -36,12 +37,14 @@ def _generate(model_dir: str, prompts: list[list[int]], **options) -> list[tuple
 
 
 @pytest.mark.usefixtures("ordered_dot")
-def test_deterministic_engine_same_bits(tiny_qwen3_dir: str) -> None:
-    ref = _generate(tiny_qwen3_dir, PROMPTS)
-    assert _generate(tiny_qwen3_dir, PROMPTS[:1]) == ref[:1]  # alone
-    assert _generate(tiny_qwen3_dir, PROMPTS, max_num_batched_tokens=16) == ref  # chunked
+@pytest.mark.parametrize("model", ["tiny_qwen3_dir", "tiny_qwen3_moe_dir"])
+def test_deterministic_engine_same_bits(model: str, request: pytest.FixtureRequest) -> None:
+    model_dir = request.getfixturevalue(model)  # a dense model and a mixture of experts
+    ref = _generate(model_dir, PROMPTS)
+    assert _generate(model_dir, PROMPTS[:1]) == ref[:1]  # alone
+    assert _generate(model_dir, PROMPTS, max_num_batched_tokens=16) == ref  # chunked
     # 12 blocks of 8 hold the longest request but not all four: preemption and recompute.
-    assert _generate(tiny_qwen3_dir, PROMPTS, num_gpu_blocks_override=12) == ref
+    assert _generate(model_dir, PROMPTS, num_gpu_blocks_override=12) == ref
 
 
 @pytest.mark.skipif(

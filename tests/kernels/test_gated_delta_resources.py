@@ -5,15 +5,9 @@ memory on every chunk)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+from sm90_compile import compile_figures
 
-ROOT = Path(__file__).resolve().parents[2]
 KERNELS = (
     "_chunk_prepare_kernel", "_chunk_state_kernel", "_chunk_output_kernel",
     "_recurrent_step_kernel", "_conv1d_prefill_kernel", "_conv1d_update_kernel",
@@ -22,17 +16,7 @@ KERNELS = (
 
 @pytest.fixture(scope="module")
 def resources() -> dict:
-    triton = pytest.importorskip("triton")
-    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
-    if not ptxas.exists():
-        pytest.skip("this triton has no ptxas to compile for sm_90 with")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.kernels.gated_delta_resources"],
-        capture_output=True, text=True, env=env, cwd=ROOT, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.splitlines()[-1])
+    return compile_figures(["-m", "tests.kernels.gated_delta_resources"])
 
 
 @pytest.mark.parametrize("kernel", KERNELS)

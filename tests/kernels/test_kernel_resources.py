@@ -5,34 +5,16 @@ flight made it serialize every warpgroup MMA of the kernel: warning C7515)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+from sm90_compile import compile_figures
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "kernel_resources.py"
+SCRIPT = "benchmarks/kernel_resources.py"  # run from the repository root
 VARIANTS = ("bi_walk", "bi_walk_decode", "bi_split_decode")
 
 
 @pytest.fixture(scope="module")
 def resources() -> dict:
-    triton = pytest.importorskip("triton")
-    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
-    if not ptxas.exists():
-        pytest.skip("this triton has no ptxas to compile for sm_90 with")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--only", ",".join(VARIANTS)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.splitlines()[-1])
+    return compile_figures([str(SCRIPT), "--only", ",".join(VARIANTS)])
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

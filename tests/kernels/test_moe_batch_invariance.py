@@ -1,7 +1,7 @@
 """MoE in deterministic mode: a token's bits do not depend on the tokens beside it. The fused
 kernels (the interpreter's dot replaced by a per-element ordered one, as a GPU MMA computes it:
-ordered_dot.py) alone vs batched, with a batch that changes BLOCK_M and the blocks' make-up;
-the deterministic engine on the tiny Qwen3-MoE, alone, batched and chunked."""
+ordered_dot.py) alone vs batched, with a batch that changes BLOCK_M and the blocks' make-up.
+The deterministic engine on the tiny Qwen3-MoE: test_batch_invariance_engine.py."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import pytest
 import torch
 from ordered_dot import ordered_dot  # noqa: F401 (fixture)
 
-from minivllm import LLM, SamplingParams
 from minivllm.kernels.moe.configs import MoeTileConfig, moe_config
 from minivllm.kernels.moe.fused_moe import fused_moe
 from minivllm.layers.moe_router import route
@@ -33,27 +32,3 @@ def test_fused_moe_rows_alone_equal_rows_batched(dtype: torch.dtype) -> None:
         rows = slice(t, t + 1)
         alone = fused_moe(x[rows], w13, w2, topk_weights[rows], topk_ids[rows])
         assert torch.equal(alone[0], batched[t])
-
-
-PROMPTS = [list(range(3 + i, 3 + i + n)) for i, n in enumerate((19, 7, 12))]
-PARAMS = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, logprobs=2)
-
-
-def _generate(model_dir: str, prompts: list[list[int]], **options) -> list[tuple]:
-    llm = LLM(model_dir, dtype="float32", device=DEVICE, block_size=8,
-              attention_backend="triton", deterministic=True, **options)  # fmt: skip
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], PARAMS, use_tqdm=False)
-    llm.shutdown()
-    results = []
-    for out in outs:
-        c = out.outputs[0]
-        logprobs = [sorted((t, lp.logprob) for t, lp in entry.items()) for entry in c.logprobs]
-        results.append((c.token_ids, logprobs))
-    return results
-
-
-@pytest.mark.usefixtures("ordered_dot")
-def test_deterministic_engine_same_bits(tiny_qwen3_moe_dir: str) -> None:
-    ref = _generate(tiny_qwen3_moe_dir, PROMPTS)
-    assert _generate(tiny_qwen3_moe_dir, PROMPTS[1:2]) == ref[1:2]  # alone
-    assert _generate(tiny_qwen3_moe_dir, PROMPTS, max_num_batched_tokens=16) == ref  # chunked

@@ -4,30 +4,13 @@ memory and spills no registers."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
+from sm90_compile import compile_figures
 
 
 @pytest.fixture(scope="module")
 def resources() -> dict:
-    triton = pytest.importorskip("triton")
-    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
-    if not ptxas.exists():
-        pytest.skip("this triton has no ptxas to compile for sm_90 with")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.kernels.moe_resources"],
-        capture_output=True, text=True, env=env, cwd=ROOT, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.splitlines()[-1])
+    return compile_figures(["-m", "tests.kernels.moe_resources"])
 
 
 @pytest.mark.parametrize(
