@@ -11,10 +11,7 @@ import torch
 from torch import nn
 
 from minivllm.layers.penalties import penalize, token_mask
-from minivllm.layers.sampling_filters import (
-    apply_top_k_top_p,  # noqa: F401 (the sort path)
-    keep_thresholds,
-)
+from minivllm.layers.sampling_filters import keep_thresholds
 
 # A keyed draw d of a row uses philox counters [d << DRAW_SHIFT, (d << DRAW_SHIFT) + vocab_size):
 # a stride of 2**32 > any vocab size keeps draws disjoint without knowing the vocab size.
@@ -193,12 +190,6 @@ class Sampler(nn.Module):
         return self._sample_plain(
             logits, meta.temperature, meta.seeds, meta.offsets, thresholds=thresholds
         )
-
-    def draw_filtered(
-        self, logits: torch.Tensor, filtered: torch.Tensor, meta: SamplingMetadata
-    ) -> torch.Tensor:
-        """draw_kept from logits [N, V] with the tokens that filtered [N, V] drops (-inf)."""
-        return self.draw_kept(logits.masked_fill(filtered == -torch.inf, -torch.inf), meta)
 
     @staticmethod
     def _sample(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:

@@ -10,12 +10,8 @@ import torch
 
 from minivllm.engine.runner.sampling_state import SamplingState
 from minivllm.engine.types import NewRequestData
-from minivllm.layers.sampler import (
-    Sampler,
-    SamplingMetadata,
-    apply_penalties,
-    apply_top_k_top_p,
-)
+from minivllm.layers.sampler import Sampler, SamplingMetadata, apply_penalties
+from minivllm.layers.sampling_filters import apply_top_k_top_p
 from minivllm.sampling_params import SamplingParams
 from minivllm.structured_output import StructuredOutputsParams
 

@@ -27,7 +27,9 @@ def test_unfiltered_row_draws_like_a_plain_batch() -> None:
     dropped = torch.zeros_like(filtered, dtype=torch.bool)
     dropped[1, logits[1].argsort()[:32]] = True
     filtered = filtered.masked_fill(dropped, -torch.inf)
-    drawn = Sampler(use_triton=True).draw_filtered(logits, filtered, meta)
+    drawn = Sampler(use_triton=True).draw_kept(
+        logits.masked_fill(filtered == -torch.inf, -torch.inf), meta
+    )
     plain = sample_plain(logits, temperature, seeds, offsets)
     assert drawn[0] == plain[0] and drawn[2] == plain[2] == logits[2].argmax()
     assert not dropped[1, drawn[1]]
@@ -44,6 +46,8 @@ def test_filtered_rows_stay_in_support() -> None:
         seeds=torch.arange(200, dtype=torch.int64, device=DEVICE),
         offsets=torch.zeros(200, dtype=torch.int64, device=DEVICE),
     )
-    drawn = Sampler(use_triton=True).draw_filtered(logits, filtered, meta)
+    drawn = Sampler(use_triton=True).draw_kept(
+        logits.masked_fill(filtered == -torch.inf, -torch.inf), meta
+    )
     assert set(drawn.tolist()) <= {2, 5, 7}
     assert len(set(drawn.tolist())) == 3
