@@ -32,6 +32,12 @@ KINDS = (
     ("_matmul_kernel", "gemm"),
     ("sampl", "sampler"),
     ("_chunk_max", "sampler"),
+    ("topk", "sampler"),  # torch.topk's kernels (gatherTopK, radix select, bitonic sort)
+    ("radix", "sampler"),
+    ("bitonic", "sampler"),
+    ("penalt", "sampler"),
+    ("softmax", "sampler"),
+    ("scatter", "sampler"),
     ("rope", "rope_kv_store"),
     ("store_kv", "rope_kv_store"),
     ("rms", "norm"),
@@ -57,7 +63,7 @@ def main() -> None:
     parser.add_argument("workload", choices=WORKLOADS)
     parser.add_argument("--num-requests", type=int, default=None)
     parser.add_argument("--kv-cache-dtype", default="auto")
-    parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--deterministic", action="store_true", help="batch-invariant numerics")
     args = parser.parse_args()
 
@@ -74,8 +80,12 @@ def main() -> None:
         kv_cache_dtype=args.kv_cache_dtype,
         deterministic=args.deterministic,
     )
+    # The workload's sampling options (chat's top-k/top-p, penalties, logprobs...), else
+    # temperature 0.6 as the throughput benchmarks sample.
+    sampling = workload.sampling or [{"temperature": 0.6}] * workload.num_requests
     params = [
-        SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=n) for n in workload.output_lens
+        SamplingParams(ignore_eos=True, max_tokens=n, **options)
+        for n, options in zip(workload.output_lens, sampling, strict=True)
     ]
     # Three runs of the same shape (warm-up, timed, profiled) on shifted token ids, so that no
     # run finds the previous run's prompts in the prefix cache.

@@ -63,7 +63,10 @@ class CUDAGraphRunner:
         self.input_ids = torch.zeros(max_batch_size, dtype=torch.int64, device=device)
         self.positions = torch.zeros(max_batch_size, dtype=torch.int64, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.logits: dict[int, torch.Tensor] = {}
+        # Every graph writes its logits into rows of this one buffer (made by the first,
+        # largest warm-up): a graph's own output would stay alive in the shared pool, and
+        # the outputs of the whole ladder together hold gigabytes.
+        self.logits: torch.Tensor | None = None
         self.pool = None
 
     def can_run(self, num_tokens: int, num_decode_tokens: int, num_sampled: int) -> bool:
@@ -73,14 +76,19 @@ class CUDAGraphRunner:
     def _forward(self, batch_size: int) -> torch.Tensor:
         meta = self.backend.metadata_for_capture(batch_size)
         hidden = self.model(self.input_ids[:batch_size], self.positions[:batch_size], meta)
-        return self.model.compute_logits(hidden)
+        logits = self.model.compute_logits(hidden)
+        if self.logits is None:
+            self.logits = torch.empty_like(logits, memory_format=torch.contiguous_format)
+        return self.logits[:batch_size].copy_(logits)
 
     @torch.inference_mode()
-    def capture(self) -> None:
-        for batch_size in reversed(self.sizes):
+    def capture(self, largest_only: bool = False) -> None:
+        """Captures the ladder, largest first (largest_only: that one graph, which holds
+        about all the memory of the ladder: the memory profile's trial)."""
+        for batch_size in reversed(self.sizes[-1:] if largest_only else self.sizes):
             self._forward(batch_size)  # warm-up: compiles kernels outside the capture
             torch.cuda.synchronize()
-            graph, self.logits[batch_size] = capture_graph(self.pool, self._forward, batch_size)
+            graph, _ = capture_graph(self.pool, self._forward, batch_size)
             self.pool = self.pool or graph.pool()
             self.graphs[batch_size] = graph
         torch.cuda.synchronize()
@@ -97,4 +105,4 @@ class CUDAGraphRunner:
         self.positions[:n].copy_(positions)
         self.backend.prepare_replay(batch_size, meta)
         self.graphs[batch_size].replay()
-        return self.logits[batch_size][:n]
+        return self.logits[:n]

@@ -142,8 +142,15 @@ class ModelRunner:
             self.config.gpu_memory_utilization,
             self.memory_baseline,
             self._sample_worst_case,
+            None if self.config.enforce_eager else self._capture_largest_graphs,
         )
         return self.kv_spec.num_blocks_for(budget)
+
+    def _capture_largest_graphs(self) -> tuple[object, ...]:
+        """The largest graph of each kind the runner will capture (the profile's trial)."""
+        graphs = (self._capture_graphs(True) if self.attn_backend.supports_cuda_graphs else None,
+                  self._capture_mixed_graphs(True))  # fmt: skip
+        return graphs
 
     @torch.inference_mode()
     def _sample_worst_case(self, logits: torch.Tensor) -> None:
@@ -154,14 +161,16 @@ class ModelRunner:
         bind_kv_caches(self.model.attention_layers(), self.kv_caches)
         backend = self.attn_backend
         if self.device.type == "cuda" and not self.config.enforce_eager:
-            before = torch.cuda.memory_allocated(self.device)
+            torch.cuda.empty_cache()
+            before = torch.cuda.memory_reserved(self.device)
             if backend.supports_cuda_graphs:
                 self.graphs = self._capture_graphs()
             else:
                 logger.info("attention backend %s runs without CUDA graphs", backend.name)
             self.mixed_graphs = self._capture_mixed_graphs()
-            # Not in the memory profile that sized the KV cache (see docs/architecture.md).
-            self.graph_bytes = torch.cuda.memory_allocated(self.device) - before
+            # The profile kept what the largest graphs held out of the KV cache's budget.
+            torch.cuda.empty_cache()
+            self.graph_bytes = torch.cuda.memory_reserved(self.device) - before
             logger.info("CUDA graphs hold %.2f GiB", self.graph_bytes / 2**30)
         if self.device.type == "cuda":
             self._compile_masking()
@@ -176,7 +185,7 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden)
         apply_bitmask(logits, allocate_bitmask(1, logits.shape[1]), [0])
 
-    def _capture_mixed_graphs(self) -> PiecewiseGraphRunner | None:
+    def _capture_mixed_graphs(self, largest_only: bool = False) -> PiecewiseGraphRunner | None:
         # Attention runs eagerly between the pieces, so every backend can use them. In
         # deterministic mode too: its GEMMs give a row the same bits whatever M, so padding a
         # step to its bucket changes no bits. Not under TP (collectives inside the pieces not
@@ -185,10 +194,10 @@ class ModelRunner:
         if max_tokens < 1 or self.tp_size > 1:
             return None
         graphs = PiecewiseGraphRunner(self.model, max_tokens, self.device)
-        graphs.capture()
+        graphs.capture(largest_only=largest_only)
         return graphs
 
-    def _capture_graphs(self) -> CUDAGraphRunner:
+    def _capture_graphs(self, largest_only: bool = False) -> CUDAGraphRunner:
         # A decode step has at most max_num_seqs rows and max_num_batched_tokens tokens.
         max_batch_size = min(*self.limits, self.config.max_cuda_graph_batch_size)
         graphs = CUDAGraphRunner(
@@ -198,7 +207,7 @@ class ModelRunner:
             max_num_blocks=-(-self.max_model_len // self.block_size),
             device=self.device,
         )
-        graphs.capture()
+        graphs.capture(largest_only)
         return graphs
 
     # ---- one step -------------------------------------------------------------------------

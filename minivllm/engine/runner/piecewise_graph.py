@@ -89,11 +89,12 @@ class PiecewiseGraphRunner:
         self.residual[:rows].copy_(residual)
 
     @torch.inference_mode()
-    def capture(self, use_graphs: bool = True) -> None:
+    def capture(self, use_graphs: bool = True, largest_only: bool = False) -> None:
         """One graph per piece and bucket, largest bucket first, all in one memory pool
         (replays never overlap, and each piece's temporaries die within it). use_graphs=False
-        keeps the pieces as plain calls (CPU tests of everything but the capture)."""
-        for rows in reversed(self.sizes):
+        keeps the pieces as plain calls (CPU tests of everything but the capture);
+        largest_only captures the largest bucket alone (the memory profile's trial)."""
+        for rows in reversed(self.sizes[-1:] if largest_only else self.sizes):
             pieces = []
             for index in range(len(self.layers) + 1):
                 if not use_graphs:

@@ -66,6 +66,22 @@ def sample_worst_case(
                 sampling_state.remove(req_id)
 
 
+def measure_graph_bytes(capture: Callable[[], object]) -> int:
+    """The device memory that the CUDA graphs `capture` makes hold (their static buffers and
+    private memory pool), measured by capturing them and releasing them again."""
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_reserved()
+    graphs = capture()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()  # returns cached blocks; a live graph's pool stays
+    held = torch.cuda.memory_reserved() - before
+    del graphs
+    gc.collect()
+    torch.cuda.empty_cache()
+    return max(held, 0)
+
+
 def memory_baseline(device: torch.device, gpu_memory_utilization: float) -> int:
     """Bytes in use on `device` before this engine loads anything (other processes, engines
     already alive in this one). The engine's share must be free now: else a clear error, as
@@ -94,6 +110,7 @@ def profile_kv_budget(
     gpu_memory_utilization: float,
     baseline_used: int,
     run_sampler: Callable[[torch.Tensor], None],
+    capture_graphs: Callable[[], object] | None = None,
 ) -> int:
     """Returns the bytes the KV cache may take on this rank's GPU.
 
@@ -101,6 +118,9 @@ def profile_kv_budget(
     throwaway cache just large enough for the dummy step, unbound again afterwards.
     baseline_used: memory_baseline() taken before the weights were loaded. run_sampler
     samples the step's logits at the sampler's largest workspace (sample_worst_case).
+    capture_graphs (None: no CUDA graphs) captures the largest graph of each kind on the
+    throwaway cache; what they hold is kept out of the budget, as the graphs captured after
+    the cache is allocated will hold as much.
     """
     num_seqs = min(max_num_seqs, max_num_batched_tokens)
     sched_out = dummy_step(max_num_batched_tokens, num_seqs, max_model_len, kv_spec.block_size)
@@ -120,20 +140,23 @@ def profile_kv_budget(
     run_sampler(logits)
     torch.cuda.synchronize()
     peak_activation = torch.cuda.max_memory_allocated() - allocated_before - cache_bytes
+    del logits
+    graph_bytes = 0 if capture_graphs is None else measure_graph_bytes(capture_graphs)
     bind_kv_caches(attention_layers, [torch.empty(0)] * len(caches))
-    del caches, logits
+    del caches
     torch.cuda.empty_cache()
 
     # used_by_engine: weights and whatever else this engine allocated since the baseline.
     used_by_engine = total - free_before - baseline_used
-    budget = int(total * gpu_memory_utilization) - used_by_engine - peak_activation
+    budget = int(total * gpu_memory_utilization) - used_by_engine - peak_activation - graph_bytes
     logger.info(
         "memory profile: total %.1f GiB, in use by others %.2f GiB, by this engine %.2f GiB,"
-        " activation peak %.2f GiB -> KV cache %.2f GiB",
+        " activation peak %.2f GiB, CUDA graphs %.2f GiB -> KV cache %.2f GiB",
         total / 2**30,
         baseline_used / 2**30,
         used_by_engine / 2**30,
         peak_activation / 2**30,
+        graph_bytes / 2**30,
         budget / 2**30,
     )
     return max(budget, 0)
