@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from minivllm.engine.types import EngineOutput
 from minivllm.entrypoints.processing import (
     IncrementalDetokenizer,
+    TokenTexts,
     bad_words_token_ids,
     decode_logprobs,
     think_marker_ids,
@@ -57,6 +58,7 @@ class _Parent:
 class OutputProcessor:
     def __init__(self, tokenizer, stream: bool = False) -> None:
         self.tokenizer = tokenizer
+        self.token_texts = TokenTexts(tokenizer)
         self.stream = stream
         self._think_markers: list[list[int]] | None = None  # worked out at first use
         self.parents: dict[str, _Parent] = {}
@@ -179,12 +181,12 @@ class OutputProcessor:
         )
         if out.prompt_logprobs is not None:
             parent.prompt_logprobs = (parent.prompt_logprobs or []) + [
-                None if d is None else decode_logprobs(self.tokenizer, d)
+                None if d is None else decode_logprobs(self.token_texts, d)
                 for d in out.prompt_logprobs
             ]
         child.token_ids.extend(out.new_token_ids)
         if child.logprobs is not None and out.new_logprobs:
-            child.logprobs.extend(decode_logprobs(self.tokenizer, d) for d in out.new_logprobs)
+            child.logprobs.extend(decode_logprobs(self.token_texts, d) for d in out.new_logprobs)
             child.cumulative_logprob += sum(
                 d[t].logprob for t, d in zip(out.new_token_ids, out.new_logprobs)
             )

@@ -174,8 +174,25 @@ class IncrementalDetokenizer:
         self._stop_reason = stop
 
 
-def decode_logprobs(tokenizer: Any, logprobs: LogprobsDict) -> LogprobsDict:
+class TokenTexts:
+    """The text of single token ids, as logprobs show them: each id decoded once, then read
+    from a dict (at most one entry per vocabulary id), not once per logprob entry: a step of
+    a thousand rows asking for 5 logprobs would otherwise decode thousands of ids."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self._texts: dict[int, str] = {}
+
+    def __call__(self, token_id: int) -> str:
+        text = self._texts.get(token_id)
+        if text is None:
+            text = self.tokenizer.decode([token_id], clean_up_tokenization_spaces=False)
+            self._texts[token_id] = text
+        return text
+
+
+def decode_logprobs(token_texts: TokenTexts, logprobs: LogprobsDict) -> LogprobsDict:
     """Fills decoded_token of every entry with the text of its single token id; returns it."""
     for token_id, logprob in logprobs.items():
-        logprob.decoded_token = tokenizer.decode([token_id], clean_up_tokenization_spaces=False)
+        logprob.decoded_token = token_texts(token_id)
     return logprobs

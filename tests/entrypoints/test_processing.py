@@ -6,7 +6,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from minivllm.entrypoints.processing import IncrementalDetokenizer, decode_logprobs
+from minivllm.entrypoints.processing import IncrementalDetokenizer, TokenTexts, decode_logprobs
 from minivllm.outputs import Logprob
 
 EOS = "<|endoftext|>"
@@ -141,9 +141,23 @@ def test_skip_special_tokens(tokenizer):
 def test_decode_logprobs(tokenizer):
     token_ids = tokenizer.encode(" cat hello")
     entries = {t: Logprob(-1.0 * i, i + 1) for i, t in enumerate(token_ids)}
-    result = decode_logprobs(tokenizer, entries)
+    result = decode_logprobs(TokenTexts(tokenizer), entries)
     assert result is entries
     assert [e.decoded_token for e in entries.values()] == [" cat", " hello"]
+
+
+def test_token_texts_decode_each_id_once(tokenizer):
+    calls = []
+
+    class Counting:
+        def decode(self, ids, **kwargs):
+            calls.append(tuple(ids))
+            return tokenizer.decode(ids, **kwargs)
+
+    texts = TokenTexts(Counting())
+    token_ids = tokenizer.encode(" cat hello cat")
+    assert [texts(t) for t in token_ids * 3] == [tokenizer.decode([t]) for t in token_ids * 3]
+    assert sorted(calls) == sorted({(t,) for t in token_ids})
 
 
 @pytest.mark.parametrize("text", MULTI_BYTE_TEXTS)
