@@ -205,7 +205,8 @@ class EngineCore:
         forward = self.executor.forward(sched_out)  # launched: the device runs it from here
         grammar = scheduler.grammar_output(sched_out)  # meanwhile, the masks on the host
         step = self.executor.sample(forward, grammar)
-        return sched_out, scheduler.update(sched_out, step)
+        outputs = scheduler.update(sched_out, step)
+        return sched_out, outputs
 
     def shutdown(self) -> None:
         self.executor.shutdown()
