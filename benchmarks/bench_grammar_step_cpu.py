@@ -5,7 +5,7 @@ schema with SmolLM2's tokenizer (the demo GGUF's), against the same run unconstr
 python benchmarks/bench_grammar_step_cpu.py [--num-seqs 256] [--steps 100] [--profile] [--greedy]
 
 Per step, constrained: schedule() (it builds the step's constrained rows), the mask fill (the
-runner's StepBitmask.fill(), overlapped with the forward in the engine) and update() (it
+scheduler's grammar_output(), overlapped with the forward in the engine) and update() (it
 advances every matcher by its sampled token); each fake token is drawn at random among those
 the row's mask allows (--greedy: the allowed token of highest score in one fixed random
 score vector, as greedy decoding of a model whose logits do not depend on the context would
@@ -71,9 +71,9 @@ class Driver:
         self.scheduler.add_request(Request(f"r{self.num_added}", prompt, params, 0.0))
         self.num_added += 1
 
-    def draw(self, bitmask: torch.Tensor) -> np.ndarray:
+    def draw(self, bitmask: np.ndarray) -> np.ndarray:
         """One token per bitmask row among those the row allows: uniform, or greedy."""
-        bits = np.unpackbits(bitmask.numpy().view(np.uint8), axis=1, bitorder="little")
+        bits = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")
         bits = bits[:, : self.vocab_size]
         if self.greedy:
             return (self.fixed_scores * bits).argmax(axis=1)
@@ -87,12 +87,11 @@ class Driver:
         req_ids = [c.req_id for c in sched_out.chunks if c.sample]
         token_ids = [self.rng.randrange(3, self.vocab_size) for _ in req_ids]
         t_fill = 0.0
-        step_mask = sched_out.structured_output
-        if step_mask is not None:
-            t2 = time.perf_counter()
-            bitmask, rows = step_mask.fill()
+        t2 = time.perf_counter()
+        grammar = self.scheduler.grammar_output(sched_out)
+        if grammar is not None:
             t_fill = time.perf_counter() - t2
-            for row, token_id in zip(rows.tolist(), self.draw(bitmask).tolist()):
+            for row, token_id in zip(grammar.rows, self.draw(grammar.bitmask).tolist()):
                 token_ids[row] = token_id
         t3 = time.perf_counter()
         outputs = self.scheduler.update(sched_out, RunnerOutput(req_ids, token_ids))

@@ -52,7 +52,7 @@ def main() -> None:
     encode_s = write_s = 0.0
     for sched_out in steps:
         t0 = time.perf_counter()
-        data = encode(Op.EXECUTE_ASYNC, sched_out)
+        data = encode(Op.FORWARD, sched_out)
         t1 = time.perf_counter()
         ring.write(data)
         write_s += time.perf_counter() - t1

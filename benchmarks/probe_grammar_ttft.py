@@ -32,9 +32,9 @@ PHASES = [
     (EngineCore, "step"),
     (AsyncScheduler, "schedule"),
     (AsyncScheduler, "update"),
-    (ModelRunner, "execute_async"),
+    (ModelRunner, "forward"),
     (ModelRunner, "run_model"),
-    (ModelRunner, "_sample"),
+    (ModelRunner, "sample"),
     (StructuredOutputManager, "fill"),
     (model_runner, "apply_bitmask"),
 ]

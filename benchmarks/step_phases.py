@@ -66,13 +66,14 @@ class StepPhases:
         self._time_step(engine_core.EngineCore)
         self._time(scheduler.Scheduler, "schedule")
         self._time(scheduler.Scheduler, "update")
-        self._time(model_runner.ModelRunner, "execute_async")
+        self._time(model_runner.ModelRunner, "forward")
+        self._time(model_runner.ModelRunner, "sample")
         self._time(model_runner.ModelRunner, "run_model")
         self._time(device_inputs.HostCopy, "tolist", "wait for the device (HostCopy)")
         self._time(output_processor.OutputProcessor, "process", "output processor")
         # Functions called once a step only: a wrapper costs a few µs a call, which on one
         # called per request (end_grammar) would add more to its phase than it measures.
-        for name in ("forced_drafts", "step_bitmask", "advance_grammars"):
+        for name in ("forced_drafts", "constrained_rows", "advance_grammars"):
             self._time(scheduler, name)
         self._time(manager.StructuredOutputManager, "fill", "mask fill")
         self._time(manager, "unforced_rows")
@@ -105,15 +106,15 @@ class StepPhases:
         self._start, self._end = _snapshot(), None
 
     def report(self) -> dict[str, Any]:
-        """Microseconds a step per phase, and the step kinds. Phases nest: step holds
-        schedule, execute_async and the AsyncScheduler's update; "update" is Scheduler.update,
-        the application of a step's results, wherever it runs (in the AsyncScheduler's
-        update, or inside a constrained step's mask fill, which applies the step in flight
-        first); the wait for the device comes before it. by_work: the same by the step's
-        work, the step's own microseconds and its count first. cpu_s: the run's wall time,
-        the main thread's CPU time and the process's (from install() to uninstall(), or to
-        this report). gc: per generation, the collections and their milliseconds over the same
-        span. cuda_allocator: the allocator's counts over the same span (CUDA only)."""
+        """Microseconds a step per phase, and the step kinds. Phases nest: step holds schedule,
+        forward, the mask fill, sample and the AsyncScheduler's update; "update" is
+        Scheduler.update, the application of a step's results, wherever it runs (in the
+        AsyncScheduler's update, or in a constrained step's grammar_output, which applies the step
+        in flight before the fill); the wait for the device comes before it. by_work: the same by
+        the step's work, the step's own microseconds and its count first. cpu_s: the run's wall
+        time, the main thread's CPU time and the process's (from install() to uninstall(), or to
+        this report). gc: per generation, the collections and their milliseconds over the same span.
+        cuda_allocator: the allocator's counts over the same span (CUDA only)."""
         end = self._end or _snapshot()
         spent = {name: end[name] - self._start[name] for name in end}
         cpu = {name: round(spent.pop(name), 2) for name in ("wall", "main", "process")}

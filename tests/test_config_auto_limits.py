@@ -10,11 +10,8 @@ import pytest
 import torch
 
 from minivllm.config import EngineConfig
-from minivllm.engine.sched.limits import (
-    SchedulerLimits,
-    auto_scheduler_limits,
-    resolve_scheduler_limits,
-)
+from minivllm.engine.sched.limits import SchedulerLimits, auto_scheduler_limits
+from minivllm.engine.setup import resolve_scheduler_limits
 from minivllm.entrypoints.cli import main as cli_main
 
 GiB = 2**30

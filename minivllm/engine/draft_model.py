@@ -197,7 +197,7 @@ class DraftModelProposer:
 
     def _launch(self, sched_out: SchedulerOutput) -> StepHandle:
         with torch.inference_mode():
-            return self.runner.execute_async(sched_out)
+            return self.runner.sample(self.runner.forward(sched_out), None)
 
     def _take_finished(self) -> list[str]:
         finished, self._finished = self._finished, []

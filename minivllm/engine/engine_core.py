@@ -1,4 +1,5 @@
-"""EngineCore: tokens in, tokens out. step() is schedule, execute, update.
+"""EngineCore: tokens in, tokens out. step() is schedule, forward, grammar masks, sample,
+update.
 
 Both frontends (LLM.generate and the server's AsyncLLM) drive this one class. It resolves
 the configuration once (engine/setup.py) and hands that EngineSetup down.
@@ -22,7 +23,7 @@ from minivllm.engine.sched.scheduler import Scheduler
 from minivllm.engine.sched.speculation import Speculator, check_speculative_config
 from minivllm.engine.setup import resolve_setup
 from minivllm.engine.stats import CoreInfo, EngineStats
-from minivllm.engine.types import EngineOutput, EngineRequest
+from minivllm.engine.types import EngineOutput, EngineRequest, SchedulerOutput
 from minivllm.engine.warm_up import warm_up
 from minivllm.kernels.late_compiles import engine_starting, log_late_compiles
 from minivllm.models.model_config import ModelConfig
@@ -111,14 +112,10 @@ class EngineCore:
                     raise
             # Under TP every rank samples the same ids and fills placeholders from its own copy.
             self.async_scheduling = config.async_scheduling
-            self._execute = (
-                self.executor.execute_async if self.async_scheduling else self.executor.execute
-            )
             if on_cuda:
                 steps = warm_up(
                     self.new_scheduler(),
-                    self._execute,
-                    self.executor.execute,
+                    self.run_step,
                     model_config.vocab_size,
                     setup.max_model_len,
                     kv_capacity=self.num_blocks * config.block_size,
@@ -138,8 +135,8 @@ class EngineCore:
 
     def new_scheduler(self) -> Scheduler:
         """A scheduler over an empty KV cache. Async scheduling is a Scheduler that keeps the
-        launched step in flight, fed by an execute that returns once the step is launched;
-        step() reads the same either way."""
+        launched step in flight (its update() does not wait for the step's tokens); step()
+        reads the same either way."""
         scheduler_class = AsyncScheduler if self.async_scheduling else Scheduler
         setup, config = self.setup, self.setup.config
         return scheduler_class(
@@ -194,15 +191,22 @@ class EngineCore:
         )
 
     def step(self) -> list[EngineOutput]:
-        """Schedules, runs and applies one step. With async scheduling, execute returns once
-        the step is launched and update() applies the step before it (AsyncScheduler), so
-        that the host work of one step overlaps the device work of the other."""
-        sched_out = self.scheduler.schedule()
-        runner_out = self._execute(sched_out)
-        outputs = self.scheduler.update(sched_out, runner_out)
+        """Schedules, runs and applies one step. With async scheduling, update() keeps the
+        step in flight and applies the step before it (AsyncScheduler), so that the host work
+        of one step overlaps the device work of the other."""
+        sched_out, outputs = self.run_step(self.scheduler)
         if sched_out.is_empty and not outputs:  # idle: nothing runs until a grammar compiles
             self.scheduler.wait_for_grammars(IDLE_GRAMMAR_WAIT_S)
         return outputs
+
+    def run_step(self, scheduler: Scheduler) -> tuple[SchedulerOutput, list[EngineOutput]]:
+        """One step of `scheduler` (the engine's, or the warm-up's)."""
+        sched_out = scheduler.schedule()
+        forward = self.executor.forward(sched_out)  # launched: the device runs it from here
+        grammar = scheduler.grammar_output(sched_out)  # meanwhile, the masks on the host
+        step = self.executor.sample(forward, grammar)
+        outputs = scheduler.update(sched_out, step)
+        return sched_out, outputs
 
     def shutdown(self) -> None:
         self.executor.shutdown()

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from minivllm.config import EngineConfig
-from minivllm.engine.sched.limits import SchedulerLimits, resolve_scheduler_limits
+from minivllm.engine.sched.limits import SchedulerLimits, auto_scheduler_limits
 from minivllm.models.model_config import ModelConfig
 
 
@@ -40,4 +40,20 @@ def resolve_setup(config: EngineConfig, model_config: ModelConfig) -> EngineSetu
         kv_cache_dtype=config.resolved_kv_cache_dtype(dtype),
         max_model_len=max_model_len,
         limits=resolve_scheduler_limits(config, device),
+    )
+
+
+def resolve_scheduler_limits(config: EngineConfig, device: torch.device) -> SchedulerLimits:
+    """The limits the engine runs with: explicit config values win, None means auto (from the
+    device's memory and name, read here: the scheduler's folder reads no device)."""
+    total_memory, name = 0, ""
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        total_memory, name = props.total_memory, props.name
+    auto = auto_scheduler_limits(total_memory, device.type, config.usage_context, name)
+    return SchedulerLimits(
+        auto.max_num_seqs if config.max_num_seqs is None else config.max_num_seqs,
+        auto.max_num_batched_tokens
+        if config.max_num_batched_tokens is None
+        else config.max_num_batched_tokens,
     )

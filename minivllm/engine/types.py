@@ -1,21 +1,22 @@
 """The plain-data boundary objects of the engine core.
 
 SchedulerOutput goes from the scheduler to the model runner (and, under tensor parallelism,
-to every rank); RunnerOutput comes back (or a PendingRunnerOutput of a launched step, under
-async scheduling); EngineRequest goes from a frontend to the core, EngineOutput back.
-Only ints, floats, strings, lists and SamplingParams cross these boundaries: no tensors.
+to every rank), and GrammarOutput after it when some sampled row is constrained; RunnerOutput
+comes back (or a PendingRunnerOutput of a launched step, under async scheduling);
+EngineRequest goes from a frontend to the core, EngineOutput back. Only ints, floats,
+strings, lists, SamplingParams and a host int32 array (the grammar bitmask) cross these
+boundaries: no tensors.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import Literal, Protocol
+
+import numpy as np
 
 from minivllm.outputs import LogprobsDict
 from minivllm.sampling_params import SamplingParams
-
-if TYPE_CHECKING:
-    from minivllm.structured_output.bitmask import StepMask
 
 # "error": the request failed alone (its structured output grammar did not compile in
 # time, or its matcher failed); EngineOutput.error says why.
@@ -85,10 +86,6 @@ class SchedulerOutput:
     new_requests: list[NewRequestData] = field(default_factory=list)
     # Requests the runner can forget (finished, aborted). Preempted ones are not in here.
     finished_req_ids: list[str] = field(default_factory=list)
-    # The constrained sampled rows, whose bitmask the runner fills and applies; None when
-    # none (the step runs as if structured outputs did not exist). A host object: TP workers
-    # get its rows in the step and the mask rank 0 filled (engine/executor/step_mask.py).
-    structured_output: StepMask | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -97,6 +94,20 @@ class SchedulerOutput:
     @property
     def is_empty(self) -> bool:
         return not self.chunks
+
+
+@dataclass
+class GrammarOutput:
+    """A step's grammar masks (Scheduler.grammar_output), filled on the host while the device
+    runs the step's forward; the runner applies them to the logits before it samples.
+
+    rows: the sampled row (a chunk's, or a draft position's) of each bitmask row;
+    bitmask: int32 [len(rows), num_words], bit b of word w set iff token 32 * w + b is
+    allowed. The scheduler's reused (pinned) buffer: valid until its next fill.
+    """
+
+    rows: list[int]
+    bitmask: np.ndarray
 
 
 @dataclass
@@ -120,7 +131,7 @@ class RunnerOutput:
 
 
 class PendingRunnerOutput(Protocol):
-    """A launched step (an executor's execute_async): result() waits for its RunnerOutput."""
+    """A launched step (an executor's sample): result() waits for its RunnerOutput."""
 
     def result(self) -> RunnerOutput: ...
 

@@ -21,21 +21,20 @@ from collections.abc import Callable
 from minivllm.attention.triton import GLUON_MIN_STEP_TOKENS
 from minivllm.engine.sched.request import Request
 from minivllm.engine.sched.scheduler import Scheduler
-from minivllm.engine.types import RunnerOutput, SchedulerOutput
 from minivllm.sampling_params import SamplingParams
 
 
 def warm_up(
     scheduler: Scheduler,
-    execute: Callable[[SchedulerOutput], object],
-    execute_sync: Callable[[SchedulerOutput], RunnerOutput],
+    run_step: Callable[[Scheduler], object],
     vocab_size: int,
     max_model_len: int,
     kv_capacity: int,
 ) -> int:
     """Runs the warm-up requests to the end on `scheduler` (then dropped) through the
-    engine's own execute; returns the number of steps. Every request is seeded, so that the
-    engine's step generator (unseeded sampling) is where it was: outputs do not change.
+    engine's own step (run_step: EngineCore.run_step); returns the number of steps. Every
+    request is seeded, so that the engine's step generator (unseeded sampling) is where it
+    was: outputs do not change.
     kv_capacity: tokens the KV cache holds; the first step's prompts take at most half of it,
     each request at most a quarter."""
     rng = random.Random(0)
@@ -64,8 +63,7 @@ def warm_up(
         large_step = 0
     steps = 0
     while scheduler.has_unfinished_requests():
-        sched_out = scheduler.schedule()
-        scheduler.update(sched_out, execute(sched_out))
+        run_step(scheduler)
         steps += 1
         if steps == 1:  # a small prefill, filtered: the sampler's float32 draw
             add(24, temperature=0.8, top_p=0.9, top_k=20)
@@ -80,5 +78,5 @@ def warm_up(
         if steps == 10_000:  # cannot happen (each request fits); never hang an engine start
             scheduler.abort_requests(added)
     # An empty step hands the finished ids to the runner, which forgets their state.
-    execute_sync(scheduler.schedule())
+    run_step(scheduler)
     return steps

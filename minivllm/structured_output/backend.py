@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-import torch
+import numpy as np
 
 from minivllm.structured_output.params import StructuredOutputSpec
 
@@ -38,8 +38,9 @@ class GrammarMatcher(Protocol):
         finished: one EOS)."""
         ...
 
-    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
-        """Writes the next token's mask into bitmask[row] (a CPU int32 tensor)."""
+    def fill_bitmask(self, bitmask: np.ndarray, row: int) -> None:
+        """Writes the next token's mask into bitmask[row] (host int32 words: a numpy array,
+        or a CPU tensor, which numpy reads in place)."""
         ...
 
     def forced_tokens(self) -> list[int]:
@@ -105,7 +106,7 @@ class StructuredOutputBackend(Protocol):
         ...
 
     def fill_bitmasks(
-        self, rows: Sequence[tuple[GrammarMatcher, int]], bitmask: torch.Tensor
+        self, rows: Sequence[tuple[GrammarMatcher, int]], bitmask: np.ndarray
     ) -> None:
         """Fills bitmask[row] for each (matcher, row) of this backend, in parallel where
         the engine can; bitmask: CPU int32 [num_rows, num_words], C-contiguous."""

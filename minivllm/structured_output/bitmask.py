@@ -1,11 +1,10 @@
 """The token bitmask: int32 words [num_rows, ceil(vocab_size / 32)], bit b of word w set iff
-token 32 * w + b is allowed; a step's source of it; and its application to logits on their
-device."""
+token 32 * w + b is allowed (a numpy array on the host, where the matchers fill it), and its
+application to logits on their device."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
 
 import numpy as np
 import torch
@@ -13,18 +12,6 @@ import torch
 from minivllm.layers.dispatch import use_triton_kernels
 
 BITS_PER_WORD = 32
-
-
-class StepMask(Protocol):
-    """One step's constrained rows, whose mask the runner asks for once the forward is
-    launched: filled by the matchers here, or received from the rank that filled it."""
-
-    rows: Sequence[int]  # each constrained request's row among the step's sampled rows
-
-    def fill(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """bitmask int32 [len(rows), num_words] and rows int64 [len(rows)], on the CPU;
-        valid until the next step's fill()."""
-        ...
 
 
 def num_bitmask_words(vocab_size: int) -> int:
@@ -55,7 +42,7 @@ def byte_token_words(byte_token_ids: Sequence[int]) -> tuple[slice | np.ndarray,
 
 
 def unforced_rows(
-    bitmask: torch.Tensor, byte_words: slice | np.ndarray, byte_bits: np.ndarray
+    bitmask: np.ndarray | torch.Tensor, byte_words: slice | np.ndarray, byte_bits: np.ndarray
 ) -> list[bool]:
     """Per row, whether it shows that the grammar forces nothing next, so that a forced-token
     lookup there finds none: the row allows two single-byte tokens (two different next bytes;
@@ -64,7 +51,7 @@ def unforced_rows(
     state (a JSON key, punctuation) allows a few tokens, all starting with its one next byte.
     Each test reads a few contiguous words a row: the rows are read while the step waits.
     bitmask: int32 [num_rows, num_words], on the CPU."""
-    words = bitmask.numpy()
+    words = np.asarray(bitmask)
     start = max(0, words.shape[1] // 2 - 32)
     block = words[:, start : start + 64]
     # Counts summed in small ints (count_nonzero along an axis sums in intp: slower).
@@ -127,11 +114,13 @@ def apply_bitmask(
     logits[rows] = torch.where(allowed, logits[rows], float("-inf"))
 
 
-def drop_eos(bitmask: torch.Tensor, rows: Sequence[int], eos_token_ids: Sequence[int]) -> None:
+def drop_eos(
+    bitmask: np.ndarray | torch.Tensor, rows: Sequence[int], eos_token_ids: Sequence[int]
+) -> None:
     """Clears the EOS bits of bitmask's rows (int32, host), in each row that allows some other
     token: an ignore_eos request's grammar in an accepting state goes on. A row that allows
     only EOS (a grammar that has ended) keeps it."""
-    words = bitmask.numpy().view(np.uint32)
+    words = np.asarray(bitmask).view(np.uint32)
     eos_words = np.array([t // 32 for t in eos_token_ids], dtype=np.int64)
     keep_bits = np.array([~(1 << (t % 32)) & 0xFFFFFFFF for t in eos_token_ids], dtype=np.uint32)
     for row in rows:

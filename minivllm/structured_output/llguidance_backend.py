@@ -22,7 +22,7 @@ from typing import Any
 
 import llguidance
 import llguidance.hf
-import torch
+import numpy as np
 
 from minivllm.structured_output.grammar_probe import probe_error, probe_token_ids
 from minivllm.structured_output.grammar_text import grammar_text
@@ -65,15 +65,20 @@ def check_llguidance_version(installed: str) -> None:
         )
 
 
-def _host_words(bitmask: torch.Tensor) -> torch.Tensor:
+def _host_words(bitmask: np.ndarray) -> np.ndarray:
     """The bitmask llguidance writes through a raw pointer: int32 words, on the host, one
-    contiguous block (anything else would be written out of bounds)."""
-    if bitmask.dtype != torch.int32 or bitmask.device.type != "cpu" or not bitmask.is_contiguous():
+    contiguous block (anything else would be written out of bounds). A CPU tensor is read in
+    place, as a numpy array."""
+    try:
+        words = np.asarray(bitmask)
+    except (TypeError, RuntimeError) as e:  # a device tensor has no host memory
+        raise ValueError(f"the grammar bitmask must be a contiguous int32 host tensor: {e}") from e
+    if words.dtype != np.int32 or not words.flags.c_contiguous or not words.flags.writeable:
         raise ValueError(
-            f"the grammar bitmask must be a contiguous int32 host tensor, got {bitmask.dtype} "
-            f"on {bitmask.device} (contiguous={bitmask.is_contiguous()})"
+            f"the grammar bitmask must be a contiguous int32 host tensor, got {words.dtype} "
+            f"(contiguous={words.flags.c_contiguous}, writeable={words.flags.writeable})"
         )
-    return bitmask
+    return words
 
 
 def default_num_threads() -> int:
@@ -141,11 +146,11 @@ class LLGuidanceMatcher:
             return int(bool(token_ids) and token_ids[0] in self._eos_token_ids)
         return self.matcher.validate_tokens(token_ids)
 
-    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+    def fill_bitmask(self, bitmask: np.ndarray, row: int) -> None:
         # llguidance.torch has the same call, but importing it compiles a torch function
         # (torch._dynamo: ~1.5 s at every process start); the raw pointer call is all it does.
         words = _host_words(bitmask)[row]
-        self.matcher.unsafe_compute_mask_ptr(words.data_ptr(), words.numel() * 4)
+        self.matcher.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
 
     def forced_tokens(self) -> list[int]:
         if self.matcher.is_stopped():  # also true of a failed matcher
@@ -262,12 +267,13 @@ class LLGuidanceBackend:
         return template
 
     def fill_bitmasks(
-        self, rows: Sequence[tuple[LLGuidanceMatcher, int]], bitmask: torch.Tensor
+        self, rows: Sequence[tuple[LLGuidanceMatcher, int]], bitmask: np.ndarray
     ) -> None:
         if rows:
             pairs = [(m.matcher, row) for m, row in rows]
-            batch, words = _host_words(bitmask).shape
-            self._executor.unsafe_compute_mask_ptr(pairs, bitmask.data_ptr(), words * 4, batch)
+            host = _host_words(bitmask)
+            batch, words = host.shape
+            self._executor.unsafe_compute_mask_ptr(pairs, host.ctypes.data, words * 4, batch)
 
     def accept_token_batch(self, pairs: Sequence[tuple[LLGuidanceMatcher, int]]) -> list[bool]:
         pool_pays = self.num_threads >= PARALLEL_ADVANCE_MIN_THREADS

@@ -1,18 +1,17 @@
 """The engine's side of structured outputs: one grammar backend and compiler per process and
 tokenizer (shared by a frontend's validation and an in-process core), the per-request
-matchers it hands the scheduler, and the step's bitmask that the runner applies."""
+matchers it hands the scheduler, and the step's bitmask that the scheduler fills."""
 
 from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, wait
 from concurrent.futures import TimeoutError as FutureTimeout
 from itertools import repeat
 
 import numpy as np
-import torch
 
 from minivllm.structured_output.backend import (
     CompiledGrammar,
@@ -97,46 +96,10 @@ def check_structured_outputs(
         ) from None
 
 
-class StepBitmask:
-    """The constrained rows of one step (a bitmask.StepMask): fill() writes their masks on
-    the host (llguidance releases the GIL) while the device runs the forward; the runner
-    applies the result.
-
-    before_fill, when given, runs first: under async scheduling it applies the step that was
-    in flight when this one was scheduled (unless applied already), whose tokens the
-    matchers must have taken before this step's masks are filled.
-
-    Lives on the host of the scheduler's rank; it never crosses a process boundary (under
-    tensor parallelism the executor sends the other ranks its rows and the filled mask)."""
-
-    def __init__(
-        self,
-        requests: Sequence[StructuredOutputRequest],
-        rows: Sequence[int],
-        manager: StructuredOutputManager,
-        drafts: Sequence[Sequence[int]] | None = None,
-        before_fill: Callable[[], None] | None = None,
-    ) -> None:
-        """rows: the sampled rows masked, in order: each request's one row, or with drafts
-        (drafts[i], its draft tokens) one row per position, len(drafts[i]) + 1."""
-        self.requests = requests
-        self.rows = rows
-        self.drafts = drafts
-        self._manager = manager
-        self._before_fill = before_fill
-
-    def fill(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """bitmask int32 [num_rows, num_words] and rows int64 [num_rows], CPU (pinned on
-        CUDA). They are the manager's reused buffers: valid until the next step's fill()."""
-        before_fill, self._before_fill = self._before_fill, None  # runs once
-        if before_fill is not None:
-            before_fill()
-        return self._manager.fill(self.requests, self.rows, self.drafts)
-
-
 class StructuredOutputManager:
     """One engine's grammar state: makes each constrained request's matcher (its compile
-    runs on the compiler's threads) and fills a step's bitmask.
+    runs on the compiler's threads) and fills a step's bitmask (host int32 words, pinned on
+    CUDA so that the runner's copy to the device overlaps the forward).
 
     The backend is built at the first constrained request, on a thread of its own (loading
     the tokenizer and llguidance's trie takes seconds): that request's compile waits for
@@ -161,8 +124,7 @@ class StructuredOutputManager:
         self.pin_memory = pin_memory
         self.wait_for_compiles = wait_for_compiles
         self._compiler: Future[GrammarCompiler] | None = None
-        self._bitmask: torch.Tensor | None = None
-        self._rows: torch.Tensor | None = None
+        self._bitmask: np.ndarray | None = None
 
     @property
     def backend(self) -> StructuredOutputBackend:
@@ -210,18 +172,19 @@ class StructuredOutputManager:
         requests: Sequence[StructuredOutputRequest],
         rows: Sequence[int],
         drafts: Sequence[Sequence[int]] | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> np.ndarray:
+        """The masks of the step's constrained rows: int32 [len(rows), num_words], rows of
+        this manager's buffer, valid until the next fill. requests: the constrained requests
+        in row order; rows: their sampled rows (with drafts[i], len(drafts[i]) + 1 rows for
+        requests[i]: its draft positions)."""
         if self._bitmask is None:
             # Pinned once: allocating pinned memory in a step would synchronize the device.
-            self._bitmask = allocate_bitmask(self.max_num_seqs, self.vocab_size, self.pin_memory)
-            self._rows = torch.empty(
-                self.max_num_seqs, dtype=torch.int64, pin_memory=self.pin_memory
-            )
+            pinned = allocate_bitmask(self.max_num_seqs, self.vocab_size, self.pin_memory)
+            self._bitmask = pinned.numpy()  # a view: the memory stays pinned
         n = len(rows)
         # Safe to overwrite: a constrained step's fill waits for the step before it (its
-        # tokens advance the matchers), so that step's copies of these buffers are done.
-        bitmask, row_ids = self._bitmask[:n], self._rows[:n]
-        row_ids.numpy()[:] = rows  # numpy takes a list of ints faster than torch
+        # tokens advance the matchers), so that step's copy of this buffer is done.
+        bitmask = self._bitmask[:n]
         backend = self.backend
         if drafts is None:  # the usual step, kept to one pass: a row a request
             plain = matcher_rows(requests)
@@ -238,7 +201,7 @@ class StructuredOutputManager:
             unforced = [unforced[first] for first in first_rows]
         for request, forces_nothing in zip(requests, unforced):
             request.forces_nothing = forces_nothing
-        return bitmask, row_ids
+        return bitmask
 
 
 def _ignore_eos_rows(
@@ -256,7 +219,7 @@ def _ignore_eos_rows(
 
 def _allow_all_failed(
     requests: Sequence[StructuredOutputRequest],
-    bitmask: torch.Tensor,
+    bitmask: np.ndarray,
     first_rows: Sequence[int],
     drafts: Iterable[Sequence[int]],
 ) -> None:
@@ -270,7 +233,7 @@ def _allow_all_failed(
 def _fill_drafted(
     requests: Sequence[StructuredOutputRequest],
     drafts: Sequence[Sequence[int]],
-    bitmask: torch.Tensor,
+    bitmask: np.ndarray,
 ) -> tuple[list[tuple[GrammarMatcher, int]], list[int]]:
     """Fills the draft positions' rows (and the failed requests'); returns the (matcher, row)
     of the rows without drafts, left to the backend's batch, and each request's first row."""
@@ -287,7 +250,7 @@ def _fill_drafted(
 
 
 def fill_draft_positions(
-    matcher: GrammarMatcher, draft: Sequence[int], bitmask: torch.Tensor, row: int
+    matcher: GrammarMatcher, draft: Sequence[int], bitmask: np.ndarray, row: int
 ) -> None:
     """The masks of a request's draft positions, rows row .. row + len(draft): at its last
     token, then after each draft token (taken on trial and rolled back). Past a draft token

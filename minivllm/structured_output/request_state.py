@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Literal
 
-import torch
+import numpy as np
 
 from minivllm.structured_output.backend import (
     CompiledGrammar,
@@ -124,7 +124,7 @@ class StructuredOutputRequest:
         self.rollback(self.num_accepted_tokens - common)
         return self.advance(output_token_ids[common:])
 
-    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+    def fill_bitmask(self, bitmask: np.ndarray, row: int) -> None:
         self.matcher.fill_bitmask(bitmask, row)
 
     def _violation(self, token_id: int) -> GrammarViolation:

@@ -21,7 +21,7 @@ KINDS = {
     "prompt_logprobs": ({}, {"prompt_logprobs": 1}),
     "ngram": ({"speculative_config": {"method": "ngram", "num_speculative_tokens": 3}}, {}),
     "draft_model": ({"speculative_config": "draft_model"}, {}),  # the model drafts for itself
-    # Under TP the mask is filled at once and applies the step in flight first (before_fill).
+    # The masks are filled once the step in flight is applied (AsyncScheduler.grammar_output).
     "constrained_tp2": ({"tensor_parallel_size": 2}, {"structured_outputs": _REGEX}),
 }
 

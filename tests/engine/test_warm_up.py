@@ -35,7 +35,7 @@ def test_warm_up_leaves_no_trace(tiny_qwen3_dir: str, async_scheduling: bool) ->
     llm = LLM(tiny_qwen3_dir, **options)
     core = llm.engine
     vocab_size = core.setup.model_config.vocab_size
-    steps = warm_up(core.new_scheduler(), core._execute, core.executor.execute, vocab_size,
+    steps = warm_up(core.new_scheduler(), core.run_step, vocab_size,
                     core.setup.max_model_len, core.num_blocks * 4)  # fmt: skip
     assert steps >= 3
     assert core.executor.runner.sampling_state.requests == {}
@@ -48,7 +48,7 @@ def test_warm_up_ends_on_a_small_cache(tiny_qwen3_dir: str) -> None:
         tiny_qwen3_dir, dtype="float32", device="cpu", block_size=4, num_gpu_blocks_override=12
     )
     core = llm.engine
-    steps = warm_up(core.new_scheduler(), core._execute, core.executor.execute,
+    steps = warm_up(core.new_scheduler(), core.run_step,
                     core.setup.model_config.vocab_size, core.setup.max_model_len, 48)  # fmt: skip
     assert 3 <= steps < 100 and core.executor.runner.sampling_state.requests == {}
 
@@ -58,13 +58,14 @@ def warm_up_steps(llm: LLM, block_size: int) -> list:
     core, setup = llm.engine, llm.engine.setup
     seen = []
 
-    def execute(sched_out):
+    def run_step(scheduler):
+        sched_out, outputs = core.run_step(scheduler)
         seen.append(sched_out)
-        return core._execute(sched_out)
+        return sched_out, outputs
 
-    warm_up(core.new_scheduler(), execute, core.executor.execute, setup.model_config.vocab_size,
+    warm_up(core.new_scheduler(), run_step, setup.model_config.vocab_size,
             setup.max_model_len, core.num_blocks * block_size)  # fmt: skip
-    return seen
+    return seen[:-1]  # the last: the empty step that hands the finished ids to the runner
 
 
 def test_warm_up_reaches_every_step_shape(tiny_qwen3_dir: str) -> None:

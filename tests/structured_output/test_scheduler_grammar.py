@@ -7,18 +7,20 @@ from __future__ import annotations
 import weakref
 from concurrent.futures import Future
 
+import numpy as np
 import pytest
+import torch
 
 from minivllm.engine.sched.async_scheduler import AsyncScheduler
 from minivllm.engine.sched.block_manager import BlockManager
 from minivllm.engine.sched.grammar import forced_drafts
 from minivllm.engine.sched.request import Request
 from minivllm.engine.sched.scheduler import Scheduler
-from minivllm.engine.types import PLACEHOLDER_TOKEN_ID, RunnerOutput, SchedulerOutput
+from minivllm.engine.types import PLACEHOLDER_TOKEN_ID, GrammarOutput, RunnerOutput, SchedulerOutput
 from minivllm.sampling_params import SamplingParams
 from minivllm.structured_output import StructuredOutputRequest, StructuredOutputsParams
 from minivllm.structured_output.bitmask import unpack_bitmask
-from minivllm.structured_output.manager import StepBitmask, StructuredOutputManager
+from minivllm.structured_output.manager import StructuredOutputManager
 
 
 class ControlledManager(StructuredOutputManager):
@@ -67,18 +69,18 @@ def test_compiling_request_waits_without_holding_up_others(tiny_backend) -> None
     scheduler.add_request(Request("b", [4, 5], SamplingParams(), arrival_time=0.0))
     sched_out = scheduler.schedule()
     assert [c.req_id for c in sched_out.chunks] == ["b"]
-    assert sched_out.structured_output is None  # no constrained row this step
+    assert scheduler.grammar_output(sched_out) is None  # no constrained row this step
     run(scheduler, sched_out, [7])
     manager.futures[0].set_result(
         tiny_backend.compile(StructuredOutputsParams(regex="ab").spec_key())
     )
     sched_out = scheduler.schedule()
     assert [c.req_id for c in sched_out.chunks] == ["b", "a"]  # decode first
-    step_mask = sched_out.structured_output
-    assert isinstance(step_mask, StepBitmask) and step_mask.rows == [1]
-    bitmask, rows = step_mask.fill()
-    assert rows.tolist() == [1]
-    allowed = unpack_bitmask(bitmask, tiny_backend.vocab_size)[0]
+    grammar = scheduler.grammar_output(sched_out)
+    assert isinstance(grammar, GrammarOutput) and grammar.rows == [1]
+    bitmask = grammar.bitmask
+    assert bitmask.dtype == np.int32 and bitmask.shape[0] == 1
+    allowed = unpack_bitmask(torch.from_numpy(bitmask), tiny_backend.vocab_size)[0]
     token_a = tiny_backend.tokenizer.tokenize_str("a")[0]
     assert allowed[token_a] and allowed.sum() < tiny_backend.vocab_size
 
@@ -189,15 +191,15 @@ def test_async_step_fills_its_mask_after_the_step_in_flight(tiny_backend) -> Non
     scheduler = async_scheduler_of_two(tiny_backend, "[ab][cd]", num_blocks=32)
     token = {ch: tiny_backend.tokenizer.tokenize_str(ch)[0] for ch in "abcd"}
     prefill = scheduler.schedule()
-    prefill.structured_output.fill()
+    scheduler.grammar_output(prefill)
     in_flight = InFlight(RunnerOutput(["x", "y"], [token["a"], token["c"]]))  # "c": not allowed
     assert scheduler.update(prefill, in_flight) == []
     decode = scheduler.schedule()
     assert not in_flight.waited  # scheduled ahead of the step in flight
     assert [c.token_ids for c in decode.chunks] == [[PLACEHOLDER_TOKEN_ID]] * 2
-    bitmask, rows = decode.structured_output.fill()
-    assert in_flight.waited and rows.tolist() == [0, 1]
-    allowed = unpack_bitmask(bitmask, tiny_backend.vocab_size)
+    grammar = scheduler.grammar_output(decode)
+    assert in_flight.waited and grammar.rows == [0, 1]
+    allowed = unpack_bitmask(torch.from_numpy(grammar.bitmask), tiny_backend.vocab_size)
     assert allowed[0, token["c"]] and allowed[0, token["d"]] and not allowed[0, token["a"]]
     assert bool(allowed[1].all())  # y failed on "c"
     outputs = {o.req_id: o for o in scheduler.update(decode, InFlight(RunnerOutput([], [])))}
@@ -215,7 +217,7 @@ def test_a_busy_async_scheduler_keeps_no_past_step_alive(tiny_backend) -> None:
     for _ in range(12):
         sched_out = scheduler.schedule()
         steps.append(weakref.ref(sched_out))
-        sched_out.structured_output.fill()  # what the runner does once the forward is launched
+        scheduler.grammar_output(sched_out)  # what the engine asks once the forward is launched
         sampled = [c.req_id for c in sched_out.chunks if c.sample]
         scheduler.update(sched_out, InFlight(RunnerOutput(sampled, [token_a] * len(sampled))))
         del sched_out
@@ -231,8 +233,8 @@ def test_manager_builds_its_backend_off_the_caller_thread(tiny_qwen3_dir: str) -
     for request in requests:
         request._grammar.result(timeout=60)
         assert request.is_ready()
-    bitmask, rows = manager.fill(requests, [0, 1])
-    assert rows.tolist() == [0, 1] and bitmask.shape == (2, 16)
+    bitmask = manager.fill(requests, [0, 1])
+    assert bitmask.dtype == np.int32 and bitmask.shape == (2, 16)
     bad = manager.new_request(StructuredOutputsParams(regex="("))
     bad._grammar.exception(timeout=60)
     with pytest.raises(ValueError, match="regex"):
@@ -250,7 +252,7 @@ def test_requests_forcing_nothing_skip_the_forced_token_lookup(tiny_backend) -> 
         tiny_backend.compile(StructuredOutputsParams(grammar=grammar).spec_key())
     )
     prefill = scheduler.schedule()
-    prefill.structured_output.fill()
+    scheduler.grammar_output(prefill)
     so = scheduler.requests["r"].structured_output
     assert not so.forces_nothing  # `{"key": "` is forced: a narrow mask
     run(scheduler, prefill, [tiny_backend.tokenizer.tokenize_str("{")[0]])
@@ -281,7 +283,7 @@ def test_forced_drafts_in_flight_do_not_stop_scheduling_ahead(tiny_backend) -> N
     )
     forced = tiny_backend.tokenizer.tokenize_str('{"key": "')
     prefill = scheduler.schedule()
-    prefill.structured_output.fill()
+    scheduler.grammar_output(prefill)
     prefill_out = InFlight(RunnerOutput(["r", "u"], [forced[0], 7]))
     scheduler.update(prefill, prefill_out)
     decode = scheduler.schedule()  # r: its forced text drafted after the token in flight
@@ -289,7 +291,7 @@ def test_forced_drafts_in_flight_do_not_stop_scheduling_ahead(tiny_backend) -> N
     num_drafts = r_chunk.num_draft_tokens  # as many as fit the decode rows
     assert num_drafts >= 1
     assert r_chunk.token_ids == [PLACEHOLDER_TOKEN_ID, *forced[1 : 1 + num_drafts]]
-    decode.structured_output.fill()
+    scheduler.grammar_output(decode)
     target = forced[1 + num_drafts]
     decode_out = InFlight(
         RunnerOutput(["r", "u"], [target, 8], num_accepted_drafts=[num_drafts, 0])

@@ -15,8 +15,8 @@ def test_new_request_returns_with_its_compile_done(tiny_qwen3_dir: str) -> None:
     # Specs no other test compiles: a cache hit would be done at once anyway.
     request = manager.new_request(StructuredOutputsParams(regex=r"lockstep-[0-9]{2}"))
     assert request.is_ready()  # no wait: the compile and the backend's build are done
-    bitmask, rows = manager.fill([request], [0])
-    assert rows.tolist() == [0] and bitmask.shape == (1, 16)
+    bitmask = manager.fill([request], [0])
+    assert bitmask.shape == (1, 16)
     bad = manager.new_request(StructuredOutputsParams(regex="(lockstep"))
     with pytest.raises(ValueError, match="regex"):
         bad.is_ready()

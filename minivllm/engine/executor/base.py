@@ -5,21 +5,23 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from minivllm.engine.runner.step_handle import StepHandle
-from minivllm.engine.types import RunnerOutput, SchedulerOutput
+from minivllm.engine.runner.step_handle import ForwardStep, StepHandle
+from minivllm.engine.types import GrammarOutput, SchedulerOutput
 
 
 class Executor(Protocol):
-    """Runs steps on every device of one engine replica."""
+    """Runs steps on every device of one engine replica, each in two calls: forward, then
+    sample (the scheduler fills the step's grammar masks between them)."""
 
     num_blocks: int  # KV cache blocks per rank (the same on every rank)
 
-    def execute(self, sched_out: SchedulerOutput) -> RunnerOutput:
-        """Runs one step and waits for its tokens."""
+    def forward(self, sched_out: SchedulerOutput) -> ForwardStep:
+        """Launches the step's forward on every device and returns at once."""
         ...
 
-    def execute_async(self, sched_out: SchedulerOutput) -> StepHandle:
-        """Launches one step; the handle's result() waits for its tokens."""
+    def sample(self, step: ForwardStep, grammar: GrammarOutput | None) -> StepHandle:
+        """Masks (grammar) and samples the step's logits; the handle's result() waits for
+        its tokens."""
         ...
 
     def shutdown(self) -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from minivllm.engine.runner.model_runner import ModelRunner
-from minivllm.engine.runner.step_handle import StepHandle
+from minivllm.engine.runner.step_handle import ForwardStep, StepHandle
 from minivllm.engine.setup import EngineSetup
-from minivllm.engine.types import RunnerOutput, SchedulerOutput
+from minivllm.engine.types import GrammarOutput, SchedulerOutput
 
 
 class LocalExecutor:
@@ -20,11 +20,11 @@ class LocalExecutor:
         if self.num_blocks >= 1:
             self.runner.initialize_kv_cache(self.num_blocks)
 
-    def execute(self, sched_out: SchedulerOutput) -> RunnerOutput:
-        return self.runner.execute(sched_out)
+    def forward(self, sched_out: SchedulerOutput) -> ForwardStep:
+        return self.runner.forward(sched_out)
 
-    def execute_async(self, sched_out: SchedulerOutput) -> StepHandle:
-        return self.runner.execute_async(sched_out)
+    def sample(self, step: ForwardStep, grammar: GrammarOutput | None) -> StepHandle:
+        return self.runner.sample(step, grammar)
 
     def shutdown(self) -> None:
         pass

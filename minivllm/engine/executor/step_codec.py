@@ -1,28 +1,35 @@
 """The messages rank 0 broadcasts to tensor-parallel workers, and their compact encoding.
 
 A step travels as tuples of ints, strings and lists (pickled: C speed, no per-object class
-records): about half the bytes and a third of the time of pickling the dataclasses. A
-constrained step carries its mask's rows; the mask follows (engine/executor/step_mask.py).
+records): about half the bytes and a third of the time of pickling the dataclasses. A step
+is two messages, as on rank 0 two calls: FORWARD, then SAMPLE with the step's grammar rows
+(the bitmask follows them: engine/executor/step_mask.py).
 """
 
 from __future__ import annotations
 
 import pickle
-from collections.abc import Callable
 from enum import IntEnum
-from typing import Any
+from typing import Any, NamedTuple
 
-from minivllm.engine.types import ScheduledChunk, SchedulerOutput
-from minivllm.structured_output.bitmask import StepMask
+from minivllm.engine.types import GrammarOutput, ScheduledChunk, SchedulerOutput
 
 
 class Op(IntEnum):
-    EXECUTE = 0  # run the step, wait for its tokens (tp_worker.serve_steps: runner.execute)
-    EXECUTE_ASYNC = 1  # launch the step; its tokens are collected at the next message
-    SHUTDOWN = 2
+    FORWARD = 0  # launch the step's forward (tp_worker.serve_steps: runner.forward)
+    SAMPLE = 1  # sample the launched forward and wait for its tokens
+    SAMPLE_ASYNC = 2  # sample it; its tokens are collected at the next sample
+    SHUTDOWN = 3
+
+
+class Message(NamedTuple):
+    op: Op
+    sched_out: SchedulerOutput | None  # FORWARD's step
+    grammar_rows: list[int] | None  # a SAMPLE's constrained rows: the bitmask follows
 
 
 def encode(op: Op, sched_out: SchedulerOutput | None = None) -> bytes:
+    """FORWARD (with its step) or SHUTDOWN."""
     if sched_out is None:
         return pickle.dumps((int(op), None, None), protocol=5)
     chunks = [
@@ -38,23 +45,20 @@ def encode(op: Op, sched_out: SchedulerOutput | None = None) -> bytes:
         for c in sched_out.chunks
     ]
     body = (chunks, sched_out.num_decode_chunks, sched_out.new_requests, sched_out.finished_req_ids)
-    return pickle.dumps((int(op), body, mask_rows(sched_out)), protocol=5)
+    return pickle.dumps((int(op), body, None), protocol=5)
 
 
-def mask_rows(sched_out: SchedulerOutput) -> list[int] | None:
-    """The constrained rows of a step (None: unconstrained, nothing more is sent)."""
-    mask = sched_out.structured_output
-    return None if mask is None else list(mask.rows)
+def encode_sample(op: Op, grammar: GrammarOutput | None) -> bytes:
+    """SAMPLE or SAMPLE_ASYNC; with a grammar output, its rows (the bitmask is sent next, as
+    raw bytes: engine/executor/step_mask.py)."""
+    rows = None if grammar is None else list(grammar.rows)
+    return pickle.dumps((int(op), None, rows), protocol=5)
 
 
-def decode(
-    data: bytes, expect_mask: Callable[[list[int]], StepMask] | None = None
-) -> tuple[Op, SchedulerOutput | None]:
-    """expect_mask(rows): the StepMask of a constrained step (step_mask.MaskReceiver.expect),
-    set as its structured_output."""
+def decode(data: bytes) -> Message:
     op, body, rows = pickle.loads(data)
     if body is None:
-        return Op(op), None
+        return Message(Op(op), None, rows)
     chunks, num_decode_chunks, new_requests, finished_req_ids = body
     sched_out = SchedulerOutput(
         chunks=[ScheduledChunk(*c) for c in chunks],
@@ -62,11 +66,7 @@ def decode(
         new_requests=new_requests,
         finished_req_ids=finished_req_ids,
     )
-    if rows is not None:
-        if expect_mask is None:
-            raise ValueError("a constrained step needs expect_mask to receive its mask")
-        sched_out.structured_output = expect_mask(rows)
-    return Op(op), sched_out
+    return Message(Op(op), sched_out, None)
 
 
 def encode_error(exc: BaseException, traceback_text: str) -> bytes:

@@ -16,9 +16,9 @@ from minivllm.distributed.teardown import release_process_group
 from minivllm.engine.executor.local import LocalExecutor
 from minivllm.engine.executor.tp_executor import _abort_process_group, check_shardable
 from minivllm.engine.executor.tp_worker import init_rank
-from minivllm.engine.runner.step_handle import StepHandle
+from minivllm.engine.runner.step_handle import ForwardStep, StepHandle
 from minivllm.engine.setup import EngineSetup
-from minivllm.engine.types import RunnerOutput, SchedulerOutput
+from minivllm.engine.types import GrammarOutput, SchedulerOutput
 
 
 def torchrun_rank() -> tuple[int, int, int] | None:
@@ -59,16 +59,16 @@ class TorchrunExecutor(LocalExecutor):
         )
         self._closed = False
 
-    def execute(self, sched_out: SchedulerOutput) -> RunnerOutput:
+    def forward(self, sched_out: SchedulerOutput) -> ForwardStep:
         try:
-            return self.runner.execute(sched_out)
+            return self.runner.forward(sched_out)
         except RuntimeError as e:
             self._raise_if_peer_lost(e)
             raise
 
-    def execute_async(self, sched_out: SchedulerOutput) -> StepHandle:
+    def sample(self, step: ForwardStep, grammar: GrammarOutput | None) -> StepHandle:
         try:
-            return self.runner.execute_async(sched_out)
+            return self.runner.sample(step, grammar)
         except RuntimeError as e:
             self._raise_if_peer_lost(e)
             raise

@@ -1,8 +1,9 @@
 """Tensor parallelism: rank 0 (this process) schedules; ranks 1..N-1 are worker processes.
 
-Every step, rank 0 writes the SchedulerOutput (compactly encoded) into a shared-memory ring,
-then every rank, rank 0 included, runs the same runner call on it: the same model shard
-collectives, the same sampling on the same all-gathered logits. Rank 0's RunnerOutput is the
+Every step, rank 0 writes the SchedulerOutput (compactly encoded) into a shared-memory ring and
+every rank, rank 0 included, launches the same forward on it; then rank 0 writes the step's
+grammar output (if any) and every rank samples: the same model shard collectives, the same
+sampling on the same all-gathered logits under the same masks. Rank 0's RunnerOutput is the
 one the scheduler sees; the workers' identical ones are dropped.
 
 Across nodes (nnodes > 1) this process starts only its own node's workers; the ranks of the
@@ -17,8 +18,10 @@ import socket
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import replace
+from functools import partial
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -27,22 +30,24 @@ from minivllm.distributed.teardown import release_process_group
 from minivllm.engine.executor.remote_ranks import RemoteRanks, rendezvous_address
 from minivllm.engine.executor.shm_ring import ShmRing
 from minivllm.engine.executor.step_codec import Op, encode
-from minivllm.engine.executor.step_mask import SentMask
+from minivllm.engine.executor.step_mask import send_sample
 from minivllm.engine.executor.tp_worker import (
     WorkerSpec,
     build_runner,
     join_process_group,
 )
 from minivllm.engine.executor.worker_group import WorkerGroup
-from minivllm.engine.runner.step_handle import StepHandle
+from minivllm.engine.runner.step_handle import ForwardStep, StepHandle
 from minivllm.engine.setup import EngineSetup
-from minivllm.engine.types import RunnerOutput, SchedulerOutput
+from minivllm.engine.types import GrammarOutput, SchedulerOutput
 from minivllm.models.model_config import ModelConfig
 
 # Workers import torch and minivllm before they report "up"; a slow disk can take a while.
 _STARTUP_TIMEOUT_S = 300.0
 # A step that raised on rank 0 raises on every rank; the workers report it within this time.
 _STEP_ERROR_WAIT_S = 5.0
+
+T = TypeVar("T")
 
 
 def free_port() -> int:
@@ -154,6 +159,8 @@ class TPExecutor:
         ring = self._ring.handle if self._ring is not None else None
         specs = [WorkerSpec(setup, r, init_method, ring) for r in range(1, local_size)]
         self._state = {"in_sync": True, "ready": False, "remote": None}
+        # Under async scheduling the workers collect a step's tokens at the next sample.
+        self._async_scheduling = config.async_scheduling
         try:
             self._group = WorkerGroup(specs, on_failure=_abort_process_group)
         except BaseException:
@@ -183,24 +190,25 @@ class TPExecutor:
     def workers(self) -> list:
         return self._group.procs
 
-    def execute(self, sched_out: SchedulerOutput) -> RunnerOutput:
-        return self._run(Op.EXECUTE, sched_out)
+    def forward(self, sched_out: SchedulerOutput) -> ForwardStep:
+        send = partial(self._write, encode(Op.FORWARD, sched_out))
+        return self._run(send, partial(self.runner.forward, sched_out))
 
-    def execute_async(self, sched_out: SchedulerOutput) -> StepHandle:
-        return self._run(Op.EXECUTE_ASYNC, sched_out)
+    def sample(self, step: ForwardStep, grammar: GrammarOutput | None) -> StepHandle:
+        op = Op.SAMPLE_ASYNC if self._async_scheduling else Op.SAMPLE
+        send = partial(send_sample, self._write, op, grammar)
+        return self._run(send, partial(self.runner.sample, step, grammar))
 
-    def _run(self, op: Op, sched_out: SchedulerOutput):
+    def _run(self, send: Callable[[], None], run: Callable[[], T]) -> T:
+        """Sends the other ranks a step's message (send), then runs the same call here."""
         if not self._finalizer.alive:
             raise RuntimeError("the tensor-parallel engine has shut down; create a new LLM")
         self._check()
         with _deferred_interrupt():
             errors_before = self._num_step_errors()
-            self._broadcast(op, sched_out)
-            sched_out = self._sending_mask(sched_out)
+            send()
             try:
-                if op == Op.EXECUTE_ASYNC:
-                    return self.runner.execute_async(sched_out)
-                return self.runner.execute(sched_out)
+                return run()
             except Exception as e:
                 self._raise_if_failed(e)
                 if not self._wait_step_errors(errors_before + 1, _STEP_ERROR_WAIT_S):
@@ -212,9 +220,6 @@ class TPExecutor:
                         f"down, create a new LLM ({type(e).__name__}: {e})"
                     ) from e
                 raise  # it failed on every rank: they are all ready for the next step
-
-    def _broadcast(self, op: Op, sched_out: SchedulerOutput) -> None:
-        self._write(encode(op, sched_out))
 
     def _write(self, data: bytes | memoryview) -> None:
         """Sends one message to every other rank: this node's through the ring, the other
@@ -228,17 +233,6 @@ class TPExecutor:
             self._state["in_sync"] = False
             self._raise_if_failed(e)
             raise
-
-    def _sending_mask(self, sched_out: SchedulerOutput) -> SchedulerOutput:
-        """The step as rank 0's runner runs it: a constrained step's mask, once filled, is
-        also sent to the workers (the next message after the step, step_mask.py)."""
-        if sched_out.structured_output is None:
-            return sched_out
-        mask = SentMask(sched_out.structured_output, self._send_mask)
-        return replace(sched_out, structured_output=mask)
-
-    def _send_mask(self, data: bytes | memoryview) -> None:
-        self._write(data)
 
     def _check(self) -> None:
         """Raises RuntimeError when a worker of this node or a rank of another has failed."""

@@ -28,7 +28,7 @@ import torch.distributed as dist
 from minivllm.config import EngineConfig
 from minivllm.engine.executor.shm_ring import RingHandle, ShmRing
 from minivllm.engine.executor.step_codec import Op, decode
-from minivllm.engine.executor.step_mask import MaskReceiver
+from minivllm.engine.executor.step_mask import GrammarReceiver
 from minivllm.engine.runner.model_runner import ModelRunner
 from minivllm.engine.setup import EngineSetup
 
@@ -114,36 +114,47 @@ def build_runner(setup: EngineSetup, device: torch.device) -> tuple[ModelRunner,
 def serve_steps(runner: ModelRunner, ring: StepSource, report: Callable[[tuple], None]) -> None:
     """Runs every step rank 0 broadcasts (read from the shared-memory ring on rank 0's node, from
     distributed/gloo_broadcast.py on the others), through the same runner calls as rank 0 (so
-    every rank samples the same tokens and keeps the same state), until SHUTDOWN. A step that
+    every rank samples the same tokens and keeps the same state), until SHUTDOWN. A call that
     raises is reported (rank 0 checks that it failed on every rank) and skipped."""
-    pending = None  # the handle of a launched async step, collected at the next message
-    masks = mask_receiver(runner, ring)
+    forward = None  # the step whose forward is launched, sampled at the next SAMPLE
+    pending = None  # the handle of a sampled async step, collected at the next sample
+    grammars = grammar_receiver(runner, ring)
     while True:
-        op, sched_out = decode(ring.read(), masks.expect)
+        op, sched_out, grammar_rows = decode(ring.read())
         try:
-            if op == Op.EXECUTE_ASYNC:
-                handle = runner.execute_async(sched_out)
+            if op == Op.FORWARD:
+                forward = runner.forward(sched_out)
+                continue
+            if op in (Op.SAMPLE, Op.SAMPLE_ASYNC):
+                grammar = None if grammar_rows is None else grammars.receive(grammar_rows)
+                step, forward = forward, None
+                if step is None:
+                    raise RuntimeError("a sample message without a launched forward")
+                handle = runner.sample(step, grammar)
                 if pending is not None:
-                    pending.result()
-                pending = handle
+                    pending, previous = None, pending
+                    previous.result()
+                if op == Op.SAMPLE_ASYNC:
+                    pending = handle
+                else:
+                    handle.result()
                 continue
             if pending is not None:
                 pending, previous = None, pending
                 previous.result()
             if op == Op.SHUTDOWN:
                 return
-            runner.execute(sched_out)
         except Exception as e:
             # Every rank runs the same code on the same data, so rank 0 failed the same way
             # and raises it to the user; this rank stays ready for the next step.
             report(("step_error", f"{type(e).__name__}: {e}"))
 
 
-def mask_receiver(runner: ModelRunner, ring: StepSource) -> MaskReceiver:
-    """Where this worker's constrained steps read the mask rank 0 filled: the next message
-    from rank 0 after the step, read when the runner asks for it."""
+def grammar_receiver(runner: ModelRunner, ring: StepSource) -> GrammarReceiver:
+    """Where this worker's constrained steps read the bitmask rank 0 filled: the next message
+    from rank 0 after the step's SAMPLE."""
     pin_memory = runner.device.type == "cuda"
-    return MaskReceiver(ring.read, runner.limits.max_num_seqs, pin_memory)
+    return GrammarReceiver(ring.read, runner.limits.max_num_seqs, pin_memory)
 
 
 def _send(fd: int, message: tuple) -> None:

@@ -22,6 +22,7 @@ import torch
 from minivllm.engine.runner.device_inputs import HostCopy
 from minivllm.engine.runner.prompt_logprobs import PromptLogprobsTracker
 from minivllm.engine.runner.sampling_state import SamplingState, to_runner_logprobs
+from minivllm.engine.runner.step_handle import StepHandle
 from minivllm.engine.types import RunnerOutput, SchedulerOutput
 from minivllm.layers.sampler import Sampler, SamplerOutput, gather_logprobs
 from minivllm.spec_decode.config import SpeculativeConfig
@@ -92,7 +93,7 @@ class SyntheticAcceptance:
         )
 
 
-class DraftedStep:
+class DraftedStep(StepHandle):
     """A launched step with drafts: result() waits for its tokens, records them in the
     sampling state (accepted drafts and the target's token; rejected positions unsampled) and
     returns them as a RunnerOutput.
@@ -118,8 +119,7 @@ class DraftedStep:
         the drafts [N, K] on the host, which penalties and min_tokens count at the positions
         after them (needed when a drafting request has either); host_buffer: a pinned int64
         buffer of at least N * (K + 2) elements that the runner owns (CUDA), or None."""
-        self.sampling_state = sampling_state
-        self.req_ids = req_ids
+        super().__init__(sampling_state, req_ids)
         self.num_draft_tokens = num_draft_tokens.tolist()
         self.row_req_ids = [
             r for r, n in zip(req_ids, self.num_draft_tokens, strict=True) for _ in range(n + 1)
@@ -145,10 +145,8 @@ class DraftedStep:
             if self.sampler_out.logprobs is not None:
                 # A kept draft need not be the target's sample: score the token kept.
                 self.sampler_out = _rescored(self.sampler_out, logits, self.verified, drafts[1])
-        self.num_logprobs: list[int | None] | None = None
         if self.sampler_out.logprobs is not None:
             self.num_logprobs = sampling_state.num_logprobs(self.row_req_ids)
-        self.prompt_logprobs_jobs = None  # set by the runner, collected as StepHandle does
         # [N, K + 2]: each chunk's accepted count, then its output tokens.
         v = self.verified
         self.rows = HostCopy(

@@ -1,7 +1,8 @@
 """ModelRunner: owns the model, the KV cache and the sampler on one device (one TP rank).
 
-Its interface to the engine core: `execute(SchedulerOutput) -> RunnerOutput` (waits for the
-tokens) and `execute_async(SchedulerOutput) -> StepHandle` (returns once the step is launched).
+Its interface to the engine core, one step in two calls: `forward(SchedulerOutput) ->
+ForwardStep` launches the forward, `sample(ForwardStep, GrammarOutput | None) -> StepHandle`
+masks and samples its logits; the handle's result() waits for the tokens.
 """
 
 from __future__ import annotations
@@ -26,11 +27,11 @@ from minivllm.engine.runner.profiling import (
     profile_kv_budget,
     sample_worst_case,
 )
-from minivllm.engine.runner.prompt_logprobs import PromptLogprobsJob, PromptLogprobsTracker
+from minivllm.engine.runner.prompt_logprobs import PromptLogprobsTracker
 from minivllm.engine.runner.sampling_state import SamplingState
-from minivllm.engine.runner.step_handle import DeferredSampling, StepHandle
+from minivllm.engine.runner.step_handle import ForwardStep, StepHandle
 from minivllm.engine.setup import EngineSetup
-from minivllm.engine.types import RunnerOutput, SchedulerOutput
+from minivllm.engine.types import GrammarOutput, RunnerOutput, SchedulerOutput
 from minivllm.layers.dispatch import use_triton_kernels
 from minivllm.layers.invariant_gemm import InvariantGemm
 from minivllm.layers.ops import layer_ops
@@ -114,11 +115,6 @@ class ModelRunner:
             ]
         self._num_steps = 0
         self.graph_bytes = 0  # the memory the captured CUDA graphs hold, once captured
-        # A constrained step's sampling waits for the next launch (DeferredSampling). Not
-        # under TP: the workers read rank 0's mask right after the step it belongs to
-        # (executor/step_mask.py), which a later fill would reorder.
-        self.defer_constrained_sampling = tp_size == 1
-        self._deferred: DeferredSampling | None = None
         # A step's input arrays go to the device in one copy from reused pinned buffers,
         # sized for the largest step's token arrays (block tables grow them when needed).
         max_tokens = self.limits.max_num_batched_tokens
@@ -212,59 +208,44 @@ class ModelRunner:
 
     # ---- one step -------------------------------------------------------------------------
 
-    def execute(self, sched_out: SchedulerOutput) -> RunnerOutput:
+    def execute(
+        self, sched_out: SchedulerOutput, grammar: GrammarOutput | None = None
+    ) -> RunnerOutput:
         """Runs one step and waits for its tokens."""
-        return self.execute_async(sched_out).result()
+        return self.sample(self.forward(sched_out), grammar).result()
 
     @torch.inference_mode()
-    def execute_async(
-        self, sched_out: SchedulerOutput
-    ) -> StepHandle | DraftedStep | DeferredSampling:
-        """Launches one step and returns at once; the handle's result() waits for its tokens
-        (and its logprobs, whose host copies it makes). A constrained step's sampling waits
-        for the next launch (DeferredSampling) where defer_constrained_sampling."""
+    def forward(self, sched_out: SchedulerOutput) -> ForwardStep:
+        """Launches the step's forward (the LM head on the sampled rows included) and returns
+        at once; sample() finishes the step. The step before must have been sampled: its
+        tokens fill this step's placeholders on the device."""
         if sched_out.is_empty:
-            self._launch_deferred()
             self._update_requests(sched_out)
             self.block_table.update(sched_out)  # forget finished requests
-            return StepHandle(self.sampling_state, [])
+            return ForwardStep(sched_out)
         inputs = prepare_inputs(sched_out, self.block_size, self.block_table)
-        # The step before samples now (its placeholders in this step need its tokens), and
-        # before this step's finished requests leave the sampling state.
-        self._launch_deferred()
         self._update_requests(sched_out)
         jobs = self.prompt_logprobs.plan(sched_out, inputs.chunk_start_loc, self.sampling_state)
         extra_rows = np.concatenate([job.rows for job in jobs]) if jobs else None
         logits = self.run_model(inputs, sched_out, extra_rows)
-        if sched_out.structured_output is not None and self.defer_constrained_sampling:
-            self._deferred = DeferredSampling(lambda: self._sample(logits, inputs, sched_out, jobs))
-            return self._deferred
-        return self._sample(logits, inputs, sched_out, jobs)
+        return ForwardStep(sched_out, inputs, logits, jobs)
 
-    def _launch_deferred(self) -> None:
-        """Launches the sampling of the step before, if it waits (DeferredSampling)."""
-        if self._deferred is not None:
-            deferred, self._deferred = self._deferred, None
-            deferred.launch()
-
-    @torch.inference_mode()  # also when result() launches it, from the scheduler
-    def _sample(
-        self,
-        logits: torch.Tensor,
-        inputs: StepInputs,
-        sched_out: SchedulerOutput,
-        jobs: list[PromptLogprobsJob],
-    ) -> StepHandle | DraftedStep:
-        """Masks (a constrained step) and samples the step's logits; the handle of the step."""
-        if sched_out.structured_output is not None:
-            # The device runs the forward (a graph's too) meanwhile; the mask is applied to
-            # its output, before the sampler (and its logprobs) see the logits.
-            bitmask, rows = sched_out.structured_output.fill()
-            apply_bitmask(logits, bitmask, rows)
+    @torch.inference_mode()
+    def sample(self, step: ForwardStep, grammar: GrammarOutput | None) -> StepHandle:
+        """Masks the step's logits by its grammar output (if any), samples them (verifying
+        drafts) and returns the step's handle at once: result() waits for its tokens (and
+        makes the host copies of its logprobs)."""
+        logits, inputs = step.logits, step.inputs
+        if logits is None or inputs is None:  # an empty step
+            return StepHandle(self.sampling_state, [])
+        if grammar is not None:
+            # Applied to the forward's output before the sampler (and its logprobs) see it.
+            rows = self._staging.upload({"rows": np.asarray(grammar.rows, np.int64)})["rows"]
+            apply_bitmask(logits, torch.from_numpy(grammar.bitmask), rows)
         req_ids = inputs.sample_req_ids
         num_rows = len(inputs.logits_indices)  # sampled positions: a row per draft too
         if inputs.num_draft_tokens is not None:
-            handle = self._sample_drafted(logits[:num_rows], inputs, sched_out)
+            handle: StepHandle = self._sample_drafted(logits[:num_rows], inputs, step.sched_out)
         else:
             sampling_meta = self.sampling_state.build_metadata(req_ids)
             sampler_out = self.sampler(logits[:num_rows], sampling_meta)
@@ -272,8 +253,8 @@ class ModelRunner:
             # The next step's placeholders (async scheduling) are filled from these.
             self._last_sampled = (sampler_out.sampled_token_ids, req_ids)
             handle = StepHandle(self.sampling_state, req_ids, sampler_out, self._next_host_buffer())
-        if jobs:
-            handle.prompt_logprobs_jobs = (jobs, logits[num_rows:])
+        if step.jobs:
+            handle.prompt_logprobs_jobs = (step.jobs, logits[num_rows:])
         return handle
 
     def _sample_drafted(

@@ -1,24 +1,38 @@
-"""StepHandle: a step the runner launched, whose sampled ids and logprobs come to the host
-when the engine asks for them (async scheduling keeps one in flight)."""
+"""A step between the runner's two calls: ForwardStep (its forward launched, its logits not yet
+sampled) and StepHandle (sampled; its ids and logprobs come to the host when the engine asks
+for them: async scheduling keeps one in flight)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
 from minivllm.engine.runner.device_inputs import HostCopy
-from minivllm.engine.runner.draft_step import DraftedStep
+from minivllm.engine.runner.input_prep import StepInputs
 from minivllm.engine.runner.prompt_logprobs import PromptLogprobsJob, PromptLogprobsTracker
 from minivllm.engine.runner.sampling_state import SamplingState, to_runner_logprobs
-from minivllm.engine.types import RunnerOutput
+from minivllm.engine.types import RunnerOutput, SchedulerOutput
 from minivllm.layers.sampler import SamplerOutput
 
 
+@dataclass
+class ForwardStep:
+    """A step whose forward the runner launched (ModelRunner.forward); ModelRunner.sample
+    finishes it. It stays with the process that launched it (each TP rank has its own)."""
+
+    sched_out: SchedulerOutput
+    inputs: StepInputs | None = None  # None: an empty step (it only forgot finished requests)
+    # [num_sampled (+ prompt-logprob rows), vocab] on the device, being computed.
+    logits: torch.Tensor | None = None
+    jobs: list[PromptLogprobsJob] = field(default_factory=list)
+
+
 class StepHandle:
-    """A launched step. result() waits for its sampled ids (copied into a pinned host buffer
-    behind the step's kernels: HostCopy), records them in the sampling state and makes the
-    host copies of the step's logprobs.
+    """A launched step, the runner's one return type for it (a step with drafts is a
+    DraftedStep, runner/draft_step.py). result() waits for its sampled ids (copied into a
+    pinned host buffer behind the step's kernels: HostCopy), records them in the sampling
+    state and makes the host copies of the step's logprobs.
 
     Everything result() needs about the step's requests is taken at launch: under async
     scheduling a request can end (stop string, abort) while its step is in flight, and the
@@ -55,31 +69,3 @@ class StepHandle:
         if self.prompt_logprobs_jobs is not None:
             out.prompt_logprobs = PromptLogprobsTracker.collect(*self.prompt_logprobs_jobs)
         return out
-
-
-class DeferredSampling:
-    """A constrained step whose forward is launched and whose mask and sampling wait: under
-    async scheduling the runner launches them just before the next step's forward, once the
-    scheduler has applied the step before this one (its tokens advance the matchers) and
-    scheduled the next. The host's work of a step then overlaps this step's forward instead
-    of leaving the device idle between the sampling and the next forward.
-
-    sample: fills the mask, applies it and launches the sampling; it runs once, at the
-    runner's next launch or at result(), whichever comes first.
-    """
-
-    def __init__(self, sample: Callable[[], StepHandle | DraftedStep]) -> None:
-        self._sample: Callable[[], StepHandle | DraftedStep] | None = sample
-        self._handle: StepHandle | DraftedStep | None = None
-
-    def launch(self) -> StepHandle | DraftedStep:
-        """Launches the sampling (once) and returns the step's handle."""
-        if self._handle is None:
-            sample, self._sample = self._sample, None
-            if sample is None:
-                raise RuntimeError("the sampling of this step failed at its launch")
-            self._handle = sample()
-        return self._handle
-
-    def result(self) -> RunnerOutput:
-        return self.launch().result()

@@ -3,36 +3,37 @@ are applied, so that the host work of one step overlaps the device work of the o
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
+from minivllm.engine.sched.grammar import fill_masks
 from minivllm.engine.sched.scheduler import Scheduler
-from minivllm.engine.types import EngineOutput, PendingRunnerOutput, RunnerOutput, SchedulerOutput
+from minivllm.engine.types import (
+    EngineOutput,
+    GrammarOutput,
+    PendingRunnerOutput,
+    RunnerOutput,
+    SchedulerOutput,
+)
 
 
 class AsyncScheduler(Scheduler):
     """A Scheduler that keeps one launched step in flight.
 
     update(sched_out, pending) applies the step in flight (N - 1) and keeps `pending` (step N,
-    from `execute_async`) in flight instead: a step's outputs come out of the next update().
-    The tokens step N samples enter step N + 1 as placeholders (see Scheduler). A step in
-    flight whose requests were all aborted is simply applied (to nothing) by the next update.
+    from the executor's sample) in flight instead: a step's outputs come out of the next
+    update(). The tokens step N samples enter step N + 1 as placeholders (see Scheduler). A
+    step in flight whose requests were all aborted is simply applied (to nothing) by the next
+    update.
 
     While some request reads sampled tokens on the host (bad words, a thinking budget:
     can_schedule_ahead is False), schedule() first applies the step in flight, so that the
-    next step starts from every token, as a synchronous step does.
-
-    A grammar needs the tokens only for the step's mask, which the runner fills once the
-    forward is launched. On one device it fills it just before the next step's forward
-    (runner/step_handle.DeferredSampling), once this scheduler's update() has applied the
-    step before; under TP it fills it at once, and a constrained step scheduled ahead applies
-    the step in flight there (StepBitmask.before_fill), as vLLM defers the bitmask.
+    next step starts from every token, as a synchronous step does. A grammar needs the tokens
+    only for the step's masks: grammar_output() applies the step in flight first (its forward
+    is launched by then), as vLLM defers the bitmask.
     """
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._in_flight: tuple[SchedulerOutput, PendingRunnerOutput] | None = None
-        self._num_in_flight = 0  # steps put in flight so far: names the one in flight
-        # Outputs of the step that schedule() applied early; the next update() returns them.
+        # Outputs of the step applied early (schedule, grammar_output); update() returns them.
         self._early_outputs: list[EngineOutput] = []
 
     def schedule(self, now: float | None = None) -> SchedulerOutput:
@@ -40,20 +41,12 @@ class AsyncScheduler(Scheduler):
             self._apply_early()
         return super().schedule(now)
 
-    def _before_fill(self) -> Callable[[], None] | None:
-        if self._in_flight is None:
+    def grammar_output(self, sched_out: SchedulerOutput) -> GrammarOutput | None:
+        rows = self._constrained_rows(sched_out)
+        if rows is None:
             return None
-        # The step by its number, not the step itself: a step's mask holding the step before
-        # it would chain every step of a busy engine to the one before it, all kept alive
-        # (and walked by each collection of the cyclic GC) for as long as one is in flight.
-        step = self._num_in_flight
-
-        def apply_if_in_flight() -> None:
-            # A fill deferred past the next update() finds that step applied already.
-            if self._num_in_flight == step:  # applied early since: a no-op
-                self._apply_early()
-
-        return apply_if_in_flight
+        self._apply_early()  # the matchers take the step in flight's tokens first
+        return fill_masks(rows, self.structured_outputs)
 
     def _apply_early(self) -> None:
         """Applies the step in flight now; the next update() returns its outputs."""
@@ -70,7 +63,6 @@ class AsyncScheduler(Scheduler):
             outputs += super().update(sched_out, runner_out)
         elif not sched_out.is_empty:  # an empty step only handed finished ids to the runner
             self._in_flight = (sched_out, runner_out)
-            self._num_in_flight += 1
         return outputs + self.take_failed_outputs()
 
     def _apply_in_flight(self) -> list[EngineOutput]:

@@ -1,16 +1,21 @@
 """The scheduler's structured-output steps: which waiting request's grammar is ready, the
-constrained rows of a step, and the matchers' advance on the sampled tokens (one batched
-call a step)."""
+constrained rows of a step and their masks (the step's grammar output), and the matchers'
+advance on the sampled tokens (one batched call a step)."""
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, wait
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
 
 from minivllm.engine.sched.request import Request, RequestStatus, draft_room
-from minivllm.engine.types import RunnerOutput, ScheduledChunk
-from minivllm.structured_output.manager import StepBitmask, StructuredOutputManager
+from minivllm.engine.types import GrammarOutput, RunnerOutput, ScheduledChunk
+from minivllm.structured_output.backend import StructuredOutputBackend
+from minivllm.structured_output.params import StructuredOutputsParams
 from minivllm.structured_output.request_state import (
     AdvanceOutcome,
     GrammarViolation,
@@ -20,6 +25,25 @@ from minivllm.structured_output.request_state import (
 
 # The most forced tokens one step appends for a request (jump-forward).
 MAX_FORCED_TOKENS = 16
+
+
+class GrammarMasks(Protocol):
+    """What the scheduler asks of the engine's grammar state (structured_output/manager.py's
+    StructuredOutputManager, built by the engine and handed in)."""
+
+    @property
+    def backend(self) -> StructuredOutputBackend: ...
+
+    def new_request(
+        self, params: StructuredOutputsParams, ignore_eos: bool = False
+    ) -> StructuredOutputRequest: ...
+
+    def fill(
+        self,
+        requests: Sequence[StructuredOutputRequest],
+        rows: Sequence[int],
+        drafts: Sequence[Sequence[int]] | None = None,
+    ) -> np.ndarray: ...
 
 
 def fail_request(request: Request, error: str) -> None:
@@ -63,15 +87,20 @@ def wait_for_compiles(waiting: deque[Request], timeout: float) -> None:
         wait(compiling, timeout, return_when=FIRST_COMPLETED)
 
 
-def step_bitmask(
-    chunks: list[ScheduledChunk],
-    requests: dict[str, Request],
-    manager: StructuredOutputManager,
-    before_fill: Callable[[], None] | None = None,
-) -> StepBitmask | None:
+@dataclass
+class GrammarRows:
+    """The constrained rows among a step's sampled rows, before their masks are filled."""
+
+    requests: list[StructuredOutputRequest]
+    rows: list[int]  # each request's row, or with drafts one row per position
+    drafts: list[Sequence[int]] | None  # each request's draft tokens; None: no drafts
+
+
+def constrained_rows(
+    chunks: list[ScheduledChunk], requests: dict[str, Request]
+) -> GrammarRows | None:
     """The constrained rows among the step's sampled rows (chunks with sample=True, in
-    order; a chunk with drafts has a row per position), or None when there are none.
-    before_fill: see StepBitmask."""
+    order; a chunk with drafts has a row per position), or None when there are none."""
     constrained, rows, drafts = [], [], []
     any_drafts = False
     row = 0
@@ -92,7 +121,14 @@ def step_bitmask(
         row += 1 + num_drafts
     if not constrained:
         return None
-    return StepBitmask(constrained, rows, manager, drafts if any_drafts else None, before_fill)
+    return GrammarRows(constrained, rows, drafts if any_drafts else None)
+
+
+def fill_masks(rows: GrammarRows, manager: GrammarMasks) -> GrammarOutput:
+    """The rows' masks, filled by their matchers (which must have taken every token before
+    the step): the step's grammar output."""
+    bitmask = manager.fill(rows.requests, rows.rows, rows.drafts)
+    return GrammarOutput(rows.rows, bitmask)
 
 
 def forced_drafts(requests: list[Request], max_model_len: int) -> dict[str, list[int]]:
@@ -130,7 +166,7 @@ def forced_drafts(requests: list[Request], max_model_len: int) -> dict[str, list
 
 
 def advance_grammars(
-    requests: dict[str, Request], runner_out: RunnerOutput, manager: StructuredOutputManager
+    requests: dict[str, Request], runner_out: RunnerOutput, manager: GrammarMasks
 ) -> dict[str, AdvanceOutcome]:
     """The step's grammar advance in one batched call, before update() appends the tokens:
     each live constrained request whose sampled row brings one new token (no accepted

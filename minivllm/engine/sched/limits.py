@@ -1,15 +1,11 @@
 """The scheduler's limits (max_num_seqs, max_num_batched_tokens): the user's values, or
-defaults chosen once at engine build (engine/setup.py) from the device's memory and the usage
-(offline or server), following vLLM 0.20's rule (EngineArgs.get_batch_defaults)."""
+defaults chosen once at engine build (engine/setup.py reads the device) from the device's
+memory and the usage (offline or server), following vLLM 0.20's rule
+(EngineArgs.get_batch_defaults)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal, NamedTuple
-
-import torch
-
-if TYPE_CHECKING:
-    from minivllm.config import EngineConfig
+from typing import Literal, NamedTuple
 
 Usage = Literal["offline", "server"]
 
@@ -40,18 +36,3 @@ def auto_scheduler_limits(
     if total_memory >= LARGE_GPU_BYTES and "a100" not in device_name.lower():
         return SchedulerLimits(1024, 16384 if usage == "offline" else 8192)
     return SchedulerLimits(256, 8192 if usage == "offline" else 2048)
-
-
-def resolve_scheduler_limits(config: EngineConfig, device: torch.device) -> SchedulerLimits:
-    """The limits the engine runs with: explicit config values win, None means auto."""
-    total_memory, name = 0, ""
-    if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        total_memory, name = props.total_memory, props.name
-    auto = auto_scheduler_limits(total_memory, device.type, config.usage_context, name)
-    return SchedulerLimits(
-        auto.max_num_seqs if config.max_num_seqs is None else config.max_num_seqs,
-        auto.max_num_batched_tokens
-        if config.max_num_batched_tokens is None
-        else config.max_num_batched_tokens,
-    )

@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 from minivllm.engine.sched.block_manager import BlockManager
 from minivllm.engine.sched.grammar import (
+    GrammarMasks,
+    GrammarRows,
     advance_grammars,
+    constrained_rows,
     end_grammar,
+    fill_masks,
     first_admissible,
     forced_drafts,
-    step_bitmask,
     wait_for_compiles,
 )
 from minivllm.engine.sched.request import Request, RequestStatus, needs_host_tokens
@@ -25,19 +28,21 @@ from minivllm.engine.sched.stop_checker import check_stop
 from minivllm.engine.types import (
     PLACEHOLDER_TOKEN_ID,
     EngineOutput,
+    GrammarOutput,
     LogprobsDict,
     NewRequestData,
+    PendingRunnerOutput,
     RunnerOutput,
     ScheduledChunk,
     SchedulerOutput,
 )
-from minivllm.structured_output.manager import StructuredOutputManager
 
 
 class Scheduler:
     """Decides which tokens of which requests each step computes, and applies the results.
 
     schedule() advances num_computed_tokens; a chunk that samples leaves one pending token.
+    grammar_output() fills the step's grammar masks (while the device runs its forward).
     update() applies a step's sampled tokens. Synchronous use calls update() right after its
     schedule(); async scheduling calls schedule() for step N before update() of step N - 1,
     and the pending token enters step N as a placeholder the runner fills on the device.
@@ -50,7 +55,7 @@ class Scheduler:
         max_num_batched_tokens: int,
         max_model_len: int,
         block_manager: BlockManager,
-        structured_outputs: StructuredOutputManager | None = None,
+        structured_outputs: GrammarMasks | None = None,
         speculator: Speculator | None = None,
         policy: str = "fcfs",
     ) -> None:
@@ -163,23 +168,25 @@ class Scheduler:
         # step's query tiles last-first, so its longest tiles (a chunk's last, or a few rows
         # after a long context) start first and none is left to run alone at the end.
         others.sort(key=lambda chunk: chunk.context_end)
-        chunks = decodes + others
         return SchedulerOutput(
-            chunks=chunks,
+            chunks=decodes + others,
             num_decode_chunks=len(decodes),
             new_requests=new_requests,
             finished_req_ids=finished_req_ids,
-            structured_output=(
-                step_bitmask(chunks, self.requests, self.structured_outputs, self._before_fill())
-                if self.num_constrained
-                else None
-            ),
         )
 
-    def _before_fill(self) -> Callable[[], None] | None:
-        """What a constrained step's mask runs before it is filled (StepBitmask.before_fill):
-        nothing here, where the steps before it have all been applied."""
-        return None
+    def grammar_output(self, sched_out: SchedulerOutput) -> GrammarOutput | None:
+        """The masks of the step's constrained sampled rows, filled on the host (the grammar
+        backend releases the GIL) while the device runs the step's forward; None when no
+        sampled row is constrained. The matchers follow every token before the step: here,
+        where each step is applied before the next is scheduled, they do."""
+        rows = self._constrained_rows(sched_out)
+        return None if rows is None else fill_masks(rows, self.structured_outputs)
+
+    def _constrained_rows(self, sched_out: SchedulerOutput) -> GrammarRows | None:
+        if not self.num_constrained:
+            return None
+        return constrained_rows(sched_out.chunks, self.requests)
 
     def _schedule_running(
         self, budget: int, decodes: list[ScheduledChunk], others: list[ScheduledChunk]
@@ -346,9 +353,16 @@ class Scheduler:
             max_tokens is not None and len(request.output_token_ids) + 1 >= max_tokens
         )
 
-    def update(self, sched_out: SchedulerOutput, runner_out: RunnerOutput) -> list[EngineOutput]:
-        """Applies one step's results: progress, sampled tokens, stops. One output per
-        request that got a token or prompt logprobs this step."""
+    def update(
+        self, sched_out: SchedulerOutput, runner_out: RunnerOutput | PendingRunnerOutput
+    ) -> list[EngineOutput]:
+        """Applies one step's results (waiting for a launched step's): progress, sampled
+        tokens, stops. One output per request that got a token or prompt logprobs this step."""
+        if not isinstance(runner_out, RunnerOutput):
+            runner_out = runner_out.result()
+        return self._apply(sched_out, runner_out)
+
+    def _apply(self, sched_out: SchedulerOutput, runner_out: RunnerOutput) -> list[EngineOutput]:
         outputs = self.take_failed_outputs()
         all_logprobs, all_prompt_logprobs = runner_out.logprobs, runner_out.prompt_logprobs
         any_running_finished = False

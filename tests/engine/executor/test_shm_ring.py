@@ -93,7 +93,7 @@ def test_step_codec_round_trip_and_is_compact() -> None:
     ]
     new = [NewRequestData("x", [1, 2, 3], SamplingParams(temperature=0.5, seed=3))]
     sched_out = SchedulerOutput(chunks, 256, new, ["gone"])
-    op, back = decode(encode(Op.EXECUTE_ASYNC, sched_out))
-    assert op == Op.EXECUTE_ASYNC and back == sched_out
-    assert len(encode(Op.EXECUTE, sched_out)) < len(pickle.dumps(sched_out, protocol=5)) * 0.7
-    assert decode(encode(Op.SHUTDOWN)) == (Op.SHUTDOWN, None)
+    op, back, rows = decode(encode(Op.FORWARD, sched_out))
+    assert op == Op.FORWARD and back == sched_out and rows is None
+    assert len(encode(Op.FORWARD, sched_out)) < len(pickle.dumps(sched_out, protocol=5)) * 0.7
+    assert decode(encode(Op.SHUTDOWN)) == (Op.SHUTDOWN, None, None)

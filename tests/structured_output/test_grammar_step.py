@@ -1,7 +1,7 @@
-"""A constrained step's mask and sampling wait for the next step's launch under async
-scheduling on one device (runner/step_handle.DeferredSampling): the scheduler schedules the
-next step while this step's forward runs. The tokens are those of synchronous steps, also
-when a request is aborted or ends between the launch and the sampling."""
+"""A constrained step under async scheduling: its forward is launched, then the step in flight
+is applied and the mask filled while the forward runs, then the logits are sampled
+(EngineCore.run_step). The tokens are those of synchronous steps, also when a request is
+aborted or ends while a step is in flight."""
 
 from __future__ import annotations
 
@@ -13,12 +13,10 @@ import jsonschema
 from minivllm import LLM, SamplingParams
 from minivllm.engine.engine_core import IDLE_GRAMMAR_WAIT_S
 from minivllm.engine.runner.model_runner import ModelRunner
-from minivllm.engine.runner.step_handle import DeferredSampling
 from minivllm.engine.sched.scheduler import Scheduler
 from minivllm.engine.types import EngineRequest
 from minivllm.structured_output import StructuredOutputsParams
 from minivllm.structured_output.llguidance_backend import LLGuidanceBackend
-from minivllm.structured_output.manager import StepBitmask
 
 SCHEMA = {
     "type": "object",
@@ -60,7 +58,9 @@ def run(engine, requests: list[EngineRequest], abort_at: dict[int, str] | None =
     return {req_id: (tokens[req_id], finished[req_id]) for req_id in tokens}
 
 
-def test_the_mask_is_filled_after_the_next_step_is_scheduled(llm: LLM, monkeypatch) -> None:
+def test_the_mask_is_filled_while_the_forward_runs(llm: LLM, monkeypatch) -> None:
+    """Each constrained step, in order: schedule, its forward launched, the step in flight
+    applied (its tokens advance the matchers), the mask filled, the logits sampled."""
     events: list[str] = []
 
     def record(name, method):
@@ -72,16 +72,10 @@ def test_the_mask_is_filled_after_the_next_step_is_scheduled(llm: LLM, monkeypat
 
     monkeypatch.setattr(Scheduler, "schedule", record("schedule", Scheduler.schedule))
     monkeypatch.setattr(ModelRunner, "run_model", record("forward", ModelRunner.run_model))
-    monkeypatch.setattr(StepBitmask, "fill", record("fill", StepBitmask.fill))
-    handles = []
-    execute_async = ModelRunner.execute_async
-
-    def keep(self, sched_out):
-        handle = execute_async(self, sched_out)
-        handles.append(handle)
-        return handle
-
-    monkeypatch.setattr(ModelRunner, "execute_async", keep)
+    monkeypatch.setattr(Scheduler, "_apply", record("apply", Scheduler._apply))
+    manager = llm.engine.structured_outputs
+    monkeypatch.setattr(manager, "fill", record("fill", type(manager).fill).__get__(manager))
+    monkeypatch.setattr(ModelRunner, "sample", record("sample", ModelRunner.sample))
     # A regex that forces nothing (forced tokens are drafts, which schedule after the step).
     params = SamplingParams(
         temperature=1.0,
@@ -91,13 +85,14 @@ def test_the_mask_is_filled_after_the_next_step_is_scheduled(llm: LLM, monkeypat
         structured_outputs=StructuredOutputsParams(regex="[a-z ]+"),
     )
     llm.generate(["hello there"], params, use_tqdm=False)
-    assert any(isinstance(h, DeferredSampling) for h in handles)
-    # Each constrained step: its forward, the next step's schedule, then its fill.
-    firsts = [i for i, e in enumerate(events) if e == "forward"]
-    assert len(firsts) >= 3
-    for start in firsts[:-1]:
-        following = events[start + 1 :]
-        assert "fill" in following and "schedule" in following[: following.index("fill")], events
+    forwards = [i for i, e in enumerate(events) if e == "forward"]
+    assert len(forwards) >= 3
+    for n, start in enumerate(forwards):
+        step = events[start : forwards[n + 1] if n + 1 < len(forwards) else None]
+        assert step[0] == "forward" and "schedule" in events[start - 1 : start], events
+        assert step.index("fill") < step.index("sample"), events
+        if n:  # the step before, in flight, is applied before the fill
+            assert "apply" in step[: step.index("fill")], events
 
 
 def test_aborts_between_launch_and_sampling_lose_nothing(llm: LLM, sync_llm: LLM) -> None:
