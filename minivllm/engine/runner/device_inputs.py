@@ -104,12 +104,13 @@ class HostCopy:
     scheduling the next step's forward is queued behind it). Without a buffer (the CPU),
     the tensor itself.
 
-    buffer: int64 with at least t.numel() elements (the runner's ring), or None."""
+    buffer: 8-byte elements (int64 or float64, as t), at least t.numel() of them (the
+    runner's ring), or None."""
 
     def __init__(self, t: torch.Tensor, buffer: torch.Tensor | None) -> None:
         self.host, self.event = t, None
         if buffer is not None:
-            self.host = buffer[: t.numel()].view(t.shape)
+            self.host = buffer.view(t.dtype)[: t.numel()].view(t.shape)
             self.host.copy_(t, non_blocking=True)
             if t.is_cuda:
                 self.event = torch.cuda.Event()

@@ -21,7 +21,11 @@ import torch
 
 from minivllm.engine.runner.device_inputs import HostCopy
 from minivllm.engine.runner.prompt_logprobs import PromptLogprobsTracker
-from minivllm.engine.runner.sampling_state import SamplingState, to_runner_logprobs
+from minivllm.engine.runner.sampling_state import (
+    SamplingState,
+    pack_logprobs,
+    to_runner_logprobs,
+)
 from minivllm.engine.runner.step_handle import StepHandle
 from minivllm.engine.types import RunnerOutput, SchedulerOutput
 from minivllm.layers.sampler import Sampler, SamplerOutput, gather_logprobs
@@ -147,6 +151,8 @@ class DraftedStep(StepHandle):
                 self.sampler_out = _rescored(self.sampler_out, logits, self.verified, drafts[1])
         if self.sampler_out.logprobs is not None:
             self.num_logprobs = sampling_state.num_logprobs(self.row_req_ids)
+            # A drafting step is read before the next is scheduled: a plain copy will do.
+            self.logprobs = HostCopy(pack_logprobs(self.sampler_out), None)
         # [N, K + 2]: each chunk's accepted count, then its output tokens.
         v = self.verified
         self.rows = HostCopy(
@@ -175,7 +181,7 @@ class DraftedStep(StepHandle):
             out.sampled_token_ids.append(new_tokens[-1])
             out.num_accepted_drafts.append(num_accepted)
         if self.num_logprobs is not None:
-            per_row = to_runner_logprobs(self.sampler_out, self.num_logprobs)
+            per_row = to_runner_logprobs(self.logprobs.tolist(), self.num_logprobs)
             out.logprobs, out.draft_logprobs = [], []
             start = 0
             for n, num_accepted in zip(self.num_draft_tokens, out.num_accepted_drafts):

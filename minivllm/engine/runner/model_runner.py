@@ -110,8 +110,10 @@ class ModelRunner:
         self._last_sampled: tuple[torch.Tensor, list[str]] | None = None
         self._host_ids: list[torch.Tensor] | None = None
         if device.type == "cuda":
+            # Sized for ids and up to 20 logprobs a row: a larger step grows its slot once.
+            numel = max_num_seqs * (1 + 2 * 21 + 1)
             self._host_ids = [
-                torch.empty(max_num_seqs, dtype=torch.int64, pin_memory=True) for _ in range(3)
+                torch.empty(numel, dtype=torch.int64, pin_memory=True) for _ in range(3)
             ]
         self._num_steps = 0
         self.graph_bytes = 0  # the memory the captured CUDA graphs hold, once captured
@@ -252,7 +254,8 @@ class ModelRunner:
             self.sampling_state.record_sampled(sampling_meta, sampler_out.sampled_token_ids)
             # The next step's placeholders (async scheduling) are filled from these.
             self._last_sampled = (sampler_out.sampled_token_ids, req_ids)
-            handle = StepHandle(self.sampling_state, req_ids, sampler_out, self._next_host_buffer())
+            buffer = self._next_host_buffer(StepHandle.host_numel(sampler_out))
+            handle = StepHandle(self.sampling_state, req_ids, sampler_out, buffer)
         if step.jobs:
             handle.prompt_logprobs_jobs = (step.jobs, logits[num_rows:])
         return handle
@@ -287,13 +290,13 @@ class ModelRunner:
             self.sampling_state.add_request(new)
 
     def _next_host_buffer(self, numel: int = 0) -> torch.Tensor | None:
-        """The next pinned int64 buffer of the ring a step's ids are copied into (CUDA only),
-        of at least numel elements (default: max_num_seqs, one sampled id a request).
+        """The next pinned int64 buffer of the ring a step's ids (and logprobs) are copied into
+        (CUDA only), of at least numel elements.
 
         Steps in flight at once are at most two (launched, and being applied): a ring of three
         is never overwritten before it is read. Steps allocate no pinned memory
-        (cudaHostAlloc synchronizes the device), but for a drafted step larger than any
-        before, whose slot then grows to it (a step in flight keeps the buffer it holds).
+        (cudaHostAlloc synchronizes the device), but for a step larger than any before
+        (drafts, or more than 20 logprobs a row), whose slot then grows to it (a step in flight keeps the buffer it holds).
         """
         if self._host_ids is None:
             return None

@@ -399,16 +399,24 @@ class SamplingState:
         return [self.requests[req_id].params.logprobs for req_id in req_ids]
 
 
+def pack_logprobs(sampler_out: SamplerOutput) -> torch.Tensor:
+    """A step's logprobs as one float64 tensor [N, 2(k+1)+1] on the device (ids, logprobs,
+    rank a row), so that one copy brings them to the host: float64 holds int ids (< 2**53) and
+    float32 logprobs exactly."""
+    assert sampler_out.logprobs is not None, "the step was built without logprobs"
+    return _pack(sampler_out.logprob_token_ids, sampler_out.logprobs, sampler_out.ranks)
+
+
 def to_runner_logprobs(
-    sampler_out: SamplerOutput, num_logprobs: list[int | None]
+    packed_rows: list[list[float]], num_logprobs: list[int | None]
 ) -> list[LogprobsDict | None]:
     """Per row: {token_id: Logprob} (sampled token + top num_logprobs[row]), or None.
 
-    num_logprobs is taken when the step is launched: the requests may have ended (and left
-    the sampling state) by the time the step's results are read.
+    packed_rows: pack_logprobs' rows on the host. num_logprobs is taken when the step is
+    launched: the requests may have ended (and left the sampling state) by the time the
+    step's results are read.
     """
-    assert sampler_out.logprobs is not None, "the step was built without logprobs"
-    rows = _logprobs_to_host(sampler_out.logprob_token_ids, sampler_out.logprobs, sampler_out.ranks)
+    rows = _unpack(packed_rows)
     return [
         None if k is None else _to_dict(ids, logprobs, rank, k)
         for k, (ids, logprobs, rank) in zip(num_logprobs, rows, strict=True)
@@ -425,21 +433,19 @@ def prompt_logprobs_for(
     """
     logprobs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)  # [P, V]
     token_ids = torch.as_tensor(next_token_ids, dtype=torch.int64, device=logits.device)
-    rows = _logprobs_to_host(*gather_logprobs(logprobs, token_ids, num_logprobs))
+    rows = _unpack(_pack(*gather_logprobs(logprobs, token_ids, num_logprobs)).tolist())
     return [_to_dict(ids, values, rank, num_logprobs) for ids, values, rank in rows]
 
 
-def _logprobs_to_host(
-    token_ids: torch.Tensor, logprobs: torch.Tensor, ranks: torch.Tensor
-) -> list[tuple[list[int], list[float], int]]:
-    """[N, k+1] ids, [N, k+1] logprobs, [N] ranks -> per row (ids, logprobs, rank), one sync."""
-    width = token_ids.shape[1]
-    # float64 holds int ids (< 2**53) and float32 logprobs exactly, so one tensor moves all.
-    packed = torch.cat([token_ids.double(), logprobs.double(), ranks.double().unsqueeze(1)], 1)
-    return [
-        ([int(t) for t in row[:width]], row[width : 2 * width], int(row[-1]))
-        for row in packed.tolist()
-    ]
+def _pack(token_ids: torch.Tensor, logprobs: torch.Tensor, ranks: torch.Tensor) -> torch.Tensor:
+    """[N, k+1] ids, [N, k+1] logprobs, [N] ranks -> [N, 2(k+1)+1] float64."""
+    return torch.cat([token_ids.double(), logprobs.double(), ranks.double().unsqueeze(1)], 1)
+
+
+def _unpack(rows: list[list[float]]) -> list[tuple[list[int], list[float], int]]:
+    """_pack's rows (as lists) -> per row (ids, logprobs, rank)."""
+    width = (len(rows[0]) - 1) // 2 if rows else 0
+    return [([int(t) for t in row[:width]], row[width : 2 * width], int(row[-1])) for row in rows]
 
 
 def _to_dict(ids: list[int], logprobs: list[float], rank: int, num_logprobs: int) -> LogprobsDict:

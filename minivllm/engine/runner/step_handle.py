@@ -11,7 +11,11 @@ import torch
 from minivllm.engine.runner.device_inputs import HostCopy
 from minivllm.engine.runner.input_prep import StepInputs
 from minivllm.engine.runner.prompt_logprobs import PromptLogprobsJob, PromptLogprobsTracker
-from minivllm.engine.runner.sampling_state import SamplingState, to_runner_logprobs
+from minivllm.engine.runner.sampling_state import (
+    SamplingState,
+    pack_logprobs,
+    to_runner_logprobs,
+)
 from minivllm.engine.types import RunnerOutput, SchedulerOutput
 from minivllm.layers.sampler import SamplerOutput
 
@@ -46,26 +50,42 @@ class StepHandle:
         sampler_out: SamplerOutput | None = None,
         host_buffer: torch.Tensor | None = None,
     ) -> None:
+        """host_buffer: a pinned 8-byte buffer that the runner owns (CUDA), of at least
+        host_numel(sampler_out) elements, or None."""
         self.sampling_state = sampling_state
         self.req_ids = req_ids
         self.sampler_out = sampler_out
-        self.num_logprobs: list[int | None] | None = None
-        if sampler_out is not None and sampler_out.logprobs is not None:
-            self.num_logprobs = sampling_state.num_logprobs(req_ids)
         # (jobs, their logits [rows, vocab]) when the step scores prompt tokens.
         self.prompt_logprobs_jobs: tuple[list[PromptLogprobsJob], torch.Tensor] | None = None
-        # [num_sampled] into a pinned buffer that the runner owns (CUDA); none when no row
-        # was sampled.
-        ids = None if sampler_out is None else sampler_out.sampled_token_ids
-        self.ids = None if ids is None else HostCopy(ids, host_buffer)
+        # The sampled ids [num_sampled], then the packed logprobs, copied behind the step's
+        # kernels: result() reads them without waiting for the next step queued after them.
+        self.ids: HostCopy | None = None
+        self.logprobs: HostCopy | None = None
+        self.num_logprobs: list[int | None] | None = None
+        if sampler_out is None:
+            return
+        ids = sampler_out.sampled_token_ids
+        self.ids = HostCopy(ids, None if host_buffer is None else host_buffer[: ids.numel()])
+        if sampler_out.logprobs is not None:
+            self.num_logprobs = sampling_state.num_logprobs(req_ids)
+            rest = None if host_buffer is None else host_buffer[ids.numel() :]
+            self.logprobs = HostCopy(pack_logprobs(sampler_out), rest)
+
+    @staticmethod
+    def host_numel(sampler_out: SamplerOutput) -> int:
+        """The host buffer's elements a step with sampler_out needs: ids, packed logprobs."""
+        ids = sampler_out.sampled_token_ids.numel()
+        if sampler_out.logprobs is None:
+            return ids
+        return ids + ids * (2 * sampler_out.logprobs.shape[1] + 1)
 
     @torch.inference_mode()
     def result(self) -> RunnerOutput:
         token_ids = [] if self.ids is None else self.ids.tolist()
         self.sampling_state.append_tokens(self.req_ids, token_ids)
         out = RunnerOutput(req_ids=self.req_ids, sampled_token_ids=token_ids)
-        if self.num_logprobs is not None:
-            out.logprobs = to_runner_logprobs(self.sampler_out, self.num_logprobs)
+        if self.logprobs is not None:
+            out.logprobs = to_runner_logprobs(self.logprobs.tolist(), self.num_logprobs)
         if self.prompt_logprobs_jobs is not None:
             out.prompt_logprobs = PromptLogprobsTracker.collect(*self.prompt_logprobs_jobs)
         return out

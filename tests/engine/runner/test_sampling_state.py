@@ -7,6 +7,7 @@ import torch
 
 from minivllm.engine.runner.sampling_state import (
     SamplingState,
+    pack_logprobs,
     prompt_logprobs_for,
     to_runner_logprobs,
 )
@@ -198,7 +199,7 @@ def test_to_runner_logprobs():
     num_logprobs = state.num_logprobs(req_ids)
     for req_id in req_ids:  # the requests may end before their step is read
         state.remove(req_id)
-    result = to_runner_logprobs(out, num_logprobs)
+    result = to_runner_logprobs(pack_logprobs(out).tolist(), num_logprobs)
     raw = torch.log_softmax(logits, dim=-1)
     sampled = out.sampled_token_ids.tolist()
     assert result[1] is None
