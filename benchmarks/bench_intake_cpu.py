@@ -22,7 +22,7 @@ import minivllm.entrypoints.async_llm as async_llm
 from minivllm.config import EngineConfig
 from minivllm.entrypoints.openai.params import sampling_params
 from minivllm.entrypoints.openai.protocol import CompletionRequest
-from minivllm.entrypoints.openai.serving_common import ServerState, submit
+from minivllm.entrypoints.server.serving_common import ServerState, submit
 
 
 def _us_per_call(fn, n: int) -> float:

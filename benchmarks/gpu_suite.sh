@@ -9,7 +9,7 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 part=${1:-tests}
-server_test=tests/entrypoints/openai/test_server_gpu.py
+server_test=tests/entrypoints/server/test_server_gpu.py
 if [ "$part" = tests ]; then
   nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
   python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)" | tee -a "$OUT/gpu.txt"

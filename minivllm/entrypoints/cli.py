@@ -13,7 +13,7 @@ from minivllm.config import EngineConfig
 from minivllm.demo_model import default_model
 from minivllm.entrypoints.chat_args import add_chat_parser
 from minivllm.entrypoints.engine_args import add_engine_options, engine_options
-from minivllm.entrypoints.openai.cli_args import add_serve_parser
+from minivllm.entrypoints.server.cli_args import add_serve_parser
 from minivllm.sampling_params import SamplingParams
 
 # The engine (torch, seconds to import) is imported by the commands that run it, not at the
@@ -72,7 +72,7 @@ SERVER_EXTRA_MODULES = ("fastapi", "uvicorn", "starlette", "pydantic", "promethe
 def run_serve_checked(args: argparse.Namespace) -> int:
     try:
         # fastapi and uvicorn are optional (the `server` extra): imported only to serve.
-        from minivllm.entrypoints.openai.api_server import run_serve
+        from minivllm.entrypoints.server.api_server import run_serve
     except ModuleNotFoundError as e:
         if e.name is None or e.name.split(".")[0] not in SERVER_EXTRA_MODULES:
             raise

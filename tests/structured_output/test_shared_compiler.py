@@ -100,9 +100,9 @@ def test_the_servers_frontend_starts_its_backend_build_at_startup(monkeypatch) -
 
     from starlette.testclient import TestClient
 
-    from minivllm.entrypoints.openai import server
-    from minivllm.entrypoints.openai.metrics import ServerMetrics
-    from minivllm.entrypoints.openai.serving_common import ServerState
+    from minivllm.entrypoints.server import app as server
+    from minivllm.entrypoints.server.metrics import ServerMetrics
+    from minivllm.entrypoints.server.serving_common import ServerState
 
     builds: list[tuple[str, int]] = []
     monkeypatch.setattr(server, "build_in_background", lambda *key: builds.append(key))

@@ -8,8 +8,8 @@ import asyncio
 from typing import Any
 
 from minivllm.entrypoints.async_llm import AsyncLLM
-from minivllm.entrypoints.openai.errors import APIError
 from minivllm.entrypoints.openai.protocol import ChatTool, NamedToolChoice
+from minivllm.entrypoints.server.errors import APIError
 from minivllm.structured_output.compiler import CompilerBusy
 from minivllm.structured_output.manager import check_structured_outputs
 from minivllm.structured_output.params import StructuredOutputsParams

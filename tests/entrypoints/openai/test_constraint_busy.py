@@ -10,9 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from minivllm.entrypoints.anthropic.serving import anthropic_error
 from minivllm.entrypoints.openai import constraints
-from minivllm.entrypoints.openai.anthropic.serving import anthropic_error
-from minivllm.entrypoints.openai.errors import APIError, error_response
+from minivllm.entrypoints.server.errors import APIError, error_response
 from minivllm.structured_output.compiler import CompilerBusy
 from minivllm.structured_output.params import StructuredOutputsParams
 

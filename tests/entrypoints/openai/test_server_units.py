@@ -11,12 +11,12 @@ import pytest
 from transformers import AutoTokenizer
 
 from minivllm.entrypoints.async_llm import _generation_defaults
-from minivllm.entrypoints.openai.api_server import load_chat_template
 from minivllm.entrypoints.openai.chat.template import render_chat_text
-from minivllm.entrypoints.openai.errors import APIError
 from minivllm.entrypoints.openai.logprobs import chat_logprobs, completion_logprobs
 from minivllm.entrypoints.openai.params import sampling_params, truncate_prompt
 from minivllm.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+from minivllm.entrypoints.server.api_server import load_chat_template
+from minivllm.entrypoints.server.errors import APIError
 from minivllm.outputs import Logprob
 
 
