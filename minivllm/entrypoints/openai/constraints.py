@@ -92,6 +92,7 @@ async def check_constraint(
             config.resolved_tokenizer(),
             engine.info.vocab_size,
             True,
+            cache_bytes=config.grammar_cache_bytes,
         )
     except CompilerBusy as e:  # another request's compiles hold every worker
         retry = {"Retry-After": str(e.retry_after_s)}

@@ -64,7 +64,10 @@ def build_app(state: ServerState, metrics: ServerMetrics, api_key: str | None = 
         # This process checks constrained requests (constraints.py): its grammar backend is
         # built now, not by the first of them.
         engine = state.engine
-        build_in_background(engine.config.resolved_tokenizer(), engine.info.vocab_size)
+        config = engine.config
+        build_in_background(
+            config.resolved_tokenizer(), engine.info.vocab_size, config.grammar_cache_bytes
+        )
         yield
         # After uvicorn's graceful phase: fail whatever is still open, stop the core.
         state.engine.shutdown()

@@ -87,12 +87,13 @@ def test_a_grammar_engine_that_cannot_run_is_a_500_saying_why(monkeypatch) -> No
     from minivllm.structured_output.llguidance_backend import check_llguidance_version
     from minivllm.structured_output.params import StructuredOutputsParams
 
-    def old_llguidance(*args) -> None:
+    def old_llguidance(*args, **kwargs) -> None:
         check_llguidance_version("1.3.0")
 
     monkeypatch.setattr(constraints, "check_structured_outputs", old_llguidance)
     engine = SimpleNamespace(
-        config=SimpleNamespace(resolved_tokenizer=lambda: "m"), info=SimpleNamespace(vocab_size=8)
+        config=SimpleNamespace(resolved_tokenizer=lambda: "m", grammar_cache_bytes=1 << 20),
+        info=SimpleNamespace(vocab_size=8),
     )
     constraint = ("response_format", StructuredOutputsParams(json_object=True))
     with pytest.raises(APIError) as caught:
