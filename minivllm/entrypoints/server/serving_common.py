@@ -33,7 +33,7 @@ class ServerState:
     log_requests: bool = True
     limits: ServerLimits = field(default_factory=ServerLimits)
     # --tool-call-parser when --enable-auto-tool-choice is on (tool_choice "auto"), and
-    # --reasoning-parser (docs/serving.md, "Tool calling" and "Reasoning")
+    # --reasoning-parser (docs/api.md, "Tool calling" and "Reasoning")
     tool_parser: str | None = None
     reasoning_parser: str | None = None
     # The Responses API's stored answers (--responses-store-bytes)
