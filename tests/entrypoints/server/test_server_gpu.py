@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import random
-import runpy
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
+from benchmarks.sse_client import stream_completion
 from minivllm import LLM, SamplingParams
 from minivllm.tiny_model import make_dummy_model_dir
 from tests.entrypoints.conftest import MODEL_NAME, Server
@@ -25,8 +24,6 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
 ]
 NUM_PROMPTS, CONCURRENCY, INPUT_LEN, OUTPUT_LEN = 512, 128, 1000, 200
-# benchmarks/ is a folder of scripts, not a package: load the client from its file.
-_SSE = runpy.run_path(str(Path(__file__).resolve().parents[3] / "benchmarks" / "sse_client.py"))
 
 
 async def _drive(port: int, prompts: list[list[int]]) -> float:
@@ -42,7 +39,7 @@ async def _drive(port: int, prompts: list[list[int]]) -> float:
             "ignore_eos": True,
         }
         async with sem:
-            result = await _SSE["stream_completion"](port, body)
+            result = await stream_completion(port, body)
         return result.usage["completion_tokens"]
 
     await asyncio.gather(*(one(p) for p in prompts[:CONCURRENCY]))  # warm up
