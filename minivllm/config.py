@@ -97,6 +97,10 @@ class EngineConfig:
     # 1 sends every token as it comes; more cuts the server's work per token (fewer chunks,
     # wake-ups and socket writes) at high concurrency, at the cost of burstier streams.
     stream_interval: int = 1
+    # The grammar compile cache's bound, in bytes, per process (the server's two processes
+    # each keep one): compiled structured-output grammars past it are evicted, least recently
+    # used first; 0 keeps none (every constrained request compiles its grammar again).
+    grammar_cache_bytes: int = 512 << 20
     # Which defaults the auto limits take (vLLM's usage context); `minivllm serve` sets "server".
     usage_context: Literal["offline", "server"] = "offline"
     # Speculative decoding (vLLM's option and keys): a SpeculativeConfig, or the dict a user
@@ -170,6 +174,11 @@ class EngineConfig:
         self._check_nodes(check)
         check(
             self.stream_interval >= 1, f"stream_interval must be >= 1, got {self.stream_interval}"
+        )
+        check(
+            self.grammar_cache_bytes >= 0,
+            f"grammar_cache_bytes (--grammar-cache-bytes) must be >= 0, got "
+            f"{self.grammar_cache_bytes}",
         )
         check_choice("usage_context")
         if self.speculative_config is not None and not isinstance(

@@ -3,7 +3,7 @@ cgroup's CPU quota) unless the user set OMP_NUM_THREADS. torch's default (one in
 per core the machine has, and as many inter-op threads) oversubscribes a small or shared box:
 OpenMP threads wait at each op's barrier for a thread that another process holds off its core.
 On a 2-core box with one other busy process, 32 tokens of the demo model took 6.5-17 s with
-two threads and 1.9-4.1 s with one (benchmarks/bench_cpu_threads.py)."""
+two threads and 1.9-4.1 s with one (benchmarks/cpu/bench_cpu_threads.py)."""
 
 from __future__ import annotations
 

@@ -43,7 +43,7 @@ PLANS = {
     ("docs/parallelism.md", "from minivllm import LLM, SamplingParams"): f"skip: {GPU} (2-4)",
     ("docs/parallelism.md", "minivllm generate --model /models/Qwen3-8B --tensor-parallel-size 2"
      ' --prompt "Hello"'): f"parse: {GPU} (2)",
-    ("docs/parallelism.md", "python benchmarks/bench_allreduce.py            # 2 GPUs; or: "
+    ("docs/parallelism.md", "python -m benchmarks.kernels.bench_allreduce            # 2 GPUs; or: "
      "torchrun --nproc-per-node 2 ..."): f"skip: {GPU} (2)",
     ("docs/parallelism.md", "import os"): f"skip: {GPU} (a torchrun script over 2+ GPUs)",
     ("docs/parallelism.md", "torchrun --standalone --nproc-per-node 2 my_script.py            "

@@ -1,23 +1,21 @@
 """benchmarks/workloads.py: the throughput workload shapes are seeded, sized as documented, and
 the headline is exactly docs/performance.md's; batch-1 latency's procedure;
-benchmarks/profile_workload.py's runs and kernel kinds."""
+benchmarks/engine/profile_workload.py's runs and kernel kinds."""
 
 from __future__ import annotations
 
-import runpy
 from collections import Counter
-from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "workloads.py"
+from benchmarks import workloads as workloads_module
+from benchmarks.engine import profile_workload as profile_workload_module
+from benchmarks.kernels import prefill_dispatch_model
 
 
 @pytest.fixture(scope="module")
 def workloads():
-    # benchmarks/ is a folder of scripts, not a package: load the module from its file.
-    return SimpleNamespace(**runpy.run_path(str(_PATH), run_name="bench_workloads"))
+    return workloads_module
 
 
 def _check_ranges(w, prompt_range, output_range) -> None:
@@ -106,17 +104,8 @@ def test_result_fields(workloads) -> None:
 
 
 @pytest.fixture(scope="module")
-def monkeypatch_module_path():
-    # profile_workload.py imports its neighbours (common, workloads) as a script does.
-    with pytest.MonkeyPatch.context() as mp:
-        mp.syspath_prepend(str(_PATH.parent))
-        yield
-
-
-@pytest.fixture(scope="module")
-def profile_workload(monkeypatch_module_path):
-    return SimpleNamespace(**runpy.run_path(str(_PATH.parent / "profile_workload.py"),
-                                            run_name="bench_profile_workload"))  # fmt: skip
+def profile_workload():
+    return profile_workload_module
 
 
 def test_profile_runs_never_share_a_prompt(workloads, profile_workload) -> None:
@@ -174,9 +163,8 @@ def test_batch1_latency_warms_up_then_times_new_prompts(workloads) -> None:
 
 
 @pytest.fixture(scope="module")
-def dispatch_model(monkeypatch_module_path):
-    return SimpleNamespace(**runpy.run_path(str(_PATH.parent / "prefill_dispatch_model.py"),
-                                            run_name="bench_dispatch_model"))  # fmt: skip
+def dispatch_model():
+    return prefill_dispatch_model
 
 
 def test_dispatch_model_a_long_tile_started_last_runs_alone(dispatch_model) -> None:

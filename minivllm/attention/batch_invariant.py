@@ -13,7 +13,7 @@ from minivllm.kernels.batch_invariant_attention import batch_invariant_attention
 
 # Decode rows are split by segment while they give fewer (request, kv head) programs than this
 # many SMs' worth: more, shorter programs (and a fold kernel) instead of one walk per row.
-# A speed choice only (both launches give the same bits); benchmarks/tune_deterministic.py
+# A speed choice only (both launches give the same bits); benchmarks/kernels/tune_deterministic.py
 # times both at batch 256.
 SPLIT_DECODE_WAVES = 1.0
 

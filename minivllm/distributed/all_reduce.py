@@ -27,7 +27,7 @@ Reduce = Callable[[torch.Tensor, int], torch.Tensor]
 
 # Per world size: (method, largest message in bytes it takes), tried in order; larger
 # messages go to the fallback (NCCL). At two ranks one-shot and two-shot move the same bytes
-# and one-shot needs one barrier less. benchmarks/bench_allreduce.py measures these.
+# and one-shot needs one barrier less. benchmarks/kernels/bench_allreduce.py measures these.
 PLANS: dict[int, tuple[tuple[Method, int], ...]] = {
     2: (("one_shot", 8 << 20),),
     4: (("one_shot", 512 << 10), ("two_shot", 8 << 20)),

@@ -73,6 +73,7 @@ class EngineCore:
             pin_memory=on_cuda,
             # Under torchrun every rank schedules: admission must not hang on compile timing.
             wait_for_compiles=torchrun_rank() is not None,
+            cache_bytes=config.grammar_cache_bytes,
         )
         with engine_starting():  # its compiles are expected, not late (kernels/late_compiles)
             self.executor = build_executor(setup)

@@ -4,7 +4,7 @@ A 1,000-token prompt takes ~1 ms to encode; on the loop, a wave of them stalls e
 So texts go to a pool of worker threads. Each calls the Rust tokenizer behind the HF one
 (`backend_tokenizer.encode_batch([text])`, which releases the GIL), so a burst of 128 prompts
 is encoded on as many cores as the pool has threads. Chat templates and decodes of whole id
-lists run there too (`run`). docs/serving.md has the figures.
+lists run there too (`run`). docs/serving.md says why.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from minivllm.config import EngineConfig
 from minivllm.demo_model import default_model
 from minivllm.entrypoints.chat_args import add_chat_parser
 from minivllm.entrypoints.engine_args import add_engine_options, engine_options
-from minivllm.entrypoints.openai.cli_args import add_serve_parser
+from minivllm.entrypoints.server.cli_args import add_serve_parser
 from minivllm.sampling_params import SamplingParams
 
 # The engine (torch, seconds to import) is imported by the commands that run it, not at the
@@ -72,7 +72,7 @@ SERVER_EXTRA_MODULES = ("fastapi", "uvicorn", "starlette", "pydantic", "promethe
 def run_serve_checked(args: argparse.Namespace) -> int:
     try:
         # fastapi and uvicorn are optional (the `server` extra): imported only to serve.
-        from minivllm.entrypoints.openai.api_server import run_serve
+        from minivllm.entrypoints.server.api_server import run_serve
     except ModuleNotFoundError as e:
         if e.name is None or e.name.split(".")[0] not in SERVER_EXTRA_MODULES:
             raise
@@ -92,22 +92,23 @@ def run_serve_checked(args: argparse.Namespace) -> int:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    """Runs benchmarks/bench_<kind>.py of the source checkout with the remaining arguments,
-    as a script: its folder first on sys.path (it imports its neighbour benchmarks/common.py,
-    as Python does for a script) and `minivllm bench <kind>` as its argv[0] (its --help and
-    errors name the command that was typed)."""
+    """Runs the source checkout's benchmarks.engine.bench_<kind> module with the remaining
+    arguments, as `python -m` from the checkout's root would (the root first on sys.path: the
+    benchmarks import their shared modules as `benchmarks.*`) and `minivllm bench <kind>` as
+    its argv[0] (its --help and errors name the command that was typed)."""
+    import runpy
     from pathlib import Path
 
-    script = Path(__file__).resolve().parents[2] / "benchmarks" / f"bench_{args.kind}.py"
-    if not script.is_file():
-        raise ValueError(f"benchmark script not found at {script} (needs a source checkout)")
+    root = Path(__file__).resolve().parents[2]
+    module = f"benchmarks.engine.bench_{args.kind}"
+    if not (root / "benchmarks" / "engine" / f"bench_{args.kind}.py").is_file():
+        raise ValueError(f"benchmark {module} not found under {root} (needs a source checkout)")
     saved_argv, saved_path = sys.argv, list(sys.path)
     sys.argv = [f"minivllm bench {args.kind}", *args.rest]
-    sys.path.insert(0, str(script.parent))
+    sys.path.insert(0, str(root))
     try:
-        # exec, not runpy.run_path: that one sets argv[0] back to the script's path.
-        code = compile(script.read_text(), str(script), "exec")
-        exec(code, {"__name__": "__main__", "__file__": str(script)})
+        # alter_sys=False keeps the argv[0] above (run_module would set the module's path).
+        runpy.run_module(module, run_name="__main__", alter_sys=False)
     except SystemExit as e:  # argparse's --help and errors, the script's own exit codes
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     finally:
@@ -150,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "kind",
         choices=["throughput", "latency"],
-        help="benchmarks/bench_KIND.py (`minivllm bench KIND --help` for its options)",
+        help="benchmarks/engine/bench_KIND.py (`minivllm bench KIND --help` for its options)",
     )
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="the benchmark's options")
     return parser

@@ -71,6 +71,7 @@ class LLM:
             params.structured_outputs,
             self.config.resolved_tokenizer(),
             info.vocab_size,
+            cache_bytes=self.config.grammar_cache_bytes,
         )
 
     def generate(

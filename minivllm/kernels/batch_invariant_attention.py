@@ -186,8 +186,8 @@ def _walk(
     fold runs in the next tile's step (`_walk_step`), after its QK^T: the wait for that MMA
     also covers the previous tile's (asynchronous) MMAs, whereas a fold right after them would
     read accumulators still in flight, and ptxas then serializes every wgmma of the kernel
-    (warning C7515, `benchmarks/kernel_resources.py`). The closing fold of an empty state (loop
-    ended on a boundary) changes nothing: a = 1, b = 0 exactly."""
+    (warning C7515, `benchmarks/kernels/kernel_resources.py`). The closing fold of an empty
+    state (loop ended on a boundary) changes nothing: a = 1, b = 0 exactly."""
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M, L_COLS], tl.float32)

@@ -1,7 +1,7 @@
 """Tile configs of the batch-invariant attention kernel (kernels/batch_invariant_attention.py):
 per head_dim, one BLOCK_N (a row's tile boundaries, so its arithmetic) for every launch; the
 rest (rows, warps, stages) only lays out registers. Tuned values come from
-`benchmarks/tune_deterministic.py` on an H200, where the GPU put them in one bit class."""
+`benchmarks/kernels/tune_deterministic.py` on an H200, where the GPU put them in one bit class."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ _CONFIGS = (
 # Decode-only launches (one query row per request): (BLOCK_M, num_warps, num_stages) per
 # (head_dim bound, elem_size 2 or 4); the varlen config where absent. BLOCK_M 16 pads a GQA
 # group as the default decode kernel does instead of 64 rows. Set from
-# benchmarks/tune_deterministic.py, only where the GPU gave decode and prefill tiles the same
-# bits (an MMA of 16 rows and a 64-row warpgroup MMA must round alike).
+# benchmarks/kernels/tune_deterministic.py, only where the GPU gave decode and prefill tiles
+# the same bits (an MMA of 16 rows and a 64-row warpgroup MMA must round alike).
 _DECODE_CONFIGS: dict[tuple[int, int], tuple[int, int, int]] = {(128, 2): (16, 4, 4)}
 
 

@@ -1,5 +1,6 @@
 """Tile configs of the batch-invariant GEMM (kernels/matmul.py): per weight shape (N, K), one
-config per bucket of M, from `benchmarks/tune_deterministic.py` on an H200; a rule otherwise.
+config per bucket of M, from `benchmarks/kernels/tune_deterministic.py` on an H200; a rule
+otherwise.
 
 A config may change with M only because a non-split-K GEMM reduces each output element over K
 in BLOCK_K steps in order, whatever the M and N tiles: every config of one shape has the same
@@ -15,7 +16,7 @@ Config = tuple[int, int, int, int, int]  # (block_m, block_n, block_k, num_warps
 Buckets = tuple[tuple[int, Config], ...]  # ((max_m, config), ...), max_m ascending
 
 # (N, K) -> buckets for 2-byte dtypes; the last bucket also covers every larger M. Paste the
-# "table" of benchmarks/tune_deterministic.py's final JSON line here.
+# "table" of benchmarks/kernels/tune_deterministic.py's final JSON line here.
 # Measured by tune_deterministic.py on one H200 (triton 3.6).
 TABLE: dict[tuple[int, int], Buckets] = {
     (4096, 1024): (

@@ -47,7 +47,7 @@ MAX_SPEC_BYTES = 256 << 10
 
 # grammar_bytes' estimate of one lane (template): an upper bound of the resident memory that
 # distinct compiles added on the demo model's 49k vocabulary
-# (benchmarks/bench_grammar_memory_cpu.py: 15-240 bytes a character of grammar text for JSON
+# (benchmarks/cpu/bench_grammar_memory_cpu.py: 15-240 bytes a character of grammar text for JSON
 # schemas of 5-450 properties, at most ~50 kB for a small regex, by the tokenizer's build).
 LANE_BYTES_BASE = 64 << 10
 LANE_BYTES_PER_CHAR = 256

@@ -24,7 +24,11 @@ from minivllm.structured_output.bitmask import (
     drop_eos,
     unforced_rows,
 )
-from minivllm.structured_output.compiler import GrammarCompiler, compile_result
+from minivllm.structured_output.compiler import (
+    DEFAULT_CACHE_BYTES,
+    GrammarCompiler,
+    compile_result,
+)
 from minivllm.structured_output.llguidance_backend import LLGuidanceBackend
 from minivllm.structured_output.params import StructuredOutputsParams, StructuredOutputSpec
 from minivllm.structured_output.request_state import StructuredOutputRequest, matcher_rows
@@ -40,22 +44,27 @@ VALIDATE_TIMEOUT_S = 30.0
 _building = threading.Lock()
 
 
-def shared_compiler(tokenizer: str, vocab_size: int) -> GrammarCompiler:
+def shared_compiler(
+    tokenizer: str, vocab_size: int, cache_bytes: int = DEFAULT_CACHE_BYTES
+) -> GrammarCompiler:
     """The process's compiler for one tokenizer (path) and bitmask width (the model's
     vocabulary, which may be padded past the tokenizer's). Built on first use, once:
     loading the tokenizer and llguidance's token trie takes about a second, and callers
-    meanwhile wait for that build."""
+    meanwhile wait for that build. cache_bytes: its compile cache's bound in bytes (the
+    engine option grammar_cache_bytes)."""
     with _building:
-        return _build_shared_compiler(tokenizer, vocab_size)
+        return _build_shared_compiler(tokenizer, vocab_size, cache_bytes)
 
 
 @functools.lru_cache(maxsize=8)
-def _build_shared_compiler(tokenizer: str, vocab_size: int) -> GrammarCompiler:
+def _build_shared_compiler(tokenizer: str, vocab_size: int, cache_bytes: int) -> GrammarCompiler:
     backend = LLGuidanceBackend(load_tokenizer(tokenizer), vocab_size=vocab_size)
-    return GrammarCompiler(backend)
+    return GrammarCompiler(backend, cache_bytes=cache_bytes)
 
 
-def build_in_background(tokenizer: str, vocab_size: int) -> Future[GrammarCompiler]:
+def build_in_background(
+    tokenizer: str, vocab_size: int, cache_bytes: int = DEFAULT_CACHE_BYTES
+) -> Future[GrammarCompiler]:
     """shared_compiler(tokenizer, vocab_size), built on a daemon thread: the future holds the
     compiler, or the ValueError saying why it could not be built. An engine's manager builds
     through it at its first constrained request, a server's two processes at start (so that
@@ -65,7 +74,7 @@ def build_in_background(tokenizer: str, vocab_size: int) -> Future[GrammarCompil
     future: Future[GrammarCompiler] = Future()
     threading.Thread(
         target=_build_compiler,
-        args=(future, tokenizer, vocab_size),
+        args=(future, tokenizer, vocab_size, cache_bytes),
         name="minivllm-grammar-backend",
         daemon=True,
     ).start()
@@ -77,6 +86,7 @@ def check_structured_outputs(
     tokenizer: str,
     vocab_size: int,
     refuse_when_busy: bool = False,
+    cache_bytes: int = DEFAULT_CACHE_BYTES,
 ) -> None:
     """A frontend's check, before queueing: ValueError naming the problem for a spec that
     does not compile (or not within VALIDATE_TIMEOUT_S). The compile is cached, so the
@@ -85,7 +95,7 @@ def check_structured_outputs(
     spec while every compile worker is busy (a server: 503, not a wait behind others)."""
     if params is None:
         return
-    compiler = shared_compiler(tokenizer, vocab_size)
+    compiler = shared_compiler(tokenizer, vocab_size, cache_bytes)
     future = compiler.submit(params.spec_key(), refuse_when_busy)
     try:
         compile_result(future, VALIDATE_TIMEOUT_S)
@@ -117,8 +127,10 @@ class StructuredOutputManager:
         max_num_seqs: int,
         pin_memory: bool = False,
         wait_for_compiles: bool = False,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
     ) -> None:
         self.tokenizer = tokenizer
+        self.cache_bytes = cache_bytes
         self.vocab_size = vocab_size
         self.max_num_seqs = max_num_seqs
         self.pin_memory = pin_memory
@@ -151,7 +163,7 @@ class StructuredOutputManager:
 
     def _compiler_future(self) -> Future[GrammarCompiler]:
         if self._compiler is None:
-            self._compiler = build_in_background(self.tokenizer, self.vocab_size)
+            self._compiler = build_in_background(self.tokenizer, self.vocab_size, self.cache_bytes)
         return self._compiler
 
     def _submit(self, spec: StructuredOutputSpec) -> Future[CompiledGrammar]:
@@ -278,9 +290,11 @@ class _LazyBackend:
         return self._manager.backend.new_matcher(grammar)
 
 
-def _build_compiler(future: Future[GrammarCompiler], tokenizer: str, vocab_size: int) -> None:
+def _build_compiler(
+    future: Future[GrammarCompiler], tokenizer: str, vocab_size: int, cache_bytes: int
+) -> None:
     try:
-        future.set_result(shared_compiler(tokenizer, vocab_size))
+        future.set_result(shared_compiler(tokenizer, vocab_size, cache_bytes))
     except Exception as e:  # noqa: BLE001 - every request waiting on it fails with it
         future.set_exception(ValueError(f"the structured output backend could not be built: {e}"))
 

@@ -18,7 +18,7 @@ import torch
 from minivllm.config import EngineConfig
 from minivllm.entrypoints import cli, llm
 from minivllm.entrypoints.engine_args import _SKIP, FLAG_HELP
-from minivllm.entrypoints.openai import api_server
+from minivllm.entrypoints.server import api_server
 
 NO_GPU = not torch.cuda.is_available()
 

@@ -1,6 +1,6 @@
 """Registers, spills and shared memory of the gated delta kernels on Hopper, without a GPU: each
 kernel compiled for sm_90 through its own launcher on meta tensors, with
-benchmarks/kernel_resources.py's stub driver (nothing runs). Shapes: Qwen3.5-9B's linear
+benchmarks/kernels/kernel_resources.py's stub driver (nothing runs). Shapes: Qwen3.5-9B's linear
 attention (16 q/k heads, 32 value heads, head dims 128, conv over 8,192 channels), bf16, an
 8,192-token prefill of 4 sequences, a decode batch of 64. One JSON line.
 
@@ -20,7 +20,7 @@ import torch  # noqa: E402
 from triton.runtime.driver import driver  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
-from benchmarks.kernel_resources import _Capture, _StubDriver, meta, resources  # noqa: E402
+from benchmarks.kernels.kernel_resources import _Capture, _StubDriver, meta, resources  # noqa: E402
 from minivllm.kernels.gated_delta import conv1d, decode, prefill  # noqa: E402
 from minivllm.kernels.gated_delta.chunk_layout import CHUNK_SIZE, ChunkLayout  # noqa: E402
 

@@ -1,9 +1,9 @@
 """Registers, spills and shared memory of the fused-MoE kernels on Hopper, without a GPU: each
 kernel compiled for sm_90 through its launcher on meta tensors, with
-benchmarks/kernel_resources.py's stub driver (nothing runs): the GEMMs in the tiles `configs.py`
-gives a decode step (1 token) and a prefill step (8,192 tokens), the router, alignment and sum,
-at Qwen3-30B-A3B's shapes (128 experts, top-8, hidden 2048, intermediate 768), bf16. One JSON
-line.
+benchmarks/kernels/kernel_resources.py's stub driver (nothing runs): the GEMMs in the tiles
+`configs.py` gives a decode step (1 token) and a prefill step (8,192 tokens), the router,
+alignment and sum, at Qwen3-30B-A3B's shapes (128 experts, top-8, hidden 2048, intermediate
+768), bf16. One JSON line.
 
     python -m tests.kernels.moe_resources      (from the repository root)
 """
@@ -20,7 +20,7 @@ os.environ.update(TRITON_ALWAYS_COMPILE="1", TRITON_DUMP_PTXAS_LOG="1")
 import torch  # noqa: E402
 from triton.runtime.driver import driver  # noqa: E402
 
-from benchmarks.kernel_resources import _Capture, _StubDriver, meta, resources  # noqa: E402
+from benchmarks.kernels.kernel_resources import _Capture, _StubDriver, meta, resources  # noqa: E402
 from minivllm.kernels.moe import align, grouped_gemm, router, topk_sum  # noqa: E402
 from minivllm.kernels.moe.align import ExpertBlocks, max_padded_rows  # noqa: E402
 from minivllm.kernels.moe.configs import moe_config  # noqa: E402

@@ -49,7 +49,7 @@ def test_deterministic_engine_same_bits(model: str, request: pytest.FixtureReque
 
 @pytest.mark.skipif(
     DEVICE == "cuda",
-    reason="on GPUs: benchmarks/determinism_check.py --tensor-parallel-size 2 (two GPUs)",
+    reason="on GPUs: benchmarks/checks/determinism_check.py --tensor-parallel-size 2 (two GPUs)",
 )
 @pytest.mark.usefixtures("ordered_dot", "ordered_dot_in_workers")
 def test_deterministic_engine_same_bits_tensor_parallel(tiny_qwen3_dir: str) -> None:

@@ -1,6 +1,6 @@
 """Deterministic mode's attention kernels, compiled for Hopper (sm_90) without a GPU by
-benchmarks/kernel_resources.py: each launch fits a block's shared memory (a launch past it fails
-on the GPU), and ptxas reports no performance loss (a fold that reads accumulators still in
+benchmarks/kernels/kernel_resources.py: each launch fits a block's shared memory (a launch past
+it fails on the GPU), and ptxas reports no performance loss (a fold that reads accumulators still in
 flight made it serialize every warpgroup MMA of the kernel: warning C7515)."""
 
 from __future__ import annotations
@@ -8,13 +8,13 @@ from __future__ import annotations
 import pytest
 from sm90_compile import compile_figures
 
-SCRIPT = "benchmarks/kernel_resources.py"  # run from the repository root
+MODULE = "benchmarks.kernels.kernel_resources"  # run from the repository root
 VARIANTS = ("bi_walk", "bi_walk_decode", "bi_split_decode")
 
 
 @pytest.fixture(scope="module")
 def resources() -> dict:
-    return compile_figures([str(SCRIPT), "--only", ",".join(VARIANTS)])
+    return compile_figures(["-m", MODULE, "--only", ",".join(VARIANTS)])
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

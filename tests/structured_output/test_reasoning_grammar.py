@@ -1,4 +1,4 @@
-"""A constraint after the reasoning (entrypoints/openai/reasoning/constraint.py), compiled by
+"""A constraint after the reasoning (entrypoints/parsers/reasoning/constraint.py), compiled by
 llguidance on the tiny tokenizer: free text up to `</think>` is accepted, then every random
 completion the mask allows satisfies the constraint; before `</think>` the constraint does
 not hold, and with reasoning off it holds from the first token."""
@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 import torch
 
-from minivllm.entrypoints.openai.reasoning.constraint import (
+from minivllm.entrypoints.parsers.reasoning.constraint import (
     after_reasoning,
     has_special_markers,
     reasoning_start,

@@ -100,21 +100,21 @@ def test_the_servers_frontend_starts_its_backend_build_at_startup(monkeypatch) -
 
     from starlette.testclient import TestClient
 
-    from minivllm.entrypoints.openai import server
-    from minivllm.entrypoints.openai.metrics import ServerMetrics
-    from minivllm.entrypoints.openai.serving_common import ServerState
+    from minivllm.entrypoints.server import app as server
+    from minivllm.entrypoints.server.metrics import ServerMetrics
+    from minivllm.entrypoints.server.serving_common import ServerState
 
-    builds: list[tuple[str, int]] = []
+    builds: list[tuple[str, int, int]] = []
     monkeypatch.setattr(server, "build_in_background", lambda *key: builds.append(key))
     # The lifespan freezes the heap for a server's life: not this test process's.
     monkeypatch.setattr(server.gc, "freeze", lambda: None)
     engine = SimpleNamespace(
         attach_loop=lambda loop: None,
         shutdown=lambda: None,
-        config=SimpleNamespace(resolved_tokenizer=lambda: "/models/m"),
+        config=SimpleNamespace(resolved_tokenizer=lambda: "/models/m", grammar_cache_bytes=4096),
         info=SimpleNamespace(vocab_size=1234),
     )
     app = server.build_app(ServerState(engine, ["m"]), ServerMetrics("m-prebuild"))
     assert builds == []
     with TestClient(app):  # runs the lifespan
-        assert builds == [("/models/m", 1234)]
+        assert builds == [("/models/m", 1234, 4096)]  # with the --grammar-cache-bytes bound

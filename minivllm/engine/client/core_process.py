@@ -35,7 +35,7 @@ logger = logging.getLogger("minivllm.core")
 
 # Test hook (fault injection): step number at which step() raises.
 FAULT_ENV = "MINIVLLM_FAULT_AT_STEP"
-# Benchmark hook: "module:Class" of an EngineCore stand-in (benchmarks/bench_frontend_cpu.py
+# Benchmark hook: "module:Class" of an EngineCore stand-in (benchmarks/cpu/bench_frontend_cpu.py
 # measures the frontend with a core whose steps cost nothing).
 CORE_FACTORY_ENV = "MINIVLLM_CORE_FACTORY"
 

@@ -1,1 +1,2 @@
-"""The OpenAI-compatible HTTP server (`minivllm serve`)."""
+"""OpenAI's completions and chat completions: request bodies, sampling parameters, constraints,
+logprobs, and the two endpoints' handlers."""

@@ -8,8 +8,8 @@ import asyncio
 from typing import Any
 
 from minivllm.entrypoints.async_llm import AsyncLLM
-from minivllm.entrypoints.openai.errors import APIError
 from minivllm.entrypoints.openai.protocol import ChatTool, NamedToolChoice
+from minivllm.entrypoints.server.errors import APIError
 from minivllm.structured_output.compiler import CompilerBusy
 from minivllm.structured_output.manager import check_structured_outputs
 from minivllm.structured_output.params import StructuredOutputsParams
@@ -92,6 +92,7 @@ async def check_constraint(
             config.resolved_tokenizer(),
             engine.info.vocab_size,
             True,
+            cache_bytes=config.grammar_cache_bytes,
         )
     except CompilerBusy as e:  # another request's compiles hold every worker
         retry = {"Retry-After": str(e.retry_after_s)}

@@ -10,7 +10,6 @@ from typing import Any, TypeVar
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
-from minivllm.entrypoints.openai.errors import APIError
 from minivllm.entrypoints.openai.protocol import (
     MAX_LOGPROBS,
     MAX_N,
@@ -18,6 +17,7 @@ from minivllm.entrypoints.openai.protocol import (
     MAX_STOP_STRINGS,
     ServerLimits,
 )
+from minivllm.entrypoints.server.errors import APIError
 from minivllm.sampling_params import SamplingParams
 from minivllm.structured_output.params import StructuredOutputsParams
 

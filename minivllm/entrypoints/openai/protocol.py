@@ -5,7 +5,7 @@ in OpenAI's API (vLLM ignores it): a misspelt field would otherwise change the o
 silence. Their fields that this server does not implement are accepted only at the value that
 changes nothing (_unimplemented). Nested objects (messages, tools) ignore unknown keys: clients
 send back assistant messages as they received them. Responses are built as plain dicts in the
-serving modules (their shapes are documented there and in docs/serving.md).
+serving modules (their shapes are documented there and in docs/api.md).
 """
 
 from __future__ import annotations
@@ -282,7 +282,7 @@ class TokenizeRequest(_Request):
     """Either a completion-style prompt or chat-style messages, with the tools the template
     renders beside them (vLLM's /tokenize: the count is the chat request's prompt_tokens).
     Other fields are ignored: vllm-router's cache_aware policy posts a whole chat or
-    completion body here to learn its prompt's tokens (docs/serving.md, section 11)."""
+    completion body here to learn its prompt's tokens (docs/serving.md, section 6)."""
 
     model: str | None = None
     prompt: str | None = None

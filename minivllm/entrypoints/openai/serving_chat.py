@@ -19,7 +19,6 @@ from minivllm.entrypoints.openai.chat.output import (
 )
 from minivllm.entrypoints.openai.chat.template import render_chat_text
 from minivllm.entrypoints.openai.constraints import check_constraint, request_constraint
-from minivllm.entrypoints.openai.errors import APIError, sse_error
 from minivllm.entrypoints.openai.logprobs import chat_logprobs, prompt_logprobs
 from minivllm.entrypoints.openai.params import (
     check_model,
@@ -31,12 +30,13 @@ from minivllm.entrypoints.openai.protocol import (
     MAX_LOGPROBS,
     ChatCompletionRequest,
 )
-from minivllm.entrypoints.openai.reasoning.constraint import (
+from minivllm.entrypoints.parsers.reasoning.constraint import (
     after_reasoning,
     has_special_markers,
     reasoning_start,
 )
-from minivllm.entrypoints.openai.serving_common import (
+from minivllm.entrypoints.server.errors import APIError, sse_error
+from minivllm.entrypoints.server.serving_common import (
     ServerState,
     as_api_error,
     check_num_completions,
@@ -47,7 +47,7 @@ from minivllm.entrypoints.openai.serving_common import (
     tokenize_text,
     usage,
 )
-from minivllm.entrypoints.openai.streaming import SSE_DONE, DeltaCursor, SSEChunks
+from minivllm.entrypoints.server.streaming import SSE_DONE, DeltaCursor, SSEChunks
 from minivllm.outputs import CompletionOutput, RequestOutput
 
 

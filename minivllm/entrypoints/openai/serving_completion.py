@@ -8,7 +8,6 @@ from collections.abc import AsyncIterator
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from minivllm.entrypoints.openai.constraints import check_constraint, request_constraint
-from minivllm.entrypoints.openai.errors import APIError, sse_error
 from minivllm.entrypoints.openai.logprobs import completion_logprobs, prompt_logprobs, top_ranks
 from minivllm.entrypoints.openai.params import (
     check_model,
@@ -17,7 +16,8 @@ from minivllm.entrypoints.openai.params import (
     truncate_prompt,
 )
 from minivllm.entrypoints.openai.protocol import CompletionRequest
-from minivllm.entrypoints.openai.serving_common import (
+from minivllm.entrypoints.server.errors import APIError, sse_error
+from minivllm.entrypoints.server.serving_common import (
     ServerState,
     as_api_error,
     check_num_completions,
@@ -30,7 +30,7 @@ from minivllm.entrypoints.openai.serving_common import (
     tokenize_text,
     usage,
 )
-from minivllm.entrypoints.openai.streaming import SSE_DONE, DeltaCursor, SSEChunks
+from minivllm.entrypoints.server.streaming import SSE_DONE, DeltaCursor, SSEChunks
 from minivllm.outputs import CompletionOutput, RequestOutput
 
 

@@ -32,7 +32,7 @@ MoeShape = tuple[int, int, int, int]  # (num_experts, hidden, intermediate per r
 
 # MoeShape -> ((max_tokens, config), ...), max_tokens ascending, the last also covering every
 # larger step; 2-byte dtypes only; every config keeps _BLOCK_K's block_k in both GEMMs (batch
-# invariance). Empty until measured on a GPU (benchmarks/bench_moe.py --tune).
+# invariance). Empty until measured on a GPU (benchmarks/kernels/bench_moe.py --tune).
 TABLE: dict[MoeShape, tuple[tuple[int, MoeTileConfig], ...]] = {}
 
 # BLOCK_K per dtype: float32 tiles hold twice the bytes.

@@ -10,21 +10,23 @@ from types import SimpleNamespace
 
 import pytest
 
+from minivllm.entrypoints.anthropic.serving import anthropic_error
 from minivllm.entrypoints.openai import constraints
-from minivllm.entrypoints.openai.anthropic.serving import anthropic_error
-from minivllm.entrypoints.openai.errors import APIError, error_response
+from minivllm.entrypoints.server.errors import APIError, error_response
 from minivllm.structured_output.compiler import CompilerBusy
 from minivllm.structured_output.params import StructuredOutputsParams
 
 
 def test_a_busy_compiler_is_a_503_with_retry_after(monkeypatch):
-    def busy(*args):
+    def busy(*args, **kwargs):
         assert args[-1] is True  # the server's check asks to be refused, not queued
+        assert kwargs == {"cache_bytes": 4096}  # --grammar-cache-bytes
         raise CompilerBusy(2)
 
     monkeypatch.setattr(constraints, "check_structured_outputs", busy)
     engine = SimpleNamespace(
-        config=SimpleNamespace(resolved_tokenizer=lambda: "tok"), info=SimpleNamespace(vocab_size=8)
+        config=SimpleNamespace(resolved_tokenizer=lambda: "tok", grammar_cache_bytes=4096),
+        info=SimpleNamespace(vocab_size=8),
     )
     constraint = ("response_format", StructuredOutputsParams(regex="a+"))
     with pytest.raises(APIError) as info:

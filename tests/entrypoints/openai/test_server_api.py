@@ -6,9 +6,9 @@ import asyncio
 
 import openai
 import pytest
-from conftest import API_KEY, MODEL_NAME
 
 from minivllm import LLM, SamplingParams
+from tests.entrypoints.conftest import API_KEY, MODEL_NAME
 
 PROMPT_IDS = [11, 22, 33, 44, 55, 66, 77, 88, 99, 111, 122, 133]
 GREEDY = dict(temperature=0.0, max_tokens=16, extra_body={"ignore_eos": True})

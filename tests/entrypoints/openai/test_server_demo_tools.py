@@ -11,9 +11,9 @@ import json
 import jsonschema
 import openai
 import pytest
-from conftest import MODEL_NAME, Server
 
 from minivllm.demo_model import INSTALL_HINT, demo_gguf_file
+from tests.entrypoints.conftest import MODEL_NAME, Server
 
 CITY = {"type": "string", "maxLength": 24}
 PARAMS = {

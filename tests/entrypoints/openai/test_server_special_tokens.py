@@ -8,10 +8,10 @@ import shutil
 
 import openai
 import pytest
-from conftest import MODEL_NAME, Server
 from tokenizers import Tokenizer, processors
 
 from minivllm.tokenizer import load_tokenizer
+from tests.entrypoints.conftest import MODEL_NAME, Server
 
 BOS = "<|endoftext|>"
 

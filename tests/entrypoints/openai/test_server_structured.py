@@ -10,7 +10,8 @@ import re
 import jsonschema
 import openai
 import pytest
-from conftest import MODEL_NAME, WEATHER_PARAMS, Server
+
+from tests.entrypoints.conftest import MODEL_NAME, WEATHER_PARAMS, Server
 
 # Small, closed schemas: a random model can only finish them by following the mask.
 SCHEMA = {**WEATHER_PARAMS, "x-guidance": {"whitespace_flexible": False}}

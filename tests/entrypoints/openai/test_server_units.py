@@ -11,12 +11,12 @@ import pytest
 from transformers import AutoTokenizer
 
 from minivllm.entrypoints.async_llm import _generation_defaults
-from minivllm.entrypoints.openai.api_server import load_chat_template
 from minivllm.entrypoints.openai.chat.template import render_chat_text
-from minivllm.entrypoints.openai.errors import APIError
 from minivllm.entrypoints.openai.logprobs import chat_logprobs, completion_logprobs
 from minivllm.entrypoints.openai.params import sampling_params, truncate_prompt
 from minivllm.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+from minivllm.entrypoints.server.api_server import load_chat_template
+from minivllm.entrypoints.server.errors import APIError
 from minivllm.outputs import Logprob
 
 
@@ -87,12 +87,13 @@ def test_a_grammar_engine_that_cannot_run_is_a_500_saying_why(monkeypatch) -> No
     from minivllm.structured_output.llguidance_backend import check_llguidance_version
     from minivllm.structured_output.params import StructuredOutputsParams
 
-    def old_llguidance(*args) -> None:
+    def old_llguidance(*args, **kwargs) -> None:
         check_llguidance_version("1.3.0")
 
     monkeypatch.setattr(constraints, "check_structured_outputs", old_llguidance)
     engine = SimpleNamespace(
-        config=SimpleNamespace(resolved_tokenizer=lambda: "m"), info=SimpleNamespace(vocab_size=8)
+        config=SimpleNamespace(resolved_tokenizer=lambda: "m", grammar_cache_bytes=1 << 20),
+        info=SimpleNamespace(vocab_size=8),
     )
     constraint = ("response_format", StructuredOutputsParams(json_object=True))
     with pytest.raises(APIError) as caught:

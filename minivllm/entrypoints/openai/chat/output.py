@@ -8,17 +8,17 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from minivllm.entrypoints.openai.constraints import named_tool_schema, required_tool_schema
-from minivllm.entrypoints.openai.errors import APIError
 from minivllm.entrypoints.openai.protocol import ChatCompletionRequest
-from minivllm.entrypoints.openai.reasoning import REASONING_PARSERS
-from minivllm.entrypoints.openai.reasoning.constraint import ReasoningStart
-from minivllm.entrypoints.openai.tool_parsers import CALL_MARKERS, TOOL_PARSERS
-from minivllm.entrypoints.openai.tool_parsers.base import StreamDelta, ToolCall
-from minivllm.entrypoints.openai.tool_parsers.forced import (
+from minivllm.entrypoints.parsers.reasoning import REASONING_PARSERS
+from minivllm.entrypoints.parsers.reasoning.constraint import ReasoningStart
+from minivllm.entrypoints.parsers.tools import CALL_MARKERS, TOOL_PARSERS
+from minivllm.entrypoints.parsers.tools.base import StreamDelta, ToolCall
+from minivllm.entrypoints.parsers.tools.forced import (
     NamedToolStream,
     RequiredToolStream,
     extract_required,
 )
+from minivllm.entrypoints.server.errors import APIError
 
 ToolMode = Literal["none", "auto", "named", "required"]
 

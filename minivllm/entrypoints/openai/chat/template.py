@@ -12,9 +12,9 @@ from minivllm.entrypoints.chat_messages import (
     render_conversation,
     template_conversation,
 )
-from minivllm.entrypoints.openai.errors import APIError
 from minivllm.entrypoints.openai.protocol import ChatMessage, ChatTool
-from minivllm.entrypoints.openai.serving_common import tokenize_text
+from minivllm.entrypoints.server.errors import APIError
+from minivllm.entrypoints.server.serving_common import tokenize_text
 
 
 def _render(tokenizer, messages: list[ChatMessage], **options) -> str:

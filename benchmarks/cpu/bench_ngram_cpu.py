@@ -1,0 +1,91 @@
+"""Host cost of n-gram drafting per step (no model, no GPU): `Speculator.propose` as the
+scheduler calls it for requests whose histories grow by a few tokens a step, the way a
+drafting step runs at batch 1 (synchronous: the GPU waits for it). A history is text that
+repeats itself, as the prompts speculation is for do: --prompt-len tokens of 16-token phrases
+drawn from a pool of 32 (ids below 32,000), and each step appends 4 tokens of another phrase.
+
+python -m benchmarks.cpu.bench_ngram_cpu [--batch 1] [--prompt-len 2000] [--steps 200]
+
+Prints one JSON line: microseconds per propose call in the steady state, and of the first
+call (a proposer that indexes histories pays that once per request).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import random
+import time
+
+from minivllm.engine.sched.request import Request
+from minivllm.engine.sched.speculation import Speculator
+from minivllm.sampling_params import SamplingParams
+from minivllm.spec_decode.config import SpeculativeConfig
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--prompt-len", type=int, default=2000)
+    parser.add_argument("--steps", type=int, default=200)
+    args = parser.parse_args()
+    config = SpeculativeConfig.from_dict(
+        {
+            "method": "ngram",
+            "num_speculative_tokens": 4,
+            "prompt_lookup_max": 4,
+            "prompt_lookup_min": 2,
+            "disable_by_batch_size": None,
+            # Synthetic acceptance never backs off: every request drafts every step.
+            "rejection_sample_method": "synthetic",
+            "synthetic_acceptance_length": 3.0,
+        }
+    )
+    speculator = Speculator(config, max_model_len=1 << 20)
+    rng = random.Random(0)
+    params = SamplingParams(max_tokens=1 << 19, ignore_eos=True)
+    phrases = [[rng.randrange(32000) for _ in range(16)] for _ in range(32)]
+
+    def text(num_tokens: int) -> list[int]:
+        ids: list[int] = []
+        while len(ids) < num_tokens:
+            ids += rng.choice(phrases)
+        return ids[:num_tokens]
+
+    requests = [Request(str(i), text(args.prompt_len), params, 0.0) for i in range(args.batch)]
+    for r in requests:
+        r.append_output_token(rng.randrange(32000))
+        r.num_computed_tokens = r.num_tokens - 1  # as after a decode step: drafts are due
+    gc.collect()
+    gc.freeze()  # as the engine does once it is built: collections skip what exists now
+    start = time.perf_counter()
+    speculator.propose(requests)
+    first_us = (time.perf_counter() - start) * 1e6
+    elapsed, drafted = 0.0, 0
+    for _ in range(args.steps):
+        for r in requests:
+            for token in text(4):
+                r.append_output_token(token)
+            r.num_computed_tokens = r.num_tokens - 1
+        start = time.perf_counter()
+        drafted += len(speculator.propose(requests))
+        elapsed += time.perf_counter() - start
+    print(
+        json.dumps(
+            {
+                "bench": "ngram_cpu",
+                "batch": args.batch,
+                "prompt_len": args.prompt_len,
+                "steps": args.steps,
+                "first_call_us": round(first_us, 1),
+                "us_per_call": round(elapsed / args.steps * 1e6, 1),
+                "rows_drafted_per_call": round(drafted / args.steps, 2),
+            }
+        ),
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    main()
