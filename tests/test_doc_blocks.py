@@ -38,7 +38,8 @@ PLANS = {
      " --dist loadfile"): "skip: installs from the network, then runs this suite (CI runs it)",
     ("README.md", "from minivllm import LLM, SamplingParams"): "run-python",
     ("README.md", "minivllm serve &"): "run",
-    ("docs/architecture.md", "sched_out = scheduler.schedule()"):
+    ("docs/architecture.md", "sched_out = scheduler.schedule()                # which tokens of "
+     "which requests (plain data)"):
         "excerpt minivllm/engine/engine_core.py",
     ("docs/parallelism.md", "from minivllm import LLM, SamplingParams"): f"skip: {GPU} (2-4)",
     ("docs/parallelism.md", "minivllm generate --model /models/Qwen3-8B --tensor-parallel-size 2"

@@ -296,7 +296,8 @@ class ModelRunner:
         Steps in flight at once are at most two (launched, and being applied): a ring of three
         is never overwritten before it is read. Steps allocate no pinned memory
         (cudaHostAlloc synchronizes the device), but for a step larger than any before
-        (drafts, or more than 20 logprobs a row), whose slot then grows to it (a step in flight keeps the buffer it holds).
+        (drafts, or more than 20 logprobs a row), whose slot then grows to it (a step in
+        flight keeps the buffer it holds).
         """
         if self._host_ids is None:
             return None

@@ -32,7 +32,7 @@ def test_ids_and_logprobs_through_one_buffer_equal_the_direct_read():
     expected, got = direct.result(), through.result()
     assert got.sampled_token_ids == expected.sampled_token_ids == logits.argmax(1).tolist()
     assert got.logprobs == expected.logprobs
-    assert got.logprobs[1] is None and len(got.logprobs[0]) == 3  # the greedy token is the top-1 entry
+    assert got.logprobs[1] is None and len(got.logprobs[0]) == 3  # greedy: top-1
     raw = torch.log_softmax(logits, dim=-1)
     top = raw[0].argsort(descending=True)[:3].tolist()
     assert list(got.logprobs[0]) == top
