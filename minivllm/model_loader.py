@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import glob
 import json
+import logging
 import os
 from collections.abc import Iterator
 
@@ -24,6 +25,8 @@ from minivllm.layers.ops import DEFAULT_OPS, LayerOps
 from minivllm.model_loader_experts import expected_expert_loads, expert_target
 from minivllm.models.model_config import ModelConfig
 from minivllm.models.registry import get_model_class
+
+logger = logging.getLogger(__name__)
 
 
 def build_model(
@@ -95,6 +98,14 @@ def _skip(name: str, tie_word_embeddings: bool) -> bool:
     )
 
 
+def _renamed(name: str, prefix_map: dict[str, str]) -> str:
+    """The checkpoint name under the model's own prefixes (model.checkpoint_prefix_map)."""
+    for ckpt_prefix, prefix in prefix_map.items():
+        if name.startswith(ckpt_prefix):
+            return prefix + name[len(ckpt_prefix) :]
+    return name
+
+
 def _packed_target(name: str, mapping: dict[str, tuple[str, object]]) -> tuple[str, object]:
     """Checkpoint name -> (parameter name, shard_id); shard_id None for unpacked ones."""
     for ckpt_part, (packed_part, shard_id) in mapping.items():
@@ -130,8 +141,14 @@ def load_model(model: nn.Module, model_dir: str) -> None:
     tied = bool(getattr(model.config, "tie_word_embeddings", False))
     params = dict(model.named_parameters())
     expected = _expected_loads(model, mapping, expert_mapping)
-    loaded, unexpected = set(), []
+    prefix_map = getattr(model, "checkpoint_prefix_map", {})
+    ignored_prefixes = tuple(getattr(model, "ignored_checkpoint_prefixes", ()))
+    loaded, unexpected, ignored = set(), [], 0
     for ckpt_name, tensor in _checkpoint_tensors(model_dir):
+        if ignored_prefixes and ckpt_name.startswith(ignored_prefixes):
+            ignored += 1
+            continue
+        ckpt_name = _renamed(ckpt_name, prefix_map)
         if _skip(ckpt_name, tied):
             continue
         target = expert_target(ckpt_name, expert_mapping)
@@ -147,6 +164,11 @@ def load_model(model: nn.Module, model_dir: str) -> None:
         except (ValueError, RuntimeError) as e:
             raise ValueError(f"cannot load {ckpt_name!r} into {param_name!r}: {e}") from e
         loaded.add((param_name, shard_id))
+    if ignored:
+        logger.info(
+            "not loaded: %d checkpoint tensors under %s (parts this engine does not run)",
+            ignored, ", ".join(ignored_prefixes),
+        )  # fmt: skip
     if unexpected:
         raise ValueError(f"checkpoint tensors with no model parameter: {sorted(unexpected)}")
     missing = sorted(ckpt for key, ckpt in expected.items() if key not in loaded)
