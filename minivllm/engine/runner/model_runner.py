@@ -18,6 +18,7 @@ from minivllm.engine.runner.block_table import BlockTable
 from minivllm.engine.runner.cuda_graph import CUDAGraphRunner
 from minivllm.engine.runner.device_inputs import InputStaging
 from minivllm.engine.runner.draft_step import DraftedStep, SyntheticAcceptance, draft_token_ids
+from minivllm.engine.runner.hybrid_inputs import gated_delta_meta, state_arrays
 from minivllm.engine.runner.input_prep import StepInputs, prepare_inputs
 from minivllm.engine.runner.kv_cache import KVCacheSpec, bind_kv_caches
 from minivllm.engine.runner.piecewise_graph import PiecewiseGraphRunner
@@ -28,6 +29,7 @@ from minivllm.engine.runner.profiling import (
 )
 from minivllm.engine.runner.prompt_logprobs import PromptLogprobsJob, PromptLogprobsTracker
 from minivllm.engine.runner.sampling_state import SamplingState
+from minivllm.engine.runner.state_cache import RecurrentStateSpec, bind_recurrent_states
 from minivllm.engine.runner.step_handle import DeferredSampling, StepHandle
 from minivllm.engine.setup import EngineSetup
 from minivllm.engine.types import RunnerOutput, SchedulerOutput
@@ -103,6 +105,12 @@ class ModelRunner:
             model_config, self.block_size, setup.kv_cache_dtype, device, tp_size
         )
         self.kv_caches: list[torch.Tensor] = []
+        self.num_state_slots, self.state_bytes = self._allocate_recurrent_states(setup)
+        self.use_cuda_graphs = device.type == "cuda" and not config.enforce_eager
+        if self.use_cuda_graphs and not getattr(self.model, "supports_cuda_graphs", True):
+            logger.info("%s runs without CUDA graphs (the decode graphs do not yet feed the "
+                        "recurrent-state slots)", model_config.architecture)  # fmt: skip
+            self.use_cuda_graphs = False
         self.graphs: CUDAGraphRunner | None = None  # once captured
         self.mixed_graphs: PiecewiseGraphRunner | None = None  # likewise
         # The last step's sampled ids [num_sampled] on the device, and their req_ids.
@@ -126,12 +134,28 @@ class ModelRunner:
 
     # ---- KV cache -------------------------------------------------------------------------
 
+    def _allocate_recurrent_states(self, setup: EngineSetup) -> tuple[int, int]:
+        """A hybrid model's recurrent-state pool, a slot for each of max_num_seqs requests
+        (the KV coordinator hands them out), allocated now so that the KV cache's budget
+        counts it; (num_slots, bytes), (0, 0) for a model without linear attention."""
+        spec = RecurrentStateSpec.for_model(setup.model_config, setup.dtype, self.device)
+        if spec is None:
+            return 0, 0
+        if self.config.speculative_config is not None:
+            raise ValueError(
+                "speculative_config: speculative decoding does not yet run on hybrid models "
+                "(a rejected draft would need the recurrent state rolled back)"
+            )
+        num_slots = self.limits.max_num_seqs
+        bind_recurrent_states(self.model.recurrent_layers(), spec.allocate(num_slots))
+        return num_slots, num_slots * spec.bytes_per_slot
+
     def determine_num_blocks(self) -> int:
         """How many KV blocks fit: an override, a byte budget on the CPU, profiling on CUDA."""
         if self.config.num_gpu_blocks_override is not None:
             return self.config.num_gpu_blocks_override
         if self.device.type != "cuda":
-            return self.kv_spec.num_blocks_for(self.config.kv_cache_memory)
+            return self.kv_spec.num_blocks_for(self.config.kv_cache_memory - self.state_bytes)
         budget = profile_kv_budget(
             self.run_model,
             self.model.attention_layers(),
@@ -142,7 +166,7 @@ class ModelRunner:
             self.config.gpu_memory_utilization,
             self.memory_baseline,
             self._sample_worst_case,
-            None if self.config.enforce_eager else self._capture_largest_graphs,
+            self._capture_largest_graphs if self.use_cuda_graphs else None,
         )
         return self.kv_spec.num_blocks_for(budget)
 
@@ -160,7 +184,7 @@ class ModelRunner:
         self.kv_caches = self.kv_spec.allocate(num_blocks)
         bind_kv_caches(self.model.attention_layers(), self.kv_caches)
         backend = self.attn_backend
-        if self.device.type == "cuda" and not self.config.enforce_eager:
+        if self.use_cuda_graphs:
             torch.cuda.empty_cache()
             before = torch.cuda.memory_reserved(self.device)
             if backend.supports_cuda_graphs:
@@ -344,6 +368,8 @@ class ModelRunner:
             seq_lens_cpu=inputs.seq_lens,
             decode_order=dev["decode_order"],
         )
+        if self.num_state_slots:
+            meta.linear_attn = gated_delta_meta(inputs.num_decode_tokens, dev)
         num_sampled = len(inputs.logits_indices)
         if (
             extra_rows is None
@@ -375,6 +401,8 @@ class ModelRunner:
             "block_tables": inputs.block_tables,
             "decode_order": inputs.decode_order,
         }
+        if self.num_state_slots:
+            arrays |= state_arrays(inputs, sched_out, self.num_state_slots)
         placeholder_rows = np.flatnonzero(inputs.input_ids < 0)
         if placeholder_rows.size:
             # Placeholders only stand for decode tokens, each its chunk's first (drafts follow).

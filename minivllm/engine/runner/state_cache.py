@@ -1,0 +1,68 @@
+"""The recurrent-state pool of a hybrid model's linear-attention layers on one rank: its shape
+(RecurrentStateSpec), its allocation (per layer, a conv state and an SSM state of num_slots
+slots) and binding it to the layers. A request's slot is its index in every layer's pool
+(the scheduler's KV coordinator hands slots out)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from minivllm.layers.gated_delta_net import StatefulGatedDeltaNet
+from minivllm.models.model_config import ModelConfig
+
+
+@dataclass(frozen=True)
+class RecurrentStateSpec:
+    """Everything about one rank's state pool but its number of slots."""
+
+    num_layers: int
+    conv_shape: tuple[int, int]  # (conv_kernel - 1, conv_dim): the last inputs of the conv
+    ssm_shape: tuple[int, int, int]  # (H_v, d_k, d_v): the gated delta rule's state
+    conv_dtype: torch.dtype  # the model's (the conv reads its inputs in it)
+    device: torch.device
+
+    @classmethod
+    def for_model(
+        cls, model_config: ModelConfig, dtype: torch.dtype, device: torch.device
+    ) -> RecurrentStateSpec | None:
+        """None for a model without linear-attention layers."""
+        linear = model_config.linear_attention
+        if linear is None:
+            return None
+        return cls(
+            linear.num_linear_layers,
+            (linear.conv_kernel_size - 1, linear.conv_dim),
+            (linear.num_v_heads, linear.head_k_dim, linear.head_v_dim),
+            dtype,
+            device,
+        )
+
+    @property
+    def bytes_per_slot(self) -> int:
+        """Bytes of one request's states across all linear-attention layers (SSM in float32)."""
+        conv = self.conv_shape[0] * self.conv_shape[1] * self.conv_dtype.itemsize
+        ssm = self.ssm_shape[0] * self.ssm_shape[1] * self.ssm_shape[2] * 4
+        return self.num_layers * (conv + ssm)
+
+    def allocate(self, num_slots: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer: (conv_state [num_slots, *conv_shape], ssm_state [num_slots, *ssm_shape]
+        float32), zeros."""
+        conv = torch.zeros(
+            (self.num_layers, num_slots, *self.conv_shape), dtype=self.conv_dtype,
+            device=self.device,
+        )  # fmt: skip
+        ssm = torch.zeros(
+            (self.num_layers, num_slots, *self.ssm_shape), dtype=torch.float32, device=self.device
+        )
+        return list(zip(conv.unbind(0), ssm.unbind(0), strict=True))
+
+
+def bind_recurrent_states(
+    layers: Sequence[StatefulGatedDeltaNet], states: Sequence[tuple[torch.Tensor, torch.Tensor]]
+) -> None:
+    """Gives each linear-attention layer its states (layer order)."""
+    for layer, (conv_state, ssm_state) in zip(layers, states, strict=True):
+        layer.conv_state, layer.ssm_state = conv_state, ssm_state
