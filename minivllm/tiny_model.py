@@ -222,6 +222,7 @@ def make_dummy_model_dir(name: str, out_dir: str) -> str:
         shutil.copy(path, os.path.join(out_dir, "config.json"))
     with open(os.path.join(out_dir, "config.json")) as f:
         cfg = json.load(f)
+    cfg = cfg.get("text_config", cfg)  # a vision-language config's language model
     if not os.path.exists(os.path.join(out_dir, "tokenizer.json")):
         vocab = {f"t{i}": i for i in range(cfg["vocab_size"])}
         tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0"))

@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from minivllm import LLM, SamplingParams
+from minivllm import LLM, SamplingParams, model_loader
 
 PROMPTS = [
     [5, 17, 42, 99, 3],
@@ -95,3 +95,17 @@ def test_speculative_decoding_is_refused(tiny_qwen3_5_dir: str) -> None:
         make_llm(
             tiny_qwen3_5_dir, speculative_config={"method": "ngram", "num_speculative_tokens": 2}
         )
+
+
+def test_triton_kernels_match_hf(
+    tiny_qwen3_5_dir: str, hf_model, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The GPU's path in Triton's interpreter: the gated-delta and conv kernels (prefill over
+    packed chunks with carried states, the one-token step in place) and the Triton attention
+    backend, chunked prefill across a 64-token chunk."""
+    monkeypatch.setattr(model_loader, "use_triton_kernels", lambda device: True)
+    llm = make_llm(tiny_qwen3_5_dir, max_num_batched_tokens=40, attention_backend="triton")
+    layer = llm.engine.executor.runner.model.recurrent_layers()[0]
+    assert layer.use_triton
+    prompts = PROMPTS[:3]
+    assert_matches_hf(hf_model, prompts, generate(llm, prompts))
