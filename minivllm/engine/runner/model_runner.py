@@ -29,7 +29,12 @@ from minivllm.engine.runner.profiling import (
 )
 from minivllm.engine.runner.prompt_logprobs import PromptLogprobsJob, PromptLogprobsTracker
 from minivllm.engine.runner.sampling_state import SamplingState
-from minivllm.engine.runner.state_cache import RecurrentStateSpec, bind_recurrent_states
+from minivllm.engine.runner.state_cache import (
+    RecurrentStateSpec,
+    bind_recurrent_states,
+    blocks_for_budget,
+    state_slots_for,
+)
 from minivllm.engine.runner.step_handle import DeferredSampling, StepHandle
 from minivllm.engine.setup import EngineSetup
 from minivllm.engine.types import RunnerOutput, SchedulerOutput
@@ -105,7 +110,12 @@ class ModelRunner:
             model_config, self.block_size, setup.kv_cache_dtype, device, tp_size
         )
         self.kv_caches: list[torch.Tensor] = []
-        self.num_state_slots, self.state_bytes = self._allocate_recurrent_states(setup)
+        self.setup = setup
+        self.state_spec = RecurrentStateSpec.for_model(model_config, setup.dtype, device)
+        self.num_state_slots = 0  # the recurrent-state pool's slots (hybrid models)
+        if self.state_spec is not None:
+            self._check_hybrid_options()
+            self._bind_state_pool(1)  # for the memory profile's trial step; sized with the KV
         self.use_cuda_graphs = device.type == "cuda" and not config.enforce_eager
         if self.use_cuda_graphs and not getattr(self.model, "supports_cuda_graphs", True):
             logger.info("%s runs without CUDA graphs (the decode graphs do not yet feed the "
@@ -134,28 +144,27 @@ class ModelRunner:
 
     # ---- KV cache -------------------------------------------------------------------------
 
-    def _allocate_recurrent_states(self, setup: EngineSetup) -> tuple[int, int]:
-        """A hybrid model's recurrent-state pool, a slot for each of max_num_seqs requests
-        (the KV coordinator hands them out), allocated now so that the KV cache's budget
-        counts it; (num_slots, bytes), (0, 0) for a model without linear attention."""
-        spec = RecurrentStateSpec.for_model(setup.model_config, setup.dtype, self.device)
-        if spec is None:
-            return 0, 0
+    def _check_hybrid_options(self) -> None:
         if self.config.speculative_config is not None:
             raise ValueError(
                 "speculative_config: speculative decoding does not yet run on hybrid models "
                 "(a rejected draft would need the recurrent state rolled back)"
             )
-        num_slots = self.limits.max_num_seqs
-        bind_recurrent_states(self.model.recurrent_layers(), spec.allocate(num_slots))
-        return num_slots, num_slots * spec.bytes_per_slot
+
+    def _bind_state_pool(self, num_slots: int) -> None:
+        """A fresh (zeroed) recurrent-state pool of num_slots slots for the linear-attention
+        layers; the old one is dropped first."""
+        layers = self.model.recurrent_layers()
+        bind_recurrent_states(layers, [(torch.empty(0), torch.empty(0))] * len(layers))
+        bind_recurrent_states(layers, self.state_spec.allocate(num_slots))
+        self.num_state_slots = num_slots
 
     def determine_num_blocks(self) -> int:
         """How many KV blocks fit: an override, a byte budget on the CPU, profiling on CUDA."""
         if self.config.num_gpu_blocks_override is not None:
             return self.config.num_gpu_blocks_override
         if self.device.type != "cuda":
-            return self.kv_spec.num_blocks_for(self.config.kv_cache_memory - self.state_bytes)
+            return blocks_for_budget(self.setup, self.config.kv_cache_memory)
         budget = profile_kv_budget(
             self.run_model,
             self.model.attention_layers(),
@@ -168,7 +177,7 @@ class ModelRunner:
             self._sample_worst_case,
             self._capture_largest_graphs if self.use_cuda_graphs else None,
         )
-        return self.kv_spec.num_blocks_for(budget)
+        return blocks_for_budget(self.setup, budget)
 
     def _capture_largest_graphs(self) -> tuple[object, ...]:
         """The largest graph of each kind the runner will capture (the profile's trial)."""
@@ -183,6 +192,8 @@ class ModelRunner:
     def initialize_kv_cache(self, num_blocks: int) -> None:
         self.kv_caches = self.kv_spec.allocate(num_blocks)
         bind_kv_caches(self.model.attention_layers(), self.kv_caches)
+        if self.state_spec is not None:
+            self._bind_state_pool(state_slots_for(self.setup, num_blocks))
         backend = self.attn_backend
         if self.use_cuda_graphs:
             torch.cuda.empty_cache()
@@ -368,7 +379,7 @@ class ModelRunner:
             seq_lens_cpu=inputs.seq_lens,
             decode_order=dev["decode_order"],
         )
-        if self.num_state_slots:
+        if self.state_spec is not None:
             meta.linear_attn = gated_delta_meta(inputs.num_decode_tokens, dev)
         num_sampled = len(inputs.logits_indices)
         if (
@@ -401,7 +412,7 @@ class ModelRunner:
             "block_tables": inputs.block_tables,
             "decode_order": inputs.decode_order,
         }
-        if self.num_state_slots:
+        if self.state_spec is not None:
             arrays |= state_arrays(inputs, sched_out, self.num_state_slots)
         placeholder_rows = np.flatnonzero(inputs.input_ids < 0)
         if placeholder_rows.size:

@@ -70,15 +70,17 @@ class HybridKVCoordinator:
         self.blocks.trim(request, num_tokens)
 
 
-def make_kv_coordinator(setup: EngineSetup, num_blocks: int) -> BlockManager | HybridKVCoordinator:
-    """The BlockManager of a model with attention layers only; the hybrid coordinator, with a
-    state slot for each of max_num_seqs requests (the runner sized its state pool so), else."""
+def make_kv_coordinator(
+    setup: EngineSetup, num_blocks: int, num_state_slots: int
+) -> BlockManager | HybridKVCoordinator:
+    """The BlockManager of a model with attention layers only (num_state_slots 0); else the
+    hybrid coordinator over num_state_slots slots (as many as the runner's state pool has)."""
     config = setup.config
-    if setup.model_config.linear_attention is None:
+    if not num_state_slots:
         return BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
     if config.enable_prefix_caching:
         logger.info(
             "prefix caching finds no hits on hybrid models: a hit needs the recurrent state at "
             "its end, which is not kept"
         )
-    return HybridKVCoordinator(num_blocks, config.block_size, setup.limits.max_num_seqs)
+    return HybridKVCoordinator(num_blocks, config.block_size, num_state_slots)

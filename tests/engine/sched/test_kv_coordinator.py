@@ -55,15 +55,46 @@ def test_no_prefix_hits() -> None:
     assert coordinator.get_computed_blocks(second) == ([], 0)
 
 
-def test_cpu_budget_counts_the_state_pool(tiny_qwen3_5_dir: str) -> None:
-    budget, max_num_seqs = 1 << 20, 8
-    llm = LLM(
-        tiny_qwen3_5_dir, dtype="float32", device="cpu", block_size=BLOCK_SIZE,
+def _cpu_llm(model_dir: str, budget: int, max_num_seqs: int) -> LLM:
+    return LLM(
+        model_dir, dtype="float32", device="cpu", block_size=BLOCK_SIZE,
         kv_cache_memory=budget, max_num_seqs=max_num_seqs,
     )  # fmt: skip
-    config = ModelConfig.from_hf(tiny_qwen3_5_dir)
-    states = RecurrentStateSpec.for_model(config, llm.engine.setup.dtype, "cpu")
-    kv = KVCacheSpec.for_model(config, BLOCK_SIZE, llm.engine.setup.dtype, "cpu", 1)
+
+
+def _spec_bytes(model_dir: str, llm: LLM) -> tuple[int, int]:
+    """(bytes of a KV block, bytes of a state slot) of the tiny Qwen3.5."""
+    config = ModelConfig.from_hf(model_dir)
+    dtype = llm.engine.setup.dtype
+    states = RecurrentStateSpec.for_model(config, dtype, "cpu")
+    kv = KVCacheSpec.for_model(config, BLOCK_SIZE, dtype, "cpu", 1)
     assert kv.num_layers == 1 and states.num_layers == 3
-    state_bytes = max_num_seqs * states.bytes_per_slot
-    assert llm.engine.num_blocks == (budget - state_bytes) // kv.bytes_per_block
+    return kv.bytes_per_block, states.bytes_per_slot
+
+
+def test_cpu_budget_counts_the_state_pool(tiny_qwen3_5_dir: str) -> None:
+    """8 seats take well under a quarter of 1 MiB: 8 slots, the rest is KV."""
+    budget, max_num_seqs = 1 << 20, 8
+    llm = _cpu_llm(tiny_qwen3_5_dir, budget, max_num_seqs)
+    block_bytes, slot_bytes = _spec_bytes(tiny_qwen3_5_dir, llm)
+    runner = llm.engine.executor.runner
+    assert runner.num_state_slots == max_num_seqs
+    assert runner.model.recurrent_layers()[0].ssm_state.shape[0] == max_num_seqs
+    assert llm.engine.num_blocks == (budget - max_num_seqs * slot_bytes) // block_bytes
+
+
+def test_state_slots_bound_the_seats_where_the_budget_is_short(tiny_qwen3_5_dir: str) -> None:
+    """256 seats would take 4 MiB of a 1 MiB budget: the pool gets about a quarter of it, its
+    slots bound how many requests run at once, and requests beyond them wait."""
+    budget = 1 << 20
+    llm = _cpu_llm(tiny_qwen3_5_dir, budget, 256)
+    block_bytes, slot_bytes = _spec_bytes(tiny_qwen3_5_dir, llm)
+    num_slots = llm.engine.executor.runner.num_state_slots
+    num_blocks = llm.engine.num_blocks
+    assert 1 < num_slots < 256 and num_slots * slot_bytes <= budget // 4
+    assert budget - block_bytes < num_blocks * block_bytes + num_slots * slot_bytes <= budget
+    assert llm.engine.scheduler.block_manager.num_state_slots == num_slots
+    params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+    requests = [{"prompt_token_ids": [i + 1, i + 2]} for i in range(num_slots + 3)]
+    outputs = llm.generate(requests, params, use_tqdm=False)
+    assert all(len(o.outputs[0].token_ids) == 2 for o in outputs)
