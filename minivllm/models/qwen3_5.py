@@ -168,8 +168,9 @@ class Qwen3_5ForCausalLM(nn.Module):
     ignored_checkpoint_prefixes: tuple[str, ...] = ("mtp.", "model.visual.")
     # Checkpoint prefix -> ours (conditional-generation checkpoints nest the decoder).
     checkpoint_prefix_map: dict[str, str] = {}
-    # The decode step's CUDA graphs do not yet feed the recurrent-state slots: eager steps.
-    supports_cuda_graphs = False
+    # The piecewise graphs of mixed steps split a model at its attention layers, which this
+    # one does not offer (its decode steps replay full graphs: engine/runner/hybrid_graph.py).
+    supports_piecewise_graphs = False
 
     def __init__(
         self,

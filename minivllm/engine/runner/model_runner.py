@@ -18,6 +18,7 @@ from minivllm.engine.runner.block_table import BlockTable
 from minivllm.engine.runner.cuda_graph import CUDAGraphRunner
 from minivllm.engine.runner.device_inputs import InputStaging
 from minivllm.engine.runner.draft_step import DraftedStep, SyntheticAcceptance, draft_token_ids
+from minivllm.engine.runner.hybrid_graph import HybridCUDAGraphRunner
 from minivllm.engine.runner.hybrid_inputs import gated_delta_meta, state_arrays
 from minivllm.engine.runner.input_prep import StepInputs, prepare_inputs
 from minivllm.engine.runner.kv_cache import KVCacheSpec, bind_kv_caches
@@ -116,11 +117,11 @@ class ModelRunner:
         if self.state_spec is not None:
             self._check_hybrid_options()
             self._bind_state_pool(1)  # for the memory profile's trial step; sized with the KV
-        self.use_cuda_graphs = device.type == "cuda" and not config.enforce_eager
-        if self.use_cuda_graphs and not getattr(self.model, "supports_cuda_graphs", True):
-            logger.info("%s runs without CUDA graphs (the decode graphs do not yet feed the "
-                        "recurrent-state slots)", model_config.architecture)  # fmt: skip
-            self.use_cuda_graphs = False
+        # The piecewise graphs of mixed steps split the model at its attention layers.
+        self._piecewise_ok = getattr(self.model, "supports_piecewise_graphs", True)
+        if not self._piecewise_ok and device.type == "cuda" and not config.enforce_eager:
+            logger.info("%s: mixed steps run eagerly (no piecewise CUDA graphs); decode steps "
+                        "replay CUDA graphs", model_config.architecture)  # fmt: skip
         self.graphs: CUDAGraphRunner | None = None  # once captured
         self.mixed_graphs: PiecewiseGraphRunner | None = None  # likewise
         # The last step's sampled ids [num_sampled] on the device, and their req_ids.
@@ -175,7 +176,7 @@ class ModelRunner:
             self.config.gpu_memory_utilization,
             self.memory_baseline,
             self._sample_worst_case,
-            self._capture_largest_graphs if self.use_cuda_graphs else None,
+            None if self.config.enforce_eager else self._capture_largest_graphs,
         )
         return blocks_for_budget(self.setup, budget)
 
@@ -195,7 +196,7 @@ class ModelRunner:
         if self.state_spec is not None:
             self._bind_state_pool(state_slots_for(self.setup, num_blocks))
         backend = self.attn_backend
-        if self.use_cuda_graphs:
+        if self.device.type == "cuda" and not self.config.enforce_eager:
             torch.cuda.empty_cache()
             before = torch.cuda.memory_reserved(self.device)
             if backend.supports_cuda_graphs:
@@ -226,7 +227,7 @@ class ModelRunner:
         # step to its bucket changes no bits. Not under TP (collectives inside the pieces not
         # yet run on GPUs): docs/architecture.md.
         max_tokens = min(self.limits.max_num_batched_tokens, self.config.max_mixed_graph_tokens)
-        if max_tokens < 1 or self.tp_size > 1:
+        if max_tokens < 1 or self.tp_size > 1 or not self._piecewise_ok:
             return None
         graphs = PiecewiseGraphRunner(self.model, max_tokens, self.device)
         graphs.capture(largest_only=largest_only)
@@ -235,7 +236,8 @@ class ModelRunner:
     def _capture_graphs(self, largest_only: bool = False) -> CUDAGraphRunner:
         # A decode step has at most max_num_seqs rows and max_num_batched_tokens tokens.
         max_batch_size = min(*self.limits, self.config.max_cuda_graph_batch_size)
-        graphs = CUDAGraphRunner(
+        graph_class = CUDAGraphRunner if self.state_spec is None else HybridCUDAGraphRunner
+        graphs = graph_class(
             self.model,
             self.attn_backend,
             max_batch_size=max_batch_size,
