@@ -90,11 +90,16 @@ def test_prefix_caching_finds_no_hits(tiny_qwen3_5_dir: str, hf_model) -> None:
     assert_matches_hf(hf_model, [prompt, prompt], [first.outputs[0], second.outputs[0]])
 
 
-def test_speculative_decoding_is_refused(tiny_qwen3_5_dir: str) -> None:
-    with pytest.raises(ValueError, match="speculative"):
-        make_llm(
-            tiny_qwen3_5_dir, speculative_config={"method": "ngram", "num_speculative_tokens": 2}
-        )
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ({"speculative_config": {"method": "ngram", "num_speculative_tokens": 2}}, "speculative"),
+        ({"tensor_parallel_size": 2}, "tensor_parallel_size"),
+    ],
+)
+def test_options_not_yet_run_are_refused(tiny_qwen3_5_dir: str, options: dict, field: str):
+    with pytest.raises(ValueError, match=field):
+        make_llm(tiny_qwen3_5_dir, **options)
 
 
 def test_triton_kernels_match_hf(

@@ -115,7 +115,6 @@ class ModelRunner:
         self.state_spec = RecurrentStateSpec.for_model(model_config, setup.dtype, device)
         self.num_state_slots = 0  # the recurrent-state pool's slots (hybrid models)
         if self.state_spec is not None:
-            self._check_hybrid_options()
             self._bind_state_pool(1)  # for the memory profile's trial step; sized with the KV
         # The piecewise graphs of mixed steps split the model at its attention layers.
         self._piecewise_ok = getattr(self.model, "supports_piecewise_graphs", True)
@@ -144,13 +143,6 @@ class ModelRunner:
         self._staging = InputStaging(device, capacity=32 * max_tokens + 64 * max_num_seqs)
 
     # ---- KV cache -------------------------------------------------------------------------
-
-    def _check_hybrid_options(self) -> None:
-        if self.config.speculative_config is not None:
-            raise ValueError(
-                "speculative_config: speculative decoding does not yet run on hybrid models "
-                "(a rejected draft would need the recurrent state rolled back)"
-            )
 
     def _bind_state_pool(self, num_slots: int) -> None:
         """A fresh (zeroed) recurrent-state pool of num_slots slots for the linear-attention
