@@ -98,12 +98,27 @@ def _skip(name: str, tie_word_embeddings: bool) -> bool:
     )
 
 
-def _renamed(name: str, prefix_map: dict[str, str]) -> str:
-    """The checkpoint name under the model's own prefixes (model.checkpoint_prefix_map)."""
-    for ckpt_prefix, prefix in prefix_map.items():
-        if name.startswith(ckpt_prefix):
-            return prefix + name[len(ckpt_prefix) :]
-    return name
+def _model_tensors(model: nn.Module, model_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """The checkpoint's tensors under the model's own names: prefixes mapped by its
+    checkpoint_prefix_map; those under its ignored_checkpoint_prefixes (parts it does not run,
+    such as a vision tower) left out, and counted in a log line."""
+    prefix_map: dict[str, str] = getattr(model, "checkpoint_prefix_map", {})
+    ignored_prefixes = tuple(getattr(model, "ignored_checkpoint_prefixes", ()))
+    num_ignored = 0
+    for name, tensor in _checkpoint_tensors(model_dir):
+        if ignored_prefixes and name.startswith(ignored_prefixes):
+            num_ignored += 1
+            continue
+        for ckpt_prefix, prefix in prefix_map.items():
+            if name.startswith(ckpt_prefix):
+                name = prefix + name[len(ckpt_prefix) :]
+                break
+        yield name, tensor
+    if num_ignored:
+        logger.info(
+            "not loaded: %d checkpoint tensors under %s (parts this engine does not run)",
+            num_ignored, ", ".join(ignored_prefixes),
+        )  # fmt: skip
 
 
 def _packed_target(name: str, mapping: dict[str, tuple[str, object]]) -> tuple[str, object]:
@@ -141,14 +156,8 @@ def load_model(model: nn.Module, model_dir: str) -> None:
     tied = bool(getattr(model.config, "tie_word_embeddings", False))
     params = dict(model.named_parameters())
     expected = _expected_loads(model, mapping, expert_mapping)
-    prefix_map = getattr(model, "checkpoint_prefix_map", {})
-    ignored_prefixes = tuple(getattr(model, "ignored_checkpoint_prefixes", ()))
-    loaded, unexpected, ignored = set(), [], 0
-    for ckpt_name, tensor in _checkpoint_tensors(model_dir):
-        if ignored_prefixes and ckpt_name.startswith(ignored_prefixes):
-            ignored += 1
-            continue
-        ckpt_name = _renamed(ckpt_name, prefix_map)
+    loaded, unexpected = set(), []
+    for ckpt_name, tensor in _model_tensors(model, model_dir):
         if _skip(ckpt_name, tied):
             continue
         target = expert_target(ckpt_name, expert_mapping)
@@ -164,11 +173,6 @@ def load_model(model: nn.Module, model_dir: str) -> None:
         except (ValueError, RuntimeError) as e:
             raise ValueError(f"cannot load {ckpt_name!r} into {param_name!r}: {e}") from e
         loaded.add((param_name, shard_id))
-    if ignored:
-        logger.info(
-            "not loaded: %d checkpoint tensors under %s (parts this engine does not run)",
-            ignored, ", ".join(ignored_prefixes),
-        )  # fmt: skip
     if unexpected:
         raise ValueError(f"checkpoint tensors with no model parameter: {sorted(unexpected)}")
     missing = sorted(ckpt for key, ckpt in expected.items() if key not in loaded)

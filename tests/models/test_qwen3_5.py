@@ -5,6 +5,7 @@ errors."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 
 import pytest
@@ -85,13 +86,15 @@ def conditional_generation_dir(text_dir: str, out_dir: str) -> str:
 
 
 def test_conditional_generation_checkpoint_loads_the_text_path(
-    tiny_qwen3_5_dir: str, tmp_path
+    tiny_qwen3_5_dir: str, tmp_path, caplog: pytest.LogCaptureFixture
 ) -> None:
     cg_dir = conditional_generation_dir(tiny_qwen3_5_dir, str(tmp_path / "cg"))
     cg_config = ModelConfig.from_hf(cg_dir)
     assert cg_config.architecture == "Qwen3_5ForConditionalGeneration"
     text_config = ModelConfig.from_hf(tiny_qwen3_5_dir)
-    ours = build_model(cg_config, TorchSDPABackend(), torch.float32, "cpu", cg_dir)
+    with caplog.at_level(logging.INFO, logger="minivllm.model_loader"):
+        ours = build_model(cg_config, TorchSDPABackend(), torch.float32, "cpu", cg_dir)
+    assert "not loaded: 2 checkpoint tensors under mtp., model.visual." in caplog.text
     ref = build_model(text_config, TorchSDPABackend(), torch.float32, "cpu", tiny_qwen3_5_dir)
     prompts = make_prompts(text_config.vocab_size)[:2]
     for a, b in zip(hybrid_prefill_logits(ours, prompts), hybrid_prefill_logits(ref, prompts)):
