@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import glob
 import json
+import logging
 import os
 from collections.abc import Iterator
 
@@ -24,6 +25,8 @@ from minivllm.layers.ops import DEFAULT_OPS, LayerOps
 from minivllm.model_loader_experts import expected_expert_loads, expert_target
 from minivllm.models.model_config import ModelConfig
 from minivllm.models.registry import get_model_class
+
+logger = logging.getLogger(__name__)
 
 
 def build_model(
@@ -95,6 +98,29 @@ def _skip(name: str, tie_word_embeddings: bool) -> bool:
     )
 
 
+def _model_tensors(model: nn.Module, model_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """The checkpoint's tensors under the model's own names: prefixes mapped by its
+    checkpoint_prefix_map; those under its ignored_checkpoint_prefixes (parts it does not run,
+    such as a vision tower) left out, and counted in a log line."""
+    prefix_map: dict[str, str] = getattr(model, "checkpoint_prefix_map", {})
+    ignored_prefixes = tuple(getattr(model, "ignored_checkpoint_prefixes", ()))
+    num_ignored = 0
+    for name, tensor in _checkpoint_tensors(model_dir):
+        if ignored_prefixes and name.startswith(ignored_prefixes):
+            num_ignored += 1
+            continue
+        for ckpt_prefix, prefix in prefix_map.items():
+            if name.startswith(ckpt_prefix):
+                name = prefix + name[len(ckpt_prefix) :]
+                break
+        yield name, tensor
+    if num_ignored:
+        logger.info(
+            "not loaded: %d checkpoint tensors under %s (parts this engine does not run)",
+            num_ignored, ", ".join(ignored_prefixes),
+        )  # fmt: skip
+
+
 def _packed_target(name: str, mapping: dict[str, tuple[str, object]]) -> tuple[str, object]:
     """Checkpoint name -> (parameter name, shard_id); shard_id None for unpacked ones."""
     for ckpt_part, (packed_part, shard_id) in mapping.items():
@@ -131,7 +157,7 @@ def load_model(model: nn.Module, model_dir: str) -> None:
     params = dict(model.named_parameters())
     expected = _expected_loads(model, mapping, expert_mapping)
     loaded, unexpected = set(), []
-    for ckpt_name, tensor in _checkpoint_tensors(model_dir):
+    for ckpt_name, tensor in _model_tensors(model, model_dir):
         if _skip(ckpt_name, tied):
             continue
         target = expert_target(ckpt_name, expert_mapping)

@@ -59,6 +59,18 @@ ARCH_OVERRIDES: dict[str, dict[str, Any]] = {
         norm_topk_prob=True,
         mlp_only_layers=[1],
     ),
+    # Hybrid: layers 0-2 Gated DeltaNet, layer 3 full attention (RoPE over 8 of 32 dims).
+    "Qwen3_5ForCausalLM": dict(
+        head_dim=32,
+        num_hidden_layers=4,
+        tie_word_embeddings=False,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_conv_kernel_dim=4,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.25),
+    ),
     "LlamaForCausalLM": dict(
         head_dim=16,
         tie_word_embeddings=True,
@@ -102,10 +114,17 @@ def build_tiny_tokenizer(vocab_size: int = 500):
 
 def tiny_hf_config(architecture: str, vocab_size: int, eos_token_id: int, **overrides: Any):
     """The transformers config of a tiny model of `architecture`."""
-    from transformers import LlamaConfig, Qwen2Config, Qwen3Config, Qwen3MoeConfig
+    from transformers import (
+        LlamaConfig,
+        Qwen2Config,
+        Qwen3_5TextConfig,
+        Qwen3Config,
+        Qwen3MoeConfig,
+    )
 
     config_classes = {
         "Qwen3ForCausalLM": Qwen3Config,
+        "Qwen3_5ForCausalLM": Qwen3_5TextConfig,
         "Qwen3MoeForCausalLM": Qwen3MoeConfig,
         "Qwen2ForCausalLM": Qwen2Config,
         "LlamaForCausalLM": LlamaConfig,
@@ -203,6 +222,7 @@ def make_dummy_model_dir(name: str, out_dir: str) -> str:
         shutil.copy(path, os.path.join(out_dir, "config.json"))
     with open(os.path.join(out_dir, "config.json")) as f:
         cfg = json.load(f)
+    cfg = cfg.get("text_config", cfg)  # a vision-language config's language model
     if not os.path.exists(os.path.join(out_dir, "tokenizer.json")):
         vocab = {f"t{i}": i for i in range(cfg["vocab_size"])}
         tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0"))

@@ -8,10 +8,13 @@ A backend that can run inside CUDA graphs also owns the static metadata buffers 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from minivllm.layers.gated_delta_net import GatedDeltaMeta
 
 
 @dataclass
@@ -34,6 +37,9 @@ class AttnMetadata:
     # [num_decode_tokens] int32: the decode requests, longest context first (stable), the
     # order in which the decode kernel starts their programs; None: row order.
     decode_order: torch.Tensor | None = None
+    # Hybrid models: where the Gated DeltaNet layers find each row's recurrent state (the
+    # same rows, decodes first); None for a model without them.
+    linear_attn: GatedDeltaMeta | None = None
 
     @property
     def num_seqs(self) -> int:

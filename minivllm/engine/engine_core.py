@@ -16,8 +16,9 @@ from minivllm.cpu_threads import set_torch_threads
 from minivllm.engine.draft_model import DraftModelProposer
 from minivllm.engine.executor.build import build_executor
 from minivllm.engine.executor.torchrun import torchrun_rank
+from minivllm.engine.runner.state_cache import state_slots_for
 from minivllm.engine.sched.async_scheduler import AsyncScheduler
-from minivllm.engine.sched.block_manager import BlockManager
+from minivllm.engine.sched.kv_coordinator import make_kv_coordinator
 from minivllm.engine.sched.request import Request
 from minivllm.engine.sched.scheduler import Scheduler
 from minivllm.engine.sched.speculation import Speculator, check_speculative_config
@@ -144,8 +145,8 @@ class EngineCore:
             max_num_seqs=setup.limits.max_num_seqs,
             max_num_batched_tokens=setup.limits.max_num_batched_tokens,
             max_model_len=setup.max_model_len,
-            block_manager=BlockManager(
-                self.num_blocks, config.block_size, config.enable_prefix_caching
+            block_manager=make_kv_coordinator(
+                setup, self.num_blocks, state_slots_for(setup, self.num_blocks)
             ),
             structured_outputs=self.structured_outputs,
             policy=config.scheduling_policy,

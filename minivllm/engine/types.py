@@ -70,6 +70,7 @@ class ScheduledChunk:
     num_prior_blocks: int
     sample: bool
     num_draft_tokens: int = 0
+    state_slot: int = -1  # hybrid models: the request's recurrent-state slot
 
     @property
     def context_end(self) -> int:

@@ -144,3 +144,19 @@ class GatedDeltaNet(nn.Module):
             )  # fmt: skip
         core = self.norm(core, z).reshape(num_tokens, self.value_dim)
         return self.out_proj(core)
+
+
+class StatefulGatedDeltaNet(GatedDeltaNet):
+    """A GatedDeltaNet that owns its layer's slice of the recurrent state pool, as Attention
+    owns its KV cache: the runner binds conv_state and ssm_state after allocating them."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # [num_slots, conv_kernel - 1, conv_dim] and [num_slots, H_v, d_k, d_v] float32;
+        # empty until the runner binds them.
+        self.conv_state = torch.empty(0)
+        self.ssm_state = torch.empty(0)
+
+    def forward(self, hidden_states: torch.Tensor, meta: GatedDeltaMeta) -> torch.Tensor:  # type: ignore[override]
+        """hidden_states: [num_tokens, hidden] -> [num_tokens, hidden]."""
+        return super().forward(hidden_states, meta, self.conv_state, self.ssm_state)

@@ -48,3 +48,27 @@ class RMSNorm(nn.Module):
         # The add happens in the model dtype, as in HF's decoder layer.
         residual = x + residual
         return self._norm(residual), residual
+
+
+class ZeroCenteredRMSNorm(nn.Module):
+    """RMSNorm whose weight is stored as an offset from 1 (the scale is 1 + w), with an optional
+    fused residual add: Qwen3.5's norms. HF's order: normalize and scale in float32, then cast."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6, dtype: torch.dtype | None = None):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(hidden_size, dtype=dtype), requires_grad=False)
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (x32 * (1.0 + self.weight.float())).to(x.dtype)
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """x, residual: [..., hidden]. With residual: returns (norm(x + residual), x + residual)."""
+        if residual is None:
+            return self._norm(x)
+        residual = x + residual  # in the model dtype, as in HF's decoder layer
+        return self._norm(residual), residual

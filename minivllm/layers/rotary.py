@@ -132,3 +132,36 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     """x: [num_tokens, num_heads, head_dim] -> rotated, same shape."""
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class PartialRotaryEmbedding(nn.Module):
+    """RoPE (neox style) over the first rotary_dim dims of each head, the rest passed through
+    (Qwen3.5: a quarter of head_dim). Torch only; cos/sin in the model dtype, as in HF."""
+
+    def __init__(
+        self,
+        head_dim: int,
+        rotary_dim: int,
+        max_position: int,
+        base: float,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        if rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
+            raise ValueError(f"rotary_dim must be even and in (0, {head_dim}], got {rotary_dim}")
+        self.head_dim, self.rotary_dim = head_dim, rotary_dim
+        inv_freq = default_inv_freq(rotary_dim, base)
+        freqs = torch.arange(max_position, dtype=torch.float32)[:, None] * inv_freq[None, :]
+        cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(dtype or torch.float32)
+        self.register_buffer("cos_sin_cache", cache, persistent=False)
+
+    def forward(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions: [num_tokens]; q: [num_tokens, num_heads, head_dim], k likewise with
+        num_kv_heads. Returns the rotated (q, k), new tensors of the same shapes."""
+        cos, sin = self.cos_sin_cache[positions].chunk(2, dim=-1)
+        cos, sin = cos[:, None, :], sin[:, None, :]  # [num_tokens, 1, rotary_dim // 2]
+        d = self.rotary_dim
+        q = torch.cat((_rotate(q[..., :d], cos, sin), q[..., d:]), dim=-1)
+        return q, torch.cat((_rotate(k[..., :d], cos, sin), k[..., d:]), dim=-1)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from minivllm.gguf_loader import find_gguf_file, read_gguf_config
+from minivllm.models.hybrid_config import LinearAttentionConfig, linear_attention_config_from_hf
 from minivllm.models.moe_config import MoeConfig, moe_config_from_hf
 from minivllm.models.registry import check_architecture, supported_architectures
 
@@ -35,6 +36,17 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     moe: MoeConfig | None = None  # None: every layer has a dense MLP
+    # Hybrid models (Qwen3.5): which layers are Gated DeltaNet, and their sizes; None: all
+    # layers are full attention.
+    linear_attention: LinearAttentionConfig | None = None
+    partial_rotary_factor: float = 1.0  # the fraction of head_dim that RoPE rotates
+
+    @property
+    def num_kv_layers(self) -> int:
+        """The layers with a paged KV cache: all, but a hybrid model's full-attention ones."""
+        if self.linear_attention is None:
+            return self.num_hidden_layers
+        return self.num_hidden_layers - self.linear_attention.num_linear_layers
 
     @classmethod
     def from_hf(cls, model_dir: str) -> ModelConfig:
@@ -59,6 +71,8 @@ class ModelConfig:
     def from_dict(cls, hf: dict[str, Any]) -> ModelConfig:
         """Raises ValueError for an unsupported architecture or a missing or bad size."""
         arch = _architecture(hf)
+        if arch in _TEXT_CONFIG_ARCHITECTURES:
+            hf = _text_config(hf, arch)
         sizes = {key: _positive_int(hf, key, arch) for key in _REQUIRED_SIZES}
         heads = sizes["num_attention_heads"]
         rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
@@ -83,6 +97,12 @@ class ModelConfig:
             bos_token_id=hf.get("bos_token_id"),
             eos_token_ids=eos_ids,
             moe=_moe(hf, arch),
+            linear_attention=(
+                linear_attention_config_from_hf(hf, sizes["num_hidden_layers"])
+                if arch in _HYBRID_ARCHITECTURES
+                else None
+            ),
+            partial_rotary_factor=float(rope.get("partial_rotary_factor", 1.0)),
         )
 
 
@@ -109,6 +129,22 @@ def _architecture(hf: dict[str, Any]) -> str:
 
 # Architectures whose sparse layers need the MoE fields of config.json.
 _MOE_ARCHITECTURES = ("Qwen3MoeForCausalLM",)
+
+
+# Architectures whose layers mix Gated DeltaNet and full attention.
+_HYBRID_ARCHITECTURES = ("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration")
+# Architectures whose language model's fields sit under "text_config" (a vision tower beside).
+_TEXT_CONFIG_ARCHITECTURES = ("Qwen3_5ForConditionalGeneration",)
+
+
+def _text_config(hf: dict[str, Any], arch: str) -> dict[str, Any]:
+    """The language model's fields (text_config's), with the top level's architectures and
+    token ids where text_config lacks them."""
+    text = hf.get("text_config")
+    if not isinstance(text, dict):
+        raise ValueError(f"config.json has no 'text_config' object, which {arch} needs")
+    return {**{k: v for k, v in hf.items() if k != "text_config"}, **text,
+            "architectures": hf["architectures"]}  # fmt: skip
 
 
 def _moe(hf: dict[str, Any], arch: str) -> MoeConfig | None:

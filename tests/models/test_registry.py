@@ -26,8 +26,10 @@ def test_listing_and_checking_import_no_model() -> None:
     out = subprocess.run(
         [sys.executable, "-c", _PROBE], capture_output=True, text=True, check=True
     ).stdout
-    # moe_config holds ModelConfig's MoE fields: config, not a model.
+    # moe_config and hybrid_config hold ModelConfig's MoE and linear-attention fields: config,
+    # not a model.
     expected = [
+        "minivllm.models.hybrid_config",
         "minivllm.models.model_config",
         "minivllm.models.moe_config",
         "minivllm.models.registry",
@@ -41,6 +43,8 @@ def test_class_imported_on_use() -> None:
         "Qwen2ForCausalLM",
         "Qwen3ForCausalLM",
         "Qwen3MoeForCausalLM",
+        "Qwen3_5ForCausalLM",
+        "Qwen3_5ForConditionalGeneration",
     ]
     for architecture in supported_architectures():
         check_architecture(architecture)

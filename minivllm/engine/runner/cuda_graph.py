@@ -73,8 +73,16 @@ class CUDAGraphRunner:
         """Whether a step is decode-only (every row samples) and small enough for a graph."""
         return num_tokens <= self.max_batch_size and num_decode_tokens == num_sampled == num_tokens
 
+    def capture_metadata(self, batch_size: int) -> AttnMetadata:
+        """The static metadata a graph of batch_size rows reads."""
+        return self.backend.metadata_for_capture(batch_size)
+
+    def prepare_replay(self, batch_size: int, meta: AttnMetadata) -> None:
+        """Copies a live decode batch's metadata into the static buffers."""
+        self.backend.prepare_replay(batch_size, meta)
+
     def _forward(self, batch_size: int) -> torch.Tensor:
-        meta = self.backend.metadata_for_capture(batch_size)
+        meta = self.capture_metadata(batch_size)
         hidden = self.model(self.input_ids[:batch_size], self.positions[:batch_size], meta)
         logits = self.model.compute_logits(hidden)
         if self.logits is None:
@@ -103,6 +111,6 @@ class CUDAGraphRunner:
         batch_size = padded_size(self.sizes, n)
         self.input_ids[:n].copy_(input_ids)
         self.positions[:n].copy_(positions)
-        self.backend.prepare_replay(batch_size, meta)
+        self.prepare_replay(batch_size, meta)
         self.graphs[batch_size].replay()
         return self.logits[:n]

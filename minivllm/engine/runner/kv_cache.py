@@ -35,7 +35,7 @@ class KVCacheSpec:
         # Fewer KV heads than ranks: each rank keeps one (replicated) head.
         num_kv_heads = max(1, model_config.num_key_value_heads // tp_size)
         return cls(
-            model_config.num_hidden_layers,
+            model_config.num_kv_layers,
             block_size,
             num_kv_heads,
             model_config.head_dim,

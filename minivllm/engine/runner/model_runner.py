@@ -19,6 +19,8 @@ from minivllm.engine.runner.block_table import BlockTable
 from minivllm.engine.runner.cuda_graph import CUDAGraphRunner
 from minivllm.engine.runner.device_inputs import InputStaging
 from minivllm.engine.runner.draft_step import DraftedStep, SyntheticAcceptance, draft_token_ids
+from minivllm.engine.runner.hybrid_graph import HybridCUDAGraphRunner
+from minivllm.engine.runner.hybrid_inputs import gated_delta_meta, state_arrays
 from minivllm.engine.runner.input_prep import StepInputs, prepare_inputs
 from minivllm.engine.runner.kv_cache import KVCacheSpec, bind_kv_caches
 from minivllm.engine.runner.piecewise_graph import PiecewiseGraphRunner
@@ -29,6 +31,12 @@ from minivllm.engine.runner.profiling import (
 )
 from minivllm.engine.runner.prompt_logprobs import PromptLogprobsTracker
 from minivllm.engine.runner.sampling_state import SamplingState
+from minivllm.engine.runner.state_cache import (
+    RecurrentStateSpec,
+    bind_recurrent_states,
+    blocks_for_budget,
+    state_slots_for,
+)
 from minivllm.engine.runner.step_handle import ForwardStep, StepHandle
 from minivllm.engine.setup import EngineSetup
 from minivllm.engine.types import GrammarOutput, RunnerOutput, SchedulerOutput
@@ -104,6 +112,16 @@ class ModelRunner:
             model_config, self.block_size, setup.kv_cache_dtype, device, tp_size
         )
         self.kv_caches: list[torch.Tensor] = []
+        self.setup = setup
+        self.state_spec = RecurrentStateSpec.for_model(model_config, setup.dtype, device)
+        self.num_state_slots = 0  # the recurrent-state pool's slots (hybrid models)
+        if self.state_spec is not None:
+            self._bind_state_pool(1)  # for the memory profile's trial step; sized with the KV
+        # The piecewise graphs of mixed steps split the model at its attention layers.
+        self._piecewise_ok = getattr(self.model, "supports_piecewise_graphs", True)
+        if not self._piecewise_ok and device.type == "cuda" and not config.enforce_eager:
+            logger.info("%s: mixed steps run eagerly (no piecewise CUDA graphs); decode steps "
+                        "replay CUDA graphs", model_config.architecture)  # fmt: skip
         self.graphs: CUDAGraphRunner | None = None  # once captured
         self.mixed_graphs: PiecewiseGraphRunner | None = None  # likewise
         # The last step's sampled ids [num_sampled] on the device, and their req_ids.
@@ -124,12 +142,20 @@ class ModelRunner:
 
     # ---- KV cache -------------------------------------------------------------------------
 
+    def _bind_state_pool(self, num_slots: int) -> None:
+        """A fresh (zeroed) recurrent-state pool of num_slots slots for the linear-attention
+        layers; the old one is dropped first."""
+        layers = self.model.recurrent_layers()
+        bind_recurrent_states(layers, [(torch.empty(0), torch.empty(0))] * len(layers))
+        bind_recurrent_states(layers, self.state_spec.allocate(num_slots))
+        self.num_state_slots = num_slots
+
     def determine_num_blocks(self) -> int:
         """How many KV blocks fit: an override, a byte budget on the CPU, profiling on CUDA."""
         if self.config.num_gpu_blocks_override is not None:
             return self.config.num_gpu_blocks_override
         if self.device.type != "cuda":
-            return self.kv_spec.num_blocks_for(self.config.kv_cache_memory)
+            return blocks_for_budget(self.setup, self.config.kv_cache_memory)
         budget = profile_kv_budget(
             self.run_model,
             self.model.attention_layers(),
@@ -142,7 +168,7 @@ class ModelRunner:
             self._sample_worst_case,
             None if self.config.enforce_eager else self._capture_largest_graphs,
         )
-        return self.kv_spec.num_blocks_for(budget)
+        return blocks_for_budget(self.setup, budget)
 
     def _capture_largest_graphs(self) -> tuple[object, ...]:
         """The largest graph of each kind the runner will capture (the profile's trial)."""
@@ -157,6 +183,8 @@ class ModelRunner:
     def initialize_kv_cache(self, num_blocks: int) -> None:
         self.kv_caches = self.kv_spec.allocate(num_blocks)
         bind_kv_caches(self.model.attention_layers(), self.kv_caches)
+        if self.state_spec is not None:
+            self._bind_state_pool(state_slots_for(self.setup, num_blocks))
         backend = self.attn_backend
         if self.device.type == "cuda" and not self.config.enforce_eager:
             torch.cuda.empty_cache()
@@ -189,7 +217,7 @@ class ModelRunner:
         # step to its bucket changes no bits. Not under TP (collectives inside the pieces not
         # yet run on GPUs): docs/architecture.md.
         max_tokens = min(self.limits.max_num_batched_tokens, self.config.max_mixed_graph_tokens)
-        if max_tokens < 1 or self.tp_size > 1:
+        if max_tokens < 1 or self.tp_size > 1 or not self._piecewise_ok:
             return None
         graphs = PiecewiseGraphRunner(self.model, max_tokens, self.device)
         graphs.capture(largest_only=largest_only)
@@ -198,7 +226,8 @@ class ModelRunner:
     def _capture_graphs(self, largest_only: bool = False) -> CUDAGraphRunner:
         # A decode step has at most max_num_seqs rows and max_num_batched_tokens tokens.
         max_batch_size = min(*self.limits, self.config.max_cuda_graph_batch_size)
-        graphs = CUDAGraphRunner(
+        graph_class = CUDAGraphRunner if self.state_spec is None else HybridCUDAGraphRunner
+        graphs = graph_class(
             self.model,
             self.attn_backend,
             max_batch_size=max_batch_size,
@@ -329,6 +358,8 @@ class ModelRunner:
             seq_lens_cpu=inputs.seq_lens,
             decode_order=dev["decode_order"],
         )
+        if self.state_spec is not None:
+            meta.linear_attn = gated_delta_meta(inputs.num_decode_tokens, dev)
         num_sampled = len(inputs.logits_indices)
         if (
             extra_rows is None
@@ -360,6 +391,8 @@ class ModelRunner:
             "block_tables": inputs.block_tables,
             "decode_order": inputs.decode_order,
         }
+        if self.state_spec is not None:
+            arrays |= state_arrays(inputs, sched_out, self.num_state_slots)
         placeholder_rows = np.flatnonzero(inputs.input_ids < 0)
         if placeholder_rows.size:
             # Placeholders only stand for decode tokens, each its chunk's first (drafts follow).

@@ -55,6 +55,8 @@ class Request:
         self.status = RequestStatus.WAITING
         # Written by the scheduler only (what BlockManager.allocate_slots returns).
         self.block_ids: list[int] = []
+        # Hybrid models: the recurrent-state slot the KV coordinator gave it; -1: none.
+        self.state_slot = -1
         # Chained hashes of the full blocks of all_token_ids, extended by the BlockManager.
         self.block_hashes: list[int] = []
         # Prompt tokens served from the prefix cache at first admission; -1 before.

@@ -22,6 +22,7 @@ from minivllm.engine.sched.grammar import (
     forced_drafts,
     wait_for_compiles,
 )
+from minivllm.engine.sched.kv_coordinator import HybridKVCoordinator
 from minivllm.engine.sched.request import Request, RequestStatus, needs_host_tokens
 from minivllm.engine.sched.speculation import Speculator
 from minivllm.engine.sched.stop_checker import check_stop
@@ -54,7 +55,7 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         max_model_len: int,
-        block_manager: BlockManager,
+        block_manager: BlockManager | HybridKVCoordinator,
         structured_outputs: GrammarMasks | None = None,
         speculator: Speculator | None = None,
         policy: str = "fcfs",
@@ -330,6 +331,7 @@ class Scheduler:
             num_prior_blocks,
             sample,
             num_draft_tokens,
+            request.state_slot,
         )
         request.block_ids += new_block_ids
         request.num_computed_tokens = end

@@ -1,0 +1,116 @@
+"""LLM(...) on the tiny Qwen3.5 checkpoint (hybrid: Gated DeltaNet + gated attention) against HF
+transformers' float32 forward under teacher forcing: every greedy token is HF's argmax and
+every chosen-token logprob is HF's to 1e-4, batched, one prompt at a time, with chunked
+prefill (chunk boundaries inside and across the gated delta rule's 64-token chunks), with
+preemption and recompute, and with prefix caching asked for (hybrid models find no hits)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from minivllm import LLM, SamplingParams, model_loader
+
+PROMPTS = [
+    [5, 17, 42, 99, 3],
+    [7] * 13 + [8, 9],
+    list(range(20, 90)),  # 70 tokens: past one 64-token chunk
+    [11],
+    list(range(400, 270, -1)),  # 130 tokens: three chunks
+]
+MAX_TOKENS = 8
+GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=0)
+LOGPROB_TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def hf_model(tiny_qwen3_5_dir: str):
+    return AutoModelForCausalLM.from_pretrained(tiny_qwen3_5_dir, dtype=torch.float32).eval()
+
+
+def make_llm(model_dir: str, **options) -> LLM:
+    return LLM(model_dir, dtype="float32", device="cpu", block_size=4, **options)
+
+
+def generate(llm: LLM, prompts: list[list[int]]) -> list:
+    requests = [{"prompt_token_ids": p} for p in prompts]
+    return [o.outputs[0] for o in llm.generate(requests, GREEDY, use_tqdm=False)]
+
+
+@torch.no_grad()
+def assert_matches_hf(hf_model, prompts: list[list[int]], completions: list) -> None:
+    for prompt, completion in zip(prompts, completions, strict=True):
+        tokens = list(completion.token_ids)
+        assert len(tokens) == MAX_TOKENS
+        logits = hf_model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1]
+        logprobs = logits.log_softmax(-1)
+        assert tokens == logits.argmax(-1).tolist(), f"prompt {prompt}"
+        for i, token in enumerate(tokens):
+            ours = completion.logprobs[i][token].logprob
+            assert ours == pytest.approx(logprobs[i, token].item(), abs=LOGPROB_TOL)
+
+
+def test_batched_and_alone_match_hf(tiny_qwen3_5_dir: str, hf_model) -> None:
+    llm = make_llm(tiny_qwen3_5_dir)
+    batched = generate(llm, PROMPTS)
+    assert_matches_hf(hf_model, PROMPTS, batched)
+    alone = [generate(llm, [p])[0] for p in PROMPTS]
+    assert_matches_hf(hf_model, PROMPTS, alone)
+    assert [c.token_ids for c in alone] == [c.token_ids for c in batched]
+
+
+@pytest.mark.parametrize("max_num_batched_tokens", [24, 40])
+def test_chunked_prefill_matches_hf(
+    tiny_qwen3_5_dir: str, hf_model, max_num_batched_tokens: int
+) -> None:
+    """Chunks of 24 or 40 tokens: a chunk's state carried into the next, which starts inside
+    a 64-token chunk of the rule (24, 48, ...) or straddles one (40 -> 80)."""
+    llm = make_llm(tiny_qwen3_5_dir, max_num_batched_tokens=max_num_batched_tokens)
+    assert_matches_hf(hf_model, PROMPTS, generate(llm, PROMPTS))
+
+
+def test_preemption_matches_hf(tiny_qwen3_5_dir: str, hf_model) -> None:
+    """60 blocks of 4 hold all five prompts, not their outputs: preempted requests give
+    their state slot back and recompute from a fresh state."""
+    llm = make_llm(tiny_qwen3_5_dir, num_gpu_blocks_override=60)
+    completions = generate(llm, PROMPTS)
+    assert llm.engine.stats().num_preemptions > 0
+    assert_matches_hf(hf_model, PROMPTS, completions)
+
+
+def test_prefix_caching_finds_no_hits(tiny_qwen3_5_dir: str, hf_model) -> None:
+    """The same prompt twice: the second finds no cached prefix (a hit would need the
+    recurrent state at its end) and still matches HF."""
+    llm = make_llm(tiny_qwen3_5_dir, enable_prefix_caching=True)
+    prompt = PROMPTS[4]
+    first = llm.generate([{"prompt_token_ids": prompt}], GREEDY, use_tqdm=False)[0]
+    second = llm.generate([{"prompt_token_ids": prompt}], GREEDY, use_tqdm=False)[0]
+    assert second.num_cached_tokens == 0
+    assert_matches_hf(hf_model, [prompt, prompt], [first.outputs[0], second.outputs[0]])
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ({"speculative_config": {"method": "ngram", "num_speculative_tokens": 2}}, "speculative"),
+        ({"tensor_parallel_size": 2}, "tensor_parallel_size"),
+    ],
+)
+def test_options_not_yet_run_are_refused(tiny_qwen3_5_dir: str, options: dict, field: str):
+    with pytest.raises(ValueError, match=field):
+        make_llm(tiny_qwen3_5_dir, **options)
+
+
+def test_triton_kernels_match_hf(
+    tiny_qwen3_5_dir: str, hf_model, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The GPU's path in Triton's interpreter: the gated-delta and conv kernels (prefill over
+    packed chunks with carried states, the one-token step in place) and the Triton attention
+    backend, chunked prefill across a 64-token chunk."""
+    monkeypatch.setattr(model_loader, "use_triton_kernels", lambda device: True)
+    llm = make_llm(tiny_qwen3_5_dir, max_num_batched_tokens=40, attention_backend="triton")
+    layer = llm.engine.executor.runner.model.recurrent_layers()[0]
+    assert layer.use_triton
+    prompts = PROMPTS[:3]
+    assert_matches_hf(hf_model, prompts, generate(llm, prompts))
