@@ -146,7 +146,10 @@ class EngineCore:
             max_num_batched_tokens=setup.limits.max_num_batched_tokens,
             max_model_len=setup.max_model_len,
             block_manager=make_kv_coordinator(
-                setup, self.num_blocks, state_slots_for(setup, self.num_blocks)
+                self.num_blocks,
+                config.block_size,
+                config.enable_prefix_caching,
+                state_slots_for(setup, self.num_blocks),
             ),
             structured_outputs=self.structured_outputs,
             policy=config.scheduling_policy,

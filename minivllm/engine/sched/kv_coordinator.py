@@ -14,7 +14,6 @@ import logging
 
 from minivllm.engine.sched.block_manager import BlockManager
 from minivllm.engine.sched.request import Request
-from minivllm.engine.setup import EngineSetup
 
 logger = logging.getLogger(__name__)
 
@@ -71,16 +70,15 @@ class HybridKVCoordinator:
 
 
 def make_kv_coordinator(
-    setup: EngineSetup, num_blocks: int, num_state_slots: int
+    num_blocks: int, block_size: int, enable_prefix_caching: bool, num_state_slots: int
 ) -> BlockManager | HybridKVCoordinator:
     """The BlockManager of a model with attention layers only (num_state_slots 0); else the
     hybrid coordinator over num_state_slots slots (as many as the runner's state pool has)."""
-    config = setup.config
     if not num_state_slots:
-        return BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
-    if config.enable_prefix_caching:
+        return BlockManager(num_blocks, block_size, enable_prefix_caching)
+    if enable_prefix_caching:
         logger.info(
             "prefix caching finds no hits on hybrid models: a hit needs the recurrent state at "
             "its end, which is not kept"
         )
-    return HybridKVCoordinator(num_blocks, config.block_size, num_state_slots)
+    return HybridKVCoordinator(num_blocks, block_size, num_state_slots)
