@@ -31,6 +31,11 @@ class FusedMoE(nn.Module):
         ops: LayerOps = DEFAULT_OPS,
     ) -> None:
         super().__init__()
+        if ops.linear_method is not None:
+            raise ValueError(
+                "FP8 weights are not supported for mixture-of-experts layers yet (the dense "
+                "layers of Qwen3 and Llama load them); run the model's bf16 checkpoint"
+            )
         self.tp_rank, self.tp_size = get_tp_rank_size()
         self.num_experts = num_experts
         self.inter = divide(intermediate_size, self.tp_size, "moe_intermediate_size")

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from minivllm.gguf_loader import find_gguf_file, read_gguf_config
+from minivllm.layers.quantization.config import QuantConfig, quant_config_from_hf
 from minivllm.models.moe_config import MoeConfig, moe_config_from_hf
 from minivllm.models.registry import check_architecture, supported_architectures
 
@@ -35,6 +36,8 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     moe: MoeConfig | None = None  # None: every layer has a dense MLP
+    # The checkpoint's quantization_config (block FP8); None: unquantized weights.
+    quantization: QuantConfig | None = None
 
     @classmethod
     def from_hf(cls, model_dir: str) -> ModelConfig:
@@ -83,6 +86,7 @@ class ModelConfig:
             bos_token_id=hf.get("bos_token_id"),
             eos_token_ids=eos_ids,
             moe=_moe(hf, arch),
+            quantization=quant_config_from_hf(hf),
         )
 
 
