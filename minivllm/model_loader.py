@@ -114,7 +114,9 @@ def _checkpoint_tensors(
     else:
         tensors, total = iterate_checkpoint(model_dir), count_checkpoint_tensors(model_dir)
     disable = None if progress is None else not progress
-    return iter(tqdm(tensors, total=total, desc="Loading weights", unit=" tensors", disable=disable))
+    return iter(
+        tqdm(tensors, total=total, desc="Loading weights", unit=" tensors", disable=disable)
+    )
 
 
 def _skip(name: str, tie_word_embeddings: bool) -> bool:

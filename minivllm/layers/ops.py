@@ -26,9 +26,7 @@ class LinearMethod(Protocol):
         """Registers the layer's parameters (each with its weight_loader) for its
         input_size x output_size on this rank."""
 
-    def apply(
-        self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None
-    ) -> torch.Tensor:
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x: [num_tokens, input_size] -> [num_tokens, output_size] in x.dtype."""
 
 

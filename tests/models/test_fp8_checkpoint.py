@@ -106,7 +106,8 @@ def test_fp8_checkpoint_computes_w8a8_of_its_dequantized_weights(fp8_dirs, layou
         "cpu", fp8_dirs[f"{layout}_ref"], ops=LayerOps(gemm=w8a8_emulation(lm_head_rows)),
     )  # fmt: skip
     for ours, theirs in zip(
-        prefill_logits(model, prompts(vocab)), prefill_logits(emulated, prompts(vocab)),
+        prefill_logits(model, prompts(vocab)),
+        prefill_logits(emulated, prompts(vocab)),
         strict=True,
     ):
         torch.testing.assert_close(ours, theirs, atol=2e-4, rtol=1e-4)

@@ -85,7 +85,9 @@ def _compressed_tensors(qc: dict[str, Any]) -> QuantConfig:
             "config.json: compressed-tensors input_activations must be dynamic per token "
             f"group (minivllm quantizes activations per token and 128 inputs); got {acts!r}"
         )
-    return QuantConfig("compressed-tensors", "weight_scale", _names(qc.get("ignore") or [], "ignore"))
+    return QuantConfig(
+        "compressed-tensors", "weight_scale", _names(qc.get("ignore") or [], "ignore")
+    )
 
 
 def _check_block(block: Any, name: str) -> None:

@@ -84,9 +84,7 @@ class Fp8BlockLinearMethod:
         name = type(layer).__name__
         load_shard(param, loaded.float(), scale_plan(plan, block, name))
 
-    def apply(
-        self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None
-    ) -> torch.Tensor:
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return self.gemm(x, layer.weight, getattr(layer, self.quant.scale_name), bias)
 
 
