@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from minivllm.attention.torch_sdpa import TorchSDPABackend
+from minivllm.config import EngineConfig
 from minivllm.layers import linear as linear_module
 from minivllm.layers.linear import (
     MergedColumnParallelLinear,
@@ -25,7 +26,7 @@ from minivllm.layers.quantization.config import (
     resolve_quantization,
 )
 from minivllm.layers.quantization.fp8_math import dequantize_token_groups, quantize_token_groups
-from minivllm.model_loader import build_model
+from minivllm.model_loader import build_model, load_dummy_weights
 from minivllm.models.model_config import ModelConfig
 from minivllm.tiny_model import build_tiny_model
 from tests.fp8_checkpoint import (
@@ -209,3 +210,17 @@ def test_fp8_mixture_of_experts_is_a_clear_error(tiny_qwen3_moe_dir) -> None:
     with pytest.raises(ValueError, match="FP8 weights are not supported for mixture-of-experts"):
         build_model(config, TorchSDPABackend(), torch.float32, "cpu", load_format="dummy",
                     quant=QuantConfig("fp8", quantize_at_load=True))  # fmt: skip
+
+
+def test_dummy_fp8_weights_dequantize_to_the_dummy_spread() -> None:
+    layer = ReplicatedLinear(256, 256, ops=FP8_OPS)
+    load_dummy_weights(layer, seed=0)
+    weight = block_dequantize(layer.weight, layer.weight_scale_inv)
+    assert torch.all(layer.weight_scale_inv == 0.02)
+    assert 0.018 < float(weight.std()) < 0.022
+
+
+def test_engine_option_quantization_is_checked(tiny_qwen3_dir: str) -> None:
+    assert EngineConfig(model=tiny_qwen3_dir, quantization="fp8").quantization == "fp8"
+    with pytest.raises(ValueError, match="quantization must be fp8 or None.*'awq'"):
+        EngineConfig(model=tiny_qwen3_dir, quantization="awq")

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from minivllm import LLM, SamplingParams
 from minivllm.attention.torch_sdpa import TorchSDPABackend
+from minivllm.config import EngineConfig
 from minivllm.engine.setup import resolve_setup
 from minivllm.layers.ops import LayerOps
 from minivllm.layers.quantization.fp8_math import dequantize_token_groups, quantize_token_groups
@@ -52,20 +53,15 @@ def prompts(vocab_size: int) -> list[list[int]]:
 
 
 def load(model_dir: str, quantization: str | None = None):
-    config = EngineConfigFor(model_dir, quantization)
-    return build_model(
-        config.model_config, TorchSDPABackend(), torch.float32, "cpu", model_dir,
-        quant=config.quantization,
-    )  # fmt: skip
-
-
-def EngineConfigFor(model_dir: str, quantization: str | None):  # noqa: N802 - a setup
-    from minivllm.config import EngineConfig
-
-    return resolve_setup(
+    """The model as the engine builds it: the option resolved against the checkpoint."""
+    setup = resolve_setup(
         EngineConfig(model=model_dir, device="cpu", quantization=quantization),
         ModelConfig.from_hf(model_dir),
     )
+    return build_model(
+        setup.model_config, TorchSDPABackend(), torch.float32, "cpu", model_dir,
+        quant=setup.quantization,
+    )  # fmt: skip
 
 
 def assert_close_outputs(model, ref, vocab_size: int) -> None:

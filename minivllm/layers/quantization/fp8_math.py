@@ -55,10 +55,10 @@ def quantize_token_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x: [M, K] -> (q [M, K] e4m3, s [M, cdiv(K, 128)] float32), one scale per token and
     group of 128 along K (what the Triton kernel does before its GEMM)."""
     M, K = x.shape
-    groups = _pad_to(x.float(), 1, GROUP_SIZE).reshape(M, -1, GROUP_SIZE)
+    groups = _pad_to(x.float(), 1, GROUP_SIZE).reshape(M, -(-K // GROUP_SIZE), GROUP_SIZE)
     scale = groups.abs().amax(dim=2).clamp_min(SCALE_EPS) / FP8_MAX
     q = (groups / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
-    return q.reshape(M, -1)[:, :K].contiguous(), scale
+    return q.reshape(M, groups.shape[1] * GROUP_SIZE)[:, :K].contiguous(), scale
 
 
 def dequantize_token_groups(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
