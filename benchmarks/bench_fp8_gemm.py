@@ -76,17 +76,21 @@ def scaled_mm_fn(x, w_bf16):
 
 
 def vllm_fn(x, wq, ws):
+    """vLLM's Triton block-FP8 path: its token-group quantization, then its block-scaled GEMM
+    (`w8a8_triton_block_scaled_mm` in 0.26, `w8a8_block_fp8_matmul` before)."""
     try:
-        from vllm.model_executor.layers.quantization.utils.fp8_utils import (
-            per_token_group_quant_fp8,
-            w8a8_block_fp8_matmul,
-        )
+        from vllm.model_executor.layers.quantization.utils import fp8_utils
     except Exception:  # noqa: BLE001 - any import failure: no vLLM column
+        return None
+    gemm = getattr(fp8_utils, "w8a8_triton_block_scaled_mm", None) or getattr(
+        fp8_utils, "w8a8_block_fp8_matmul", None
+    )
+    if gemm is None:
         return None
 
     def run():
-        xq, xs = per_token_group_quant_fp8(x, 128)
-        return w8a8_block_fp8_matmul(xq, wq, xs, ws, [128, 128], x.dtype)
+        xq, xs = fp8_utils.per_token_group_quant_fp8(x, 128)
+        return gemm(xq, wq, xs, ws, [128, 128], x.dtype)
 
     return run
 
