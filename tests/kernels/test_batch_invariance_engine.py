@@ -10,6 +10,8 @@ import torch
 from ordered_dot import ordered_dot, ordered_dot_in_workers  # noqa: F401 (fixtures)
 
 from minivllm import LLM, SamplingParams
+from minivllm.tiny_model import build_tiny_model
+from tests.fp8_checkpoint import FP8_SIZES
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter on the CPU
 PROMPTS = [list(range(3 + i, 3 + i + n)) for i, n in enumerate((29, 7, 18, 41))]
@@ -66,3 +68,29 @@ def test_deterministic_engine_same_bits_tensor_parallel(tiny_qwen3_dir: str) -> 
 def test_deterministic_needs_the_triton_backend(tiny_qwen3_dir: str) -> None:
     with pytest.raises(ValueError, match="deterministic"):
         LLM(tiny_qwen3_dir, device="cpu", attention_backend="torch_sdpa", deterministic=True)
+
+
+@pytest.fixture(scope="module")
+def tiny_fp8_ready_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A tiny Qwen3 whose projections split into whole 128-row FP8 blocks, also over 2 ranks."""
+    out = str(tmp_path_factory.mktemp("tiny-fp8-ready"))
+    return build_tiny_model(out, "Qwen3ForCausalLM", **{**FP8_SIZES, "intermediate_size": 256})
+
+
+@pytest.mark.usefixtures("ordered_dot")
+def test_deterministic_engine_fp8_weights_same_bits(tiny_fp8_ready_dir: str) -> None:
+    """FP8 weights (quantized at load; activations per token-group): the same bits alone,
+    batched and chunked."""
+    ref = _generate(tiny_fp8_ready_dir, PROMPTS, quantization="fp8")
+    assert _generate(tiny_fp8_ready_dir, PROMPTS[:1], quantization="fp8") == ref[:1]
+    assert (
+        _generate(tiny_fp8_ready_dir, PROMPTS, quantization="fp8", max_num_batched_tokens=16) == ref
+    )
+
+
+@pytest.mark.skipif(DEVICE == "cuda", reason="two ranks over gloo on the CPU")
+@pytest.mark.usefixtures("ordered_dot", "ordered_dot_in_workers")
+def test_deterministic_engine_fp8_weights_tensor_parallel(tiny_fp8_ready_dir: str) -> None:
+    options = {"quantization": "fp8", "tensor_parallel_size": 2}
+    ref = _generate(tiny_fp8_ready_dir, PROMPTS, **options)
+    assert _generate(tiny_fp8_ready_dir, PROMPTS[:1], **options) == ref[:1]
