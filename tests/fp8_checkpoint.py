@@ -19,6 +19,9 @@ FP8_SIZES = dict(
     intermediate_size=384,
 )  # fmt: skip
 
+# Qwen3-MoE: each expert's gate, up and down 128 x 128 (one block), 8 experts, top-2.
+FP8_MOE_SIZES = {**FP8_SIZES, "moe_intermediate_size": 128}
+
 QWEN_FP8 = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
 COMPRESSED_TENSORS_FP8 = {
     "quant_method": "compressed-tensors",

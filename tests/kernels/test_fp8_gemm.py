@@ -7,10 +7,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from paged_case import DEVICE
 
 from minivllm.kernels.fp8_gemm import block_fp8_linear, block_fp8_matmul, quantize_token_groups
 from minivllm.kernels.fp8_gemm_configs import fp8_gemm_config, rule_buckets
+from minivllm.kernels.moe.align import align_by_expert
+from minivllm.kernels.moe.configs import GemmTile
+from minivllm.kernels.moe.grouped_gemm import grouped_gemm
 from minivllm.layers.quantization.fp8_math import (
     block_fp8_linear_ref,
     dequantize_blocks,
@@ -93,3 +97,40 @@ def test_configs_decode_prefill_and_deterministic() -> None:
     # Deterministic: one config per shape, whatever M (a row's bits cannot change with it).
     configs = {fp8_gemm_config(4096, 12288, m, deterministic=True) for m in (1, 16, 300, 8192)}
     assert len(configs) == 1
+
+
+def expert_blocks(num_experts: int, rows: int, cols: int, gen):
+    """Per-expert block-FP8 weights [E, rows, cols] and scales, and their float32 values."""
+    parts = [quantize_weight_blocks(torch.randn(rows, cols, generator=gen) / cols**0.5)
+             for _ in range(num_experts)]  # fmt: skip
+    wq = torch.stack([q for q, _ in parts])
+    ws = torch.stack([s for _, s in parts])
+    deq = torch.stack([dequantize_blocks(q, s) for q, s in parts])
+    return wq.to(DEVICE), ws.to(DEVICE), deq
+
+
+def test_fp8_grouped_gemm_matches_the_dequantized_experts() -> None:
+    """The MoE grouped GEMM's block-FP8 variant: gate/up with SiLU-and-mul over rows gathered
+    by token, then down weighted by pair, against each pair's dequantized product (inputs
+    rounded by the torch reference)."""
+    gen = torch.Generator().manual_seed(5)
+    num_experts, hidden, inter, top_k, num_tokens = 4, 200, 128, 2, 7
+    w13q, w13s, w13 = expert_blocks(num_experts, 2 * inter, hidden, gen)
+    w2q, w2s, w2 = expert_blocks(num_experts, hidden, inter, gen)
+    ids = torch.stack([torch.randperm(num_experts, generator=gen)[:top_k] for _ in range(7)])
+    weights = torch.rand(num_tokens * top_k, generator=gen)
+    blocks = align_by_expert(ids.int().to(DEVICE), num_experts, 16)
+    tile = GemmTile(32, 128, 4, 1)
+    xq, xs = quantize_ref(torch.randn(num_tokens, hidden, generator=gen))
+    act = grouped_gemm(xq.to(DEVICE), w13q, blocks, tile, top_k, True, None,
+                       (xs.to(DEVICE), w13s), torch.float32)  # fmt: skip
+    xd, experts = dequantize_token_groups(xq, xs), ids.reshape(-1)
+    gate_up = torch.stack([xd[p // top_k] @ w13[experts[p]].T for p in range(len(experts))])
+    expected = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
+    torch.testing.assert_close(act.cpu(), expected, atol=1e-4, rtol=1e-4)
+    aq, a_scale = quantize_ref(expected)
+    y = grouped_gemm(aq.to(DEVICE), w2q, blocks, tile, 1, False, weights.to(DEVICE),
+                     (a_scale.to(DEVICE), w2s), torch.float32)  # fmt: skip
+    ad = dequantize_token_groups(aq, a_scale)
+    expected = torch.stack([ad[p] @ w2[experts[p]].T for p in range(len(experts))])
+    torch.testing.assert_close(y.cpu(), expected * weights[:, None], atol=1e-4, rtol=1e-4)

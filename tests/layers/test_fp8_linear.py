@@ -205,9 +205,9 @@ def test_ignore_list_naming_a_projection_is_refused(fp8_dir, tmp_path) -> None:
         load(out)
 
 
-def test_fp8_mixture_of_experts_is_a_clear_error(tiny_qwen3_moe_dir) -> None:
-    config = ModelConfig.from_hf(tiny_qwen3_moe_dir)
-    with pytest.raises(ValueError, match="FP8 weights are not supported for mixture-of-experts"):
+def test_fp8_experts_off_the_blocks_are_a_clear_error(tiny_qwen3_moe_dir) -> None:
+    config = ModelConfig.from_hf(tiny_qwen3_moe_dir)  # moe_intermediate_size 32
+    with pytest.raises(ValueError, match=r"moe_intermediate_size \(32\).*multiple of 128"):
         build_model(config, TorchSDPABackend(), torch.float32, "cpu", load_format="dummy",
                     quant=QuantConfig("fp8", quantize_at_load=True))  # fmt: skip
 

@@ -19,6 +19,7 @@ from minivllm.models.model_config import ModelConfig
 from minivllm.tiny_model import build_tiny_model
 from tests.fp8_checkpoint import (
     COMPRESSED_TENSORS_FP8,
+    FP8_MOE_SIZES,
     FP8_SIZES,
     QWEN_FP8,
     write_fp8_checkpoints,
@@ -41,9 +42,13 @@ def fp8_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("fp8")
     src = build_tiny_model(str(root / "src"), "Qwen3ForCausalLM", **FP8_SIZES)
     dirs = {"src": src}
-    for name, layout in (("fp8", QWEN_FP8), ("ct", COMPRESSED_TENSORS_FP8)):
+    moe = build_tiny_model(str(root / "moe_src"), "Qwen3MoeForCausalLM", **FP8_MOE_SIZES)
+    dirs["moe_src"] = moe
+    for name, layout, source in (
+        ("fp8", QWEN_FP8, src), ("ct", COMPRESSED_TENSORS_FP8, src), ("moe", QWEN_FP8, moe),
+    ):  # fmt: skip
         dirs[name], dirs[f"{name}_ref"] = str(root / name), str(root / f"{name}_ref")
-        write_fp8_checkpoints(src, dirs[name], dirs[f"{name}_ref"], layout)
+        write_fp8_checkpoints(source, dirs[name], dirs[f"{name}_ref"], layout)
     return dirs
 
 
@@ -79,27 +84,31 @@ def assert_close_outputs(model, ref, vocab_size: int) -> None:
     assert error.mean() <= MAX_MEAN_LOGPROB_ERROR and error.max() <= MAX_LOGPROB_ERROR, error
 
 
-def w8a8_emulation(lm_head_rows: int):
+def w8a8_emulation(*unquantized_rows: int):
     """A GEMM that quantizes its input per token-group as the FP8 path does (not the LM
-    head's, told by its rows: the padded vocabulary): on dequantized weights it computes what
-    the FP8 model should, to float32."""
+    head's or a router's, told by their rows: the padded vocabulary, the experts): on
+    dequantized weights it computes what the FP8 model should, to float32."""
 
     def gemm(x, weight, bias=None):
-        if weight.shape[0] != lm_head_rows:
+        if weight.shape[0] not in unquantized_rows:
             x = dequantize_token_groups(*quantize_token_groups(x))
         return F.linear(x, weight, bias)
 
     return gemm
 
 
-@pytest.mark.parametrize("layout", ["fp8", "ct"])
+@pytest.mark.parametrize("layout", ["fp8", "ct", "moe"])
 def test_fp8_checkpoint_computes_w8a8_of_its_dequantized_weights(fp8_dirs, layout: str) -> None:
+    """Dense (both layouts) and mixture of experts (FP8 experts, the router unquantized)."""
     model = load(fp8_dirs[layout])
     vocab, lm_head_rows = model.config.vocab_size, model.lm_head.weight.shape[0]
-    assert lm_head_rows not in (128, 768)  # o_proj, down_proj; qkv_proj, gate_up_proj
+    num_experts = model.config.moe.num_experts if model.config.moe else 0
+    # o_proj, down_proj; qkv_proj, gate_up_proj; an expert's gate_up
+    assert not {lm_head_rows, num_experts} & {128, 768, 256}
     emulated = build_model(
         ModelConfig.from_hf(fp8_dirs[f"{layout}_ref"]), TorchSDPABackend(), torch.float32,
-        "cpu", fp8_dirs[f"{layout}_ref"], ops=LayerOps(gemm=w8a8_emulation(lm_head_rows)),
+        "cpu", fp8_dirs[f"{layout}_ref"],
+        ops=LayerOps(gemm=w8a8_emulation(lm_head_rows, num_experts)),
     )  # fmt: skip
     for ours, theirs in zip(
         prefill_logits(model, prompts(vocab)),
@@ -123,9 +132,10 @@ def test_fp8_checkpoint_matches_its_dequantized_weights(fp8_dirs, layout: str) -
     assert_close_outputs(model, ref, model.config.vocab_size)
 
 
-def test_quantize_at_load_matches_the_checkpoint(fp8_dirs) -> None:
+@pytest.mark.parametrize("src,ckpt", [("src", "fp8"), ("moe_src", "moe")])
+def test_quantize_at_load_matches_the_checkpoint(fp8_dirs, src: str, ckpt: str) -> None:
     """quantization="fp8" on the float32 checkpoint gives the FP8 checkpoint's weights."""
-    at_load, from_ckpt = load(fp8_dirs["src"], "fp8"), load(fp8_dirs["fp8"])
+    at_load, from_ckpt = load(fp8_dirs[src], "fp8"), load(fp8_dirs[ckpt])
     for (name, a), (_, b) in zip(
         at_load.named_parameters(), from_ckpt.named_parameters(), strict=True
     ):
