@@ -11,7 +11,7 @@ from ordered_dot import ordered_dot, ordered_dot_in_workers  # noqa: F401 (fixtu
 
 from minivllm import LLM, SamplingParams
 from minivllm.tiny_model import build_tiny_model
-from tests.fp8_checkpoint import FP8_SIZES
+from tests.fp8_checkpoint import FP8_MOE_SIZES, FP8_SIZES
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter on the CPU
 PROMPTS = [list(range(3 + i, 3 + i + n)) for i, n in enumerate((29, 7, 18, 41))]
@@ -77,15 +77,24 @@ def tiny_fp8_ready_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     return build_tiny_model(out, "Qwen3ForCausalLM", **{**FP8_SIZES, "intermediate_size": 256})
 
 
+@pytest.fixture(scope="module")
+def tiny_fp8_ready_moe_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    out = str(tmp_path_factory.mktemp("tiny-fp8-ready-moe"))
+    return build_tiny_model(out, "Qwen3MoeForCausalLM", **FP8_MOE_SIZES)
+
+
 @pytest.mark.usefixtures("ordered_dot")
-def test_deterministic_engine_fp8_weights_same_bits(tiny_fp8_ready_dir: str) -> None:
-    """FP8 weights (quantized at load; activations per token-group): the same bits alone,
-    batched and chunked."""
-    ref = _generate(tiny_fp8_ready_dir, PROMPTS, quantization="fp8")
-    assert _generate(tiny_fp8_ready_dir, PROMPTS[:1], quantization="fp8") == ref[:1]
-    assert (
-        _generate(tiny_fp8_ready_dir, PROMPTS, quantization="fp8", max_num_batched_tokens=16) == ref
-    )
+@pytest.mark.parametrize("model", ["tiny_fp8_ready_dir", "tiny_fp8_ready_moe_dir"])
+def test_deterministic_engine_fp8_weights_same_bits(
+    model: str, request: pytest.FixtureRequest
+) -> None:
+    """FP8 weights (quantized at load; activations per token-group), dense and MoE: the same
+    bits alone, batched and chunked."""
+    model_dir = request.getfixturevalue(model)
+    ref = _generate(model_dir, PROMPTS, quantization="fp8")
+    assert _generate(model_dir, PROMPTS[:1], quantization="fp8") == ref[:1]
+    chunked = _generate(model_dir, PROMPTS, quantization="fp8", max_num_batched_tokens=16)
+    assert chunked == ref
 
 
 @pytest.mark.skipif(DEVICE == "cuda", reason="two ranks over gloo on the CPU")
