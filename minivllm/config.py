@@ -76,6 +76,10 @@ class EngineConfig:
     # KV cache storage (vLLM's option): "auto" = the model's dtype; "fp8" (alias "fp8_e4m3"):
     # e4m3, half the bytes, twice the blocks (docs/kernels.md, "FP8 KV cache").
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3"] = "auto"
+    # Weight quantization (vLLM's option): None, the checkpoint's quantization_config (block
+    # FP8 checkpoints load as such); "fp8": block FP8 (W8A8, 128 x 128 weight blocks), an
+    # unquantized checkpoint quantized as it loads (docs/models.md, "FP8 weights").
+    quantization: Literal["fp8"] | None = None
     # Tensor parallelism on CUDA: NCCL for every all-reduce (vLLM's option). False turns on the
     # symmetric-memory one-shot kernel for decode-sized messages (minivllm/distributed/); it is
     # off by default because a TP=2 process using it did not exit after its work on the H200s
@@ -171,6 +175,10 @@ class EngineConfig:
             f"max_logprobs must be -1 (the vocabulary size) or >= 0, got {self.max_logprobs}",
         )
         check_choice("kv_cache_dtype")
+        check(
+            self.quantization in (None, "fp8"),
+            f"quantization must be fp8 or None (the checkpoint's), got {self.quantization!r}",
+        )
         self._check_nodes(check)
         check(
             self.stream_interval >= 1, f"stream_interval must be >= 1, got {self.stream_interval}"

@@ -1,7 +1,8 @@
 """Builds a model on its device and fills its weights: safetensors checkpoints or dummy.
 
 Checkpoint names are mapped onto packed parameters with the model's packed_modules_mapping;
-every parameter's own weight_loader copies this rank's slice of the full tensor.
+every parameter's own weight_loader copies this rank's slice of the full tensor. With a
+QuantConfig the linear layers hold block-FP8 weights (layers/quantization/).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Iterator
 import torch
 from safetensors import SafetensorError, safe_open
 from torch import nn
+from tqdm.auto import tqdm
 
 from minivllm.attention.base import AttentionBackend
 from minivllm.gguf_loader import find_gguf_file, iterate_gguf_tensors
@@ -22,6 +24,8 @@ from minivllm.layers.dispatch import use_triton_kernels
 from minivllm.layers.linear import default_weight_loader
 from minivllm.layers.norm import RMSNorm
 from minivllm.layers.ops import DEFAULT_OPS, LayerOps
+from minivllm.layers.quantization.build import check_ignored_layers, quantized_ops
+from minivllm.layers.quantization.config import QuantConfig
 from minivllm.model_loader_experts import expected_expert_loads, expert_target
 from minivllm.models.model_config import ModelConfig
 from minivllm.models.registry import get_model_class
@@ -38,19 +42,26 @@ def build_model(
     load_format: str = "auto",
     seed: int = 0,
     ops: LayerOps = DEFAULT_OPS,
+    quant: QuantConfig | None = None,
+    progress: bool | None = None,
 ) -> nn.Module:
-    """Constructs the registered class on `device` in `dtype` with the layers' `ops`, then
-    loads its weights ("auto": safetensors or GGUF from model_dir; "dummy": random, seeded)."""
+    """Constructs the registered class on `device` in `dtype` with the layers' `ops` (their
+    linear layers in block FP8 under `quant`), then loads its weights ("auto": safetensors or
+    GGUF from model_dir; "dummy": random, seeded). progress: a bar over the checkpoint's
+    tensors (None: on a terminal)."""
     model_class = get_model_class(model_config.architecture)
+    ops = quantized_ops(ops, quant)
     with torch.device(device):
         use_triton = use_triton_kernels(device)
         model = model_class(model_config, attn_backend, dtype=dtype, use_triton=use_triton, ops=ops)
+    if quant is not None:
+        check_ignored_layers(model, quant, getattr(model, "packed_modules_mapping", {}))
     if load_format == "dummy":
         load_dummy_weights(model, seed)
     elif load_format == "auto":
         if model_dir is None:
             raise ValueError("load_format='auto' needs model_dir")
-        load_model(model, model_dir)
+        load_model(model, model_dir, progress)
     else:
         raise ValueError(f"load_format must be 'auto' or 'dummy', got {load_format!r}")
     return model.eval()
@@ -83,12 +94,32 @@ def iterate_checkpoint(model_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
             ) from e
 
 
-def _checkpoint_tensors(model_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
-    """A .gguf file (or a directory holding one) is dequantized; else safetensors."""
+def count_checkpoint_tensors(model_dir: str) -> int:
+    """How many tensors the safetensors files hold (their headers only)."""
+    total = 0
+    for path in safetensors_files(model_dir):
+        try:
+            with safe_open(path, framework="pt", device="cpu") as f:
+                total += len(f.keys())
+        except (SafetensorError, OSError, RuntimeError) as e:
+            raise ValueError(f"cannot read checkpoint file {path!r} (corrupt?): {e}") from e
+    return total
+
+
+def _checkpoint_tensors(
+    model_dir: str, progress: bool | None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """A .gguf file (or a directory holding one) is dequantized; else safetensors. progress: a
+    tqdm bar over the tensors on stderr (None: only on a terminal, so quiet in tests and logs)."""
     gguf_file = find_gguf_file(model_dir)
     if gguf_file is not None:
-        return iterate_gguf_tensors(gguf_file)
-    return iterate_checkpoint(model_dir)
+        tensors, total = iterate_gguf_tensors(gguf_file), None
+    else:
+        tensors, total = iterate_checkpoint(model_dir), count_checkpoint_tensors(model_dir)
+    disable = None if progress is None else not progress
+    return iter(
+        tqdm(tensors, total=total, desc="Loading weights", unit=" tensors", disable=disable)
+    )
 
 
 def _skip(name: str, tie_word_embeddings: bool) -> bool:
@@ -98,14 +129,16 @@ def _skip(name: str, tie_word_embeddings: bool) -> bool:
     )
 
 
-def _model_tensors(model: nn.Module, model_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
+def _model_tensors(
+    model: nn.Module, model_dir: str, progress: bool | None
+) -> Iterator[tuple[str, torch.Tensor]]:
     """The checkpoint's tensors under the model's own names: prefixes mapped by its
     checkpoint_prefix_map; those under its ignored_checkpoint_prefixes (parts it does not run,
     such as a vision tower) left out, and counted in a log line."""
     prefix_map: dict[str, str] = getattr(model, "checkpoint_prefix_map", {})
     ignored_prefixes = tuple(getattr(model, "ignored_checkpoint_prefixes", ()))
     num_ignored = 0
-    for name, tensor in _checkpoint_tensors(model_dir):
+    for name, tensor in _checkpoint_tensors(model_dir, progress):
         if ignored_prefixes and name.startswith(ignored_prefixes):
             num_ignored += 1
             continue
@@ -135,8 +168,9 @@ def _expected_loads(
     """(parameter name, shard_id) -> checkpoint name, for every load the model needs."""
     expected = expected_expert_loads(dict(model.named_parameters()), expert_mapping)
     stacked = {param_name for param_name, _ in expected}
-    for param_name, _ in model.named_parameters():
-        if param_name in stacked:
+    for param_name, param in model.named_parameters():
+        # Quantizing at load: an FP8 scale comes with its weight, not from the checkpoint.
+        if param_name in stacked or getattr(param, "filled_by_weight", False):
             continue
         shards = [(c, s) for c, (p, s) in mapping.items() if f".{p}." in param_name]
         if not shards:
@@ -148,16 +182,17 @@ def _expected_loads(
     return expected
 
 
-def load_model(model: nn.Module, model_dir: str) -> None:
+def load_model(model: nn.Module, model_dir: str, progress: bool | None = None) -> None:
     """Loads every parameter from the safetensors in model_dir (tensors cast to the
-    parameter's dtype); raises ValueError listing all unloaded parameters."""
+    parameter's dtype); raises ValueError listing all unloaded parameters. progress: see
+    _checkpoint_tensors."""
     mapping = getattr(model, "packed_modules_mapping", {})
     expert_mapping = getattr(model, "expert_modules_mapping", {})
     tied = bool(getattr(model.config, "tie_word_embeddings", False))
     params = dict(model.named_parameters())
     expected = _expected_loads(model, mapping, expert_mapping)
     loaded, unexpected = set(), []
-    for ckpt_name, tensor in _model_tensors(model, model_dir):
+    for ckpt_name, tensor in _model_tensors(model, model_dir, progress):
         if _skip(ckpt_name, tied):
             continue
         target = expert_target(ckpt_name, expert_mapping)
@@ -196,8 +231,12 @@ def load_dummy_weights(model: nn.Module, seed: int = 0) -> None:
             if isinstance(module, RMSNorm):
                 param.fill_(1.0)
                 continue
+            if hasattr(param, "dummy_value"):  # an FP8 weight's block scales
+                param.fill_(param.dummy_value)
+                continue
             if param.device not in generators:
                 generators[param.device] = torch.Generator(param.device).manual_seed(seed)
             # Sampled in float32: normal_ on low-precision dtypes is not supported everywhere.
             values = torch.empty(param.shape, dtype=torch.float32, device=param.device)
-            param.copy_(values.normal_(0.0, 0.02, generator=generators[param.device]))
+            std = getattr(param, "dummy_std", 0.02)
+            param.copy_(values.normal_(0.0, std, generator=generators[param.device]))

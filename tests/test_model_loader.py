@@ -186,3 +186,13 @@ def test_default_tiny_model_dir_is_built_once(tmp_path, monkeypatch: pytest.Monk
     mtime = os.path.getmtime(weights)
     assert default_tiny_model_dir() == model_dir and os.path.getmtime(weights) == mtime
     make_model(model_dir)
+
+
+def test_loading_reports_progress_over_the_tensors(tiny_qwen3_dir: str, capsys) -> None:
+    model = make_model(tiny_qwen3_dir, load_format="dummy")
+    load_model(model, tiny_qwen3_dir)  # progress=None: no terminal here, so quiet
+    assert "Loading weights" not in capsys.readouterr().err
+    load_model(model, tiny_qwen3_dir, progress=True)
+    num_tensors = len(load_file(os.path.join(tiny_qwen3_dir, "model.safetensors")))
+    assert "Loading weights: 100%|" in (err := capsys.readouterr().err)
+    assert f"{num_tensors}/{num_tensors}" in err

@@ -5,10 +5,13 @@ apart), TFLOP/s (6 * pairs * H * I flops), bandwidth (the touched
 experts' weights once, plus the activations), the four launches from the profiler, and beside
 them cuBLAS per expert (the pairs' indices prepared outside the timing: the loop's floor) and,
 with --vllm, vLLM's fused_experts from the same process. --tune sweeps tiles per step size and
-prints a TABLE entry for kernels/moe/configs.py.
+prints a TABLE entry for kernels/moe/configs.py. --fp8: block-FP8 experts (e4m3, 128 x 128
+scales, activations per token-group of 128) beside the bf16 experts of the same step, and with
+--vllm vLLM's fused_experts with its block-FP8 quant config.
 
 Prints one JSON line per case. Usage:
   python -m benchmarks.kernels.bench_moe [--tokens 1,8,64,512,4096,16384] [--tp 2] [--vllm] [--tune]
+                                          [--fp8]
 """
 
 from __future__ import annotations
@@ -131,6 +134,52 @@ def case(num_tokens: int, inter: int, with_vllm: bool) -> dict:
     return result
 
 
+def expert_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[E, N, K] bf16 -> (e4m3 [E, N, K], float32 scales [E, N / 128, K / 128])."""
+    from minivllm.layers.quantization.fp8_math import quantize_weight_blocks
+
+    parts = [quantize_weight_blocks(w[e]) for e in range(w.shape[0])]
+    return torch.stack([q for q, _ in parts]), torch.stack([s for _, s in parts])
+
+
+def vllm_fp8(x, w13q, w13s, w2q, w2s, topk_weights, topk_ids):
+    try:
+        from vllm.model_executor.layers.fused_moe import fused_experts
+        from vllm.model_executor.layers.fused_moe.config import fp8_w8a8_moe_quant_config
+
+        config = fp8_w8a8_moe_quant_config(w13s, w2s, block_shape=[128, 128])
+    except Exception as e:  # noqa: BLE001 - any import failure means: not comparable here
+        return None, f"{type(e).__name__}: {e}"
+    return (lambda: fused_experts(x, w13q, w2q, topk_weights, topk_ids, quant_config=config)), None
+
+
+def fp8_case(num_tokens: int, inter: int, with_vllm: bool) -> dict:
+    """Block-FP8 experts against the bf16 experts of the same weights and step."""
+    x, w13, w2, topk_weights, topk_ids = make_case(num_tokens, inter)
+    (w13q, w13s), (w2q, w2s) = expert_blocks(w13), expert_blocks(w2)
+    ours = lambda: fused_moe(x, w13q, w2q, topk_weights, topk_ids, None, w13s, w2s)  # noqa: E731
+    ms = bench_ms(ours)
+    bf16_ms = bench_ms(lambda: fused_moe(x, w13, w2, topk_weights, topk_ids))
+    result = {
+        "case": "fused_moe_fp8", "tokens": num_tokens, "experts": E, "top_k": TOP_K, "hidden": H,
+        "inter": inter, "ms": round(ms, 4), "bf16_ms": round(bf16_ms, 4),
+        "speedup_vs_bf16": round(bf16_ms / ms, 3), "kernels_ms": per_kernel_ms(ours),
+        "max_abs_diff_vs_bf16": round((ours().float() - fused_moe(
+            x, w13, w2, topk_weights, topk_ids).float()).abs().max().item(), 5),
+    }  # fmt: skip
+    if with_vllm:
+        theirs, error = vllm_fp8(x, w13q, w13s, w2q, w2s, topk_weights, topk_ids)
+        if theirs is None:
+            result["vllm"] = error
+        else:
+            vllm_ms = bench_ms(theirs)
+            result["vllm_ms"] = round(vllm_ms, 4)
+            result["speedup_vs_vllm"] = round(vllm_ms / ms, 3)
+            diff = (ours().float() - theirs().float()).abs().max().item()
+            result["max_abs_diff_vs_vllm"] = round(diff, 5)
+    return result
+
+
 def tune(num_tokens: int, inter: int, block_k: int) -> dict:
     """The fastest tiles at this step size, BLOCK_K fixed (one per shape: batch invariance)."""
     x, w13, w2, topk_weights, topk_ids = make_case(num_tokens, inter)
@@ -161,10 +210,13 @@ def main() -> None:
     parser.add_argument("--vllm", action="store_true", help="time vLLM's fused_experts too")
     parser.add_argument("--tune", action="store_true", help="sweep tiles instead")
     parser.add_argument("--block-k", type=int, default=64, help="--tune's fixed BLOCK_K")
+    parser.add_argument("--fp8", action="store_true", help="block-FP8 experts beside bf16")
     args = parser.parse_args()
     inter = INTER // args.tp
     for num_tokens in (int(t) for t in args.tokens.split(",")):
-        if args.tune:
+        if args.fp8:
+            print(json.dumps(fp8_case(num_tokens, inter, args.vllm)), flush=True)
+        elif args.tune:
             print(json.dumps(tune(num_tokens, inter, args.block_k)), flush=True)
         else:
             print(json.dumps(case(num_tokens, inter, args.vllm)), flush=True)

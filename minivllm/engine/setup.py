@@ -9,6 +9,7 @@ import torch
 
 from minivllm.config import EngineConfig
 from minivllm.engine.sched.limits import SchedulerLimits, auto_scheduler_limits
+from minivllm.layers.quantization.config import QuantConfig, resolve_quantization
 from minivllm.models.model_config import ModelConfig
 
 
@@ -24,6 +25,7 @@ class EngineSetup:
     kv_cache_dtype: torch.dtype
     max_model_len: int
     limits: SchedulerLimits  # max_num_seqs, max_num_batched_tokens
+    quantization: QuantConfig | None = None  # the linear layers' block FP8; None: unquantized
 
 
 def resolve_setup(config: EngineConfig, model_config: ModelConfig) -> EngineSetup:
@@ -41,6 +43,7 @@ def resolve_setup(config: EngineConfig, model_config: ModelConfig) -> EngineSetu
         kv_cache_dtype=config.resolved_kv_cache_dtype(dtype),
         max_model_len=max_model_len,
         limits=resolve_scheduler_limits(config, device),
+        quantization=resolve_quantization(config.quantization, model_config.quantization),
     )
 
 

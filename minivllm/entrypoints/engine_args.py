@@ -54,6 +54,8 @@ FLAG_HELP: dict[str, str] = {
     "scheduling_policy": "fcfs: arrival order; priority: by each request's priority (lower "
     "first), the lowest-priority running request preempted first",
     "kv_cache_dtype": "KV-cache storage; fp8 (= fp8_e4m3): half the bytes, twice the blocks",
+    "quantization": "weights; none: as the checkpoint's quantization_config says; fp8: block "
+    "FP8 (128 x 128), an unquantized checkpoint quantized at load",
     "disable_custom_all_reduce": "tensor parallelism, on: NCCL for every all-reduce; off "
     "(--no-disable-custom-all-reduce): the symmetric-memory all-reduce kernel where it applies",
     "stream_interval": "the server streams a request's tokens once this many have come",

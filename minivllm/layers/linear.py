@@ -1,12 +1,16 @@
 """The tensor-parallel linear family.
 
 Every parameter carries `weight_loader(param, loaded_weight, shard_id=None)`: it takes the
-FULL checkpoint tensor and copies this rank's slice. Column-parallel layers split the output
-dim (no communication); RowParallelLinear splits the input dim and all-reduces its output.
-Each layer calls the GEMM and all-reduce of the LayerOps it is built with (layers/ops.py).
+FULL checkpoint tensor and copies this rank's slice, as its `ShardPlan` says. Column-parallel
+layers split the output dim (no communication); RowParallelLinear splits the input dim and
+all-reduces its output. Each layer calls the GEMM and all-reduce of the LayerOps it is built with
+(layers/ops.py); with a quantized `ops.linear_method` that method owns the weights and the GEMM
+(layers/quantization/).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -38,6 +42,28 @@ def take_shard(
     return loaded_weight.narrow(dim, index * size, size)
 
 
+@dataclass(frozen=True)
+class ShardPlan:
+    """Where this rank's part of a checkpoint tensor goes: `size` rows (dim 0) or columns
+    (dim 1) at `index * size` of a tensor `full_size` long there, copied to `offset` of the
+    parameter (packed layers hold several checkpoint tensors one after another)."""
+
+    dim: int
+    index: int
+    size: int
+    full_size: int
+    offset: int = 0
+
+
+def load_shard(param: torch.Tensor, loaded_weight: torch.Tensor, plan: ShardPlan | None) -> None:
+    """Copies the plan's slice of loaded_weight into param (None: the whole tensor)."""
+    if plan is None:
+        copy_checked(param.data, loaded_weight)
+        return
+    src = take_shard(loaded_weight, plan.dim, plan.index, plan.size, plan.full_size)
+    copy_checked(param.data.narrow(plan.dim, plan.offset, plan.size), src)
+
+
 def default_weight_loader(
     param: torch.Tensor, loaded_weight: torch.Tensor, shard_id: object = None
 ) -> None:
@@ -59,24 +85,41 @@ class LinearBase(nn.Module):
         self.tp_rank, self.tp_size = get_tp_rank_size()
         self.input_size = input_size
         self.output_size = output_size
-        self.weight = nn.Parameter(
-            torch.empty(output_size, input_size, dtype=dtype), requires_grad=False
-        )
-        self.weight.weight_loader = self.weight_loader
-        self.gemm = ops.gemm
+        # None: unquantized, `weight` in dtype and ops.gemm; else the method makes its weights.
+        self.quant_method = ops.linear_method
+        if self.quant_method is None:
+            self.weight = nn.Parameter(
+                torch.empty(output_size, input_size, dtype=dtype), requires_grad=False
+            )
+            self.weight.weight_loader = self.weight_loader
+            self.gemm = ops.gemm
+        else:
+            self.quant_method.create_weights(self)
         if bias:
             self.bias = nn.Parameter(torch.empty(output_size, dtype=dtype), requires_grad=False)
             self.bias.weight_loader = self.weight_loader
         else:
             self.register_parameter("bias", None)
 
+    def shard_plan(self, shard_id: object) -> ShardPlan | None:
+        """This rank's part of the weight `shard_id` of the checkpoint; None: all of it."""
+        return None
+
     def weight_loader(
         self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
     ) -> None:
-        default_weight_loader(param, loaded_weight)
+        plan = self.shard_plan(shard_id)
+        if param.dim() == 1 and plan is not None and plan.dim == 1:
+            plan = None  # a row-parallel bias is not split
+        load_shard(param, loaded_weight, plan)
+
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.quant_method is None:
+            return self.gemm(x, self.weight, bias)
+        return self.quant_method.apply(self, x, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.gemm(x, self.weight, self.bias)
+        return self.linear(x, self.bias)
 
 
 class ReplicatedLinear(LinearBase):
@@ -108,12 +151,9 @@ class ColumnParallelLinear(LinearBase):
         out_size = divide(output_size, tp_size, "output size")
         super().__init__(input_size, out_size, bias, dtype, ops)
 
-    def weight_loader(
-        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
-    ) -> None:
-        size = param.shape[0]
-        src = take_shard(loaded_weight, 0, self.tp_rank, size, size * self.tp_size)
-        copy_checked(param.data, src)
+    def shard_plan(self, shard_id: object) -> ShardPlan | None:
+        size = self.output_size
+        return ShardPlan(0, self.tp_rank, size, size * self.tp_size)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -131,15 +171,12 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         self.shard_sizes = [divide(n, tp_size, "merged output size") for n in output_sizes]
         super().__init__(input_size, sum(output_sizes), bias, dtype, ops)
 
-    def weight_loader(
-        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
-    ) -> None:
+    def shard_plan(self, shard_id: object) -> ShardPlan | None:
         if not isinstance(shard_id, int) or not 0 <= shard_id < len(self.shard_sizes):
             raise ValueError(f"merged linear needs shard_id in 0..{len(self.shard_sizes) - 1}")
         size = self.shard_sizes[shard_id]
         offset = sum(self.shard_sizes[:shard_id])
-        src = take_shard(loaded_weight, 0, self.tp_rank, size, size * self.tp_size)
-        copy_checked(param.data.narrow(0, offset, size), src)
+        return ShardPlan(0, self.tp_rank, size, size * self.tp_size, offset)
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -182,9 +219,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         # Skips ColumnParallelLinear.__init__: the per-rank size here is by heads, not output / tp.
         LinearBase.__init__(self, hidden_size, output_size, bias, dtype, ops)
 
-    def weight_loader(
-        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
-    ) -> None:
+    def shard_plan(self, shard_id: object) -> ShardPlan | None:
         if shard_id == "q":
             offset, size, index = 0, self.q_size, self.tp_rank
             full_size = self.total_num_heads * self.head_dim
@@ -194,8 +229,7 @@ class QKVParallelLinear(ColumnParallelLinear):
             full_size = self.total_num_kv_heads * self.head_dim
         else:
             raise ValueError(f"qkv linear needs shard_id 'q', 'k' or 'v', got {shard_id!r}")
-        src = take_shard(loaded_weight, 0, index, size, full_size)
-        copy_checked(param.data.narrow(0, offset, size), src)
+        return ShardPlan(0, index, size, full_size, offset)
 
 
 class RowParallelLinear(LinearBase):
@@ -214,18 +248,12 @@ class RowParallelLinear(LinearBase):
         super().__init__(in_size, output_size, bias, dtype, ops)
         self.reduce = ops.row_reduce
 
-    def weight_loader(
-        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
-    ) -> None:
-        if param.dim() == 1:  # the bias is not split
-            copy_checked(param.data, loaded_weight)
-            return
-        size = param.shape[1]
-        src = take_shard(loaded_weight, 1, self.tp_rank, size, size * self.tp_size)
-        copy_checked(param.data, src)
+    def shard_plan(self, shard_id: object) -> ShardPlan | None:
+        size = self.input_size
+        return ShardPlan(1, self.tp_rank, size, size * self.tp_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [num_tokens, input_size // tp_size]. Only rank 0 adds the bias, so that the
         # all-reduce adds it once.
         bias = self.bias if self.tp_rank == 0 else None
-        return self.reduce(self.gemm(x, self.weight, bias), self.tp_size)
+        return self.reduce(self.linear(x, bias), self.tp_size)

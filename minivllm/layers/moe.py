@@ -4,6 +4,8 @@ Triton launch); FusedMoE runs them."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import nn
 
@@ -29,8 +31,10 @@ class SparseMoeBlock(nn.Module):
         super().__init__()
         self.top_k = top_k
         self.norm_topk_prob = norm_topk_prob
-        # The checkpoint's name for the router (mlp.gate.weight).
-        self.gate = ReplicatedLinear(hidden_size, num_experts, False, dtype, ops)
+        # The checkpoint's name for the router (mlp.gate.weight); never quantized (FP8
+        # checkpoints keep it in bf16).
+        router_ops = replace(ops, linear_method=None)
+        self.gate = ReplicatedLinear(hidden_size, num_experts, False, dtype, router_ops)
         self.experts = FusedMoE(num_experts, hidden_size, intermediate_size, dtype, use_triton, ops)
         self._route = route
         if use_triton:

@@ -19,11 +19,19 @@ def experts_torch(
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     gemm: Gemm = F.linear,
+    scales: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """x: [num_tokens, H]; w13: [E, 2I, H] (gate rows, then up rows); w2: [E, H, I];
     topk_weights: [num_tokens, top_k] float32; topk_ids: [num_tokens, top_k] in [0, E).
     Returns [num_tokens, H] in x.dtype. gemm: the layer's GEMM (deterministic mode's is
-    batch-invariant)."""
+    batch-invariant). scales: block-FP8 experts, (w13's, w2's) per-expert block scales, and
+    gemm is then the block-FP8 GEMM (x, wq, ws) (layers/quantization/fp8_math.py)."""
+
+    def expert_gemm(a: torch.Tensor, w: torch.Tensor, which: int, expert: int) -> torch.Tensor:
+        if scales is None:
+            return gemm(a, w[expert])
+        return gemm(a, w[expert], scales[which][expert])
+
     num_tokens, top_k = topk_ids.shape
     inter = w2.shape[2]
     flat_ids = topk_ids.reshape(-1)
@@ -34,9 +42,9 @@ def experts_torch(
         pairs = (flat_ids == expert).nonzero().squeeze(1)
         if pairs.numel() == 0:
             continue
-        gate_up = gemm(x[pairs // top_k], w13[expert])
+        gate_up = expert_gemm(x[pairs // top_k], w13, 0, expert)
         act = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
-        out = gemm(act, w2[expert]).float() * flat_weights[pairs]
+        out = expert_gemm(act, w2, 1, expert).float() * flat_weights[pairs]
         per_pair[pairs] = out.to(x.dtype)
     per_pair = per_pair.view(num_tokens, top_k, -1)
     total = torch.zeros(num_tokens, x.shape[1], dtype=torch.float32, device=x.device)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from minivllm.gguf_loader import find_gguf_file, read_gguf_config
+from minivllm.layers.quantization.config import QuantConfig, quant_config_from_hf
 from minivllm.models.hybrid_config import LinearAttentionConfig, linear_attention_config_from_hf
 from minivllm.models.moe_config import MoeConfig, moe_config_from_hf
 from minivllm.models.registry import check_architecture, supported_architectures
@@ -40,6 +41,8 @@ class ModelConfig:
     # layers are full attention.
     linear_attention: LinearAttentionConfig | None = None
     partial_rotary_factor: float = 1.0  # the fraction of head_dim that RoPE rotates
+    # The checkpoint's quantization_config (block FP8); None: unquantized weights.
+    quantization: QuantConfig | None = None
 
     @property
     def num_kv_layers(self) -> int:
@@ -103,6 +106,7 @@ class ModelConfig:
                 else None
             ),
             partial_rotary_factor=float(rope.get("partial_rotary_factor", 1.0)),
+            quantization=quant_config_from_hf(hf),
         )
 
 

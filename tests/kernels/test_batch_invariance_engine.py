@@ -10,6 +10,8 @@ import torch
 from ordered_dot import ordered_dot, ordered_dot_in_workers  # noqa: F401 (fixtures)
 
 from minivllm import LLM, SamplingParams
+from minivllm.tiny_model import build_tiny_model
+from tests.fp8_checkpoint import FP8_MOE_SIZES, FP8_SIZES
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter on the CPU
 PROMPTS = [list(range(3 + i, 3 + i + n)) for i, n in enumerate((29, 7, 18, 41))]
@@ -81,3 +83,38 @@ def test_deterministic_hybrid_engine_same_tokens_alone_and_batched(tiny_qwen3_5_
         for entry, ref_entry in zip(ours, expected, strict=True):
             assert [t for t, _ in entry] == [t for t, _ in ref_entry]
             assert [lp for _, lp in entry] == pytest.approx([lp for _, lp in ref_entry], abs=1e-5)
+
+
+@pytest.fixture(scope="module")
+def tiny_fp8_ready_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A tiny Qwen3 whose projections split into whole 128-row FP8 blocks, also over 2 ranks."""
+    out = str(tmp_path_factory.mktemp("tiny-fp8-ready"))
+    return build_tiny_model(out, "Qwen3ForCausalLM", **{**FP8_SIZES, "intermediate_size": 256})
+
+
+@pytest.fixture(scope="module")
+def tiny_fp8_ready_moe_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    out = str(tmp_path_factory.mktemp("tiny-fp8-ready-moe"))
+    return build_tiny_model(out, "Qwen3MoeForCausalLM", **FP8_MOE_SIZES)
+
+
+@pytest.mark.usefixtures("ordered_dot")
+@pytest.mark.parametrize("model", ["tiny_fp8_ready_dir", "tiny_fp8_ready_moe_dir"])
+def test_deterministic_engine_fp8_weights_same_bits(
+    model: str, request: pytest.FixtureRequest
+) -> None:
+    """FP8 weights (quantized at load; activations per token-group), dense and MoE: the same
+    bits alone, batched and chunked."""
+    model_dir = request.getfixturevalue(model)
+    ref = _generate(model_dir, PROMPTS, quantization="fp8")
+    assert _generate(model_dir, PROMPTS[:1], quantization="fp8") == ref[:1]
+    chunked = _generate(model_dir, PROMPTS, quantization="fp8", max_num_batched_tokens=16)
+    assert chunked == ref
+
+
+@pytest.mark.skipif(DEVICE == "cuda", reason="two ranks over gloo on the CPU")
+@pytest.mark.usefixtures("ordered_dot", "ordered_dot_in_workers")
+def test_deterministic_engine_fp8_weights_tensor_parallel(tiny_fp8_ready_dir: str) -> None:
+    options = {"quantization": "fp8", "tensor_parallel_size": 2}
+    ref = _generate(tiny_fp8_ready_dir, PROMPTS, **options)
+    assert _generate(tiny_fp8_ready_dir, PROMPTS[:1], **options) == ref[:1]

@@ -93,6 +93,7 @@ class ModelRunner:
             load_format=config.load_format,
             seed=config.seed,
             ops=ops,
+            quant=setup.quantization,
         )
         if isinstance(ops.gemm, InvariantGemm | TunedGemm):
             ops.gemm.verify_model(self.model, device)
