@@ -1,6 +1,7 @@
 """Tile configs of the block-scaled FP8 GEMM (kernels/fp8_gemm.py): per weight shape (N, K), one
 config per bucket of M where `TABLE` has the shape (from
-`python -m benchmarks.kernels.bench_fp8_gemm --tune`), a rule by M otherwise. BLOCK_K is always 128: one activation group and one weight block a step.
+`python -m benchmarks.kernels.bench_fp8_gemm --tune`), a rule by M otherwise. BLOCK_K is
+always 128: one activation group and one weight block a step.
 
 Deterministic mode takes one config per shape whatever M is (the rule's prefill config): a
 different BLOCK_M may pick a different MMA instruction, and with it other bits in a row.
