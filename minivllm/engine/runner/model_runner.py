@@ -21,6 +21,7 @@ from minivllm.engine.runner.draft_step import DraftedStep, SyntheticAcceptance, 
 from minivllm.engine.runner.input_prep import StepInputs, prepare_inputs
 from minivllm.engine.runner.kv_cache import KVCacheSpec, bind_kv_caches
 from minivllm.engine.runner.piecewise_graph import PiecewiseGraphRunner
+from minivllm.engine.runner.pooling import PooledStep, PoolingRunner
 from minivllm.engine.runner.profiling import (
     memory_baseline,
     profile_kv_budget,
@@ -98,6 +99,7 @@ class ModelRunner:
             config.speculative_config, device, config.seed
         )
         self.prompt_logprobs = PromptLogprobsTracker()
+        self.pooling = PoolingRunner(self.model.compute_logits)  # pooling requests' state
         self.block_table = BlockTable(-(-max_model_len // self.block_size), max_num_seqs)
         self.kv_spec = KVCacheSpec.for_model(
             model_config, self.block_size, setup.kv_cache_dtype, device, tp_size
@@ -216,13 +218,17 @@ class ModelRunner:
         """Runs one step and waits for its tokens."""
         return self.execute_async(sched_out).result()
 
-    @torch.inference_mode()
     def execute_async(
         self, sched_out: SchedulerOutput
-    ) -> StepHandle | DraftedStep | DeferredSampling:
+    ) -> StepHandle | DraftedStep | DeferredSampling | PooledStep:
         """Launches one step and returns at once; the handle's result() waits for its tokens
-        (and its logprobs, whose host copies it makes). A constrained step's sampling waits
-        for the next launch (DeferredSampling) where defer_constrained_sampling."""
+        (and its logprobs, whose host copies it makes, and its pooling requests' vectors).
+        A constrained step's sampling waits for the next launch (DeferredSampling) where
+        defer_constrained_sampling."""
+        return self.pooling.wrap(self._launch(sched_out))
+
+    @torch.inference_mode()
+    def _launch(self, sched_out: SchedulerOutput) -> StepHandle | DraftedStep | DeferredSampling:
         if sched_out.is_empty:
             self._launch_deferred()
             self._update_requests(sched_out)
@@ -302,6 +308,7 @@ class ModelRunner:
         for req_id in sched_out.finished_req_ids:
             self.sampling_state.remove(req_id)
         self.prompt_logprobs.forget(sched_out.finished_req_ids)
+        self.pooling.update(sched_out)
         for new in sched_out.new_requests:
             self.sampling_state.add_request(new)
 
@@ -355,6 +362,8 @@ class ModelRunner:
             hidden = self.mixed_graphs.run(dev["input_ids"], dev["positions"], meta)
         else:
             hidden = self.model(dev["input_ids"], dev["positions"], meta)
+        if sched_out is not None and self.pooling.active:  # never a decode graph's step
+            self.pooling.pool(hidden, inputs.chunk_start_loc, sched_out)
         return self.model.compute_logits(hidden[dev["logits_indices"]])
 
     def to_device(
