@@ -8,6 +8,7 @@ import torch
 from transformers import AutoModel, AutoTokenizer
 
 from minivllm import LLM
+from tests.kernels.ordered_dot import ordered_dot  # noqa: F401 (fixture)
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -88,3 +89,16 @@ def test_embed_needs_the_task(embed_last_dir: str) -> None:
     llm = LLM(embed_last_dir, **CPU)
     with pytest.raises(ValueError, match="task='embed'"):
         llm.embed("x", use_tqdm=False)
+
+
+@pytest.mark.usefixtures("ordered_dot")
+@pytest.mark.parametrize("fixture", ["embed_last_dir", "embed_mean_dir"])
+def test_deterministic_same_bits_alone_and_batched(fixture, request) -> None:
+    """Deterministic mode (batch-invariant kernels, in the interpreter on the CPU): a text's
+    vector is the same bits alone, in a batch, and chunked among others."""
+    model_dir = request.getfixturevalue(fixture)
+    options = dict(CPU, attention_backend="triton", deterministic=True, block_size=8)
+    llm = LLM(model_dir, task="embed", max_num_batched_tokens=16, **options)
+    batched = [o.outputs.embedding for o in llm.embed(TEXTS, use_tqdm=False)]
+    for text, want in zip(TEXTS, batched):
+        assert llm.embed(text, use_tqdm=False)[0].outputs.embedding == want

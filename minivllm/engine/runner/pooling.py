@@ -19,14 +19,15 @@ from minivllm.pooling.params import PoolingParams
 
 
 class PoolingRunner:
-    """Per-request pooling state of one runner. Its memory: one float32 row of hidden_size a
-    live mean or cls request (at most max_num_seqs of them)."""
+    """Per-request pooling state of one runner. Its memory: a live cls request's first row;
+    a live mean request's rows computed so far, until its prompt ends (summed then, in one
+    reduction over the whole prompt: the same bits however the prompt was chunked)."""
 
     def __init__(self, compute_logits: Callable[[torch.Tensor], torch.Tensor]) -> None:
         self.compute_logits = compute_logits
         self.params: dict[str, PoolingParams] = {}
-        # mean: the sum of the rows computed so far; cls: the first row. float32 [hidden].
-        self._partial: dict[str, torch.Tensor] = {}
+        # mean: the rows computed so far, one [rows, hidden] tensor a chunk; cls: [first row].
+        self._partial: dict[str, list[torch.Tensor]] = {}
         # The step's results until wrap() takes them: (req_ids, [n, d] vectors or [n] scores).
         self._results: list[tuple[list[str], torch.Tensor]] = []
 
@@ -67,14 +68,14 @@ class PoolingRunner:
     ) -> None:
         # A prompt is computed from position 0 (no prefix hit, needs_all_rows; again from 0
         # after a preemption), so a chunk at 0 starts the request's state anew.
+        # Copies: a piecewise graph's hidden states are its static buffer, rewritten next step.
         if params.pooling_type == "cls":
             if first_pos == 0:
-                self._partial[req_id] = rows[0].to(torch.float32, copy=True)
+                self._partial[req_id] = [rows[0].to(torch.float32, copy=True)]
             return
-        total = rows.float().sum(dim=0)
-        if first_pos != 0:
-            total += self._partial[req_id]
-        self._partial[req_id] = total
+        if first_pos == 0:
+            self._partial[req_id] = []
+        self._partial[req_id].append(rows.clone())
 
     def _finish(
         self,
@@ -100,9 +101,10 @@ class PoolingRunner:
             vectors = hidden[rows].float()
             for j, (req_id, params, _) in enumerate(items):
                 if params.pooling_type == "mean":
-                    vectors[j] = self._partial[req_id] / lengths[req_id]
+                    vectors[j] = torch.cat(self._partial[req_id]).float().sum(dim=0)
+                    vectors[j] /= lengths[req_id]
                 elif params.pooling_type == "cls":
-                    vectors[j] = self._partial[req_id]
+                    vectors[j] = self._partial[req_id][0]
             results.append((req_ids, truncate_normalize(vectors, *key)))
         return results
 
