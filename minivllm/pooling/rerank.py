@@ -51,7 +51,8 @@ class RerankTemplate:
 def load_rerank_template(tokenizer: Any) -> RerankTemplate:
     """The template over this tokenizer; ValueError when it lacks what the template needs
     (the ChatML markers as special tokens, "yes" and "no" as single tokens)."""
-    vocab = tokenizer.get_vocab()
+    get_vocab = getattr(tokenizer, "get_vocab", None)
+    vocab = get_vocab() if callable(get_vocab) else {}
     missing = [t for t in (*CHAT_MARKERS, "yes", "no") if t not in vocab]
     if missing:
         raise ValueError(

@@ -44,6 +44,7 @@ from minivllm.entrypoints.openai.responses.serving import (
 from minivllm.entrypoints.openai.serving_chat import create_chat_completion
 from minivllm.entrypoints.openai.serving_common import ServerState, tokenize_text
 from minivllm.entrypoints.openai.serving_completion import create_completion
+from minivllm.entrypoints.pooling.routes import add_pooling_routes
 from minivllm.structured_output.manager import build_in_background
 
 logger = logging.getLogger("minivllm.serve")
@@ -76,6 +77,7 @@ def build_app(state: ServerState, metrics: ServerMetrics, api_key: str | None = 
     app.add_middleware(_BodySizeLimit, max_bytes=state.limits.max_body_bytes)  # outermost
     _add_info_routes(app, state, metrics)
     _add_generation_routes(app, state)
+    add_pooling_routes(app, state)
     return app
 
 
