@@ -102,3 +102,28 @@ def test_deterministic_same_bits_alone_and_batched(fixture, request) -> None:
     batched = [o.outputs.embedding for o in llm.embed(TEXTS, use_tqdm=False)]
     for text, want in zip(TEXTS, batched):
         assert llm.embed(text, use_tqdm=False)[0].outputs.embedding == want
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_bare_decoder_checkpoint(tied: bool, tmp_path) -> None:
+    """Qwen3-Embedding's checkpoint is the bare decoder (no "model." prefix, no LM head), as
+    sentence-transformers saves it: it loads, and embeds as transformers does."""
+    from transformers import Qwen3Model
+
+    from minivllm.tiny_model import build_tiny_tokenizer, tiny_hf_config
+    from tests.pooling.conftest import write_sentence_transformers_files
+
+    tokenizer = build_tiny_tokenizer()
+    eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    config = tiny_hf_config("Qwen3ForCausalLM", len(tokenizer), eos, tie_word_embeddings=tied)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(1)
+        Qwen3Model(config).save_pretrained(tmp_path)
+    # Qwen3-Embedding's config.json names the causal LM (transformers writes Qwen3Model).
+    config.architectures = ["Qwen3ForCausalLM"]
+    config.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    write_sentence_transformers_files(str(tmp_path), "last", True)
+    want = reference(str(tmp_path), TEXTS[:2], "last", True)
+    got = LLM(str(tmp_path), task="embed", **CPU).embed(TEXTS[:2], use_tqdm=False)
+    torch.testing.assert_close(torch.tensor([o.outputs.embedding for o in got]), want)
