@@ -3,51 +3,17 @@ tiny Qwen3 reranker whose tokenizer has "yes" and "no"."""
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 
 import pytest
 import torch
 from transformers import Qwen3ForCausalLM
 
-from minivllm.tiny_model import build_tiny_tokenizer, tiny_hf_config
-
-
-def write_sentence_transformers_files(model_dir: str, mode: str, normalize: bool) -> None:
-    """modules.json (Transformer, Pooling, Normalize where asked) and the Pooling config, as
-    sentence-transformers saves them (legacy bool keys, which every version reads)."""
-    modules = [
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {
-            "idx": 1,
-            "name": "1",
-            "path": "1_Pooling",
-            "type": "sentence_transformers.models.Pooling",
-        },
-    ]
-    if normalize:
-        modules.append(
-            {
-                "idx": 2,
-                "name": "2",
-                "path": "2_Normalize",
-                "type": "sentence_transformers.models.Normalize",
-            }
-        )
-        os.makedirs(os.path.join(model_dir, "2_Normalize"), exist_ok=True)
-    with open(os.path.join(model_dir, "modules.json"), "w") as f:
-        json.dump(modules, f)
-    hidden = json.load(open(os.path.join(model_dir, "config.json")))["hidden_size"]
-    pooling = {"word_embedding_dimension": hidden, "include_prompt": True}
-    for key, name in (("pooling_mode_lasttoken", "last"), ("pooling_mode_mean_tokens", "mean"),
-                      ("pooling_mode_cls_token", "cls")):  # fmt: skip
-        pooling[key] = mode == name
-    os.makedirs(os.path.join(model_dir, "1_Pooling"), exist_ok=True)
-    with open(os.path.join(model_dir, "1_Pooling", "config.json"), "w") as f:
-        json.dump(pooling, f)
-    with open(os.path.join(model_dir, "sentence_bert_config.json"), "w") as f:
-        json.dump({"max_seq_length": 512, "do_lower_case": False}, f)
+from minivllm.tiny_model import (
+    build_tiny_tokenizer,
+    tiny_hf_config,
+    write_sentence_transformers_files,
+)
 
 
 def pooling_model_dir(base_dir: str, out_dir: str, mode: str, normalize: bool) -> str:

@@ -110,8 +110,11 @@ def test_bare_decoder_checkpoint(tied: bool, tmp_path) -> None:
     sentence-transformers saves it: it loads, and embeds as transformers does."""
     from transformers import Qwen3Model
 
-    from minivllm.tiny_model import build_tiny_tokenizer, tiny_hf_config
-    from tests.pooling.conftest import write_sentence_transformers_files
+    from minivllm.tiny_model import (
+        build_tiny_tokenizer,
+        tiny_hf_config,
+        write_sentence_transformers_files,
+    )
 
     tokenizer = build_tiny_tokenizer()
     eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")

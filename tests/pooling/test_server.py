@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from tests.pooling.conftest import write_sentence_transformers_files
+from minivllm.tiny_model import write_sentence_transformers_files
 from tests.pooling.test_embed import reference
 from tests.pooling.test_score import DOCUMENTS, QUERY, hf_score
 
