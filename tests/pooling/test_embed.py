@@ -130,3 +130,16 @@ def test_bare_decoder_checkpoint(tied: bool, tmp_path) -> None:
     want = reference(str(tmp_path), TEXTS[:2], "last", True)
     got = LLM(str(tmp_path), task="embed", **CPU).embed(TEXTS[:2], use_tqdm=False)
     torch.testing.assert_close(torch.tensor([o.outputs.embedding for o in got]), want)
+
+
+def test_prefill_only_frees_its_blocks(embed_mean_dir: str) -> None:
+    """Few blocks and 8-token chunks: mean-pooled prompts over several steps pool every
+    position once; after them every block is free and the runner holds no state."""
+    want = reference(embed_mean_dir, TEXTS, "mean", False)
+    options = dict(CPU, num_gpu_blocks_override=8, max_num_batched_tokens=8)
+    llm = LLM(embed_mean_dir, task="embed", **options)
+    got = [o.outputs.embedding for o in llm.embed(TEXTS, use_tqdm=False)]
+    torch.testing.assert_close(torch.tensor(got), want, atol=1e-5, rtol=1e-5)
+    llm.engine.step()  # the finished requests' ids reach the runner with the next step
+    assert llm.engine.scheduler.block_manager.num_free_blocks == 8
+    assert not llm.engine.executor.runner.pooling.params
