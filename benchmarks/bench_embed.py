@@ -75,7 +75,8 @@ def run_minivllm(model_dir: str, texts: list, docs: list, rounds: int) -> dict:
     return _figures(len(texts), elapsed, latencies[1:])
 
 
-def run_vllm(model_dir: str, texts: list, docs: list, rounds: int) -> dict:
+def run_vllm(model_dir: str, texts: list, docs: list, rounds: int, result: dict) -> None:
+    """vLLM's figures into result as they come (an embed figure survives a rerank failure)."""
     from vllm import LLM, TokensPrompt
 
     llm = LLM(model_dir, runner="pooling", load_format="dummy")
@@ -84,8 +85,10 @@ def run_vllm(model_dir: str, texts: list, docs: list, rounds: int) -> dict:
     start = time.perf_counter()
     llm.embed(prompts, use_tqdm=False)
     elapsed = time.perf_counter() - start
+    result.update(_figures(len(texts), elapsed, [float("nan")]))
     del llm
     gc.collect()
+    # Qwen3-Reranker as vLLM runs it: a sequence classifier over two answer tokens.
     overrides = {
         "architectures": ["Qwen3ForSequenceClassification"],
         "classifier_from_token": ["t0", "t1"],
@@ -98,7 +101,7 @@ def run_vllm(model_dir: str, texts: list, docs: list, rounds: int) -> dict:
         start = time.perf_counter()
         llm.classify(doc_prompts, use_tqdm=False)
         latencies.append(time.perf_counter() - start)
-    return _figures(len(texts), elapsed, latencies[1:])
+    result.update(_figures(len(texts), elapsed, latencies[1:]))
 
 
 def _figures(num_texts: int, elapsed: float, latencies: list[float]) -> dict:
@@ -129,10 +132,11 @@ def main() -> None:
     result = {"bench": "embed", "shape": MODEL_SHAPE, **{k: v for k, v in vars(args).items()}}
     result["minivllm"] = run_minivllm(model_dir, texts, docs, args.rounds)
     if args.vllm:
+        result["vllm"] = {}
         try:
-            result["vllm"] = run_vllm(model_dir, texts, docs, args.rounds)
+            run_vllm(model_dir, texts, docs, args.rounds, result["vllm"])
         except Exception as e:  # noqa: BLE001 - our figures are printed whatever vLLM does
-            result["vllm"] = f"failed: {type(e).__name__}: {e}"[:500]
+            result["vllm"]["error"] = f"{type(e).__name__}: {e}"[:500]
     print(json.dumps(result))
 
 
