@@ -192,9 +192,13 @@ def load_model(model: nn.Module, model_dir: str, progress: bool | None = None) -
     params = dict(model.named_parameters())
     expected = _expected_loads(model, mapping, expert_mapping)
     loaded, unexpected = set(), []
+    bare = False  # a checkpoint of the bare decoder (no "model." prefix, no LM head)
+    has_decoder = "model.embed_tokens.weight" in params
     for ckpt_name, tensor in _model_tensors(model, model_dir, progress):
         if _skip(ckpt_name, tied):
             continue
+        if not ckpt_name.startswith(("model.", "lm_head.")) and has_decoder:
+            ckpt_name, bare = f"model.{ckpt_name}", True
         target = expert_target(ckpt_name, expert_mapping)
         param_name, shard_id = target or _packed_target(ckpt_name, mapping)
         if param_name not in params:
@@ -210,11 +214,23 @@ def load_model(model: nn.Module, model_dir: str, progress: bool | None = None) -
         loaded.add((param_name, shard_id))
     if unexpected:
         raise ValueError(f"checkpoint tensors with no model parameter: {sorted(unexpected)}")
+    if bare:
+        _head_from_embeddings(params, loaded)
     missing = sorted(ckpt for key, ckpt in expected.items() if key not in loaded)
     if missing:
         raise ValueError(
             f"{len(missing)} weight(s) missing from the checkpoint in {model_dir!r}: {missing}"
         )
+
+
+@torch.no_grad()
+def _head_from_embeddings(params: dict[str, nn.Parameter], loaded: set) -> None:
+    """An untied LM head that a bare-decoder checkpoint lacks: the embeddings. Embedding
+    models (Qwen3-Embedding, as sentence-transformers saves them) are the bare decoder; their
+    head only scores the one throwaway token a pooling request samples."""
+    if ("lm_head.weight", None) not in loaded and "lm_head.weight" in params:
+        params["lm_head.weight"].copy_(params["model.embed_tokens.weight"])
+        loaded.add(("lm_head.weight", None))
 
 
 @torch.no_grad()

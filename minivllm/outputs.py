@@ -55,3 +55,5 @@ class RequestOutput:
     prompt_logprobs: list[LogprobsDict | None] | None = None
     metrics: RequestMetrics | None = None
     num_cached_tokens: int = 0
+    # A pooling request's vector or [score] (SamplingParams.pooling), once finished.
+    pooled: list[float] | None = None

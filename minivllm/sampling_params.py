@@ -7,6 +7,7 @@ import logging
 import math
 from dataclasses import dataclass, field, fields
 
+from minivllm.pooling.params import PoolingParams
 from minivllm.structured_output.params import StructuredOutputsParams
 
 # vLLM's default VLLM_MAX_N_SEQUENCES: each sample is a request of its own.
@@ -78,6 +79,10 @@ class SamplingParams:
     # The output matches a JSON schema, regex, choice or grammar (vLLM's name and type;
     # docs/structured_outputs.md).
     structured_outputs: StructuredOutputsParams | None = None
+    # A pooling request (minivllm/pooling/): prefill-only, one greedy token (max_tokens=1,
+    # which ends it), and its output is the pooled vector or score of its prompt. Set by
+    # LLM.embed / LLM.score and the pooling routes.
+    pooling: PoolingParams | None = None
     # Filled by the engine from the tokenizer / generation_config.json, not by users.
     eos_token_ids: list[int] = field(default_factory=list)
     bad_words_token_ids: list[list[int]] = field(default_factory=list)
@@ -144,6 +149,11 @@ class SamplingParams:
                     "allowed_token_ids cannot be combined with structured_outputs (the grammar "
                     "could allow none of them)"
                 )
+        if self.pooling is not None:
+            if not isinstance(self.pooling, PoolingParams):
+                raise TypeError(f"pooling must be PoolingParams, got {type(self.pooling).__name__}")
+            if self.max_tokens != 1 or self.n != 1:
+                raise ValueError("a pooling request takes n=1 and max_tokens=1")
         budget = self.thinking_token_budget
         if budget is not None and (not _is_int(budget) or not 0 <= budget < 2**63):
             raise ValueError(f"thinking_token_budget must be an integer >= 0, got {budget!r}")

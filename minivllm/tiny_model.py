@@ -232,3 +232,33 @@ def make_dummy_model_dir(name: str, out_dir: str) -> str:
             out_dir
         )
     return out_dir
+
+
+def write_sentence_transformers_files(model_dir: str, mode: str, normalize: bool) -> None:
+    """sentence-transformers' files of an embedding model into model_dir: modules.json (the
+    Transformer, a Pooling module of `mode`, "last", "mean" or "cls", and a Normalize module
+    where normalize) and the Pooling module's config (legacy keys, which every version reads)."""
+    kinds = [("", "Transformer"), ("1_Pooling", "Pooling")]
+    if normalize:
+        kinds.append(("2_Normalize", "Normalize"))
+    modules = [
+        {"idx": i, "name": str(i), "path": path, "type": f"sentence_transformers.models.{kind}"}
+        for i, (path, kind) in enumerate(kinds)
+    ]
+    for path, _ in kinds[1:]:
+        os.makedirs(os.path.join(model_dir, path), exist_ok=True)
+    with open(os.path.join(model_dir, "modules.json"), "w") as f:
+        json.dump(modules, f)
+    with open(os.path.join(model_dir, "config.json")) as f:
+        hidden_size = json.load(f)["hidden_size"]
+    pooling = {"word_embedding_dimension": hidden_size, "include_prompt": True}
+    for key, name in (
+        ("pooling_mode_lasttoken", "last"),
+        ("pooling_mode_mean_tokens", "mean"),
+        ("pooling_mode_cls_token", "cls"),
+    ):
+        pooling[key] = mode == name
+    with open(os.path.join(model_dir, "1_Pooling", "config.json"), "w") as f:
+        json.dump(pooling, f)
+    with open(os.path.join(model_dir, "sentence_bert_config.json"), "w") as f:
+        json.dump({"max_seq_length": 512, "do_lower_case": False}, f)

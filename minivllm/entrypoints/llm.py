@@ -22,9 +22,11 @@ from minivllm.engine.types import EngineRequest
 from minivllm.entrypoints.chat_messages import render_conversation, template_conversation
 from minivllm.entrypoints.generation_config import read_generation_defaults
 from minivllm.entrypoints.output_processor import OutputProcessor
+from minivllm.entrypoints.pooling import offline as pooling_offline
 from minivllm.entrypoints.processing import check_unicode
 from minivllm.models.model_config import ModelConfig
 from minivllm.outputs import RequestOutput
+from minivllm.pooling.outputs import EmbeddingRequestOutput, ScoringRequestOutput
 from minivllm.sampling_params import SamplingParams
 from minivllm.structured_output.manager import check_structured_outputs
 from minivllm.tokenizer import load_tokenizer
@@ -44,12 +46,15 @@ class LLM:
         if model is None:
             model, notice = default_model()
             logger.warning("%s", notice.removeprefix("[minivllm] "))
+        # vLLM's task: "embed" and "score" read the model's pooling (LLM.embed, LLM.score).
+        self.task = options.pop("task", "generate")
         self.config = EngineConfig.from_options(model, **options)
         # The model's config before the tokenizer: a directory that holds no model (or an
         # unsupported one) says so, instead of failing on tokenizer files.
         model_config = ModelConfig.from_hf(model)
         self.tokenizer = load_tokenizer(self.config.resolved_tokenizer())
         self.generation_defaults = read_generation_defaults(model, self.tokenizer)
+        self.pooling = pooling_offline.load_task(self.task, model, self.tokenizer)
         self.engine = make_engine(self.config, model_config)  # EngineCore, or DPEngine
         self.output_processor = OutputProcessor(self.tokenizer)
         self._request_counter = itertools.count()
@@ -116,6 +121,27 @@ class LLM:
                 if not completed:
                     self._abort_all()
         return outputs
+
+    def embed(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        dimensions: int | None = None,
+        use_tqdm: bool = True,
+    ) -> list[EmbeddingRequestOutput]:
+        """vLLM's LLM.embed under task="embed": one vector per prompt (`outputs.embedding`),
+        pooled as the model's files say; dimensions cuts it (Matryoshka) before normalising."""
+        return pooling_offline.embed(self, prompts, dimensions, use_tqdm)
+
+    def score(
+        self,
+        query: str | Sequence[str],
+        documents: str | Sequence[str],
+        instruction: str | None = None,
+        use_tqdm: bool = True,
+    ) -> list[ScoringRequestOutput]:
+        """vLLM's LLM.score under task="score": each document's relevance to the query
+        (`outputs.score`, in [0, 1]) by the yes/no reranker's template."""
+        return pooling_offline.score(self, query, documents, instruction, use_tqdm)
 
     def chat(
         self,

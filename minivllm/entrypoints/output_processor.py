@@ -47,6 +47,7 @@ class _Parent:
     children: dict[str, _Child]
     metrics: RequestMetrics
     prompt_logprobs: list[LogprobsDict | None] | None = None
+    pooled: list[float] | None = None  # a pooling request's vector or [score]
     # Counted, not recomputed: finished is read for every request every step.
     num_unfinished: int = 0
 
@@ -184,6 +185,8 @@ class OutputProcessor:
                 None if d is None else decode_logprobs(self.token_texts, d)
                 for d in out.prompt_logprobs
             ]
+        if out.pooled is not None:
+            parent.pooled = out.pooled
         child.token_ids.extend(out.new_token_ids)
         if child.logprobs is not None and out.new_logprobs:
             child.logprobs.extend(decode_logprobs(self.token_texts, d) for d in out.new_logprobs)
@@ -235,6 +238,7 @@ class OutputProcessor:
             prompt_logprobs=parent.prompt_logprobs,
             metrics=parent.metrics,
             num_cached_tokens=parent.metrics.num_cached_tokens,
+            pooled=parent.pooled,
         )
 
 

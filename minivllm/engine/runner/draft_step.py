@@ -20,7 +20,6 @@ import numpy as np
 import torch
 
 from minivllm.engine.runner.device_inputs import HostCopy
-from minivllm.engine.runner.prompt_logprobs import PromptLogprobsTracker
 from minivllm.engine.runner.sampling_state import (
     SamplingState,
     pack_logprobs,
@@ -188,8 +187,7 @@ class DraftedStep(StepHandle):
                 out.draft_logprobs.append(per_row[start : start + num_accepted])
                 out.logprobs.append(per_row[start + num_accepted])
                 start += n + 1
-        if self.prompt_logprobs_jobs is not None:
-            out.prompt_logprobs = PromptLogprobsTracker.collect(*self.prompt_logprobs_jobs)
+        self.add_prompt_results(out)
         return out
 
 

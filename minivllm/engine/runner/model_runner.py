@@ -24,6 +24,7 @@ from minivllm.engine.runner.hybrid_inputs import gated_delta_meta, state_arrays
 from minivllm.engine.runner.input_prep import StepInputs, prepare_inputs
 from minivllm.engine.runner.kv_cache import KVCacheSpec, bind_kv_caches
 from minivllm.engine.runner.piecewise_graph import PiecewiseGraphRunner
+from minivllm.engine.runner.pooling import PoolingRunner
 from minivllm.engine.runner.profiling import (
     memory_baseline,
     profile_kv_budget,
@@ -108,6 +109,7 @@ class ModelRunner:
             config.speculative_config, device, config.seed
         )
         self.prompt_logprobs = PromptLogprobsTracker()
+        self.pooling = PoolingRunner(self.model.compute_logits)  # pooling requests' state
         self.block_table = BlockTable(-(-max_model_len // self.block_size), max_num_seqs)
         self.kv_spec = KVCacheSpec.for_model(
             model_config, self.block_size, setup.kv_cache_dtype, device, tp_size
@@ -288,6 +290,7 @@ class ModelRunner:
             handle = StepHandle(self.sampling_state, req_ids, sampler_out, buffer)
         if step.jobs:
             handle.prompt_logprobs_jobs = (step.jobs, logits[num_rows:])
+        handle.pooled = self.pooling.take_results()
         return handle
 
     def _sample_drafted(
@@ -316,6 +319,7 @@ class ModelRunner:
         for req_id in sched_out.finished_req_ids:
             self.sampling_state.remove(req_id)
         self.prompt_logprobs.forget(sched_out.finished_req_ids)
+        self.pooling.update(sched_out)
         for new in sched_out.new_requests:
             self.sampling_state.add_request(new)
 
@@ -372,6 +376,8 @@ class ModelRunner:
             hidden = self.mixed_graphs.run(dev["input_ids"], dev["positions"], meta)
         else:
             hidden = self.model(dev["input_ids"], dev["positions"], meta)
+        if sched_out is not None and self.pooling.active:  # never a decode graph's step
+            self.pooling.pool(hidden, inputs.chunk_start_loc, sched_out)
         return self.model.compute_logits(hidden[dev["logits_indices"]])
 
     def to_device(

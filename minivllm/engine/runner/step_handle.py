@@ -10,6 +10,7 @@ import torch
 
 from minivllm.engine.runner.device_inputs import HostCopy
 from minivllm.engine.runner.input_prep import StepInputs
+from minivllm.engine.runner.pooling import pooled_to_host
 from minivllm.engine.runner.prompt_logprobs import PromptLogprobsJob, PromptLogprobsTracker
 from minivllm.engine.runner.sampling_state import (
     SamplingState,
@@ -57,6 +58,8 @@ class StepHandle:
         self.sampler_out = sampler_out
         # (jobs, their logits [rows, vocab]) when the step scores prompt tokens.
         self.prompt_logprobs_jobs: tuple[list[PromptLogprobsJob], torch.Tensor] | None = None
+        # The pooling requests whose prompts ended this step: (req_ids, vectors or scores).
+        self.pooled: list[tuple[list[str], torch.Tensor]] = []
         # The sampled ids [num_sampled], then the packed logprobs, copied behind the step's
         # kernels: result() reads them without waiting for the next step queued after them.
         self.ids: HostCopy | None = None
@@ -86,6 +89,12 @@ class StepHandle:
         out = RunnerOutput(req_ids=self.req_ids, sampled_token_ids=token_ids)
         if self.logprobs is not None:
             out.logprobs = to_runner_logprobs(self.logprobs.tolist(), self.num_logprobs)
+        self.add_prompt_results(out)
+        return out
+
+    def add_prompt_results(self, out: RunnerOutput) -> None:
+        """What the step read from its prompt rows: prompt logprobs, pooled vectors."""
         if self.prompt_logprobs_jobs is not None:
             out.prompt_logprobs = PromptLogprobsTracker.collect(*self.prompt_logprobs_jobs)
-        return out
+        if self.pooled:
+            out.pooled = pooled_to_host(self.pooled)

@@ -73,8 +73,14 @@ class BlockManager:
         Never covers all of request's tokens: the last one must be computed to sample.
         Takes no references; pass the block ids to allocate_slots.
         """
-        # Prompt logprobs need every prompt position computed, so such requests never hit.
-        if not self.enable_prefix_caching or request.sampling_params.prompt_logprobs is not None:
+        # Prompt logprobs (and mean or cls pooling) need every prompt position computed, so
+        # such requests never hit.
+        params = request.sampling_params
+        if (
+            not self.enable_prefix_caching
+            or params.prompt_logprobs is not None
+            or (params.pooling is not None and params.pooling.needs_all_rows)
+        ):
             return [], 0
         max_blocks = (request.num_tokens - 1) // self.block_size
         self._extend_block_hashes(request, max_blocks)

@@ -415,6 +415,8 @@ class Scheduler:
             output = self._make_output(request, token_ids, new_logprobs, prompt_logprobs)
             if num_drafts:
                 output.num_draft_tokens, output.num_accepted_tokens = num_drafts, num_accepted
+            if runner_out.pooled:
+                output.pooled = runner_out.pooled.get(chunk.req_id)
             outputs.append(output)
         if any_running_finished:
             self.running = [r for r in self.running if not r.is_finished]

@@ -34,6 +34,7 @@ from minivllm.entrypoints.openai.protocol import (
 )
 from minivllm.entrypoints.openai.serving_chat import create_chat_completion
 from minivllm.entrypoints.openai.serving_completion import create_completion
+from minivllm.entrypoints.pooling.routes import add_pooling_routes
 from minivllm.entrypoints.responses.protocol import ResponsesRequest
 from minivllm.entrypoints.responses.serving import (
     create_response,
@@ -79,6 +80,7 @@ def build_app(state: ServerState, metrics: ServerMetrics, api_key: str | None = 
     app.add_middleware(_BodySizeLimit, max_bytes=state.limits.max_body_bytes)  # outermost
     _add_info_routes(app, state, metrics)
     _add_generation_routes(app, state)
+    add_pooling_routes(app, state)
     return app
 
 
