@@ -6,17 +6,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from minivllm.engine.runner.pooling import PoolingRunner
-from minivllm.engine.types import NewRequestData, RunnerOutput, ScheduledChunk, SchedulerOutput
+from minivllm.engine.runner.pooling import PoolingRunner, pooled_to_host
+from minivllm.engine.types import NewRequestData, ScheduledChunk, SchedulerOutput
 from minivllm.pooling.params import PoolingParams
 from minivllm.sampling_params import SamplingParams
 
 HIDDEN = torch.randn(20, 8, generator=torch.Generator().manual_seed(0))
-
-
-class _Handle:
-    def result(self) -> RunnerOutput:
-        return RunnerOutput(req_ids=[], sampled_token_ids=[])
 
 
 def _step(runner: PoolingRunner, chunks: list[tuple[str, int, int, bool]], new=()) -> dict:
@@ -28,7 +23,7 @@ def _step(runner: PoolingRunner, chunks: list[tuple[str, int, int, bool]], new=(
     hidden = torch.cat([HIDDEN[start : start + n] for _, start, n, _ in chunks])
     starts = np.cumsum([0] + [n for _, _, n, _ in chunks])[:-1]
     runner.pool(hidden, starts, sched_out)
-    return runner.wrap(_Handle()).result().pooled
+    return pooled_to_host(runner.take_results())
 
 
 def _new(req_id: str, params: PoolingParams) -> NewRequestData:
