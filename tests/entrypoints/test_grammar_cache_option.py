@@ -58,7 +58,8 @@ def test_the_flag_bounds_the_cache_of_the_engine_and_its_frontend(tiny_qwen3_dir
 
     bound, info = _cache_info_after_a_constrained_request(tiny_qwen3_dir)
     assert bound == DEFAULT_CACHE_BYTES  # the config's default is the compiler's
-    assert info.size == 1 and 0 < info.num_bytes <= bound
+    # (Other tests in this process may have filled the same compiler's cache before.)
+    assert info.size >= 1 and 0 < info.num_bytes <= bound
     assert info.hits >= 1  # the core's compile found the frontend's
 
 

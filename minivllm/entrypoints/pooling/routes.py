@@ -4,6 +4,8 @@ limits, error shape and metrics (their requests go through the same engine clien
 
 from __future__ import annotations
 
+from functools import cache
+
 from fastapi import FastAPI, Request
 
 from minivllm.entrypoints.openai.params import read_body
@@ -16,20 +18,20 @@ from minivllm.pooling.rerank import RerankTemplate, load_rerank_template
 
 
 def add_pooling_routes(app: FastAPI, state: ServerState) -> None:
-    """Reads the model's pooling and the reranker's template once; a model without one
-    answers its routes with a 400 saying why."""
+    """Reads the model's pooling and the reranker's template once, at the first request that
+    needs them; a model without one answers its routes with a 400 saying why."""
     limits = state.limits
-    embedding = _pooling_config(state.engine.config.model)
-    template = _rerank_template(state.engine.tokenizer)
+    embedding = cache(lambda: _pooling_config(state.engine.config.model))
+    template = cache(lambda: _rerank_template(state.engine.tokenizer))
 
     @app.post("/v1/embeddings")
     async def embeddings(request: Request) -> dict:
         req = await read_body(request, EmbeddingRequest, limits)
-        return await create_embeddings(state, embedding, req, request.headers.get("x-request-id"))
+        return await create_embeddings(state, embedding(), req, request.headers.get("x-request-id"))
 
     async def rerank(request: Request) -> dict:
         req = await read_body(request, RerankRequest, limits)
-        return await create_rerank(state, template, req, request.headers.get("x-request-id"))
+        return await create_rerank(state, template(), req, request.headers.get("x-request-id"))
 
     app.post("/v1/rerank")(rerank)
     app.post("/rerank")(rerank)
@@ -37,7 +39,7 @@ def add_pooling_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/score")
     async def score(request: Request) -> dict:
         req = await read_body(request, ScoreRequest, limits)
-        return await create_score(state, template, req, request.headers.get("x-request-id"))
+        return await create_score(state, template(), req, request.headers.get("x-request-id"))
 
 
 def _pooling_config(model_dir: str) -> PoolingConfig | str:
