@@ -1,7 +1,8 @@
 """GPU: every sampling option at the engine's default limits (max_num_seqs 1,024 on a >= 70 GiB
 card, Qwen3's 151,936-token vocabulary) fits the memory that the profile budgeted: the peak of
 a full batch of top-p-only (the sort fallback), top-k/top-p, penalized, min_tokens and
-max-logprobs requests stays within the engine's share of the card."""
+max-logprobs requests, and of whole long prompts' prompt logprobs, stays within the engine's
+share of the card."""
 
 from __future__ import annotations
 
@@ -58,6 +59,17 @@ def test_default_limits_sample_every_option_within_the_budget(model_dir: str) ->
             num_logprobs = OPTIONS[i % len(OPTIONS)].get("logprobs")
             if num_logprobs:
                 assert all(len(e) >= num_logprobs for e in out.outputs[0].logprobs)
+        # Prompt logprobs of whole long prompts in one step: scored a few rows at a time.
+        long_prompts = [{"prompt_token_ids": [10 + (i * 13 + j) % 5000 for j in range(2000)]}
+                        for i in range(4)]  # fmt: skip
+        torch.cuda.reset_peak_memory_stats()
+        scored = SamplingParams(max_tokens=1, prompt_logprobs=20)
+        outs = llm.generate(long_prompts, [scored] * 4, use_tqdm=False)
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated()
+        print(f"prompt logprobs of 4 x 2000 tokens: peak {peak / 2**30:.2f} GiB")
+        assert peak <= utilization * total
+        assert all(len(out.prompt_logprobs) == 2000 for out in outs)
     finally:
         llm.shutdown()
         del llm

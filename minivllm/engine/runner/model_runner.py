@@ -30,7 +30,7 @@ from minivllm.engine.runner.profiling import (
     profile_kv_budget,
     sample_worst_case,
 )
-from minivllm.engine.runner.prompt_logprobs import PromptLogprobsTracker
+from minivllm.engine.runner.prompt_logprobs import PROMPT_ROWS_PER_PASS, PromptLogprobsTracker
 from minivllm.engine.runner.sampling_state import SamplingState
 from minivllm.engine.runner.state_cache import (
     RecurrentStateSpec,
@@ -261,8 +261,8 @@ class ModelRunner:
         self._update_requests(sched_out)
         jobs = self.prompt_logprobs.plan(sched_out, inputs.chunk_start_loc, self.sampling_state)
         extra_rows = np.concatenate([job.rows for job in jobs]) if jobs else None
-        logits = self.run_model(inputs, sched_out, extra_rows)
-        return ForwardStep(sched_out, inputs, logits, jobs)
+        logits, prompt_hidden = self.run_model(inputs, sched_out, extra_rows)
+        return ForwardStep(sched_out, inputs, logits, jobs, prompt_hidden)
 
     @torch.inference_mode()
     def sample(self, step: ForwardStep, grammar: GrammarOutput | None) -> StepHandle:
@@ -277,19 +277,23 @@ class ModelRunner:
             rows = self._staging.upload({"rows": np.asarray(grammar.rows, np.int64)})["rows"]
             apply_bitmask(logits, torch.from_numpy(grammar.bitmask), rows)
         req_ids = inputs.sample_req_ids
-        num_rows = len(inputs.logits_indices)  # sampled positions: a row per draft too
         if inputs.num_draft_tokens is not None:
-            handle: StepHandle = self._sample_drafted(logits[:num_rows], inputs, step.sched_out)
+            handle: StepHandle = self._sample_drafted(logits, inputs, step.sched_out)
         else:
             sampling_meta = self.sampling_state.build_metadata(req_ids)
-            sampler_out = self.sampler(logits[:num_rows], sampling_meta)
+            sampler_out = self.sampler(logits, sampling_meta)
             self.sampling_state.record_sampled(sampling_meta, sampler_out.sampled_token_ids)
             # The next step's placeholders (async scheduling) are filled from these.
             self._last_sampled = (sampler_out.sampled_token_ids, req_ids)
             buffer = self._next_host_buffer(StepHandle.host_numel(sampler_out))
             handle = StepHandle(self.sampling_state, req_ids, sampler_out, buffer)
         if step.jobs:
-            handle.prompt_logprobs_jobs = (step.jobs, logits[num_rows:])
+            # After the sampling, so that the sampled ids' copy is not queued behind it.
+            rows_per_pass = min(PROMPT_ROWS_PER_PASS, self.limits.max_num_seqs)
+            packed = PromptLogprobsTracker.score(
+                step.jobs, step.prompt_hidden, self.model.compute_logits, rows_per_pass
+            )
+            handle.prompt_logprobs_jobs = (step.jobs, packed)
         handle.pooled = self.pooling.take_results()
         return handle
 
@@ -348,9 +352,10 @@ class ModelRunner:
         inputs: StepInputs,
         sched_out: SchedulerOutput | None = None,
         extra_rows: np.ndarray | None = None,
-    ) -> torch.Tensor:
-        """Runs the model over the step's tokens; returns logits [num_sampled (+ extra), vocab]
-        for the sampled rows, then for extra_rows (prompt logprobs)."""
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Runs the model over the step's tokens; returns the sampled rows' logits
+        [num_sampled, vocab] and extra_rows' final hidden states [len(extra_rows), hidden] (for
+        prompt logprobs; None without extra_rows)."""
         dev = self.to_device(inputs, sched_out, extra_rows)
         meta = AttnMetadata(
             query_start_loc=dev["query_start_loc"],
@@ -371,14 +376,17 @@ class ModelRunner:
             and self.graphs is not None
             and self.graphs.can_run(inputs.num_tokens, inputs.num_decode_tokens, num_sampled)
         ):
-            return self.graphs.run(dev["input_ids"], dev["positions"], meta)
+            return self.graphs.run(dev["input_ids"], dev["positions"], meta), None
         if self.mixed_graphs is not None and self.mixed_graphs.can_run(inputs.num_tokens):
             hidden = self.mixed_graphs.run(dev["input_ids"], dev["positions"], meta)
         else:
             hidden = self.model(dev["input_ids"], dev["positions"], meta)
         if sched_out is not None and self.pooling.active:  # never a decode graph's step
             self.pooling.pool(hidden, inputs.chunk_start_loc, sched_out)
-        return self.model.compute_logits(hidden[dev["logits_indices"]])
+        rows = hidden[dev["logits_indices"]]  # a copy: the graphs' buffers are reused
+        if extra_rows is None:
+            return self.model.compute_logits(rows), None
+        return self.model.compute_logits(rows[:num_sampled]), rows[num_sampled:]
 
     def to_device(
         self, inputs: StepInputs, sched_out: SchedulerOutput | None, extra_rows: np.ndarray | None

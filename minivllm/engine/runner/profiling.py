@@ -101,7 +101,7 @@ def memory_baseline(device: torch.device, gpu_memory_utilization: float) -> int:
 
 
 def profile_kv_budget(
-    run_model: Callable[[StepInputs], torch.Tensor],
+    run_model: Callable[[StepInputs], tuple[torch.Tensor, torch.Tensor | None]],
     attention_layers: Sequence[Attention],
     kv_spec: KVCacheSpec,
     max_num_batched_tokens: int,
@@ -136,7 +136,7 @@ def profile_kv_budget(
     caches = kv_spec.allocate(num_blocks)
     cache_bytes = num_blocks * kv_spec.bytes_per_block
     bind_kv_caches(attention_layers, caches)
-    logits = run_model(inputs)
+    logits, _ = run_model(inputs)
     run_sampler(logits)
     torch.cuda.synchronize()
     peak_activation = torch.cuda.max_memory_allocated() - allocated_before - cache_bytes

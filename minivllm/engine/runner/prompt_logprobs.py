@@ -7,14 +7,23 @@ output token and belongs to sampling, not here).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from minivllm.engine.runner.sampling_state import SamplingState, prompt_logprobs_for
+from minivllm.engine.runner.sampling_state import (
+    SamplingState,
+    pack_prompt_logprobs,
+    prompt_logprob_dicts,
+)
 from minivllm.engine.types import SchedulerOutput
 from minivllm.outputs import LogprobsDict
+
+# Prompt rows scored at a time (at most max_num_seqs): the LM head's, log_softmax's and
+# top-k's workspace is that of a sampling step of this many rows.
+PROMPT_ROWS_PER_PASS = 256
 
 
 @dataclass
@@ -65,19 +74,45 @@ class PromptLogprobsTracker:
         return jobs
 
     @staticmethod
-    def collect(
-        jobs: list[PromptLogprobsJob], logits: torch.Tensor
-    ) -> dict[str, list[LogprobsDict | None]]:
-        """logits: [sum of job rows, vocab], the jobs' rows in order."""
-        result: dict[str, list[LogprobsDict | None]] = {}
-        offset = 0
+    def score(
+        jobs: list[PromptLogprobsJob],
+        hidden: torch.Tensor,
+        compute_logits: Callable[[torch.Tensor], torch.Tensor],
+        rows_per_pass: int,
+    ) -> list[torch.Tensor]:
+        """Each job's prompt logprobs, packed on the device ([rows, 2(k+1)+1]: ids, logprobs,
+        rank), from hidden [sum of job rows, hidden_size], the jobs' rows in order. The LM
+        head, the log_softmax and the top-k run over at most rows_per_pass rows at a time: a
+        long prompt's logprobs take the workspace of a sampling step of that many rows, not
+        [prompt length, vocab] (rows_per_pass <= max_num_seqs keeps them within the memory
+        profile's sampler workspace). Every TP rank runs it (the LM head gathers the vocab)."""
+        packed, offset = [], 0
         for job in jobs:
             n = len(job.rows)
-            entries: list[LogprobsDict | None] = [None] if job.is_first else []
-            if n:
-                entries += prompt_logprobs_for(
-                    logits[offset : offset + n], job.next_token_ids, job.num_logprobs
+            next_ids = torch.as_tensor(job.next_token_ids, dtype=torch.int64)
+            next_ids = next_ids.to(hidden.device, non_blocking=True)
+            parts = [
+                pack_prompt_logprobs(
+                    compute_logits(hidden[offset + start : offset + min(n, start + rows_per_pass)]),
+                    next_ids[start : start + rows_per_pass],
+                    job.num_logprobs,
                 )
-            result[job.req_id] = entries
+                for start in range(0, n, rows_per_pass)
+            ]
+            packed.append(torch.cat(parts) if parts else hidden.new_empty(0, 0))
             offset += n
+        return packed
+
+    @staticmethod
+    def collect(
+        jobs: list[PromptLogprobsJob], packed: list[torch.Tensor]
+    ) -> dict[str, list[LogprobsDict | None]]:
+        """score()'s packed logprobs -> req_id -> one entry per prompt position computed (the
+        first prompt token's: None)."""
+        result: dict[str, list[LogprobsDict | None]] = {}
+        for job, rows in zip(jobs, packed, strict=True):
+            entries: list[LogprobsDict | None] = [None] if job.is_first else []
+            if len(job.rows):
+                entries += prompt_logprob_dicts(rows.tolist(), job.num_logprobs)
+            result[job.req_id] = entries
         return result

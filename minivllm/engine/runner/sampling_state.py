@@ -423,18 +423,19 @@ def to_runner_logprobs(
     ]
 
 
-def prompt_logprobs_for(
-    logits: torch.Tensor, next_token_ids: torch.Tensor | list[int], num_logprobs: int
-) -> list[LogprobsDict]:
-    """Prompt logprobs: entry i scores next_token_ids[i] (prompt token i + 1) from logits[i].
-
-    logits: [P, V] raw model logits; next_token_ids: [P]. Each entry holds the scored token
-    (with its rank) plus the top num_logprobs tokens.
-    """
+def pack_prompt_logprobs(
+    logits: torch.Tensor, next_token_ids: torch.Tensor, num_logprobs: int
+) -> torch.Tensor:
+    """Prompt logprobs, packed as pack_logprobs packs a step's: row i scores next_token_ids[i]
+    (prompt token i + 1) from logits[i] [P, V] (raw), with the top num_logprobs tokens."""
     logprobs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)  # [P, V]
-    token_ids = torch.as_tensor(next_token_ids, dtype=torch.int64, device=logits.device)
-    rows = _unpack(_pack(*gather_logprobs(logprobs, token_ids, num_logprobs)).tolist())
-    return [_to_dict(ids, values, rank, num_logprobs) for ids, values, rank in rows]
+    return _pack(*gather_logprobs(logprobs, next_token_ids, num_logprobs))
+
+
+def prompt_logprob_dicts(packed_rows: list[list[float]], num_logprobs: int) -> list[LogprobsDict]:
+    """pack_prompt_logprobs' rows on the host -> one LogprobsDict a row: the scored token
+    (with its rank) plus the top num_logprobs tokens."""
+    return [_to_dict(ids, values, rank, num_logprobs) for ids, values, rank in _unpack(packed_rows)]
 
 
 def _pack(token_ids: torch.Tensor, logprobs: torch.Tensor, ranks: torch.Tensor) -> torch.Tensor:

@@ -28,9 +28,11 @@ class ForwardStep:
 
     sched_out: SchedulerOutput
     inputs: StepInputs | None = None  # None: an empty step (it only forgot finished requests)
-    # [num_sampled (+ prompt-logprob rows), vocab] on the device, being computed.
+    # [num_sampled, vocab] on the device, being computed.
     logits: torch.Tensor | None = None
     jobs: list[PromptLogprobsJob] = field(default_factory=list)
+    # The final hidden states of the jobs' rows (prompt logprobs), in order.
+    prompt_hidden: torch.Tensor | None = None
 
 
 class StepHandle:
@@ -56,8 +58,8 @@ class StepHandle:
         self.sampling_state = sampling_state
         self.req_ids = req_ids
         self.sampler_out = sampler_out
-        # (jobs, their logits [rows, vocab]) when the step scores prompt tokens.
-        self.prompt_logprobs_jobs: tuple[list[PromptLogprobsJob], torch.Tensor] | None = None
+        # (jobs, each job's packed logprobs on the device) when the step scores prompt tokens.
+        self.prompt_logprobs_jobs: tuple[list[PromptLogprobsJob], list[torch.Tensor]] | None = None
         # The pooling requests whose prompts ended this step: (req_ids, vectors or scores).
         self.pooled: list[tuple[list[str], torch.Tensor]] = []
         # The sampled ids [num_sampled], then the packed logprobs, copied behind the step's

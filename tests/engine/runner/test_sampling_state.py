@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
+from minivllm.engine.runner.prompt_logprobs import PromptLogprobsJob, PromptLogprobsTracker
 from minivllm.engine.runner.sampling_state import (
     SamplingState,
     pack_logprobs,
-    prompt_logprobs_for,
+    pack_prompt_logprobs,
+    prompt_logprob_dicts,
     to_runner_logprobs,
 )
 from minivllm.engine.types import NewRequestData
@@ -216,7 +219,8 @@ def test_prompt_logprobs():
     torch.manual_seed(1)
     prompt = [3, 1, 4, 1, 5]
     logits = torch.randn(len(prompt) - 1, 8, dtype=torch.bfloat16)
-    entries = prompt_logprobs_for(logits, prompt[1:], 1)
+    packed = pack_prompt_logprobs(logits, torch.tensor(prompt[1:]), 1)
+    entries = prompt_logprob_dicts(packed.tolist(), 1)
     raw = torch.log_softmax(logits.float(), dim=-1)
     assert len(entries) == 4
     for i, entry in enumerate(entries):
@@ -257,3 +261,43 @@ def test_worst_case_sampling_of_the_memory_profile_leaves_nothing_behind(use_tri
     sample_worst_case(state, Sampler(use_triton), torch.randn(3, 50), max_logprobs=20)
     assert list(state.requests) == ["kept"]
     assert dict(state.penalties.slots) == slots and len(state.penalties.free) == 3
+
+
+def test_prompt_logprobs_scored_a_few_rows_at_a_time_equal_one_pass():
+    """PromptLogprobsTracker.score runs the LM head and the log_softmax over at most
+    rows_per_pass rows at a time (their workspace stays a sampling step's): the same entries
+    as one pass over every row."""
+    torch.manual_seed(2)
+    hidden = torch.randn(11, 6)
+    head = torch.randn(30, 6)
+    widths = []
+
+    def compute_logits(rows: torch.Tensor) -> torch.Tensor:
+        widths.append(rows.shape[0])
+        return rows @ head.T
+
+    jobs = [
+        PromptLogprobsJob("a", np.arange(7), list(range(1, 8)), 2, is_first=True),
+        PromptLogprobsJob("b", np.arange(4), [5, 9, 2, 2], 0, is_first=False),
+    ]
+    chunked = PromptLogprobsTracker.collect(
+        jobs, PromptLogprobsTracker.score(jobs, hidden, compute_logits, 3)
+    )
+    assert max(widths) == 3 and sum(widths) == 11
+    whole = PromptLogprobsTracker.collect(
+        jobs, PromptLogprobsTracker.score(jobs, hidden, compute_logits, 100)
+    )
+    for req_id in ("a", "b"):  # a GEMM of fewer rows may round the last bits apart
+        for got, expected in zip(chunked[req_id], whole[req_id], strict=True):
+            if expected is None:
+                assert got is None
+                continue
+            assert [(t, e.rank) for t, e in got.items()] == [
+                (t, e.rank) for t, e in expected.items()
+            ]
+            assert [e.logprob for e in got.values()] == pytest.approx(
+                [e.logprob for e in expected.values()], abs=1e-5
+            )
+    assert chunked["a"][0] is None and len(chunked["a"]) == 8 and len(chunked["b"]) == 4
+    raw = torch.log_softmax(hidden[7:] @ head.T, dim=-1)
+    assert chunked["b"][1][9].logprob == pytest.approx(raw[1, 9].item())
