@@ -16,8 +16,10 @@ from minivllm.kernels.checks import check_same, check_tensor
 DEFAULT_BLOCK = 2048
 
 
+# The per-step pointers sit at any offset of the step's upload (drafts_ptr is rows_ptr without
+# drafts): specializing on their alignment would compile again mid-serving.
 @triton.jit(do_not_specialize_on_alignment=["rows_ptr", "slots_ptr", "rep_ptr", "freq_ptr",
-                                            "pres_ptr"])  # fmt: skip
+                                            "pres_ptr", "drafts_ptr"])  # fmt: skip
 def _penalties_kernel(
     logits_ptr, rows_ptr, slots_ptr, counts_ptr, prompt_ptr, rep_ptr, freq_ptr, pres_ptr,
     drafts_ptr, stride_logits, stride_table, stride_drafts, vocab_size, table_width,

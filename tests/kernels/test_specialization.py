@@ -9,6 +9,7 @@ from minivllm.kernels import (
     batch_invariant_attention,
     decode_attention,
     kv_store,
+    penalties,
     prefill_attention,
     rope,
     sampling,
@@ -45,6 +46,11 @@ VARYING = {
     rope._rope_kernel: (set(), {"positions_ptr", "slot_ptr"}),
     # Views into one per-step staging tensor (engine/runner/sampling_state.py).
     sampling._chunk_max_kernel: (set(), {"temperature_ptr", "seeds_ptr", "offsets_ptr"}),
+    # The penalized rows' views into the step's upload; drafts_ptr is rows_ptr without drafts.
+    penalties._penalties_kernel: (
+        set(),
+        {"rows_ptr", "slots_ptr", "rep_ptr", "freq_ptr", "pres_ptr", "drafts_ptr"},
+    ),
     # The step's pairs (tokens x top_k); its pair lists are fresh allocations.
     grouped_gemm._grouped_gemm_kernel: ({"num_pairs"}, set()),
     # The step's most drafts a request changes from step to step; its inputs are staged views.

@@ -11,6 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from minivllm import LLM, SamplingParams, model_loader
+from tests.models.hf_greedy import assert_greedy_matches_hf, greedy_outputs
 
 PROMPTS = [
     [5, 17, 42, 99, 3],
@@ -34,21 +35,11 @@ def make_llm(model_dir: str, **options) -> LLM:
 
 
 def generate(llm: LLM, prompts: list[list[int]]) -> list:
-    requests = [{"prompt_token_ids": p} for p in prompts]
-    return [o.outputs[0] for o in llm.generate(requests, GREEDY, use_tqdm=False)]
+    return greedy_outputs(llm, prompts, MAX_TOKENS)
 
 
-@torch.no_grad()
 def assert_matches_hf(hf_model, prompts: list[list[int]], completions: list) -> None:
-    for prompt, completion in zip(prompts, completions, strict=True):
-        tokens = list(completion.token_ids)
-        assert len(tokens) == MAX_TOKENS
-        logits = hf_model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1]
-        logprobs = logits.log_softmax(-1)
-        assert tokens == logits.argmax(-1).tolist(), f"prompt {prompt}"
-        for i, token in enumerate(tokens):
-            ours = completion.logprobs[i][token].logprob
-            assert ours == pytest.approx(logprobs[i, token].item(), abs=LOGPROB_TOL)
+    assert_greedy_matches_hf(hf_model, prompts, completions, MAX_TOKENS, LOGPROB_TOL)
 
 
 def test_batched_and_alone_match_hf(tiny_qwen3_5_dir: str, hf_model) -> None:

@@ -10,9 +10,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from minivllm import LLM, SamplingParams
+from minivllm import LLM
 from minivllm.engine.executor.tp_executor import check_shardable
 from minivllm.models.model_config import ModelConfig
+from tests.models.hf_greedy import assert_greedy_matches_hf, greedy_outputs
 
 PROMPTS = [
     [5, 17, 42, 99, 3],
@@ -23,7 +24,6 @@ PROMPTS = [
     list(range(300, 250, -2)),
 ]
 MAX_TOKENS = 10
-GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=0)
 LOGPROB_TOL = 1e-4
 
 
@@ -37,21 +37,11 @@ def make_llm(model_dir: str, **options) -> LLM:
 
 
 def generate(llm: LLM, prompts: list[list[int]]) -> list:
-    requests = [{"prompt_token_ids": p} for p in prompts]
-    return [o.outputs[0] for o in llm.generate(requests, GREEDY, use_tqdm=False)]
+    return greedy_outputs(llm, prompts, MAX_TOKENS)
 
 
-@torch.no_grad()
 def assert_matches_hf(hf_model, prompts: list[list[int]], completions: list) -> None:
-    for prompt, completion in zip(prompts, completions, strict=True):
-        tokens = list(completion.token_ids)
-        assert len(tokens) == MAX_TOKENS
-        logits = hf_model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1]
-        logprobs = logits.log_softmax(-1)
-        assert tokens == logits.argmax(-1).tolist(), f"prompt {prompt}"
-        for i, token in enumerate(tokens):
-            ours = completion.logprobs[i][token].logprob
-            assert ours == pytest.approx(logprobs[i, token].item(), abs=LOGPROB_TOL)
+    assert_greedy_matches_hf(hf_model, prompts, completions, MAX_TOKENS, LOGPROB_TOL)
 
 
 def test_batched_and_alone_match_hf(tiny_qwen3_moe_dir: str, hf_model) -> None:
