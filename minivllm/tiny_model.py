@@ -71,6 +71,24 @@ ARCH_OVERRIDES: dict[str, dict[str, Any]] = {
         linear_conv_kernel_dim=4,
         rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.25),
     ),
+    # Qwen3.5's hybrid layers, each MLP 8 experts (top-2) and a shared expert; no dense MLP,
+    # so no intermediate_size (None: left out of config.json, as the real one has none).
+    "Qwen3_5MoeForCausalLM": dict(
+        head_dim=32,
+        num_hidden_layers=4,
+        intermediate_size=None,
+        tie_word_embeddings=False,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_conv_kernel_dim=4,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=48,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.25),
+    ),
     "LlamaForCausalLM": dict(
         head_dim=16,
         tie_word_embeddings=True,
@@ -117,6 +135,7 @@ def tiny_hf_config(architecture: str, vocab_size: int, eos_token_id: int, **over
     from transformers import (
         LlamaConfig,
         Qwen2Config,
+        Qwen3_5MoeTextConfig,
         Qwen3_5TextConfig,
         Qwen3Config,
         Qwen3MoeConfig,
@@ -125,6 +144,7 @@ def tiny_hf_config(architecture: str, vocab_size: int, eos_token_id: int, **over
     config_classes = {
         "Qwen3ForCausalLM": Qwen3Config,
         "Qwen3_5ForCausalLM": Qwen3_5TextConfig,
+        "Qwen3_5MoeForCausalLM": Qwen3_5MoeTextConfig,
         "Qwen3MoeForCausalLM": Qwen3MoeConfig,
         "Qwen2ForCausalLM": Qwen2Config,
         "LlamaForCausalLM": LlamaConfig,
@@ -142,6 +162,7 @@ def tiny_hf_config(architecture: str, vocab_size: int, eos_token_id: int, **over
         "pad_token_id": eos_token_id,
         **overrides,
     }
+    options = {key: value for key, value in options.items() if value is not None}
     config = config_classes[architecture](**options)
     config.architectures = [architecture]
     config.dtype = "float32"

@@ -40,14 +40,12 @@ def tiny_qwen3_moe_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     return build_tiny_model(str(tmp_path_factory.mktemp("tiny-qwen3-moe")), "Qwen3MoeForCausalLM")
 
 
-@pytest.fixture(scope="session")
-def tiny_qwen3_5_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """Qwen3.5 (hybrid): Gated DeltaNet layers 0-2, full attention in layer 3; its norms, A_log
-    and dt_bias moved off their initial values, so that a norm read as w instead of 1 + w (HF
-    initializes them to 0) or a gate's constant left out shows."""
+def _move_hybrid_weights_off_init(out_dir: str) -> str:
+    """A hybrid checkpoint's norms, A_log and dt_bias moved off their initial values, so that a
+    norm read as w instead of 1 + w (HF initializes them to 0) or a gate's constant left out
+    shows."""
     from transformers import AutoModelForCausalLM
 
-    out_dir = build_tiny_model(str(tmp_path_factory.mktemp("tiny-qwen3-5")), "Qwen3_5ForCausalLM")
     model = AutoModelForCausalLM.from_pretrained(out_dir, dtype=torch.float32)
     generator = torch.Generator().manual_seed(3)
     with torch.no_grad():
@@ -56,6 +54,22 @@ def tiny_qwen3_5_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
                 param.add_(0.3 * torch.randn(param.shape, generator=generator))
     model.save_pretrained(out_dir)
     return out_dir
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_5_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Qwen3.5 (hybrid): Gated DeltaNet layers 0-2, full attention in layer 3 (weights off
+    their initial values: _move_hybrid_weights_off_init)."""
+    out_dir = build_tiny_model(str(tmp_path_factory.mktemp("tiny-qwen3-5")), "Qwen3_5ForCausalLM")
+    return _move_hybrid_weights_off_init(out_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_5_moe_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Qwen3.5-MoE: tiny_qwen3_5_dir's layer types, each MLP 8 experts (top-2) and a shared
+    expert."""
+    out_dir = str(tmp_path_factory.mktemp("tiny-qwen3-5-moe"))
+    return _move_hybrid_weights_off_init(build_tiny_model(out_dir, "Qwen3_5MoeForCausalLM"))
 
 
 @pytest.fixture(scope="session")

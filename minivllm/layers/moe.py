@@ -1,6 +1,7 @@
 """A sparse MoE block (Qwen3-MoE's `mlp` on sparse layers): the router, a linear layer
 replicated on every rank, picks each token's top-k experts (layers/moe_router.py; on CUDA its
-Triton launch); FusedMoE runs them."""
+Triton launch); FusedMoE runs them. SharedExpertMoeBlock (Qwen3.5-MoE) adds a dense MLP that
+every token goes through, scaled by a sigmoid gate."""
 
 from __future__ import annotations
 
@@ -46,3 +47,35 @@ class SparseMoeBlock(nn.Module):
         """x: [num_tokens, hidden_size] -> [num_tokens, hidden_size]."""
         topk_weights, topk_ids = self._route(self.gate(x), self.top_k, self.norm_topk_prob)
         return self.experts(x, topk_weights, topk_ids)
+
+
+class SharedExpertMoeBlock(SparseMoeBlock):
+    """The routed experts plus `shared_expert` (a dense MLP, tensor-parallel as any), its
+    output scaled per token by sigmoid(shared_expert_gate(x)), as transformers'
+    Qwen3_5MoeSparseMoeBlock. Names as in its checkpoints."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_experts: int,
+        top_k: int,
+        intermediate_size: int,
+        norm_topk_prob: bool,
+        shared_expert: nn.Module,
+        dtype: torch.dtype | None,
+        use_triton: bool = False,
+        ops: LayerOps = DEFAULT_OPS,
+    ) -> None:
+        super().__init__(
+            hidden_size, num_experts, top_k, intermediate_size, norm_topk_prob, dtype,
+            use_triton, ops,
+        )  # fmt: skip
+        self.shared_expert = shared_expert
+        # One row: never quantized (as the router).
+        gate_ops = replace(ops, linear_method=None)
+        self.shared_expert_gate = ReplicatedLinear(hidden_size, 1, False, dtype, gate_ops)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [num_tokens, hidden_size] -> [num_tokens, hidden_size]."""
+        shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return super().forward(x) + shared

@@ -89,10 +89,16 @@ class DecoderAttention(nn.Module):
 
 class DecoderMLP(nn.Module):
     def __init__(
-        self, config: ModelConfig, dtype: torch.dtype | None, use_triton: bool, ops: LayerOps
+        self,
+        config: ModelConfig,
+        dtype: torch.dtype | None,
+        use_triton: bool,
+        ops: LayerOps,
+        intermediate_size: int | None = None,
     ) -> None:
+        """intermediate_size: None is config's (a shared expert has its own)."""
         super().__init__()
-        size = config.intermediate_size
+        size = config.intermediate_size if intermediate_size is None else intermediate_size
         self.gate_up_proj = MergedColumnParallelLinear(
             config.hidden_size, [size, size], bias=False, dtype=dtype, ops=ops
         )

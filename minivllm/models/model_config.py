@@ -22,7 +22,7 @@ class ModelConfig:
     architecture: str
     vocab_size: int
     hidden_size: int
-    intermediate_size: int
+    intermediate_size: int  # the dense MLP's; 0 where every layer's MLP is experts
     num_hidden_layers: int
     num_attention_heads: int
     num_key_value_heads: int
@@ -77,6 +77,7 @@ class ModelConfig:
         if arch in _TEXT_CONFIG_ARCHITECTURES:
             hf = _text_config(hf, arch)
         sizes = {key: _positive_int(hf, key, arch) for key in _REQUIRED_SIZES}
+        sizes["intermediate_size"] = _intermediate_size(hf, arch)
         heads = sizes["num_attention_heads"]
         rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
         rope_theta = float(hf.get("rope_theta", rope.get("rope_theta", 10000.0)))
@@ -110,13 +111,7 @@ class ModelConfig:
         )
 
 
-_REQUIRED_SIZES = (
-    "vocab_size",
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-)
+_REQUIRED_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
 
 
 def _architecture(hf: dict[str, Any]) -> str:
@@ -131,14 +126,30 @@ def _architecture(hf: dict[str, Any]) -> str:
     return archs[0]
 
 
-# Architectures whose sparse layers need the MoE fields of config.json.
-_MOE_ARCHITECTURES = ("Qwen3MoeForCausalLM",)
+# Architectures whose sparse layers need the MoE fields of config.json -> norm_topk_prob where
+# config.json has none (transformers' Qwen3.5-MoE router always renormalizes).
+_MOE_ARCHITECTURES = {
+    "Qwen3MoeForCausalLM": False,
+    "Qwen3_5MoeForCausalLM": True,
+    "Qwen3_5MoeForConditionalGeneration": True,
+}
+# MoE architectures whose every layer's MLP is experts: their config.json may have no
+# intermediate_size (no dense MLP).
+_EXPERTS_ONLY_ARCHITECTURES = ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration")
 
 
 # Architectures whose layers mix Gated DeltaNet and full attention.
-_HYBRID_ARCHITECTURES = ("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration")
+_HYBRID_ARCHITECTURES = (
+    "Qwen3_5ForCausalLM",
+    "Qwen3_5ForConditionalGeneration",
+    "Qwen3_5MoeForCausalLM",
+    "Qwen3_5MoeForConditionalGeneration",
+)
 # Architectures whose language model's fields sit under "text_config" (a vision tower beside).
-_TEXT_CONFIG_ARCHITECTURES = ("Qwen3_5ForConditionalGeneration",)
+_TEXT_CONFIG_ARCHITECTURES = (
+    "Qwen3_5ForConditionalGeneration",
+    "Qwen3_5MoeForConditionalGeneration",
+)
 
 
 def _text_config(hf: dict[str, Any], arch: str) -> dict[str, Any]:
@@ -152,10 +163,18 @@ def _text_config(hf: dict[str, Any], arch: str) -> dict[str, Any]:
 
 
 def _moe(hf: dict[str, Any], arch: str) -> MoeConfig | None:
-    moe = moe_config_from_hf(hf) if arch in _MOE_ARCHITECTURES else None
-    if moe is None and arch in _MOE_ARCHITECTURES:
+    if arch not in _MOE_ARCHITECTURES:
+        return None
+    moe = moe_config_from_hf(hf, _MOE_ARCHITECTURES[arch])
+    if moe is None:
         raise ValueError(f"config.json has no 'num_experts', which {arch} needs")
     return moe
+
+
+def _intermediate_size(hf: dict[str, Any], arch: str) -> int:
+    if arch in _EXPERTS_ONLY_ARCHITECTURES and "intermediate_size" not in hf:
+        return 0
+    return _positive_int(hf, "intermediate_size", arch)
 
 
 def _positive_int(hf: dict[str, Any], key: str, arch: str) -> int:

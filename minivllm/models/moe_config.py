@@ -1,5 +1,5 @@
-"""MoeConfig: the mixture-of-experts hyperparameters of a config.json (Qwen3-MoE's names), and
-which layers are sparse."""
+"""MoeConfig: the mixture-of-experts hyperparameters of a config.json (Qwen3-MoE's and
+Qwen3.5-MoE's names), which layers are sparse, and the shared expert's size where there is one."""
 
 from __future__ import annotations
 
@@ -15,6 +15,9 @@ class MoeConfig:
     norm_topk_prob: bool  # renormalize the top-k probabilities to sum to 1
     decoder_sparse_step: int = 1  # layer i is sparse when (i + 1) % step == 0 ...
     mlp_only_layers: tuple[int, ...] = ()  # ... and i is not listed here (dense MLP)
+    # Qwen3.5-MoE: a dense MLP beside the routed experts that every token goes through,
+    # scaled by a sigmoid gate; 0: none.
+    shared_expert_intermediate_size: int = 0
 
     def is_sparse(self, layer_idx: int) -> bool:
         """Whether layer layer_idx has experts (as transformers' Qwen3MoeDecoderLayer decides)."""
@@ -24,9 +27,12 @@ class MoeConfig:
         )
 
 
-def moe_config_from_hf(hf: dict[str, Any]) -> MoeConfig | None:
+def moe_config_from_hf(
+    hf: dict[str, Any], norm_topk_prob_default: bool = False
+) -> MoeConfig | None:
     """None for a dense config (no experts); a ValueError for a bad MoE field.
-    transformers 5 writes num_experts as num_local_experts."""
+    transformers 5 writes num_experts as num_local_experts. norm_topk_prob_default: the
+    family's choice where config.json has no norm_topk_prob (Qwen3.5-MoE always renormalizes)."""
     num_experts = hf.get("num_experts", hf.get("num_local_experts"))
     if not num_experts:
         return None
@@ -38,6 +44,12 @@ def moe_config_from_hf(hf: dict[str, Any]) -> MoeConfig | None:
         "moe_intermediate_size": hf.get("moe_intermediate_size"),
         "decoder_sparse_step": hf.get("decoder_sparse_step", 1),
     }
+    shared = hf.get("shared_expert_intermediate_size", 0)
+    if not isinstance(shared, int) or isinstance(shared, bool) or shared < 0:
+        raise ValueError(
+            f"config.json: shared_expert_intermediate_size must be a non-negative integer, "
+            f"got {shared!r}"
+        )
     for key, value in fields.items():
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"config.json: {key} must be a positive integer, got {value!r}")
@@ -48,6 +60,7 @@ def moe_config_from_hf(hf: dict[str, Any]) -> MoeConfig | None:
         )
     return MoeConfig(
         **fields,
-        norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
+        norm_topk_prob=bool(hf.get("norm_topk_prob", norm_topk_prob_default)),
         mlp_only_layers=tuple(hf.get("mlp_only_layers") or ()),
+        shared_expert_intermediate_size=shared,
     )

@@ -1,6 +1,7 @@
-"""Qwen3.5 / 3.6 (dense), the text path: a hybrid decoder whose layers are Gated DeltaNet
-(linear attention over a per-request recurrent state) or gated full attention (paged KV), as
-config.linear_attention.layer_types says; every norm is zero-centred (scale 1 + w).
+"""Qwen3.5 / 3.6, the text path: a hybrid decoder whose layers are Gated DeltaNet (linear
+attention over a per-request recurrent state) or gated full attention (paged KV), as
+config.linear_attention.layer_types says; every norm is zero-centred (scale 1 + w). Dense MLPs
+here; the MoE variant's experts in qwen3_5_moe.py.
 
 Full attention: q projected to twice its size (the second half of each head a sigmoid gate on
 the output), per-head q/k norms, RoPE over a quarter of head_dim. Qwen3_5ForConditionalGeneration
@@ -20,7 +21,7 @@ from minivllm.layers.linear import QKVParallelLinear, RowParallelLinear
 from minivllm.layers.norm import ZeroCenteredRMSNorm
 from minivllm.layers.ops import DEFAULT_OPS, LayerOps
 from minivllm.layers.rotary import PartialRotaryEmbedding
-from minivllm.models.llama import DecoderMLP
+from minivllm.models.llama import DecoderMLP, MakeMlp
 from minivllm.models.model_config import ModelConfig
 
 
@@ -81,6 +82,7 @@ class Qwen3_5DecoderLayer(nn.Module):
         dtype: torch.dtype | None,
         use_triton: bool,
         ops: LayerOps,
+        mlp: nn.Module,
     ) -> None:
         super().__init__()
         linear = config.linear_attention
@@ -93,7 +95,7 @@ class Qwen3_5DecoderLayer(nn.Module):
             )  # fmt: skip
         else:
             self.self_attn = GatedAttention(config, rotary_emb, attn_backend, dtype, ops)
-        self.mlp = DecoderMLP(config, dtype, use_triton, ops)
+        self.mlp = mlp
         eps = config.rms_norm_eps
         self.input_layernorm = ZeroCenteredRMSNorm(config.hidden_size, eps, dtype)
         self.post_attention_layernorm = ZeroCenteredRMSNorm(config.hidden_size, eps, dtype)
@@ -127,6 +129,7 @@ class Qwen3_5Model(nn.Module):
         dtype: torch.dtype | None,
         use_triton: bool,
         ops: LayerOps,
+        make_mlp: MakeMlp,
     ) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(
@@ -138,7 +141,8 @@ class Qwen3_5Model(nn.Module):
         )
         self.layers = nn.ModuleList(
             Qwen3_5DecoderLayer(
-                config, i, self.rotary_emb, attn_backend, dtype, use_triton, ops
+                config, i, self.rotary_emb, attn_backend, dtype, use_triton, ops,
+                make_mlp(config, i, dtype, use_triton, ops),
             )
             for i in range(config.num_hidden_layers)
         )  # fmt: skip
@@ -172,6 +176,18 @@ class Qwen3_5ForCausalLM(nn.Module):
     # one does not offer (its decode steps replay full graphs: engine/runner/hybrid_graph.py).
     supports_piecewise_graphs = False
 
+    @classmethod
+    def make_mlp(
+        cls,
+        config: ModelConfig,
+        layer_idx: int,
+        dtype: torch.dtype | None,
+        use_triton: bool,
+        ops: LayerOps,
+    ) -> nn.Module:
+        """Layer layer_idx's MLP; the MoE variant returns its experts."""
+        return DecoderMLP(config, dtype, use_triton, ops)
+
     def __init__(
         self,
         config: ModelConfig,
@@ -184,7 +200,7 @@ class Qwen3_5ForCausalLM(nn.Module):
         if config.linear_attention is None:
             raise ValueError(f"{config.architecture} needs the linear-attention config fields")
         self.config = config
-        self.model = Qwen3_5Model(config, attn_backend, dtype, use_triton, ops)
+        self.model = Qwen3_5Model(config, attn_backend, dtype, use_triton, ops, self.make_mlp)
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, dtype, ops)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight

@@ -9,19 +9,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from minivllm.layers.moe import SparseMoeBlock
 from minivllm.layers.ops import LayerOps
 from minivllm.models.model_config import ModelConfig
+from minivllm.models.moe_mlp import EXPERT_MODULES_MAPPING, make_moe_mlp
 from minivllm.models.qwen3 import Qwen3ForCausalLM
 
 
 class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
-    # Checkpoint name part of expert e -> (FusedMoE parameter, part of shard_id (e, part)).
-    expert_modules_mapping = {
-        "gate_proj": ("gate_up_proj", "gate"),
-        "up_proj": ("gate_up_proj", "up"),
-        "down_proj": ("down_proj", "down"),
-    }
+    expert_modules_mapping = EXPERT_MODULES_MAPPING
 
     @classmethod
     def make_mlp(
@@ -32,16 +27,5 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
         use_triton: bool,
         ops: LayerOps,
     ) -> nn.Module:
-        moe = config.moe
-        if moe is None or not moe.is_sparse(layer_idx):
-            return super().make_mlp(config, layer_idx, dtype, use_triton, ops)
-        return SparseMoeBlock(
-            config.hidden_size,
-            moe.num_experts,
-            moe.num_experts_per_tok,
-            moe.moe_intermediate_size,
-            moe.norm_topk_prob,
-            dtype,
-            use_triton,
-            ops,
-        )
+        dense = super().make_mlp
+        return make_moe_mlp(config, layer_idx, dtype, use_triton, ops, dense)
