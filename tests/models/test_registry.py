@@ -45,6 +45,8 @@ def test_class_imported_on_use() -> None:
         "Qwen3MoeForCausalLM",
         "Qwen3_5ForCausalLM",
         "Qwen3_5ForConditionalGeneration",
+        "Qwen3_5MoeForCausalLM",
+        "Qwen3_5MoeForConditionalGeneration",
     ]
     for architecture in supported_architectures():
         check_architecture(architecture)
