@@ -134,8 +134,10 @@ def _model_tensors(
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """The checkpoint's tensors under the model's own names: prefixes mapped by its
     checkpoint_prefix_map; those under its ignored_checkpoint_prefixes (parts it does not run,
-    such as a vision tower) left out, and counted in a log line."""
+    such as a vision tower) left out, and counted in a log line; a tensor that the model stores
+    as several (its split_checkpoint_tensor, where it has one) split."""
     prefix_map: dict[str, str] = getattr(model, "checkpoint_prefix_map", {})
+    split = getattr(model, "split_checkpoint_tensor", None)
     ignored_prefixes = tuple(getattr(model, "ignored_checkpoint_prefixes", ()))
     num_ignored = 0
     for name, tensor in _checkpoint_tensors(model_dir, progress):
@@ -146,7 +148,10 @@ def _model_tensors(
             if name.startswith(ckpt_prefix):
                 name = prefix + name[len(ckpt_prefix) :]
                 break
-        yield name, tensor
+        if split is None:
+            yield name, tensor
+        else:
+            yield from split(name, tensor)
     if num_ignored:
         logger.info(
             "not loaded: %d checkpoint tensors under %s (parts this engine does not run)",

@@ -44,6 +44,24 @@ SIZES = dict(
     # Larger than HF's 0.02 so that logits are peaked and greedy choices are not near-ties.
     initializer_range=0.1,
 )
+# The hybrid families' layers (Qwen3.5, Qwen3.5-MoE, Qwen3-Next), and their experts.
+_TINY_HYBRID: dict[str, Any] = dict(
+    head_dim=32,
+    num_hidden_layers=4,
+    tie_word_embeddings=False,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
+    linear_conv_kernel_dim=4,
+    rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.25),
+)
+_TINY_EXPERTS: dict[str, Any] = dict(
+    num_experts=8,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+    shared_expert_intermediate_size=48,
+)
 ARCH_OVERRIDES: dict[str, dict[str, Any]] = {
     "Qwen3ForCausalLM": dict(head_dim=32, tie_word_embeddings=True, rope_theta=1000000.0),
     "Qwen2ForCausalLM": dict(tie_word_embeddings=False, rope_theta=1000000.0),
@@ -60,34 +78,13 @@ ARCH_OVERRIDES: dict[str, dict[str, Any]] = {
         mlp_only_layers=[1],
     ),
     # Hybrid: layers 0-2 Gated DeltaNet, layer 3 full attention (RoPE over 8 of 32 dims).
-    "Qwen3_5ForCausalLM": dict(
-        head_dim=32,
-        num_hidden_layers=4,
-        tie_word_embeddings=False,
-        linear_num_key_heads=2,
-        linear_num_value_heads=4,
-        linear_key_head_dim=16,
-        linear_value_head_dim=16,
-        linear_conv_kernel_dim=4,
-        rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.25),
-    ),
-    # Qwen3.5's hybrid layers, each MLP 8 experts (top-2) and a shared expert; no dense MLP,
-    # so no intermediate_size (None: left out of config.json, as the real one has none).
-    "Qwen3_5MoeForCausalLM": dict(
-        head_dim=32,
-        num_hidden_layers=4,
-        intermediate_size=None,
-        tie_word_embeddings=False,
-        linear_num_key_heads=2,
-        linear_num_value_heads=4,
-        linear_key_head_dim=16,
-        linear_value_head_dim=16,
-        linear_conv_kernel_dim=4,
-        num_experts=8,
-        num_experts_per_tok=2,
-        moe_intermediate_size=32,
-        shared_expert_intermediate_size=48,
-        rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.25),
+    "Qwen3_5ForCausalLM": _TINY_HYBRID,
+    # Every MLP 8 experts (top-2) and a shared expert; no dense MLP, so no intermediate_size
+    # (None: left out of config.json, as the real one has none).
+    "Qwen3_5MoeForCausalLM": dict(**_TINY_HYBRID, **_TINY_EXPERTS, intermediate_size=None),
+    # Qwen3.5-MoE's layers (its GDN in-projections fused per key head), a dense MLP in layer 1.
+    "Qwen3NextForCausalLM": dict(
+        **_TINY_HYBRID, **_TINY_EXPERTS, norm_topk_prob=True, mlp_only_layers=[1]
     ),
     "LlamaForCausalLM": dict(
         head_dim=16,
@@ -139,6 +136,7 @@ def tiny_hf_config(architecture: str, vocab_size: int, eos_token_id: int, **over
         Qwen3_5TextConfig,
         Qwen3Config,
         Qwen3MoeConfig,
+        Qwen3NextConfig,
     )
 
     config_classes = {
@@ -146,6 +144,7 @@ def tiny_hf_config(architecture: str, vocab_size: int, eos_token_id: int, **over
         "Qwen3_5ForCausalLM": Qwen3_5TextConfig,
         "Qwen3_5MoeForCausalLM": Qwen3_5MoeTextConfig,
         "Qwen3MoeForCausalLM": Qwen3MoeConfig,
+        "Qwen3NextForCausalLM": Qwen3NextConfig,
         "Qwen2ForCausalLM": Qwen2Config,
         "LlamaForCausalLM": LlamaConfig,
     }

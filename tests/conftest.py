@@ -73,6 +73,14 @@ def tiny_qwen3_5_moe_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_qwen3_next_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Qwen3-Next: tiny_qwen3_5_moe_dir's layers with its Gated DeltaNet in-projections fused
+    per key head, and a dense MLP in layer 1."""
+    out_dir = str(tmp_path_factory.mktemp("tiny-qwen3-next"))
+    return _move_hybrid_weights_off_init(build_tiny_model(out_dir, "Qwen3NextForCausalLM"))
+
+
+@pytest.fixture(scope="session")
 def tiny_qwen2_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     return build_tiny_model(str(tmp_path_factory.mktemp("tiny-qwen2")), "Qwen2ForCausalLM")
 

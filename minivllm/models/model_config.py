@@ -132,6 +132,7 @@ _MOE_ARCHITECTURES = {
     "Qwen3MoeForCausalLM": False,
     "Qwen3_5MoeForCausalLM": True,
     "Qwen3_5MoeForConditionalGeneration": True,
+    "Qwen3NextForCausalLM": True,
 }
 # MoE architectures whose every layer's MLP is experts: their config.json may have no
 # intermediate_size (no dense MLP).
@@ -144,6 +145,7 @@ _HYBRID_ARCHITECTURES = (
     "Qwen3_5ForConditionalGeneration",
     "Qwen3_5MoeForCausalLM",
     "Qwen3_5MoeForConditionalGeneration",
+    "Qwen3NextForCausalLM",
 )
 # Architectures whose language model's fields sit under "text_config" (a vision tower beside).
 _TEXT_CONFIG_ARCHITECTURES = (

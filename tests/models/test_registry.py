@@ -43,6 +43,7 @@ def test_class_imported_on_use() -> None:
         "Qwen2ForCausalLM",
         "Qwen3ForCausalLM",
         "Qwen3MoeForCausalLM",
+        "Qwen3NextForCausalLM",
         "Qwen3_5ForCausalLM",
         "Qwen3_5ForConditionalGeneration",
         "Qwen3_5MoeForCausalLM",

@@ -1,0 +1,30 @@
+"""Qwen3-Next (Qwen3-Next-80B-A3B), Qwen3.5's predecessor: the same hybrid decoder with MoE
+MLPs and a shared expert (qwen3_5_moe.py), a dense MLP on the layers config.json says
+(`mlp_only_layers`, `decoder_sparse_step`), and the Gated DeltaNet in-projections fused per key
+head in its checkpoints (`in_proj_qkvz`, `in_proj_ba`), split into Qwen3.5's four at load
+(layers/gated_delta_weights.py)."""
+
+from __future__ import annotations
+
+import torch
+
+from minivllm.layers.gated_delta_weights import split_ba, split_qkvz
+from minivllm.models.qwen3_5_moe import Qwen3_5MoeForCausalLM
+
+
+class Qwen3NextForCausalLM(Qwen3_5MoeForCausalLM):
+    def split_checkpoint_tensor(
+        self, name: str, tensor: torch.Tensor
+    ) -> list[tuple[str, torch.Tensor]]:
+        """A fused in-projection's weight -> our projections' (name, weight); else as is."""
+        linear = self.config.linear_attention
+        heads = (linear.num_k_heads, linear.num_v_heads)
+        if name.endswith(".linear_attn.in_proj_qkvz.weight"):
+            prefix = name.removesuffix("qkvz.weight")
+            qkv, z = split_qkvz(tensor, *heads, linear.head_k_dim, linear.head_v_dim)
+            return [(f"{prefix}qkv.weight", qkv), (f"{prefix}z.weight", z)]
+        if name.endswith(".linear_attn.in_proj_ba.weight"):
+            prefix = name.removesuffix("ba.weight")
+            b, a = split_ba(tensor, *heads)
+            return [(f"{prefix}b.weight", b), (f"{prefix}a.weight", a)]
+        return [(name, tensor)]
