@@ -1,7 +1,7 @@
-"""GPU: Qwen3.5-MoE (hybrid layers, each MLP routed experts and a shared expert) through the
-engine on CUDA (the router and fused-MoE kernels beside the gated-delta, conv and attention
-kernels). A tiny random model in float32 matches HF's float32 argmax; Qwen3.5-35B-A3B's shapes
-with dummy weights (8 of its 40 layers, so that it fits any card) run."""
+"""GPU: Qwen3.5-MoE and Qwen3-Next (hybrid layers, MLPs of routed experts and a shared expert)
+through the engine on CUDA (the router and fused-MoE kernels beside the gated-delta, conv and
+attention kernels). Tiny random models in float32 match HF's float32 argmax; Qwen3.5-35B-A3B's
+shapes with dummy weights (8 of its 40 layers, so that it fits any card) run."""
 
 from __future__ import annotations
 
@@ -27,12 +27,13 @@ def _generate(llm, prompts: list[list[int]], max_tokens: int) -> list:
     return [o.outputs[0] for o in llm.generate(requests, params, use_tqdm=False)]
 
 
+@pytest.mark.parametrize("architecture", ["Qwen3_5MoeForCausalLM", "Qwen3NextForCausalLM"])
 @pytest.mark.parametrize(
     "options",
     [{}, {"enforce_eager": True}, {"max_num_batched_tokens": 40}, {"deterministic": True}],
     ids=["graphs", "eager", "chunked", "deterministic"],
 )  # fmt: skip
-def test_tiny_float32_matches_hf(tmp_path, options: dict) -> None:
+def test_tiny_float32_matches_hf(tmp_path, options: dict, architecture: str) -> None:
     """Greedy tokens are HF's float32 argmax under teacher forcing, chosen-token logprobs HF's
     to 1e-3; batched equals alone."""
     from transformers import AutoModelForCausalLM
@@ -40,7 +41,7 @@ def test_tiny_float32_matches_hf(tmp_path, options: dict) -> None:
     from minivllm import LLM
     from minivllm.tiny_model import build_tiny_model
 
-    model_dir = build_tiny_model(str(tmp_path / "q35moe"), "Qwen3_5MoeForCausalLM")
+    model_dir = build_tiny_model(str(tmp_path / "tiny"), architecture)
     llm = LLM(model_dir, dtype="float32", gpu_memory_utilization=0.3, **options)
     try:
         batched = _generate(llm, PROMPTS, 16)
