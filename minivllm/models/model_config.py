@@ -106,7 +106,10 @@ class ModelConfig:
                 if arch in _HYBRID_ARCHITECTURES
                 else None
             ),
-            partial_rotary_factor=float(rope.get("partial_rotary_factor", 1.0)),
+            # transformers 5 keeps it in rope_parameters; 4 (Qwen3-Next's config) at the top.
+            partial_rotary_factor=float(
+                rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
+            ),
             quantization=quant_config_from_hf(hf),
         )
 

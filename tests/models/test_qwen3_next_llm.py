@@ -5,6 +5,9 @@ batched, alone and chunked; the in-projection split against HF's own reordering.
 
 from __future__ import annotations
 
+import json
+import os
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen3NextConfig
@@ -73,6 +76,17 @@ def test_config_and_layers(tiny_qwen3_next_dir: str) -> None:
     model = build_model(config, TorchSDPABackend(), torch.float32, "cpu", load_format="dummy")
     mlps = [type(layer.mlp) for layer in model.model.layers]
     assert mlps == [SharedExpertMoeBlock, DecoderMLP, SharedExpertMoeBlock, SharedExpertMoeBlock]
+
+
+def test_config_json_of_transformers_4(tiny_qwen3_next_dir: str) -> None:
+    """Qwen3-Next's published config.json: partial_rotary_factor at the top level, rope_theta
+    beside it, no rope_parameters."""
+    with open(os.path.join(tiny_qwen3_next_dir, "config.json")) as f:
+        hf = json.load(f)
+    rope = hf.pop("rope_parameters")
+    hf.update(partial_rotary_factor=rope["partial_rotary_factor"], rope_theta=1e6)
+    config = ModelConfig.from_dict(hf)
+    assert config.partial_rotary_factor == 0.25 and config.rope_theta == 1e6
 
 
 def test_batched_and_alone_match_hf(tiny_qwen3_next_dir: str, hf_model) -> None:
