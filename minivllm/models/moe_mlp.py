@@ -1,8 +1,11 @@
 """The MLP of a mixture-of-experts family's layer, from its MoeConfig: the sparse block on
 sparse layers (with the shared expert where the config has one), the dense MLP elsewhere; and
-the checkpoints' per-expert names, stacked at load (model_loader_experts.py)."""
+the checkpoints' per-expert names, stacked at load (model_loader_experts.py), to which
+transformers 5's fused expert tensors are split first (`split_fused_experts`)."""
 
 from __future__ import annotations
+
+import re
 
 import torch
 from torch import nn
@@ -19,6 +22,28 @@ EXPERT_MODULES_MAPPING = {
     "up_proj": ("gate_up_proj", "up"),
     "down_proj": ("down_proj", "down"),
 }
+_FUSED_EXPERTS = re.compile(r"(?P<prefix>.+\.experts)\.(?P<param>gate_up_proj|down_proj)")
+
+
+def split_fused_experts(name: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+    """A layer's experts as transformers 5 holds them in memory (a checkpoint may store them so):
+    `<prefix>.experts.gate_up_proj` [E, 2I, H] (each expert's gate rows, then its up rows) and
+    `<prefix>.experts.down_proj` [E, H, I] -> (per-expert name, tensor) of each expert's
+    projections; any other tensor as it is."""
+    match = _FUSED_EXPERTS.fullmatch(name)
+    if match is None or tensor.dim() != 3:
+        return [(name, tensor)]
+    prefix = match["prefix"]
+    if match["param"] == "down_proj":
+        return [(f"{prefix}.{e}.down_proj.weight", w) for e, w in enumerate(tensor.unbind(0))]
+    if tensor.shape[1] % 2:
+        raise ValueError(f"{name} has shape {tuple(tensor.shape)}: an odd gate + up row count")
+    gates, ups = tensor.chunk(2, dim=1)
+    return [
+        (f"{prefix}.{e}.{part}.weight", w[e])
+        for e in range(tensor.shape[0])
+        for part, w in (("gate_proj", gates), ("up_proj", ups))
+    ]
 
 
 def make_moe_mlp(

@@ -4,7 +4,8 @@ routing, renormalized unless config.json says norm_topk_prob false, plus a dense
 sigmoid(shared_expert_gate(x)).
 
 Checkpoints store each expert's projections apart (`mlp.experts.{e}.gate_proj.weight`, ...,
-as transformers' save_pretrained writes them); they are stacked into FusedMoE at load."""
+as transformers' save_pretrained writes them), or fused as transformers 5 holds them in memory
+(`mlp.experts.gate_up_proj`, `mlp.experts.down_proj`); either is stacked into FusedMoE at load."""
 
 from __future__ import annotations
 
@@ -13,12 +14,14 @@ from torch import nn
 
 from minivllm.layers.ops import LayerOps
 from minivllm.models.model_config import ModelConfig
-from minivllm.models.moe_mlp import EXPERT_MODULES_MAPPING, make_moe_mlp
+from minivllm.models.moe_mlp import EXPERT_MODULES_MAPPING, make_moe_mlp, split_fused_experts
 from minivllm.models.qwen3_5 import Qwen3_5ForCausalLM
 
 
 class Qwen3_5MoeForCausalLM(Qwen3_5ForCausalLM):
     expert_modules_mapping = EXPERT_MODULES_MAPPING
+    # The loader's hook: a checkpoint's fused expert tensors as per-expert ones.
+    split_checkpoint_tensor = staticmethod(split_fused_experts)
 
     @classmethod
     def make_mlp(

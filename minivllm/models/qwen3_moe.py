@@ -11,12 +11,14 @@ from torch import nn
 
 from minivllm.layers.ops import LayerOps
 from minivllm.models.model_config import ModelConfig
-from minivllm.models.moe_mlp import EXPERT_MODULES_MAPPING, make_moe_mlp
+from minivllm.models.moe_mlp import EXPERT_MODULES_MAPPING, make_moe_mlp, split_fused_experts
 from minivllm.models.qwen3 import Qwen3ForCausalLM
 
 
 class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
     expert_modules_mapping = EXPERT_MODULES_MAPPING
+    # The loader's hook: a checkpoint's fused expert tensors as per-expert ones.
+    split_checkpoint_tensor = staticmethod(split_fused_experts)
 
     @classmethod
     def make_mlp(

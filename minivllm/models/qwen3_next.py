@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from minivllm.layers.gated_delta_weights import split_ba, split_qkvz
+from minivllm.models.moe_mlp import split_fused_experts
 from minivllm.models.qwen3_5_moe import Qwen3_5MoeForCausalLM
 
 
@@ -16,7 +17,8 @@ class Qwen3NextForCausalLM(Qwen3_5MoeForCausalLM):
     def split_checkpoint_tensor(
         self, name: str, tensor: torch.Tensor
     ) -> list[tuple[str, torch.Tensor]]:
-        """A fused in-projection's weight -> our projections' (name, weight); else as is."""
+        """A fused in-projection's weight -> our projections' (name, weight); fused experts
+        as Qwen3.5-MoE splits them; else as is."""
         linear = self.config.linear_attention
         heads = (linear.num_k_heads, linear.num_v_heads)
         if name.endswith(".linear_attn.in_proj_qkvz.weight"):
@@ -27,4 +29,4 @@ class Qwen3NextForCausalLM(Qwen3_5MoeForCausalLM):
             prefix = name.removesuffix("ba.weight")
             b, a = split_ba(tensor, *heads)
             return [(f"{prefix}b.weight", b), (f"{prefix}a.weight", a)]
-        return [(name, tensor)]
+        return split_fused_experts(name, tensor)

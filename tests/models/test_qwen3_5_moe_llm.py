@@ -2,7 +2,8 @@
 sigmoid-gated shared expert) against HF transformers' float32 forward under teacher forcing:
 every greedy token is HF's argmax and every chosen-token logprob is HF's to 1e-4, batched, one
 prompt at a time and with chunked prefill; the conditional-generation checkpoint (vision tower
-beside, as transformers saves it) loads its text path; the config fields."""
+beside, as transformers saves it) loads its text path, and so do experts stored fused; the
+config fields."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import shutil
 import pytest
 import torch
 from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 from transformers import (
     AutoModelForCausalLM,
     Qwen3_5MoeConfig,
@@ -135,6 +137,30 @@ def test_conditional_generation_checkpoint_matches_hf(
     ).eval()
     prompts = PROMPTS[:3]
     assert_matches_hf(hf_cg, prompts, generate(llm, prompts))
+
+
+def fused_experts_dir(model_dir: str, out_dir: str) -> str:
+    """The checkpoint with each layer's experts as transformers 5 holds them in memory:
+    experts.gate_up_proj [E, 2I, H] and experts.down_proj [E, H, I]."""
+    shutil.copytree(model_dir, out_dir)
+    path = os.path.join(out_dir, "model.safetensors")
+    tensors = load_file(path)
+    for layer in range(4):
+        prefix = f"model.layers.{layer}.mlp.experts"
+        parts = {
+            part: torch.stack([tensors.pop(f"{prefix}.{e}.{part}.weight") for e in range(8)])
+            for part in ("gate_proj", "up_proj", "down_proj")
+        }
+        tensors[f"{prefix}.gate_up_proj"] = torch.cat([parts["gate_proj"], parts["up_proj"]], 1)
+        tensors[f"{prefix}.down_proj"] = parts["down_proj"]
+    save_file(tensors, path, metadata={"format": "pt"})
+    return out_dir
+
+
+def test_fused_expert_tensors_load(tiny_qwen3_5_moe_dir: str, hf_model, tmp_path) -> None:
+    fused = fused_experts_dir(tiny_qwen3_5_moe_dir, str(tmp_path / "fused"))
+    prompts = PROMPTS[:3]
+    assert_matches_hf(hf_model, prompts, generate(make_llm(fused), prompts))
 
 
 def test_tensor_parallel_is_refused(tiny_qwen3_5_moe_dir: str) -> None:
