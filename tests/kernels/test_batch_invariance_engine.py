@@ -71,13 +71,17 @@ def test_deterministic_needs_the_triton_backend(tiny_qwen3_dir: str) -> None:
 
 
 @pytest.mark.usefixtures("ordered_dot")
-def test_deterministic_hybrid_engine_same_tokens_alone_and_batched(tiny_qwen3_5_dir: str) -> None:
-    """Qwen3.5: each request's recurrent state is its own, so batching changes no token. On the
-    CPU the torch one-token step's batched einsum may round a logprob's last bits by batch
-    size (the Triton decode kernel runs one program per request); chunk boundaries do change
-    bits (the rule's chunked form and its one-token step round apart)."""
-    ref = _generate(tiny_qwen3_5_dir, PROMPTS)
-    alone = [_generate(tiny_qwen3_5_dir, [p])[0] for p in PROMPTS]
+@pytest.mark.parametrize("model", ["tiny_qwen3_5_dir", "tiny_qwen3_5_moe_dir"])
+def test_deterministic_hybrid_engine_same_tokens_alone_and_batched(
+    model: str, request: pytest.FixtureRequest
+) -> None:
+    """Qwen3.5, dense and MoE: each request's recurrent state is its own, so batching changes
+    no token. On the CPU the torch one-token step's batched einsum may round a logprob's last
+    bits by batch size (the Triton decode kernel runs one program per request); chunk
+    boundaries do change bits (the rule's chunked form and its one-token step round apart)."""
+    model_dir = request.getfixturevalue(model)
+    ref = _generate(model_dir, PROMPTS)
+    alone = [_generate(model_dir, [p])[0] for p in PROMPTS]
     assert [tokens for tokens, _ in alone] == [tokens for tokens, _ in ref]
     for (_, ours), (_, expected) in zip(alone, ref, strict=True):
         for entry, ref_entry in zip(ours, expected, strict=True):
