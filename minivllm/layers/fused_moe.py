@@ -52,7 +52,9 @@ class FusedMoE(nn.Module):
             self.register_parameter(name, param)
             if self.quant is not None:
                 self._add_scale(name, shape)
-        self.gemm = ops.gemm if self.quant is None else ops.block_fp8_gemm
+        # The torch path's GEMM per expert (not named `gemm`: the GEMM choosers look for the
+        # layers with a 2-D `weight` by that name, layers/invariant_gemm.py model_shapes).
+        self.expert_gemm = ops.gemm if self.quant is None else ops.block_fp8_gemm
         self.reduce = ops.row_reduce
         self.use_triton = use_triton
         if use_triton:
@@ -133,7 +135,7 @@ class FusedMoE(nn.Module):
             w13_scale, w2_scale = scales or (None, None)
             out = self._fused_moe(x, w13, w2, topk_weights, topk_ids, None, w13_scale, w2_scale)
         else:
-            out = experts_torch(x, w13, w2, topk_weights, topk_ids, self.gemm, scales)
+            out = experts_torch(x, w13, w2, topk_weights, topk_ids, self.expert_gemm, scales)
         return self.reduce(out, self.tp_size)
 
 

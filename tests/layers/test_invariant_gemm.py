@@ -168,6 +168,20 @@ def test_verify_model_checks_every_layer_shape(tiny_qwen2_dir: str) -> None:
     assert set(gemm.run_at) == expected
 
 
+def test_verify_model_passes_over_the_experts(tiny_qwen3_moe_dir: str) -> None:
+    """A MoE model's experts run their own GEMMs: the check reads the linear layers only."""
+    config = ModelConfig.from_hf(tiny_qwen3_moe_dir)
+    ops = layer_ops(deterministic=True)
+    gemm = InvariantGemm(ops.gemm, max_rows=8, fast=Spy(row_alone))
+    model = build_model(
+        config, TorchSDPABackend(), dtype=torch.float32, device=CPU, model_dir=tiny_qwen3_moe_dir,
+        ops=replace(ops, gemm=gemm),
+    )  # fmt: skip
+    gemm.verify_model(model, CPU)
+    h = config.hidden_size
+    assert (h, config.num_attention_heads * config.head_dim, torch.float32, False) in gemm.run_at
+
+
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_layer_ops_use_them_on_cuda_only(device: str) -> None:
     ops = layer_ops(deterministic=True, device=torch.device(device), max_rows=64)
