@@ -1,7 +1,8 @@
 """The MLP of a mixture-of-experts family's layer, from its MoeConfig: the sparse block on
 sparse layers (with the shared expert where the config has one), the dense MLP elsewhere; and
 the checkpoints' per-expert names, stacked at load (model_loader_experts.py), to which
-transformers 5's fused expert tensors are split first (`split_fused_experts`)."""
+transformers 5's fused expert tensors are split first (`split_fused_experts`). A family takes
+all of it as one mixin, `MoeMlps`, before its dense base class."""
 
 from __future__ import annotations
 
@@ -64,3 +65,24 @@ def make_moe_mlp(
         return SparseMoeBlock(*routed, dtype, use_triton, ops)
     shared = DecoderMLP(config, dtype, use_triton, ops, moe.shared_expert_intermediate_size)
     return SharedExpertMoeBlock(*routed, shared, dtype, use_triton, ops)
+
+
+class MoeMlps:
+    """Mixin of a MoE family (`class Qwen3MoeForCausalLM(MoeMlps, Qwen3ForCausalLM)`): its
+    layers' MLPs by make_moe_mlp, the dense base's make_mlp where a layer has no experts."""
+
+    expert_modules_mapping = EXPERT_MODULES_MAPPING
+    # The loader's hook: a checkpoint's fused expert tensors as per-expert ones.
+    split_checkpoint_tensor = staticmethod(split_fused_experts)
+
+    @classmethod
+    def make_mlp(
+        cls,
+        config: ModelConfig,
+        layer_idx: int,
+        dtype: torch.dtype | None,
+        use_triton: bool,
+        ops: LayerOps,
+    ) -> nn.Module:
+        dense = super().make_mlp  # the dense base class that follows this mixin
+        return make_moe_mlp(config, layer_idx, dtype, use_triton, ops, dense)

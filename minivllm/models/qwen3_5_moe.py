@@ -9,31 +9,12 @@ as transformers' save_pretrained writes them), or fused as transformers 5 holds 
 
 from __future__ import annotations
 
-import torch
-from torch import nn
-
-from minivllm.layers.ops import LayerOps
-from minivllm.models.model_config import ModelConfig
-from minivllm.models.moe_mlp import EXPERT_MODULES_MAPPING, make_moe_mlp, split_fused_experts
+from minivllm.models.moe_mlp import MoeMlps
 from minivllm.models.qwen3_5 import Qwen3_5ForCausalLM
 
 
-class Qwen3_5MoeForCausalLM(Qwen3_5ForCausalLM):
-    expert_modules_mapping = EXPERT_MODULES_MAPPING
-    # The loader's hook: a checkpoint's fused expert tensors as per-expert ones.
-    split_checkpoint_tensor = staticmethod(split_fused_experts)
-
-    @classmethod
-    def make_mlp(
-        cls,
-        config: ModelConfig,
-        layer_idx: int,
-        dtype: torch.dtype | None,
-        use_triton: bool,
-        ops: LayerOps,
-    ) -> nn.Module:
-        dense = super().make_mlp
-        return make_moe_mlp(config, layer_idx, dtype, use_triton, ops, dense)
+class Qwen3_5MoeForCausalLM(MoeMlps, Qwen3_5ForCausalLM):
+    """Qwen3.5-MoE: the dense decoder with MoE MLPs (MoeMlps)."""
 
 
 class Qwen3_5MoeForConditionalGeneration(Qwen3_5MoeForCausalLM):
