@@ -20,8 +20,9 @@ def test_deterministic_engine_same_bits(model: str, request: pytest.FixtureReque
     ref = _generate(model_dir, PROMPTS)
     assert _generate(model_dir, PROMPTS[:1]) == ref[:1]  # alone
     assert _generate(model_dir, PROMPTS, max_num_batched_tokens=16) == ref  # chunked
-    # 12 blocks of 8 hold the longest request but not all four: preemption and recompute.
-    assert _generate(model_dir, PROMPTS, num_gpu_blocks_override=12) == ref
+    if model == "tiny_qwen3_dir":  # (MoE: the chunked run covers a recompute's shapes; CI time)
+        # 12 blocks of 8 hold the longest request but not all four: preemption and recompute.
+        assert _generate(model_dir, PROMPTS, num_gpu_blocks_override=12) == ref
 
 
 @pytest.mark.skipif(

@@ -33,9 +33,10 @@ def test_deterministic_engine_fp8_weights_same_bits(
     """FP8 weights (quantized at load; activations per token-group), dense and MoE: the same
     bits alone, batched and chunked."""
     model_dir = request.getfixturevalue(model)
-    ref = _generate(model_dir, PROMPTS, quantization="fp8")
-    assert _generate(model_dir, PROMPTS[:1], quantization="fp8") == ref[:1]
-    chunked = _generate(model_dir, PROMPTS, quantization="fp8", max_num_batched_tokens=16)
+    prompts = PROMPTS if model == "tiny_fp8_ready_dir" else PROMPTS[:2]  # MoE: CI's time
+    ref = _generate(model_dir, prompts, quantization="fp8")
+    assert _generate(model_dir, prompts[:1], quantization="fp8") == ref[:1]
+    chunked = _generate(model_dir, prompts, quantization="fp8", max_num_batched_tokens=16)
     assert chunked == ref
 
 
