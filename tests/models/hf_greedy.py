@@ -9,6 +9,11 @@ import torch
 from minivllm import LLM, SamplingParams
 
 
+def cpu_llm(model_dir: str, **options) -> LLM:
+    """The engine the tiny-model tests run: float32 on the CPU, blocks of 4 tokens."""
+    return LLM(model_dir, dtype="float32", device="cpu", block_size=4, **options)
+
+
 def greedy_outputs(llm: LLM, prompts: list[list[int]], max_tokens: int) -> list:
     """Each prompt's CompletionOutput: greedy, max_tokens tokens, the sampled token's logprob."""
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, logprobs=0)
@@ -29,3 +34,15 @@ def assert_greedy_matches_hf(
         for i, token in enumerate(tokens):
             ours = completion.logprobs[i][token].logprob
             assert ours == pytest.approx(logprobs[i, token].item(), abs=tol)
+
+
+def assert_batched_and_alone_match_hf(
+    llm: LLM, hf_model, prompts: list[list[int]], max_tokens: int, tol: float = 1e-4
+) -> None:
+    """The prompts batched, then each alone: both HF's (assert_greedy_matches_hf), and the
+    same tokens."""
+    batched = greedy_outputs(llm, prompts, max_tokens)
+    assert_greedy_matches_hf(hf_model, prompts, batched, max_tokens, tol)
+    alone = [greedy_outputs(llm, [p], max_tokens)[0] for p in prompts]
+    assert_greedy_matches_hf(hf_model, prompts, alone, max_tokens, tol)
+    assert [c.token_ids for c in alone] == [c.token_ids for c in batched]

@@ -11,7 +11,12 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from minivllm import LLM, SamplingParams, model_loader
-from tests.models.hf_greedy import assert_greedy_matches_hf, greedy_outputs
+from tests.models.hf_greedy import (
+    assert_batched_and_alone_match_hf,
+    assert_greedy_matches_hf,
+    cpu_llm,
+    greedy_outputs,
+)
 
 PROMPTS = [
     [5, 17, 42, 99, 3],
@@ -30,8 +35,7 @@ def hf_model(tiny_qwen3_5_dir: str):
     return AutoModelForCausalLM.from_pretrained(tiny_qwen3_5_dir, dtype=torch.float32).eval()
 
 
-def make_llm(model_dir: str, **options) -> LLM:
-    return LLM(model_dir, dtype="float32", device="cpu", block_size=4, **options)
+make_llm = cpu_llm
 
 
 def generate(llm: LLM, prompts: list[list[int]]) -> list:
@@ -43,12 +47,9 @@ def assert_matches_hf(hf_model, prompts: list[list[int]], completions: list) -> 
 
 
 def test_batched_and_alone_match_hf(tiny_qwen3_5_dir: str, hf_model) -> None:
-    llm = make_llm(tiny_qwen3_5_dir)
-    batched = generate(llm, PROMPTS)
-    assert_matches_hf(hf_model, PROMPTS, batched)
-    alone = [generate(llm, [p])[0] for p in PROMPTS]
-    assert_matches_hf(hf_model, PROMPTS, alone)
-    assert [c.token_ids for c in alone] == [c.token_ids for c in batched]
+    assert_batched_and_alone_match_hf(
+        make_llm(tiny_qwen3_5_dir), hf_model, PROMPTS, MAX_TOKENS, LOGPROB_TOL
+    )
 
 
 @pytest.mark.parametrize("max_num_batched_tokens", [24, 40])

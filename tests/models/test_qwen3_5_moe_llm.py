@@ -29,7 +29,12 @@ from minivllm.model_loader import build_model
 from minivllm.models.model_config import ModelConfig
 from minivllm.models.moe_config import MoeConfig
 from minivllm.tiny_model import make_dummy_model_dir
-from tests.models.hf_greedy import assert_greedy_matches_hf, greedy_outputs
+from tests.models.hf_greedy import (
+    assert_batched_and_alone_match_hf,
+    assert_greedy_matches_hf,
+    cpu_llm,
+    greedy_outputs,
+)
 
 PROMPTS = [
     [5, 17, 42, 99, 3],
@@ -70,8 +75,7 @@ def conditional_generation_dir(tiny_qwen3_5_moe_dir: str, hf_model, tmp_path_fac
     return out_dir
 
 
-def make_llm(model_dir: str, **options) -> LLM:
-    return LLM(model_dir, dtype="float32", device="cpu", block_size=4, **options)
+make_llm = cpu_llm
 
 
 def generate(llm: LLM, prompts: list[list[int]]) -> list:
@@ -105,12 +109,9 @@ def test_norm_topk_prob_false_in_config_is_read(tiny_qwen3_5_moe_dir: str) -> No
 
 
 def test_batched_and_alone_match_hf(tiny_qwen3_5_moe_dir: str, hf_model) -> None:
-    llm = make_llm(tiny_qwen3_5_moe_dir)
-    batched = generate(llm, PROMPTS)
-    assert_matches_hf(hf_model, PROMPTS, batched)
-    alone = [generate(llm, [p])[0] for p in PROMPTS]
-    assert_matches_hf(hf_model, PROMPTS, alone)
-    assert [c.token_ids for c in alone] == [c.token_ids for c in batched]
+    assert_batched_and_alone_match_hf(
+        make_llm(tiny_qwen3_5_moe_dir), hf_model, PROMPTS, MAX_TOKENS, LOGPROB_TOL
+    )
 
 
 @pytest.mark.parametrize("max_num_batched_tokens", [24, 40])

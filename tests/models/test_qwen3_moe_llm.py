@@ -13,7 +13,12 @@ from transformers import AutoModelForCausalLM
 from minivllm import LLM
 from minivllm.engine.executor.tp_executor import check_shardable
 from minivllm.models.model_config import ModelConfig
-from tests.models.hf_greedy import assert_greedy_matches_hf, greedy_outputs
+from tests.models.hf_greedy import (
+    assert_batched_and_alone_match_hf,
+    assert_greedy_matches_hf,
+    cpu_llm,
+    greedy_outputs,
+)
 
 PROMPTS = [
     [5, 17, 42, 99, 3],
@@ -32,8 +37,7 @@ def hf_model(tiny_qwen3_moe_dir: str):
     return AutoModelForCausalLM.from_pretrained(tiny_qwen3_moe_dir, dtype=torch.float32).eval()
 
 
-def make_llm(model_dir: str, **options) -> LLM:
-    return LLM(model_dir, dtype="float32", device="cpu", block_size=4, **options)
+make_llm = cpu_llm
 
 
 def generate(llm: LLM, prompts: list[list[int]]) -> list:
@@ -45,12 +49,9 @@ def assert_matches_hf(hf_model, prompts: list[list[int]], completions: list) -> 
 
 
 def test_batched_and_alone_match_hf(tiny_qwen3_moe_dir: str, hf_model) -> None:
-    llm = make_llm(tiny_qwen3_moe_dir)
-    batched = generate(llm, PROMPTS)
-    assert_matches_hf(hf_model, PROMPTS, batched)
-    alone = [generate(llm, [p])[0] for p in PROMPTS]
-    assert_matches_hf(hf_model, PROMPTS, alone)
-    assert [c.token_ids for c in alone] == [c.token_ids for c in batched]
+    assert_batched_and_alone_match_hf(
+        make_llm(tiny_qwen3_moe_dir), hf_model, PROMPTS, MAX_TOKENS, LOGPROB_TOL
+    )
 
 
 def test_chunked_prefill_matches_hf(tiny_qwen3_moe_dir: str, hf_model) -> None:

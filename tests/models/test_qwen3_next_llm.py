@@ -13,7 +13,6 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen3NextConfig
 from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextGatedDeltaNet
 
-from minivllm import LLM
 from minivllm.attention.torch_sdpa import TorchSDPABackend
 from minivllm.layers.gated_delta_weights import split_ba, split_qkvz
 from minivllm.layers.moe import SharedExpertMoeBlock
@@ -21,7 +20,11 @@ from minivllm.model_loader import build_model
 from minivllm.models.llama import DecoderMLP
 from minivllm.models.model_config import ModelConfig
 from minivllm.models.moe_config import MoeConfig
-from tests.models.hf_greedy import assert_greedy_matches_hf, greedy_outputs
+from tests.models.hf_greedy import (
+    assert_greedy_matches_hf,
+    cpu_llm,
+    greedy_outputs,
+)
 
 PROMPTS = [
     [5, 17, 42, 99, 3],
@@ -38,8 +41,7 @@ def hf_model(tiny_qwen3_next_dir: str):
     return AutoModelForCausalLM.from_pretrained(tiny_qwen3_next_dir, dtype=torch.float32).eval()
 
 
-def make_llm(model_dir: str, **options) -> LLM:
-    return LLM(model_dir, dtype="float32", device="cpu", block_size=4, **options)
+make_llm = cpu_llm
 
 
 def assert_matches_hf(hf_model, prompts: list[list[int]], completions: list) -> None:
