@@ -34,14 +34,16 @@ def _token_group_quant_kernel(
     GROUP: tl.constexpr, GROUPS: tl.constexpr, FP8_MAX: tl.constexpr, EPS: tl.constexpr,
 ):  # fmt: skip
     """Grid (M, cdiv(num_groups, GROUPS)): a program quantizes GROUPS groups of one row:
-    s = max(|x|, EPS) / FP8_MAX over the group, q = clamp(x / s) in e4m3."""
+    s = max(|x|, EPS) / FP8_MAX over the group, q = clamp(x / s) in e4m3. The division rounds
+    to nearest (div_rn, as torch divides): Triton's default fp32 division is approximate, and
+    an ulp's difference can move a value across an e4m3 rounding boundary."""
     row = tl.program_id(0).to(tl.int64)
     groups = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)
     offs = groups[:, None] * GROUP + tl.arange(0, GROUP)[None, :]  # [GROUPS, GROUP]
     mask = offs < K
     x = tl.load(x_ptr + row * stride_xm + offs, mask=mask, other=0.0).to(tl.float32)
     scale = tl.maximum(tl.max(tl.abs(x), axis=1), EPS) / FP8_MAX  # [GROUPS]
-    q = tl.clamp(x / scale[:, None], -FP8_MAX, FP8_MAX)
+    q = tl.clamp(tl.div_rn(x, scale[:, None]), -FP8_MAX, FP8_MAX)
     tl.store(q_ptr + row * stride_qm + offs, q.to(q_ptr.dtype.element_ty), mask=mask)
     tl.store(s_ptr + row * stride_sm + groups, scale, mask=groups < num_groups)
 
