@@ -5,7 +5,8 @@ with dummy weights: last-token pooling, normalised, as sentence-transformers' fi
 texts/s after one warm-up pass. Reranking: one query prefix shared by N documents, each
 scored by its last position's yes/no logits; the latency of one call, median of several.
 With --vllm the same inputs go through vLLM's LLM(runner="pooling") (embed, and classify over
-the Qwen3-Reranker conversion) in this process, after ours. One JSON line.
+the Qwen3-Reranker conversion) after ours. Each engine runs in a child process of its own (one
+engine's GPU memory is gone before the next starts), vLLM's under --vllm-timeout. One JSON line.
 
   python -m benchmarks.engine.bench_embed [--num-texts 10000] [--num-docs 100] [--vllm]
 """
@@ -19,6 +20,8 @@ import os
 import random
 import shutil
 import statistics
+import subprocess
+import sys
 import time
 
 from benchmarks.common import dummy_model_dir, require_cuda
@@ -112,6 +115,37 @@ def _figures(num_texts: int, elapsed: float, latencies: list[float]) -> dict:
     }
 
 
+def run_child(args: argparse.Namespace, engine: str, timeout: float | None) -> dict:
+    """One engine's figures from a child process (this module with --engine ENGINE)."""
+    argv = [sys.executable, "-m", __spec__.name, "--engine", engine]
+    for name in ("num_texts", "min_len", "max_len", "num_docs", "query_len", "doc_len",
+                 "rounds", "seed"):  # fmt: skip
+        argv += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"no result within --vllm-timeout {timeout:g} s"}
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        return {"error": f"exit {done.returncode}: {done.stderr.strip()[-500:]}"}
+    return json.loads(lines[-1])
+
+
+def run_one(args: argparse.Namespace) -> dict:
+    """This process's engine (--engine) over the seeded inputs."""
+    model_dir = embedding_model_dir()
+    vocab_size = json.load(open(os.path.join(model_dir, "config.json")))["vocab_size"]
+    texts, docs = workloads(args, vocab_size)
+    if args.engine == "minivllm":
+        return run_minivllm(model_dir, texts, docs, args.rounds)
+    result: dict = {}
+    try:
+        run_vllm(model_dir, texts, docs, args.rounds, result)
+    except Exception as e:  # noqa: BLE001 - the figures so far are printed whatever vLLM does
+        result["error"] = f"{type(e).__name__}: {e}"[:500]
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-texts", type=int, default=10000)
@@ -123,19 +157,20 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--vllm", action="store_true", help="also vLLM's pooling runner")
+    parser.add_argument("--vllm-timeout", type=float, default=600.0,
+                        help="seconds vLLM's child process may take (default 600)")  # fmt: skip
+    parser.add_argument("--engine", choices=["minivllm", "vllm"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     require_cuda("bench_embed.py", "a 0.6B-shape model over 10,000 texts")
-    model_dir = embedding_model_dir()
-    vocab_size = json.load(open(os.path.join(model_dir, "config.json")))["vocab_size"]
-    texts, docs = workloads(args, vocab_size)
-    result = {"bench": "embed", "shape": MODEL_SHAPE, **{k: v for k, v in vars(args).items()}}
-    result["minivllm"] = run_minivllm(model_dir, texts, docs, args.rounds)
+    if args.engine:  # a child: one engine, its figures alone
+        print(json.dumps(run_one(args)))
+        return
+    embedding_model_dir()  # written once, before the children read it
+    result = {"bench": "embed", "shape": MODEL_SHAPE, **vars(args)}
+    del result["engine"]
+    result["minivllm"] = run_child(args, "minivllm", None)
     if args.vllm:
-        result["vllm"] = {}
-        try:
-            run_vllm(model_dir, texts, docs, args.rounds, result["vllm"])
-        except Exception as e:  # noqa: BLE001 - our figures are printed whatever vLLM does
-            result["vllm"]["error"] = f"{type(e).__name__}: {e}"[:500]
+        result["vllm"] = run_child(args, "vllm", args.vllm_timeout)
     print(json.dumps(result))
 
 
