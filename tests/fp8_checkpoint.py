@@ -10,9 +10,17 @@ import os
 import shutil
 
 import torch
+import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+from minivllm.layers.quantization.fp8_math import dequantize_token_groups, quantize_token_groups
+
+LINEAR_NAMES = (
+    "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+    # Qwen3-Next's Gated DeltaNet: its fused in_proj_qkvz quantized whole; in_proj_ba left
+    # unquantized, as Qwen's FP8 checkpoints leave it
+    "in_proj_qkvz", "out_proj",
+)  # fmt: skip
 # A tiny Qwen3 whose packed shards fall on 128-row blocks (q, k, v 256 rows; gate, up 384).
 FP8_SIZES = dict(
     hidden_size=128, head_dim=128, num_attention_heads=2, num_key_value_heads=2,
@@ -90,3 +98,16 @@ def edit_config(model_dir: str, **changes) -> None:
     config.update(changes)
     with open(path, "w") as f:
         json.dump(config, f)
+
+
+def w8a8_emulation(*unquantized_rows: int):
+    """A GEMM that quantizes its input per token-group as the FP8 path does (not the LM
+    head's or a router's, told by their rows: the padded vocabulary, the experts): on
+    dequantized weights it computes what the FP8 model should, to float32."""
+
+    def gemm(x, weight, bias=None):
+        if weight.shape[0] not in unquantized_rows:
+            x = dequantize_token_groups(*quantize_token_groups(x))
+        return F.linear(x, weight, bias)
+
+    return gemm
