@@ -29,8 +29,21 @@ FP8_SIZES = dict(
 
 # Qwen3-MoE: each expert's gate, up and down 128 x 128 (one block), 8 experts, top-2.
 FP8_MOE_SIZES = {**FP8_SIZES, "moe_intermediate_size": 128}
+# Qwen3-Next: two key heads of three 128-dim value heads, so in_proj_qkvz [2048, 128]
+# interleaves q, k (one block each), v and z (three blocks each) per key head.
+FP8_NEXT_SIZES = dict(
+    **FP8_MOE_SIZES, shared_expert_intermediate_size=128, linear_num_key_heads=2,
+    linear_num_value_heads=6, linear_key_head_dim=128, linear_value_head_dim=128,
+)  # fmt: skip
 
 QWEN_FP8 = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+# Qwen's Qwen3-Next / Qwen3.5 FP8: in_proj_ba (b, a) and the routers left in bf16.
+QWEN_NEXT_FP8 = {
+    **QWEN_FP8,
+    "modules_to_not_convert": [
+        "lm_head", "linear_attn.in_proj_ba", "mlp.gate", "mlp.shared_expert_gate",
+    ],
+}  # fmt: skip
 COMPRESSED_TENSORS_FP8 = {
     "quant_method": "compressed-tensors",
     "format": "float-quantized",

@@ -20,18 +20,13 @@ from minivllm.layers.quantization.fp8_math import dequantize_blocks
 from minivllm.model_loader import build_model
 from minivllm.models.model_config import ModelConfig
 from minivllm.tiny_model import build_tiny_model
-from tests.fp8_checkpoint import FP8_SIZES, QWEN_FP8, w8a8_emulation, write_fp8_checkpoints
-from tests.helpers import hybrid_prefill_logits
-
-# Two key heads of three value heads each, 128-dim: in_proj_qkvz [2048, 128] interleaves q, k
-# (one block each), v and z (three blocks each) per key head.
-HEADS = dict(
-    linear_num_key_heads=2, linear_num_value_heads=6, linear_key_head_dim=128,
-    linear_value_head_dim=128,
-)  # fmt: skip
-FP8_NEXT_SIZES = dict(
-    **FP8_SIZES, **HEADS, moe_intermediate_size=128, shared_expert_intermediate_size=128
+from tests.fp8_checkpoint import (
+    FP8_NEXT_SIZES,
+    QWEN_NEXT_FP8,
+    w8a8_emulation,
+    write_fp8_checkpoints,
 )
+from tests.helpers import hybrid_prefill_logits
 
 
 @pytest.fixture(scope="module")
@@ -39,9 +34,7 @@ def fp8_next_dirs(tmp_path_factory) -> tuple[str, str]:
     """(the block-FP8 checkpoint, the same weights dequantized to float32)."""
     root = tmp_path_factory.mktemp("fp8-next")
     src = build_tiny_model(str(root / "src"), "Qwen3NextForCausalLM", **FP8_NEXT_SIZES)
-    ignored = ["lm_head", "linear_attn.in_proj_ba", "mlp.gate", "mlp.shared_expert_gate"]
-    layout = {**QWEN_FP8, "modules_to_not_convert": ignored}
-    write_fp8_checkpoints(src, str(root / "fp8"), str(root / "ref"), layout)
+    write_fp8_checkpoints(src, str(root / "fp8"), str(root / "ref"), QWEN_NEXT_FP8)
     return str(root / "fp8"), str(root / "ref")
 
 
