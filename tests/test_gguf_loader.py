@@ -1,7 +1,7 @@
-"""GGUF files built here from the tiny random checkpoints (names from the gguf package's own
-HF -> GGUF map, Llama's q/k rows permuted as llama.cpp's converter does) load into the same
-model as the safetensors; unsupported architectures, tensor types and RoPE scaling are clear
-errors."""
+"""GGUF files built from the tiny random dense checkpoints (tests/gguf_files.py: names from the
+gguf package's own HF -> GGUF map, Llama's q/k rows permuted as llama.cpp's converter does) load
+into the same model as the safetensors; unsupported architectures, tensor types and RoPE scaling
+are clear errors."""
 
 from __future__ import annotations
 
