@@ -69,6 +69,26 @@ def write_header(writer, hf: dict) -> None:
         writer.add_expert_feed_forward_length(hf["moe_intermediate_size"])
 
 
+def write_tokenizer(writer, hf_dir: str) -> None:
+    """The tiny byte-level BPE of hf_dir as GGUF tokenizer metadata (llama.cpp's `gpt2` model and
+    pre-tokenizer: GPT-2's split, as the tiny tokenizer's), which transformers reads back into the
+    same tokenizer."""
+    with open(os.path.join(hf_dir, "tokenizer.json")) as f:
+        spec = json.load(f)
+    special = {t["content"]: t["id"] for t in spec["added_tokens"]}
+    ids = {**spec["model"]["vocab"], **special}
+    tokens = sorted(ids, key=ids.__getitem__)  # GGUF's list is indexed by id: no gaps
+    assert [ids[t] for t in tokens] == list(range(len(tokens)))
+    types = [gguf.TokenType.CONTROL if t in special else gguf.TokenType.NORMAL for t in tokens]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges([" ".join(pair) for pair in spec["model"]["merges"]])
+    with open(os.path.join(hf_dir, "chat_template.jinja")) as f:
+        writer.add_chat_template(f.read())
+
+
 def stored_type(array: np.ndarray, qtype: gguf.GGMLQuantizationType) -> gguf.GGMLQuantizationType:
     """qtype for a matrix (or expert stack) whose rows are whole blocks of it, else F32 (norms,
     as llama.cpp keeps them)."""
@@ -111,13 +131,14 @@ def _gguf_arrays(hf: dict, tensors: dict[str, torch.Tensor]) -> dict[str, np.nda
 def write_gguf(
     hf_dir: str, path: str, qtype: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32
 ) -> str:
-    """The checkpoint in hf_dir as a GGUF file at path, its matrices in qtype."""
+    """The checkpoint (and tokenizer) in hf_dir as a GGUF file at path, its matrices in qtype."""
     with open(os.path.join(hf_dir, "config.json")) as f:
         hf = json.load(f)
     arch = GGUF_ARCHS[hf["architectures"][0]]
     names = gguf.get_tensor_name_map(arch, hf["num_hidden_layers"])
     writer = gguf.GGUFWriter(path, gguf.MODEL_ARCH_NAMES[arch])
     write_header(writer, hf)
+    write_tokenizer(writer, hf_dir)
     tensors = load_file(os.path.join(hf_dir, "model.safetensors"))
     for name, array in _gguf_arrays(hf, tensors).items():
         kind = stored_type(array, qtype)

@@ -1,7 +1,8 @@
 """Qwen3-MoE GGUF files (llama.cpp's `qwen3moe`: experts stacked as `blk.N.ffn_{gate,up,down}_exps`,
-the router `ffn_gate_inp`) written from a tiny random checkpoint in F32, F16 and Q8_0: the engine's
-greedy tokens and logprobs equal HF's float32 model on the values the file holds, batched and
-alone; routing that the engine does not run is a clear error."""
+the router `ffn_gate_inp`) written from a tiny random checkpoint in F32, F16 and Q8_0, with its
+tokenizer: the engine on the bare file tokenizes as the checkpoint does, and its greedy tokens and
+logprobs equal HF's float32 model on the values the file holds, batched and alone; routing that
+the engine does not run is a clear error."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ gguf = pytest.importorskip("gguf", reason="GGUF support needs the gguf package")
 
 import torch  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
-from transformers import AutoModelForCausalLM  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from minivllm.models.model_config import ModelConfig  # noqa: E402
 from minivllm.tiny_model import build_tiny_model  # noqa: E402
@@ -59,10 +60,16 @@ def test_gguf_config_is_the_checkpoints(hf_dir, gguf_and_reference) -> None:
     )
 
 
-def test_greedy_tokens_and_logprobs_match_hf(hf_dir, gguf_and_reference) -> None:
+def test_greedy_tokens_and_logprobs_match_hf(
+    hf_dir, gguf_and_reference, tmp_path, monkeypatch
+) -> None:
+    """The bare file: its tokenizer (from the file's metadata) is the checkpoint's."""
+    monkeypatch.setenv("MINIVLLM_CACHE_DIR", str(tmp_path))  # where it is kept once built
     gguf_file, ref_dir, _ = gguf_and_reference
+    llm = cpu_llm(gguf_file)
+    text = "<|im_start|>user\nThe quick brown fox, 1 2 3!<|im_end|>"
+    assert llm.get_tokenizer().encode(text) == AutoTokenizer.from_pretrained(hf_dir).encode(text)
     hf_model = AutoModelForCausalLM.from_pretrained(ref_dir, dtype=torch.float32).eval()
-    llm = cpu_llm(gguf_file, tokenizer=hf_dir)
     assert_batched_and_alone_match_hf(llm, hf_model, PROMPTS, MAX_TOKENS)
 
 
