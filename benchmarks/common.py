@@ -52,6 +52,7 @@ class ModelBytes(NamedTuple):
     top_k: int  # experts a token
     kv_per_token: int  # paged KV of one context token, over the full-attention layers
     state_per_seq: int  # one sequence's recurrent state (Gated DeltaNet layers)
+    dtype_bytes: int  # a weight's, as counted
 
     @property
     def active(self) -> int:
@@ -70,7 +71,11 @@ class ModelBytes(NamedTuple):
 
 def model_bytes(cfg: dict, dtype_bytes: int = 2) -> ModelBytes:
     """The bytes of the model of config.json `cfg` (dense, MoE, hybrid; a `text_config` is
-    read as the engine reads it), from its parameters built on the meta device."""
+    read as the engine reads it), from its parameters built on the meta device: the whole
+    model, so before this process joins a tensor-parallel group (its layers would be one
+    rank's)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        raise RuntimeError("model_bytes counts the whole model: call it before the engine starts")
     config = ModelConfig.from_dict(cfg)
     with torch.device("meta"):
         model = get_model_class(config.architecture)(
@@ -91,25 +96,29 @@ def model_bytes(cfg: dict, dtype_bytes: int = 2) -> ModelBytes:
         kv_per_token=config.num_kv_layers * 2 * config.num_key_value_heads * config.head_dim
         * dtype_bytes,
         state_per_seq=0 if state is None else state.bytes_per_slot,
+        dtype_bytes=dtype_bytes,
     )  # fmt: skip
 
 
 def roofline_seconds(
-    cfg: dict, prompt_lens: list[int], output_lens: list[int], bandwidth: float, flops: float
+    sizes: ModelBytes,
+    prompt_lens: list[int],
+    output_lens: list[int],
+    bandwidth: float,
+    flops: float,
 ) -> float:
-    """The run's roofline, all sequences starting together: each decode step reads the weights
-    of the running sequences' tokens (ModelBytes.read_per_step: all a dense model's, the
-    experts a MoE's is expected to touch), every sequence's KV, and reads and writes its
-    recurrent state; prefill is bounded by its matmul flops (two a weight a token touches)."""
-    dtype_bytes = 2
-    sizes = model_bytes(cfg, dtype_bytes)
+    """The run's roofline on the model of `sizes` (model_bytes), all sequences starting
+    together: each decode step reads the weights of the running sequences' tokens
+    (ModelBytes.read_per_step: all a dense model's, the experts a MoE's is expected to touch),
+    every sequence's KV, and reads and writes its recurrent state; prefill is bounded by its
+    matmul flops (two a weight a token touches)."""
     decode_bytes = 0
     for step in range(max(output_lens)):
         # Each running sequence's context, its new token included.
         context = [p + step + 1 for p, o in zip(prompt_lens, output_lens) if o > step]
         decode_bytes += sizes.read_per_step(len(context))
         decode_bytes += sum(context) * sizes.kv_per_token + 2 * len(context) * sizes.state_per_seq
-    prefill_s = 2 * sizes.active / dtype_bytes * sum(prompt_lens) / flops
+    prefill_s = 2 * sizes.active / sizes.dtype_bytes * sum(prompt_lens) / flops
     return decode_bytes / bandwidth + prefill_s
 
 

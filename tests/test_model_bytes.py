@@ -63,6 +63,13 @@ def test_model_bytes_equal_transformers_parameters(name: str) -> None:
         assert sizes.state_per_seq == 0
 
 
+def test_counting_inside_a_process_group_is_refused(monkeypatch) -> None:
+    """There the layers would be one rank's shard: the bytes of a part of the model."""
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    with pytest.raises(RuntimeError, match="before the engine starts"):
+        model_bytes(real_config("qwen3-8b"))
+
+
 def test_moe_decode_reads_top_k_experts_alone_and_all_of_them_batched() -> None:
     sizes = model_bytes(real_config("qwen3-30b-a3b"))
     assert sizes.read_per_step(1) == sizes.active
@@ -78,13 +85,12 @@ def test_moe_decode_reads_top_k_experts_alone_and_all_of_them_batched() -> None:
 def test_roofline_of_a_hybrid_moe_counts_its_states() -> None:
     """One sequence, 4 decode steps at 1 byte/s: the active weights, KV and state bytes of each
     step exactly; prefill at 1 flop/s: two flops per active weight per prompt token."""
-    cfg = real_config("qwen3.5-35b-a3b")
-    sizes = model_bytes(cfg)
+    sizes = model_bytes(real_config("qwen3.5-35b-a3b"))
     decode = sum(
         sizes.active + (10 + step) * sizes.kv_per_token + 2 * sizes.state_per_seq
         for step in range(1, 5)
     )
-    no_prefill = roofline_seconds(cfg, [10], [4], bandwidth=1.0, flops=float("inf"))
+    no_prefill = roofline_seconds(sizes, [10], [4], bandwidth=1.0, flops=float("inf"))
     assert no_prefill == pytest.approx(decode)
-    prefill = roofline_seconds(cfg, [10], [4], bandwidth=float("inf"), flops=1.0)
+    prefill = roofline_seconds(sizes, [10], [4], bandwidth=float("inf"), flops=1.0)
     assert prefill == pytest.approx(2 * sizes.active / 2 * 10)
