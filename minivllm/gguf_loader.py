@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from minivllm.gguf_experts import MOE_ARCHITECTURES, gguf_moe_fields, split_expert_stack
 from minivllm.layers.rotary import default_inv_freq, llama3_inv_freq
 
 # GGUF general.architecture -> our (HF) architecture name.
@@ -23,7 +24,10 @@ ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "qwen3moe": "Qwen3MoeForCausalLM",
 }
+# GGUF general.architecture -> transformers' model_type, where they differ.
+_HF_MODEL_TYPES = {"qwen3moe": "qwen3_moe"}
 _GLOBAL_NAMES = {
     "token_embd": "model.embed_tokens",
     "output_norm": "model.norm",
@@ -48,6 +52,7 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "ffn_gate_inp": "mlp.gate",  # a MoE layer's router
 }
 
 
@@ -127,9 +132,12 @@ def gguf_hf_config(reader) -> dict[str, Any]:
         reader.get_field("tokenizer.ggml.tokens").data
     )
     eos = _field(reader, "tokenizer.ggml.eos_token_id")
+    moe = {}
+    if arch in MOE_ARCHITECTURES:
+        moe = gguf_moe_fields(lambda key, default: _field(reader, f"{arch}.{key}", default), arch)
     return {
         "architectures": [ARCHITECTURES[arch]],
-        "model_type": arch,
+        "model_type": _HF_MODEL_TYPES.get(arch, arch),
         "vocab_size": int(vocab),
         "hidden_size": hidden,
         "intermediate_size": int(_required(reader, f"{arch}.feed_forward_length")),
@@ -146,6 +154,7 @@ def gguf_hf_config(reader) -> dict[str, Any]:
         "torch_dtype": _checkpoint_dtype(reader),
         "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id"),
         "eos_token_id": None if eos is None else int(eos),
+        **moe,
     }
 
 
@@ -251,7 +260,8 @@ def _permuted_qk_heads(reader) -> tuple[int, int] | None:
 
 
 def iterate_gguf_tensors(path: str) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yields (HF name, float32 tensor) for every tensor of the file, dequantized."""
+    """Yields (HF name, float32 tensor) for every tensor of the file, dequantized; a MoE
+    layer's expert stack as one tensor an expert (gguf_experts.py)."""
     return dequantized_tensors(open_gguf(path))
 
 
@@ -271,4 +281,5 @@ def dequantized_tensors(reader) -> Iterator[tuple[str, torch.Tensor]]:
         elif qk_heads is not None and ".self_attn.k_proj." in name:
             weight = _unpermute_rows(weight, qk_heads[1])
         # Copied: the reader's arrays are read-only views of the memory-mapped file.
-        yield name, torch.from_numpy(np.array(weight, dtype=np.float32))
+        weight = torch.from_numpy(np.array(weight, dtype=np.float32))
+        yield from split_expert_stack(tensor.name, weight) or [(name, weight)]

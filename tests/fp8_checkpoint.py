@@ -10,9 +10,17 @@ import os
 import shutil
 
 import torch
+import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+from minivllm.layers.quantization.fp8_math import dequantize_token_groups, quantize_token_groups
+
+LINEAR_NAMES = (
+    "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+    # Qwen3-Next's Gated DeltaNet: its fused in_proj_qkvz quantized whole; in_proj_ba left
+    # unquantized, as Qwen's FP8 checkpoints leave it
+    "in_proj_qkvz", "out_proj",
+)  # fmt: skip
 # A tiny Qwen3 whose packed shards fall on 128-row blocks (q, k, v 256 rows; gate, up 384).
 FP8_SIZES = dict(
     hidden_size=128, head_dim=128, num_attention_heads=2, num_key_value_heads=2,
@@ -21,8 +29,21 @@ FP8_SIZES = dict(
 
 # Qwen3-MoE: each expert's gate, up and down 128 x 128 (one block), 8 experts, top-2.
 FP8_MOE_SIZES = {**FP8_SIZES, "moe_intermediate_size": 128}
+# Qwen3-Next: two key heads of three 128-dim value heads, so in_proj_qkvz [2048, 128]
+# interleaves q, k (one block each), v and z (three blocks each) per key head.
+FP8_NEXT_SIZES = dict(
+    **FP8_MOE_SIZES, shared_expert_intermediate_size=128, linear_num_key_heads=2,
+    linear_num_value_heads=6, linear_key_head_dim=128, linear_value_head_dim=128,
+)  # fmt: skip
 
 QWEN_FP8 = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+# Qwen's Qwen3-Next / Qwen3.5 FP8: in_proj_ba (b, a) and the routers left in bf16.
+QWEN_NEXT_FP8 = {
+    **QWEN_FP8,
+    "modules_to_not_convert": [
+        "lm_head", "linear_attn.in_proj_ba", "mlp.gate", "mlp.shared_expert_gate",
+    ],
+}  # fmt: skip
 COMPRESSED_TENSORS_FP8 = {
     "quant_method": "compressed-tensors",
     "format": "float-quantized",
@@ -90,3 +111,16 @@ def edit_config(model_dir: str, **changes) -> None:
     config.update(changes)
     with open(path, "w") as f:
         json.dump(config, f)
+
+
+def w8a8_emulation(*unquantized_rows: int):
+    """A GEMM that quantizes its input per token-group as the FP8 path does (not the LM
+    head's or a router's, told by their rows: the padded vocabulary, the experts): on
+    dequantized weights it computes what the FP8 model should, to float32."""
+
+    def gemm(x, weight, bias=None):
+        if weight.shape[0] not in unquantized_rows:
+            x = dequantize_token_groups(*quantize_token_groups(x))
+        return F.linear(x, weight, bias)
+
+    return gemm

@@ -1,4 +1,5 @@
-"""Test helpers: attention metadata and KV caches for running a model over whole prompts."""
+"""Test helpers: attention metadata, KV caches and recurrent states for running a model over
+whole prompts."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import torch
 from torch import nn
 
 from minivllm.attention.base import AttnMetadata
+from minivllm.layers.gated_delta_net import GatedDeltaMeta
 
 
 def prefill_metadata(
@@ -86,6 +88,34 @@ def prefill_logits(model: nn.Module, prompts: list[list[int]], block_size: int =
     )
     logits = model.compute_logits(model(input_ids, positions, meta))
     return list(logits.split(seq_lens))
+
+
+@torch.no_grad()
+def hybrid_prefill_logits(model, prompts: list[list[int]], block_size: int = 4) -> list:
+    """All prompts in one packed forward, each from a fresh recurrent state in slot i + 1
+    (slot 0 unused, so that a layer ignoring the slots fails)."""
+    seq_lens = [len(p) for p in prompts]
+    meta, num_blocks = prefill_metadata(seq_lens, block_size)
+    bind_kv_caches(model, num_blocks, block_size)
+    linear = model.config.linear_attention
+    num_slots = len(prompts) + 1
+    for layer in model.recurrent_layers():
+        layer.conv_state = torch.full(
+            (num_slots, linear.conv_kernel_size - 1, linear.conv_dim), 7.0
+        )
+        layer.ssm_state = torch.full(
+            (num_slots, linear.num_v_heads, linear.head_k_dim, linear.head_v_dim), 7.0
+        )
+    meta.linear_attn = GatedDeltaMeta(
+        num_decodes=0,
+        decode_slots=torch.zeros(0, dtype=torch.int32),
+        prefill_cu_seqlens=meta.query_start_loc,
+        prefill_slots=torch.arange(1, num_slots, dtype=torch.int32),
+        prefill_has_initial_state=torch.zeros(len(prompts), dtype=torch.bool),
+    )
+    input_ids = torch.tensor([t for p in prompts for t in p])
+    positions = torch.tensor([i for n in seq_lens for i in range(n)])
+    return list(model.compute_logits(model(input_ids, positions, meta)).split(seq_lens))
 
 
 def rank1(entry: dict) -> tuple[int, float]:

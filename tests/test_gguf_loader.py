@@ -1,12 +1,10 @@
-"""GGUF files built here from the tiny random checkpoints (names from the gguf package's own
-HF -> GGUF map, Llama's q/k rows permuted as llama.cpp's converter does) load into the same
-model as the safetensors; unsupported architectures, tensor types and RoPE scaling are clear
-errors."""
+"""GGUF files built from the tiny random dense checkpoints (tests/gguf_files.py: names from the
+gguf package's own HF -> GGUF map, Llama's q/k rows permuted as llama.cpp's converter does) load
+into the same model as the safetensors; unsupported architectures, tensor types and RoPE scaling
+are clear errors."""
 
 from __future__ import annotations
 
-import json
-import math
 import os
 from dataclasses import replace
 
@@ -16,87 +14,15 @@ import torch
 
 gguf = pytest.importorskip("gguf", reason="GGUF support needs the gguf package")
 
-from safetensors.torch import load_file  # noqa: E402
-
 from minivllm.attention.torch_sdpa import TorchSDPABackend  # noqa: E402
 from minivllm.gguf_loader import LLAMA3_ROPE, find_gguf_file, open_gguf  # noqa: E402
 from minivllm.model_loader import build_model  # noqa: E402
 from minivllm.models.model_config import ModelConfig  # noqa: E402
 from minivllm.tiny_model import build_tiny_model  # noqa: E402
+from tests.gguf_files import write_gguf, write_header  # noqa: E402
 from tests.helpers import prefill_logits  # noqa: E402
 
-GGUF_ARCHS = {
-    "Qwen3ForCausalLM": gguf.MODEL_ARCH.QWEN3,
-    "Qwen2ForCausalLM": gguf.MODEL_ARCH.QWEN2,
-    "LlamaForCausalLM": gguf.MODEL_ARCH.LLAMA,
-}
-
-
-def llama_cpp_permute(weight: np.ndarray, num_heads: int) -> np.ndarray:
-    """convert_hf_to_gguf.py's LlamaModel.permute: rotary halves -> interleaved pairs."""
-    shape = weight.shape
-    split = weight.reshape(num_heads, 2, shape[0] // num_heads // 2, *shape[1:])
-    return split.swapaxes(1, 2).reshape(shape)
-
-
-def llama_cpp_rope_factors(head_dim: int, base: float, rope: dict) -> np.ndarray:
-    """convert_hf_to_gguf.py's Llama 3 rope_freqs tensor: each frequency's divisor."""
-    factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
-    old_context_len = rope["original_max_position_embeddings"]
-    factors = []
-    for freq in 1.0 / (base ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim)):
-        wavelen = 2 * math.pi / freq
-        if wavelen < old_context_len / high:
-            factors.append(1.0)
-        elif wavelen > old_context_len / low:
-            factors.append(factor)
-        else:
-            smooth = (old_context_len / wavelen - low) / (high - low)
-            factors.append(1 / ((1 - smooth) / factor + smooth))
-    return np.array(factors, dtype=np.float32)
-
-
-def write_header(writer, hf: dict) -> None:
-    writer.add_block_count(hf["num_hidden_layers"])
-    writer.add_context_length(hf["max_position_embeddings"])
-    writer.add_embedding_length(hf["hidden_size"])
-    writer.add_feed_forward_length(hf["intermediate_size"])
-    writer.add_head_count(hf["num_attention_heads"])
-    writer.add_head_count_kv(hf["num_key_value_heads"])
-    head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
-    writer.add_key_length(head_dim)
-    writer.add_value_length(head_dim)
-    writer.add_layer_norm_rms_eps(hf["rms_norm_eps"])
-    writer.add_rope_freq_base(hf.get("rope_parameters", {}).get("rope_theta", 10000.0))
-    writer.add_vocab_size(hf["vocab_size"])
-    writer.add_eos_token_id(hf["eos_token_id"])
-
-
-def write_gguf(hf_dir: str, path: str) -> str:
-    """The checkpoint in hf_dir as an all-F32 GGUF file at path."""
-    with open(os.path.join(hf_dir, "config.json")) as f:
-        hf = json.load(f)
-    arch = GGUF_ARCHS[hf["architectures"][0]]
-    names = gguf.get_tensor_name_map(arch, hf["num_hidden_layers"])
-    writer = gguf.GGUFWriter(path, gguf.MODEL_ARCH_NAMES[arch])
-    write_header(writer, hf)
-    for name, tensor in load_file(os.path.join(hf_dir, "model.safetensors")).items():
-        array = tensor.float().numpy()
-        if arch == gguf.MODEL_ARCH.LLAMA and ".q_proj." in name:
-            array = llama_cpp_permute(array, hf["num_attention_heads"])
-        elif arch == gguf.MODEL_ARCH.LLAMA and ".k_proj." in name:
-            array = llama_cpp_permute(array, hf["num_key_value_heads"])
-        writer.add_tensor(names.get_name(name, try_suffixes=(".weight", ".bias")), array)
-    rope = hf.get("rope_parameters") or {}
-    if rope.get("rope_type") == "llama3":
-        head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
-        factors = llama_cpp_rope_factors(head_dim, rope["rope_theta"], rope)
-        writer.add_tensor("rope_freqs.weight", factors)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+DENSE_ARCHS = ["Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM"]
 
 
 def rope_scaling(config: ModelConfig) -> dict | None:
@@ -106,7 +32,7 @@ def rope_scaling(config: ModelConfig) -> dict | None:
     return {k: v for k, v in config.rope_scaling.items() if k != "rope_theta"}
 
 
-@pytest.fixture(scope="module", params=list(GGUF_ARCHS))
+@pytest.fixture(scope="module", params=DENSE_ARCHS)
 def tiny_pair(request, tmp_path_factory) -> tuple[str, str]:
     """(HF directory, GGUF file) of one tiny random checkpoint; Llama with Llama 3.1's RoPE
     scaling, whose three frequency bands head_dim 16 and theta 1e4 all reach."""
@@ -173,7 +99,9 @@ def minimal_gguf(path: str, arch: str, tensors: dict) -> str:
 def test_unsupported_architecture_is_a_clear_error(tmp_path) -> None:
     norm = (np.ones(256, dtype=np.float32), None)
     path = minimal_gguf(str(tmp_path / "m.gguf"), "gpt2", {"output_norm.weight": norm})
-    with pytest.raises(ValueError, match=r"'gpt2'.*supported: \['llama', 'qwen2', 'qwen3'\]"):
+    with pytest.raises(
+        ValueError, match=r"'gpt2'.*supported: \['llama', 'qwen2', 'qwen3', 'qwen3moe'\]"
+    ):
         ModelConfig.from_hf(path)
 
 

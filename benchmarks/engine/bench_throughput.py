@@ -14,7 +14,14 @@ import os
 import random
 import time
 
-from benchmarks.common import dummy_model_dir, measure_bandwidth, require_cuda, roofline_seconds
+from benchmarks.common import (
+    ModelBytes,
+    dummy_model_dir,
+    measure_bandwidth,
+    model_bytes,
+    require_cuda,
+    roofline_seconds,
+)
 from benchmarks.workloads import WORKLOADS, Workload, make_workload, result_fields
 
 
@@ -118,8 +125,7 @@ def main() -> None:
 
     if args.quick:
         model_dir = args.model or default_tiny_model_dir()
-        with open(os.path.join(model_dir, "config.json")) as f:
-            workload = quick_workload(json.load(f)["vocab_size"], args.num_seqs)
+        workload = quick_workload(_read_config(model_dir)["vocab_size"], args.num_seqs)
         args.model_name = "tiny" if args.model is None else args.model_name
     else:
         model_dir = args.model or dummy_model_dir(args.model_name)
@@ -139,6 +145,8 @@ def main() -> None:
     for name in (*names, "kv_cache_dtype"):
         if getattr(args, name) is not None:
             options[name] = getattr(args, name)
+    # The whole model's bytes, counted before the engine joins a tensor-parallel group.
+    sizes = None if args.quick else model_bytes(_read_config(model_dir))
     llm = LLM(model_dir, **options)
     sampling = workload.sampling or [{}] * workload.num_requests
     params = [
@@ -173,8 +181,8 @@ def main() -> None:
     }
     if timer is not None:
         result |= _step_times(timer)
-    if not args.quick:  # a GPU run (require_cuda)
-        result |= _bound(model_dir, workload, seconds)
+    if sizes is not None:  # a GPU run (require_cuda)
+        result |= _bound(sizes, workload, seconds)
     print(json.dumps(result), flush=True)
     llm.shutdown()
 
@@ -185,17 +193,20 @@ def _limits(llm) -> dict:
     return {} if limits is None else limits._asdict()
 
 
-def _bound(model_dir: str, workload: Workload, seconds: float) -> dict:
+def _read_config(model_dir: str) -> dict:
+    with open(os.path.join(model_dir, "config.json")) as f:
+        return json.load(f)
+
+
+def _bound(sizes: ModelBytes, workload: Workload, seconds: float) -> dict:
     """Copy bandwidth, and the roofline bound of the headline (its all-start-together model
     does not describe the other shapes)."""
     bandwidth = measure_bandwidth()
     result = {"copy_tb_s": round(bandwidth / 1e12, 2)}
     if workload.name != "headline":
         return result
-    with open(os.path.join(model_dir, "config.json")) as f:
-        cfg = json.load(f)
     prompt_lens = [len(p) for p in workload.prompts]
-    bound_s = roofline_seconds(cfg, prompt_lens, workload.output_lens, bandwidth, 790e12)
+    bound_s = roofline_seconds(sizes, prompt_lens, workload.output_lens, bandwidth, 790e12)
     return result | {
         "bound_tok_s": round(workload.num_output_tokens / bound_s, 1),
         "fraction_of_bound": round(bound_s / seconds, 3),

@@ -4,7 +4,7 @@ out-projection, over a step's packed rows (decodes first, then prefill sequences
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -74,8 +74,10 @@ class GatedDeltaNet(nn.Module):
         self.conv_dim = 2 * self.key_dim + self.value_dim
         self.in_proj_qkv = ReplicatedLinear(hidden_size, self.conv_dim, dtype=dtype, ops=ops)
         self.in_proj_z = ReplicatedLinear(hidden_size, self.value_dim, dtype=dtype, ops=ops)
-        self.in_proj_b = ReplicatedLinear(hidden_size, num_v_heads, dtype=dtype, ops=ops)
-        self.in_proj_a = ReplicatedLinear(hidden_size, num_v_heads, dtype=dtype, ops=ops)
+        # One row a value head: never quantized (the FP8 checkpoints keep them in bf16).
+        gate_ops = replace(ops, linear_method=None)
+        self.in_proj_b = ReplicatedLinear(hidden_size, num_v_heads, dtype=dtype, ops=gate_ops)
+        self.in_proj_a = ReplicatedLinear(hidden_size, num_v_heads, dtype=dtype, ops=gate_ops)
         # A depthwise Conv1d as HF has it (weight [conv_dim, 1, kernel]); only its weight is used.
         self.conv1d = nn.Conv1d(
             self.conv_dim, self.conv_dim, conv_kernel_size, groups=self.conv_dim, bias=False,

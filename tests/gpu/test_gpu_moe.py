@@ -89,3 +89,44 @@ def test_engine_on_tiny_moe_matches_hf(tmp_path, options: dict) -> None:
             assert completion.logprobs[i][token].logprob == pytest.approx(
                 logprobs[i, token].item(), abs=3e-3
             )
+
+
+def test_engine_on_tiny_moe_gguf_matches_hf(tmp_path) -> None:
+    """The tiny Qwen3-MoE as a Q8_0 GGUF file (llama.cpp's qwen3moe, tests/gguf_files.py) through
+    the engine on CUDA in float32: greedy tokens are HF's float32 argmax on the values the file
+    holds, chosen-token logprobs HF's to 1e-3."""
+    import os
+
+    import gguf
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    from minivllm import LLM, SamplingParams
+    from minivllm.tiny_model import build_tiny_model
+    from tests.gguf_files import stored_values, write_gguf
+
+    hf_dir = build_tiny_model(str(tmp_path / "moe"), "Qwen3MoeForCausalLM", mlp_only_layers=[])
+    q8_0 = gguf.GGMLQuantizationType.Q8_0
+    gguf_file = write_gguf(hf_dir, str(tmp_path / "moe.gguf"), q8_0)
+    tensors = load_file(os.path.join(hf_dir, "model.safetensors"))
+    rounded = {name: stored_values(t, q8_0) for name, t in tensors.items()}
+    save_file(rounded, os.path.join(hf_dir, "model.safetensors"), metadata={"format": "pt"})
+    prompts = [[5, 17, 42, 99, 3], list(range(20, 57)), [11], list(range(300, 250, -2))]
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=0)
+    llm = LLM(gguf_file, tokenizer=hf_dir, dtype="float32", gpu_memory_utilization=0.3)
+    try:
+        requests = [{"prompt_token_ids": p} for p in prompts]
+        completions = [o.outputs[0] for o in llm.generate(requests, params, use_tqdm=False)]
+    finally:
+        llm.shutdown()
+    hf = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    for prompt, completion in zip(prompts, completions, strict=True):
+        tokens = list(completion.token_ids)
+        with torch.no_grad():
+            logits = hf(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1]
+        assert tokens == logits.argmax(-1).tolist()
+        logprobs = logits.log_softmax(-1)
+        for i, token in enumerate(tokens):
+            assert completion.logprobs[i][token].logprob == pytest.approx(
+                logprobs[i, token].item(), abs=1e-3
+            )

@@ -85,3 +85,44 @@ def test_dummy_qwen3_5_35b_a3b_layers_run(tmp_path) -> None:
     finally:
         llm.shutdown()
     assert [len(c.token_ids) for c in completions] == [16] * len(prompts)
+
+
+def _prompt_top1(model_dir: str, teacher: list[list[int]], **options) -> list:
+    """Our top-1 (token, logprob) at every teacher-forced position."""
+    from minivllm import LLM, SamplingParams
+    from tests.helpers import rank1
+
+    llm = LLM(model_dir, dtype="float32", **options)
+    try:
+        params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1)
+        outs = llm.generate([{"prompt_token_ids": p} for p in teacher], params, use_tqdm=False)
+    finally:
+        llm.shutdown()
+    return [[rank1(entry) for entry in o.prompt_logprobs[1:]] for o in outs]
+
+
+def test_tiny_fp8_qwen3_next_matches_the_cpu_reference(tmp_path) -> None:
+    """The tiny block-FP8 Qwen3-Next (tests/fp8_checkpoint.py: in_proj_qkvz and its block scales
+    split at load) in float32, teacher-forced: the FP8 GEMM kernels on CUDA against the CPU's
+    torch W8A8 reference (which equals the W8A8 product of the dequantized weights,
+    tests/models/test_qwen3_next_fp8.py). Both quantize the same float32 activations, so only
+    sums in another order differ, and a rare e4m3 rounding they flip."""
+    from minivllm.tiny_model import build_tiny_model
+    from tests.fp8_checkpoint import FP8_NEXT_SIZES, QWEN_NEXT_FP8, write_fp8_checkpoints
+
+    src = build_tiny_model(str(tmp_path / "src"), "Qwen3NextForCausalLM", **FP8_NEXT_SIZES)
+    fp8_dir = str(tmp_path / "fp8")
+    write_fp8_checkpoints(src, fp8_dir, str(tmp_path / "ref"), QWEN_NEXT_FP8)
+    gen = torch.Generator().manual_seed(3)
+    teacher = [torch.randint(0, 400, (n,), generator=gen).tolist() for n in (40, 64, 100, 23)]
+    cpu = _prompt_top1(fp8_dir, teacher, device="cpu")
+    gpu = _prompt_top1(fp8_dir, teacher, gpu_memory_utilization=0.3)
+    pairs = [
+        (a, b)
+        for row_a, row_b in zip(gpu, cpu, strict=True)
+        for a, b in zip(row_a, row_b, strict=True)
+    ]
+    agree = sum(a[0] == b[0] for a, b in pairs) / len(pairs)
+    error = max(abs(a[1] - b[1]) for a, b in pairs if a[0] == b[0])
+    print("GPU-FP8-QWEN3-NEXT", json.dumps({"positions": len(pairs), "top1": agree, "err": error}))
+    assert agree >= 0.95 and error < 0.05

@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from minivllm import LLM, SamplingParams
 from minivllm.attention.torch_sdpa import TorchSDPABackend
 from minivllm.config import EngineConfig
 from minivllm.engine.setup import resolve_setup
 from minivllm.layers.ops import LayerOps
-from minivllm.layers.quantization.fp8_math import dequantize_token_groups, quantize_token_groups
 from minivllm.model_loader import build_model
 from minivllm.models.model_config import ModelConfig
 from minivllm.tiny_model import build_tiny_model
@@ -22,6 +20,7 @@ from tests.fp8_checkpoint import (
     FP8_MOE_SIZES,
     FP8_SIZES,
     QWEN_FP8,
+    w8a8_emulation,
     write_fp8_checkpoints,
 )
 from tests.helpers import prefill_logits
@@ -82,19 +81,6 @@ def assert_close_outputs(model, ref, vocab_size: int) -> None:
     assert agree.float().mean() >= MIN_TOP1, agree.float().mean()
     assert agree[clear].all() and clear.sum() > len(clear) // 2
     assert error.mean() <= MAX_MEAN_LOGPROB_ERROR and error.max() <= MAX_LOGPROB_ERROR, error
-
-
-def w8a8_emulation(*unquantized_rows: int):
-    """A GEMM that quantizes its input per token-group as the FP8 path does (not the LM
-    head's or a router's, told by their rows: the padded vocabulary, the experts): on
-    dequantized weights it computes what the FP8 model should, to float32."""
-
-    def gemm(x, weight, bias=None):
-        if weight.shape[0] not in unquantized_rows:
-            x = dequantize_token_groups(*quantize_token_groups(x))
-        return F.linear(x, weight, bias)
-
-    return gemm
 
 
 @pytest.mark.parametrize("layout", ["fp8", "ct", "moe"])

@@ -14,10 +14,9 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 from minivllm.attention.torch_sdpa import TorchSDPABackend
-from minivllm.layers.gated_delta_net import GatedDeltaMeta
 from minivllm.model_loader import build_model
 from minivllm.models.model_config import ModelConfig
-from tests.helpers import bind_kv_caches, prefill_metadata
+from tests.helpers import hybrid_prefill_logits
 
 # Ragged lengths across the 64-token chunks of the gated delta rule and the 4-token blocks.
 PROMPT_LENS = (7, 1, 70, 130)
@@ -26,34 +25,6 @@ PROMPT_LENS = (7, 1, 70, 130)
 def make_prompts(vocab_size: int) -> list[list[int]]:
     generator = torch.Generator().manual_seed(1)
     return [torch.randint(0, vocab_size, (n,), generator=generator).tolist() for n in PROMPT_LENS]
-
-
-@torch.no_grad()
-def hybrid_prefill_logits(model, prompts: list[list[int]], block_size: int = 4) -> list:
-    """All prompts in one packed forward, each from a fresh recurrent state in slot i + 1
-    (slot 0 unused, so that a layer ignoring the slots fails)."""
-    seq_lens = [len(p) for p in prompts]
-    meta, num_blocks = prefill_metadata(seq_lens, block_size)
-    bind_kv_caches(model, num_blocks, block_size)
-    linear = model.config.linear_attention
-    num_slots = len(prompts) + 1
-    for layer in model.recurrent_layers():
-        layer.conv_state = torch.full(
-            (num_slots, linear.conv_kernel_size - 1, linear.conv_dim), 7.0
-        )
-        layer.ssm_state = torch.full(
-            (num_slots, linear.num_v_heads, linear.head_k_dim, linear.head_v_dim), 7.0
-        )
-    meta.linear_attn = GatedDeltaMeta(
-        num_decodes=0,
-        decode_slots=torch.zeros(0, dtype=torch.int32),
-        prefill_cu_seqlens=meta.query_start_loc,
-        prefill_slots=torch.arange(1, num_slots, dtype=torch.int32),
-        prefill_has_initial_state=torch.zeros(len(prompts), dtype=torch.bool),
-    )
-    input_ids = torch.tensor([t for p in prompts for t in p])
-    positions = torch.tensor([i for n in seq_lens for i in range(n)])
-    return list(model.compute_logits(model(input_ids, positions, meta)).split(seq_lens))
 
 
 def test_prefill_logits_match_hf(tiny_qwen3_5_dir: str) -> None:

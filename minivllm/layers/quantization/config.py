@@ -12,7 +12,11 @@ from typing import Any
 BLOCK = (128, 128)
 SUPPORTED_METHODS = ("fp8", "compressed-tensors")
 # Layers minivllm never quantizes: an ignore list naming them asks for what happens anyway.
-UNQUANTIZED_LAYERS = ("lm_head", "embed_tokens", "mlp.gate", "mlp.shared_expert_gate")
+UNQUANTIZED_LAYERS = (
+    "lm_head", "embed_tokens", "mlp.gate", "mlp.shared_expert_gate",
+    # Gated DeltaNet's b and a projections (Qwen3-Next's fused in_proj_ba)
+    "linear_attn.in_proj_b", "linear_attn.in_proj_a", "linear_attn.in_proj_ba",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
