@@ -67,7 +67,7 @@ def test_skipped_restore_is_caught(
     tiny_qwen3_5_dir: str, hf_model, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Without the restore the hit resumes from whatever its slot held: not HF's tokens."""
-    monkeypatch.setattr(model_runner, "restore_snapshots", lambda pool, dev: None)
+    monkeypatch.setattr(model_runner, "restore_snapshots", lambda pool, sched_out: None)
     prompts, outputs = chat_turns(cpu_llm(tiny_qwen3_5_dir))
     assert outputs[1].num_cached_tokens == 68
     with pytest.raises(AssertionError):
@@ -111,10 +111,13 @@ def test_preemption_with_hits(tiny_qwen3_5_dir: str, hf_model) -> None:
     assert_matches_hf(hf_model, prompts, outputs)
 
 
-def test_chunked_prefill_across_the_snapshot(tiny_qwen3_5_dir: str, hf_model) -> None:
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_chunked_prefill_across_the_snapshot(
+    tiny_qwen3_5_dir: str, hf_model, async_scheduling: bool
+) -> None:
     """Chunks of 24 tokens: BASE's prefill stops at 68 to save its state (24, 24, 20, 2), and
-    the next turn resumes at 68 in chunks of 24."""
-    llm = cpu_llm(tiny_qwen3_5_dir, max_num_batched_tokens=24)
+    the next turn resumes at 68 in chunks of 24; with and without async scheduling."""
+    llm = cpu_llm(tiny_qwen3_5_dir, max_num_batched_tokens=24, async_scheduling=async_scheduling)
     prompts, outputs = chat_turns(llm)
     assert [o.num_cached_tokens for o in outputs] == [0, 68]
     assert_matches_hf(hf_model, prompts, outputs)

@@ -1,8 +1,8 @@
 """Where a hybrid model's linear-attention layers find each row's recurrent state: the step's
 chunks' state slots and whether each prefill chunk continues a state (a later chunk of a
 chunked prefill, or a prefix-cache hit, whose slot was restored from a snapshot) or starts a
-fresh one (its first position is 0); and the step's snapshot restores and saves. Host arrays,
-uploaded with the step's other inputs; then GatedDeltaMeta and slot copies on the device."""
+fresh one (its first position is 0): host arrays, uploaded with the step's other inputs, then
+GatedDeltaMeta on the device. And the step's snapshot restores and saves, slot to slot."""
 
 from __future__ import annotations
 
@@ -19,10 +19,8 @@ def state_arrays(
     inputs: StepInputs, sched_out: SchedulerOutput | None, num_slots: int
 ) -> dict[str, np.ndarray]:
     """The chunks' state slots "state_slots" [num_chunks], "prefill_cu_seqlens"
-    [num_prefills + 1] and "prefill_has_initial_state" [num_prefills] (0 or 1), all int32;
-    where the step has them, its snapshot copies "restore_src", "restore_dst", "save_src",
-    "save_dst" (int64). Without sched_out (the memory profile's dummy step) chunk i takes
-    slot i % num_slots."""
+    [num_prefills + 1] and "prefill_has_initial_state" [num_prefills] (0 or 1), all int32.
+    Without sched_out (the memory profile's dummy step) chunk i takes slot i % num_slots."""
     chunk_start_loc = inputs.chunk_start_loc
     num_chunks = len(chunk_start_loc) - 1
     if sched_out is None:
@@ -34,29 +32,25 @@ def state_arrays(
     # One decode row per decode chunk: drafts are refused on hybrid models.
     num_decodes = inputs.num_decode_tokens
     prefill_starts = chunk_start_loc[num_decodes:]
-    arrays = {
+    return {
         "state_slots": slots,
         "prefill_cu_seqlens": (prefill_starts - prefill_starts[0]).astype(np.int32),
         "prefill_has_initial_state": (inputs.positions[prefill_starts[:-1]] > 0).astype(np.int32),
     }
+
+
+def restore_snapshots(pool: RecurrentStatePool, sched_out: SchedulerOutput | None) -> None:
+    """Before the step's forward: each hit's snapshot into its request's slot."""
     copies = sched_out.state_copies if sched_out is not None else None
     if copies is not None:
-        for name in ("restore_src", "restore_dst", "save_src", "save_dst"):
-            if getattr(copies, name):
-                arrays[name] = np.asarray(getattr(copies, name), np.int64)
-    return arrays
+        pool.copy_slots(copies.restore_src, copies.restore_dst)
 
 
-def restore_snapshots(pool: RecurrentStatePool, dev: dict[str, torch.Tensor]) -> None:
-    """Before the step's forward: each hit's snapshot into its request's slot."""
-    if "restore_src" in dev:
-        pool.copy_slots(dev["restore_src"], dev["restore_dst"])
-
-
-def save_snapshots(pool: RecurrentStatePool, dev: dict[str, torch.Tensor]) -> None:
+def save_snapshots(pool: RecurrentStatePool, sched_out: SchedulerOutput | None) -> None:
     """After the step's forward: the states of the chunks that end on a snapshot point."""
-    if "save_src" in dev:
-        pool.copy_slots(dev["save_src"], dev["save_dst"])
+    copies = sched_out.state_copies if sched_out is not None else None
+    if copies is not None:
+        pool.copy_slots(copies.save_src, copies.save_dst)
 
 
 def gated_delta_meta(num_decodes: int, dev: dict[str, torch.Tensor]) -> GatedDeltaMeta:

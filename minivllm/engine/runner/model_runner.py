@@ -368,11 +368,12 @@ class ModelRunner:
         prompt logprobs; None without extra_rows). A hybrid model's prefix snapshots are
         restored before the forward and saved after it."""
         dev = self.to_device(inputs, sched_out, extra_rows)
-        if self.state_pool is None:
-            return self._forward_rows(inputs, dev, sched_out, extra_rows)
-        restore_snapshots(self.state_pool, dev)
+        pool = self.state_pool
+        if pool is not None:
+            restore_snapshots(pool, sched_out)
         out = self._forward_rows(inputs, dev, sched_out, extra_rows)
-        save_snapshots(self.state_pool, dev)
+        if pool is not None:
+            save_snapshots(pool, sched_out)
         return out
 
     def _forward_rows(

@@ -77,11 +77,12 @@ class RecurrentStatePool:
         """Per layer: (conv_state [num_slots, *conv_shape], ssm_state [num_slots, *ssm_shape])."""
         return list(zip(self.conv.unbind(0), self.ssm.unbind(0), strict=True))
 
-    def copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
-        """Slot src[i] into slot dst[i] in every layer (src, dst: int64 [n] on the pool's
-        device; no dst twice). The sources are read before any destination is written."""
-        self.conv[:, dst] = self.conv[:, src]
-        self.ssm[:, dst] = self.ssm[:, src]
+    def copy_slots(self, src: Sequence[int], dst: Sequence[int]) -> None:
+        """Slot src[i] into slot dst[i] in every layer, pair by pair (no workspace: a batch
+        of gathered slots would take a slot's bytes per pair); no src may be a dst."""
+        for s, d in zip(src, dst, strict=True):
+            self.conv[:, d].copy_(self.conv[:, s])
+            self.ssm[:, d].copy_(self.ssm[:, s])
 
 
 def bind_recurrent_states(
