@@ -6,10 +6,10 @@ derive the counts from the number of blocks with state_budget_for.
 The paged KV and the state pool share one budget. Every running request holds a slot, so the
 slots bound the scheduler's seats: max_num_seqs of them where they take at most a third of
 the KV's bytes, fewer where they would take more, so that long contexts keep their KV. With
-prefix caching, snapshots (the state after a cached prefix) take up to an eighth of the KV's
-bytes more; one also costs as much as many tokens of KV, so the snapshots every
-snapshot_interval tokens of a long prompt are that many blocks apart: kept for all the
-prefixes the KV holds, they would fill the snapshots' eighth.
+prefix caching (not in deterministic mode), snapshots (the state after a cached prefix) take
+up to an eighth of the KV's bytes more. A snapshot costs as much as many tokens of KV, so a
+long prompt's snapshots every snapshot_interval tokens are as far apart as the tokens whose KV
+takes eight snapshots' bytes: kept for every prefix the KV holds, they would fill that eighth.
 """
 
 from __future__ import annotations
@@ -56,7 +56,9 @@ def _budget(
     else:
         running = max(1, min(seats, kv_bytes // (RUNNING_SHARE * slot_bytes)))
         snapshots = kv_bytes // (SNAPSHOT_SHARE * slot_bytes)
-    if not setup.config.enable_prefix_caching:
+    if not setup.config.enable_prefix_caching or setup.config.deterministic:
+        # Deterministic mode: a hit (and the chunk it ends at a snapshot) would change where
+        # the rule's chunks fall, which rounds a request's bits by its cache's history.
         snapshots = 0
     interval_blocks = -(-SNAPSHOT_SHARE * slot_bytes // kv.bytes_per_block)
     return StateBudget(running, snapshots, interval_blocks * setup.config.block_size)

@@ -194,8 +194,8 @@ def make_kv_coordinator(
         return BlockManager(num_blocks, block_size, enable_prefix_caching)
     if enable_prefix_caching and not num_snapshot_slots:
         logger.info(
-            "prefix caching finds no hits on this hybrid model: the cache budget leaves no "
-            "room for a recurrent-state snapshot"
+            "prefix caching finds no hits on this hybrid model: no recurrent-state snapshot "
+            "slots (deterministic mode, or no room for one in the cache budget)"
         )
     if not enable_prefix_caching:
         num_snapshot_slots = 0

@@ -5,9 +5,11 @@ the CPU counts the state pool, snapshots included, before it sizes the blocks.""
 
 from __future__ import annotations
 
+import dataclasses
+
 from minivllm import LLM
 from minivllm.engine.runner.kv_cache import KVCacheSpec
-from minivllm.engine.runner.state_budget import SNAPSHOT_SHARE
+from minivllm.engine.runner.state_budget import SNAPSHOT_SHARE, state_budget_for
 from minivllm.engine.runner.state_cache import RecurrentStateSpec
 from minivllm.engine.sched.kv_coordinator import HybridKVCoordinator
 from minivllm.engine.sched.request import Request
@@ -116,3 +118,8 @@ def test_cpu_budget_counts_the_snapshots(tiny_qwen3_5_dir: str) -> None:
     num_pool_slots = runner.model.recurrent_layers()[0].ssm_state.shape[0]
     assert num_pool_slots == max_num_seqs + snapshots.num_slots
     assert budget - block_bytes < num_blocks * block_bytes + num_pool_slots * slot_bytes <= budget
+    # Deterministic mode keeps none: a hit would move the rule's chunk boundaries.
+    setup = llm.engine.setup
+    config = dataclasses.replace(setup.config, deterministic=True, attention_backend="triton")
+    deterministic = dataclasses.replace(setup, config=config)
+    assert state_budget_for(deterministic, num_blocks).num_snapshot_slots == 0
