@@ -39,16 +39,16 @@ def state_arrays(
     }
 
 
-def restore_snapshots(pool: RecurrentStatePool, sched_out: SchedulerOutput | None) -> None:
+def restore_snapshots(pool: RecurrentStatePool, sched_out: SchedulerOutput) -> None:
     """Before the step's forward: each hit's snapshot into its request's slot."""
-    copies = sched_out.state_copies if sched_out is not None else None
+    copies = sched_out.state_copies
     if copies is not None:
         pool.copy_slots(copies.restore_src, copies.restore_dst)
 
 
-def save_snapshots(pool: RecurrentStatePool, sched_out: SchedulerOutput | None) -> None:
+def save_snapshots(pool: RecurrentStatePool, sched_out: SchedulerOutput) -> None:
     """After the step's forward: the states of the chunks that end on a snapshot point."""
-    copies = sched_out.state_copies if sched_out is not None else None
+    copies = sched_out.state_copies
     if copies is not None:
         pool.copy_slots(copies.save_src, copies.save_dst)
 

@@ -198,6 +198,11 @@ class ModelRunner:
         if self.state_spec is not None:
             budget = state_budget_for(self.setup, num_blocks)
             self._bind_state_pool(budget.num_pool_slots, budget.num_state_slots)
+            logger.info(
+                "recurrent states: %d slots for running requests, %d prefix-cache snapshots "
+                "(%.2f GiB)", budget.num_state_slots, budget.num_snapshot_slots,
+                budget.num_pool_slots * self.state_spec.bytes_per_slot / 2**30,
+            )  # fmt: skip
         backend = self.attn_backend
         if self.device.type == "cuda" and not self.config.enforce_eager:
             torch.cuda.empty_cache()
@@ -271,7 +276,12 @@ class ModelRunner:
         self._update_requests(sched_out)
         jobs = self.prompt_logprobs.plan(sched_out, inputs.chunk_start_loc, self.sampling_state)
         extra_rows = np.concatenate([job.rows for job in jobs]) if jobs else None
+        pool = self.state_pool  # a hybrid model's: prefix snapshots restored, then saved
+        if pool is not None:
+            restore_snapshots(pool, sched_out)
         logits, prompt_hidden = self.run_model(inputs, sched_out, extra_rows)
+        if pool is not None:
+            save_snapshots(pool, sched_out)
         return ForwardStep(sched_out, inputs, logits, jobs, prompt_hidden)
 
     @torch.inference_mode()
@@ -365,25 +375,8 @@ class ModelRunner:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Runs the model over the step's tokens; returns the sampled rows' logits
         [num_sampled, vocab] and extra_rows' final hidden states [len(extra_rows), hidden] (for
-        prompt logprobs; None without extra_rows). A hybrid model's prefix snapshots are
-        restored before the forward and saved after it."""
+        prompt logprobs; None without extra_rows)."""
         dev = self.to_device(inputs, sched_out, extra_rows)
-        pool = self.state_pool
-        if pool is not None:
-            restore_snapshots(pool, sched_out)
-        out = self._forward_rows(inputs, dev, sched_out, extra_rows)
-        if pool is not None:
-            save_snapshots(pool, sched_out)
-        return out
-
-    def _forward_rows(
-        self,
-        inputs: StepInputs,
-        dev: dict[str, torch.Tensor],
-        sched_out: SchedulerOutput | None,
-        extra_rows: np.ndarray | None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """run_model's forward over the uploaded inputs dev."""
         meta = AttnMetadata(
             query_start_loc=dev["query_start_loc"],
             seq_lens=dev["seq_lens"],
