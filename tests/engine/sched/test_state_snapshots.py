@@ -118,21 +118,29 @@ def test_snapshot_interval_cuts_long_prompts() -> None:
 
 
 def test_snapshot_dies_with_its_block() -> None:
-    """8 blocks: a's blocks are freed, then taken by other requests: its snapshot is dead
-    (no hit) and its slot is the one reused."""
-    kv = coordinator(num_blocks=8, num_snapshots=1)
+    """8 blocks: x keeps 2 running; a's 5 are freed, then 4 taken by b (its tail first): a's
+    snapshot at 16 is dead (no hit) and its slot is the one b's snapshot takes, not x's older
+    but live one. a's prompt again finds a's first block (saves there) and saves a new
+    snapshot at 16, under the dead one's hash."""
+    kv = coordinator(num_blocks=8, num_snapshots=2)
+    x = make_request("x", [100 + i for i in range(8)])
+    admit(kv, x)
+    kv.take_state_copies()
     a = make_request("a", PROMPT)
     admit(kv, a)
     step(kv, a)
     finish(kv, a)
-    kv.take_state_copies()
-    assert kv.get_computed_blocks(make_request("x", PROMPT))[1] == 16  # still cached
-    b = make_request("b", [200 + i for i in range(32)])  # takes every block
+    assert kv.take_state_copies().save_dst == [3]  # x's is in slot 2
+    assert kv.get_computed_blocks(make_request("y", PROMPT))[1] == 16  # still cached
+    b = make_request("b", [200 + i for i in range(20)])
     admit(kv, b)
-    copies = kv.take_state_copies()
-    assert copies.save_dst == [2]  # the dead snapshot's slot
+    assert kv.take_state_copies().save_dst == [3]  # the dead snapshot's slot
     finish(kv, b)
-    assert kv.get_computed_blocks(make_request("y", PROMPT))[1] == 0
+    assert kv.get_computed_blocks(make_request("z", PROMPT))[1] == 0
+    c = make_request("c", PROMPT)
+    assert [admit(kv, c), step(kv, c)] == [4, 12]
+    kv.take_state_copies()
+    assert kv.get_computed_blocks(make_request("w", PROMPT))[1] == 16
 
 
 def test_least_recently_used_snapshot_goes_first() -> None:
