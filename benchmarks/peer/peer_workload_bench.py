@@ -5,6 +5,7 @@ tpot_ms).
 
 Usage: [TP=N] [GPU_UTIL=0.9] [KV_CACHE_DTYPE=fp8] [DETERMINISTIC=1] [SPEC='{"method": ...}']
        [PREFILL_KERNEL=auto|triton|gluon] [SAMPLING='{"repetition_penalty": 1.05}']
+       [ENGINE_OPTIONS='{"enable_prefix_caching": true}']
        python -m benchmarks.peer.peer_workload_bench ENGINE MODEL_DIR WORKLOAD[,WORKLOAD...]
             [NUM_REQUESTS]
             ENGINE: minivllm | vllm; WORKLOAD: one of workloads.WORKLOADS, latency (batch 1,
@@ -15,7 +16,8 @@ except what the workload needs (max_model_len, temperature 0.6, ignore_eos). DET
 turns on minivllm's deterministic mode; vLLM's counterpart is its own environment variable,
 VLLM_BATCH_INVARIANT=1. SPEC: a speculative_config (JSON) for either engine. PREFILL_KERNEL:
 minivllm's prefill_attention_kernel. SAMPLING: SamplingParams options (JSON) for every request,
-on top of the workload's own (latency: on top of greedy).
+on top of the workload's own (latency: on top of greedy). ENGINE_OPTIONS: more LLM(...) options
+(JSON) for the engine.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ def build(engine: str, model_dir: str, max_model_len: int):
         common["kv_cache_dtype"] = os.environ["KV_CACHE_DTYPE"]
     if os.environ.get("SPEC"):
         common["speculative_config"] = json.loads(os.environ["SPEC"])
+    common |= json.loads(os.environ.get("ENGINE_OPTIONS") or "{}")
     if engine == "vllm":
         from vllm import LLM, SamplingParams
 

@@ -16,7 +16,7 @@ from minivllm.cpu_threads import set_torch_threads
 from minivllm.engine.draft_model import DraftModelProposer
 from minivllm.engine.executor.build import build_executor
 from minivllm.engine.executor.torchrun import torchrun_rank
-from minivllm.engine.runner.state_cache import state_slots_for
+from minivllm.engine.runner.state_budget import state_budget_for
 from minivllm.engine.sched.async_scheduler import AsyncScheduler
 from minivllm.engine.sched.kv_coordinator import make_kv_coordinator
 from minivllm.engine.sched.request import Request
@@ -141,6 +141,7 @@ class EngineCore:
         reads the same either way."""
         scheduler_class = AsyncScheduler if self.async_scheduling else Scheduler
         setup, config = self.setup, self.setup.config
+        states = state_budget_for(setup, self.num_blocks)
         return scheduler_class(
             max_num_seqs=setup.limits.max_num_seqs,
             max_num_batched_tokens=setup.limits.max_num_batched_tokens,
@@ -149,7 +150,9 @@ class EngineCore:
                 self.num_blocks,
                 config.block_size,
                 config.enable_prefix_caching,
-                state_slots_for(setup, self.num_blocks),
+                states.num_state_slots,
+                states.num_snapshot_slots,
+                states.snapshot_interval,
             ),
             structured_outputs=self.structured_outputs,
             policy=config.scheduling_policy,

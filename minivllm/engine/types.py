@@ -79,6 +79,19 @@ class ScheduledChunk:
 
 
 @dataclass
+class StateCopies:
+    """A hybrid model's recurrent-state copies of one step, slot to slot in the runner's state
+    pool (pairs at the same index): restores, a snapshot into a request's slot before the
+    forward (a prefix-cache hit resumes from it), and saves, a request's slot into a snapshot
+    after the forward (the state where a chunk ends on a snapshot boundary)."""
+
+    restore_src: list[int] = field(default_factory=list)
+    restore_dst: list[int] = field(default_factory=list)
+    save_src: list[int] = field(default_factory=list)
+    save_dst: list[int] = field(default_factory=list)
+
+
+@dataclass
 class SchedulerOutput:
     """One step's work. Decode chunks (one token, sample=True, past the prompt) come first."""
 
@@ -87,6 +100,8 @@ class SchedulerOutput:
     new_requests: list[NewRequestData] = field(default_factory=list)
     # Requests the runner can forget (finished, aborted). Preempted ones are not in here.
     finished_req_ids: list[str] = field(default_factory=list)
+    # Hybrid models with prefix caching: the step's state restores and saves (None: none).
+    state_copies: StateCopies | None = None
 
     @property
     def num_tokens(self) -> int:

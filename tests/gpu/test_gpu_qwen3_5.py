@@ -1,7 +1,9 @@
 """GPU: Qwen3.5 (hybrid Gated DeltaNet + gated attention) through the engine on CUDA (the
 Triton gated-delta, conv and attention kernels at head_dim 256). A tiny random model in
 float32 matches HF's float32 argmax; a mid-size random model in bf16 agrees with HF's bf16
-forward (its torch path) on most teacher-forced tokens; the dummy Qwen3.5-9B runs."""
+forward (its torch path) on most teacher-forced tokens; prefix-cache hits (restored state
+snapshots) with CUDA graphs on match HF and the engine without prefix caching; the dummy
+Qwen3.5-9B runs, and a shared prefix hits there."""
 
 from __future__ import annotations
 
@@ -78,6 +80,59 @@ def test_tiny_float32_matches_hf(tmp_path, options: dict) -> None:
             assert ours == pytest.approx(logprobs[i, token].item(), abs=1e-3)
 
 
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"async_scheduling": False}, {"max_num_batched_tokens": 40}],
+    ids=["graphs", "sync", "chunked"],
+)  # fmt: skip
+def test_tiny_float32_prefix_hits_match_hf(tmp_path, options: dict) -> None:
+    """Prefix-cache hits with CUDA graphs on (blocks of 16): a 150-token prompt, then the
+    next turn (it, its answer, more tokens) and two prompts diverging inside its last block
+    hit the snapshot at 144; the hits' greedy tokens are HF's float32 argmax (logprobs to
+    1e-3) and the engine's without prefix caching."""
+    from transformers import AutoModelForCausalLM
+
+    from minivllm import LLM
+    from minivllm.tiny_model import build_tiny_model
+
+    model_dir = build_tiny_model(str(tmp_path / "q35"), "Qwen3_5ForCausalLM")
+    base = [3 + (7 * i) % 400 for i in range(150)]
+    llm = LLM(model_dir, dtype="float32", gpu_memory_utilization=0.3, **options)
+    try:
+        assert llm.engine.executor.runner.graphs is not None
+        first = llm.generate([{"prompt_token_ids": base}], _greedy(), use_tqdm=False)[0]
+        prompts = [
+            base + list(first.outputs[0].token_ids) + [5, 6, 7],
+            base[:147] + [11, 12],
+            base[:146] + [13] * 20,
+        ]
+        hits = llm.generate([{"prompt_token_ids": p} for p in prompts], _greedy(), use_tqdm=False)
+    finally:
+        llm.shutdown()
+    assert [o.num_cached_tokens for o in hits] == [144] * 3
+    plain = LLM(model_dir, dtype="float32", gpu_memory_utilization=0.3,
+                enable_prefix_caching=False)  # fmt: skip
+    try:
+        expected = _generate(plain, prompts, 16)
+    finally:
+        plain.shutdown()
+    assert [o.outputs[0].token_ids for o in hits] == [c.token_ids for c in expected]
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).cuda().eval()
+    for prompt, output in zip(prompts, hits, strict=True):
+        tokens = list(output.outputs[0].token_ids)
+        argmax, logprobs = _hf_argmax(hf, prompt, tokens)
+        assert tokens == argmax
+        for i, token in enumerate(tokens):
+            ours = output.outputs[0].logprobs[i][token].logprob
+            assert ours == pytest.approx(logprobs[i, token].item(), abs=1e-3)
+
+
+def _greedy():
+    from minivllm import SamplingParams
+
+    return SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=0)
+
+
 def _mid_model_dir(out_dir: str) -> str:
     """Random bf16 weights at MID_SIZES, embeddings scaled by 8 so that logits are peaked (see
     make_parity_model_dir), norms moved off their initial values."""
@@ -133,8 +188,13 @@ def test_dummy_qwen3_5_9b_runs(tmp_path) -> None:
     try:
         runner = llm.engine.executor.runner
         assert runner.num_state_slots > 0 and llm.engine.num_blocks > 0
+        assert llm.engine.scheduler.block_manager.snapshots.num_slots > 0
         prompts = [list(range(1, 1 + n)) for n in (1, 63, 64, 65, 1000, 3000)]
         completions = _generate(llm, prompts, 16)
+        # The 1,000-token prompt left a snapshot at its last block boundary.
+        again = list(range(1, 1001)) + [7] * 10
+        hit = llm.generate([{"prompt_token_ids": again}], _greedy(), use_tqdm=False)[0]
     finally:
         llm.shutdown()
     assert [len(c.token_ids) for c in completions] == [16] * len(prompts)
+    assert hit.num_cached_tokens == 992 and len(hit.outputs[0].token_ids) == 16

@@ -1,7 +1,8 @@
 """Where a hybrid model's linear-attention layers find each row's recurrent state: the step's
 chunks' state slots and whether each prefill chunk continues a state (a later chunk of a
-chunked prefill) or starts a fresh one (its first position is 0). Host arrays, uploaded with
-the step's other inputs; then GatedDeltaMeta on the device."""
+chunked prefill, or a prefix-cache hit, whose slot was restored from a snapshot) or starts a
+fresh one (its first position is 0): host arrays, uploaded with the step's other inputs, then
+GatedDeltaMeta on the device. And the step's snapshot restores and saves, slot to slot."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import numpy as np
 import torch
 
 from minivllm.engine.runner.input_prep import StepInputs
+from minivllm.engine.runner.state_cache import RecurrentStatePool
 from minivllm.engine.types import SchedulerOutput
 from minivllm.layers.gated_delta_net import GatedDeltaMeta
 
@@ -35,6 +37,20 @@ def state_arrays(
         "prefill_cu_seqlens": (prefill_starts - prefill_starts[0]).astype(np.int32),
         "prefill_has_initial_state": (inputs.positions[prefill_starts[:-1]] > 0).astype(np.int32),
     }
+
+
+def restore_snapshots(pool: RecurrentStatePool, sched_out: SchedulerOutput) -> None:
+    """Before the step's forward: each hit's snapshot into its request's slot."""
+    copies = sched_out.state_copies
+    if copies is not None:
+        pool.copy_slots(copies.restore_src, copies.restore_dst)
+
+
+def save_snapshots(pool: RecurrentStatePool, sched_out: SchedulerOutput) -> None:
+    """After the step's forward: the states of the chunks that end on a snapshot point."""
+    copies = sched_out.state_copies
+    if copies is not None:
+        pool.copy_slots(copies.save_src, copies.save_dst)
 
 
 def gated_delta_meta(num_decodes: int, dev: dict[str, torch.Tensor]) -> GatedDeltaMeta:

@@ -20,7 +20,12 @@ from minivllm.engine.runner.cuda_graph import CUDAGraphRunner
 from minivllm.engine.runner.device_inputs import InputStaging
 from minivllm.engine.runner.draft_step import DraftedStep, SyntheticAcceptance, draft_token_ids
 from minivllm.engine.runner.hybrid_graph import HybridCUDAGraphRunner
-from minivllm.engine.runner.hybrid_inputs import gated_delta_meta, state_arrays
+from minivllm.engine.runner.hybrid_inputs import (
+    gated_delta_meta,
+    restore_snapshots,
+    save_snapshots,
+    state_arrays,
+)
 from minivllm.engine.runner.input_prep import StepInputs, prepare_inputs
 from minivllm.engine.runner.kv_cache import KVCacheSpec, bind_kv_caches
 from minivllm.engine.runner.piecewise_graph import PiecewiseGraphRunner
@@ -32,11 +37,11 @@ from minivllm.engine.runner.profiling import (
 )
 from minivllm.engine.runner.prompt_logprobs import PROMPT_ROWS_PER_PASS, PromptLogprobsTracker
 from minivllm.engine.runner.sampling_state import SamplingState
+from minivllm.engine.runner.state_budget import blocks_for_budget, state_budget_for
 from minivllm.engine.runner.state_cache import (
+    RecurrentStatePool,
     RecurrentStateSpec,
     bind_recurrent_states,
-    blocks_for_budget,
-    state_slots_for,
 )
 from minivllm.engine.runner.step_handle import ForwardStep, StepHandle
 from minivllm.engine.setup import EngineSetup
@@ -117,9 +122,11 @@ class ModelRunner:
         self.kv_caches: list[torch.Tensor] = []
         self.setup = setup
         self.state_spec = RecurrentStateSpec.for_model(model_config, setup.dtype, device)
-        self.num_state_slots = 0  # the recurrent-state pool's slots (hybrid models)
+        # Hybrid models: the recurrent-state pool (running requests' slots, then snapshots').
+        self.state_pool: RecurrentStatePool | None = None
+        self.num_state_slots = 0  # the pool's slots for running requests
         if self.state_spec is not None:
-            self._bind_state_pool(1)  # for the memory profile's trial step; sized with the KV
+            self._bind_state_pool(1, 1)  # for the memory profile's trial step; sized with the KV
         # The piecewise graphs of mixed steps split the model at its attention layers.
         self._piecewise_ok = getattr(self.model, "supports_piecewise_graphs", True)
         if not self._piecewise_ok and device.type == "cuda" and not config.enforce_eager:
@@ -145,13 +152,15 @@ class ModelRunner:
 
     # ---- KV cache -------------------------------------------------------------------------
 
-    def _bind_state_pool(self, num_slots: int) -> None:
-        """A fresh (zeroed) recurrent-state pool of num_slots slots for the linear-attention
-        layers; the old one is dropped first."""
+    def _bind_state_pool(self, num_slots: int, num_running: int) -> None:
+        """A fresh (zeroed) recurrent-state pool of num_slots slots, the first num_running for
+        running requests, for the linear-attention layers; the old one is dropped first."""
         layers = self.model.recurrent_layers()
         bind_recurrent_states(layers, [(torch.empty(0), torch.empty(0))] * len(layers))
-        bind_recurrent_states(layers, self.state_spec.allocate(num_slots))
-        self.num_state_slots = num_slots
+        self.state_pool = None
+        self.state_pool = self.state_spec.allocate(num_slots)
+        bind_recurrent_states(layers, self.state_pool.per_layer())
+        self.num_state_slots = num_running
 
     def determine_num_blocks(self) -> int:
         """How many KV blocks fit: an override, a byte budget on the CPU, profiling on CUDA."""
@@ -187,7 +196,13 @@ class ModelRunner:
         self.kv_caches = self.kv_spec.allocate(num_blocks)
         bind_kv_caches(self.model.attention_layers(), self.kv_caches)
         if self.state_spec is not None:
-            self._bind_state_pool(state_slots_for(self.setup, num_blocks))
+            budget = state_budget_for(self.setup, num_blocks)
+            self._bind_state_pool(budget.num_pool_slots, budget.num_state_slots)
+            logger.info(
+                "recurrent states: %d slots for running requests, %d prefix-cache snapshots "
+                "(%.2f GiB)", budget.num_state_slots, budget.num_snapshot_slots,
+                budget.num_pool_slots * self.state_spec.bytes_per_slot / 2**30,
+            )  # fmt: skip
         backend = self.attn_backend
         if self.device.type == "cuda" and not self.config.enforce_eager:
             torch.cuda.empty_cache()
@@ -261,7 +276,12 @@ class ModelRunner:
         self._update_requests(sched_out)
         jobs = self.prompt_logprobs.plan(sched_out, inputs.chunk_start_loc, self.sampling_state)
         extra_rows = np.concatenate([job.rows for job in jobs]) if jobs else None
+        pool = self.state_pool  # a hybrid model's: prefix snapshots restored, then saved
+        if pool is not None:
+            restore_snapshots(pool, sched_out)
         logits, prompt_hidden = self.run_model(inputs, sched_out, extra_rows)
+        if pool is not None:
+            save_snapshots(pool, sched_out)
         return ForwardStep(sched_out, inputs, logits, jobs, prompt_hidden)
 
     @torch.inference_mode()

@@ -67,6 +67,29 @@ class BlockManager:
         """Fraction of blocks held by requests (free cached blocks count as free)."""
         return 1.0 - self.num_free_blocks / self.num_blocks
 
+    def cached_block(self, block_hash: int) -> int | None:
+        """The block whose content is cached under block_hash, or None."""
+        return self._hash_to_block.get(block_hash)
+
+    def cached_block_of(self, request: Request, block_index: int) -> int | None:
+        """The cached block holding the content of request's full block block_index (its own,
+        or another request's of the same tokens), or None; its hash must be known."""
+        block_id = self._hash_to_block.get(request.block_hashes[block_index])
+        if block_id is None:
+            return None
+        same = self._block_tokens[block_id] == self._block_key(request, block_index)
+        return block_id if same else None
+
+    def clip_chunk(self, request: Request, num_new_tokens: int) -> int:
+        """How many of num_new_tokens request's next chunk may compute: all of them (the
+        hybrid coordinator ends chunks where recurrent states are snapshotted)."""
+        return num_new_tokens
+
+    def take_state_copies(self) -> None:
+        """A step's recurrent-state copies: none without recurrent states (the hybrid
+        coordinator's are a StateCopies)."""
+        return None
+
     def get_computed_blocks(self, request: Request) -> tuple[list[int], int]:
         """Longest cached prefix of request's full blocks: (block_ids, num_cached_tokens).
 

@@ -4,30 +4,68 @@ linear-attention layers. The scheduler's allocate / free stay one call each.
 
 A slot is taken when a request is first given blocks and given back when it finishes or is
 preempted: preemption recomputes, so the request's next chunk starts from a fresh state.
-Prefix-cache hits are off for hybrid models: a hit would need the recurrent state at the hit's
-end, which is not kept; get_computed_blocks finds none.
+
+Prefix caching: a cached prefix is reusable only where the recurrent state after it is kept,
+so a hit is the longest run of cached blocks whose end has a snapshot (state_snapshots.py);
+the request's slot is restored from it before the step's forward. Snapshots are saved where a
+chunk ends on a snapshot point of its request: the last block boundary of the tokens known at
+admission (a longer prompt, the next turn of a chat, starts with them), the end of the cached
+blocks where no snapshot was found (a prefix another request has shared: the next one hits
+there) and every snapshot_interval tokens. clip_chunk ends a chunk at the next such point.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from minivllm.engine.sched.block_manager import BlockManager
 from minivllm.engine.sched.request import Request
+from minivllm.engine.sched.state_snapshots import SnapshotCache
+from minivllm.engine.types import StateCopies
 
 logger = logging.getLogger(__name__)
 
 
-class HybridKVCoordinator:
-    """BlockManager's interface over the paged blocks and num_state_slots state slots."""
+@dataclass
+class _Plan:
+    """A request's snapshot points besides the interval's, and its hit's snapshot slot."""
 
-    def __init__(self, num_blocks: int, block_size: int, num_state_slots: int) -> None:
+    junction: int  # the end of its cached blocks where no snapshot was found; 0: none
+    known_end: int  # the last block boundary of the tokens known at admission
+    restore_slot: int  # the snapshot its hit resumes from; -1: no hit
+
+
+class HybridKVCoordinator:
+    """BlockManager's interface over the paged blocks, num_state_slots state slots and (with
+    prefix caching) num_snapshot_slots snapshot slots after them in the runner's pool."""
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        num_state_slots: int,
+        num_snapshot_slots: int = 0,
+        snapshot_interval: int = 0,
+    ) -> None:
         if num_state_slots < 1:
             raise ValueError(f"num_state_slots must be at least 1, got {num_state_slots}")
-        self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
+        if snapshot_interval < 0 or snapshot_interval % block_size:
+            raise ValueError(
+                f"snapshot_interval ({snapshot_interval}) must be a multiple of block_size "
+                f"({block_size}), or 0 for none"
+            )
+        self.blocks = BlockManager(num_blocks, block_size, num_snapshot_slots > 0)
+        self.block_size = block_size
         self.num_state_slots = num_state_slots
         # Invariant: a slot is free <=> no request's state_slot holds it. Lowest first.
         self._free_slots = list(range(num_state_slots - 1, -1, -1))
+        self.snapshots: SnapshotCache | None = None
+        if num_snapshot_slots:
+            self.snapshots = SnapshotCache(self.blocks, num_state_slots, num_snapshot_slots)
+        self.snapshot_interval = snapshot_interval
+        self._plans: dict[str, _Plan] = {}
+        self._copies = StateCopies()
 
     @property
     def num_free_blocks(self) -> int:
@@ -42,25 +80,97 @@ class HybridKVCoordinator:
         return self.blocks.usage
 
     def get_computed_blocks(self, request: Request) -> tuple[list[int], int]:
-        """No prefix-cache hit: ([], 0)."""
-        return [], 0
+        """The longest cached prefix of full blocks whose end has a state snapshot:
+        (block_ids, num_cached_tokens); ([], 0) without prefix caching."""
+        if self.snapshots is None:
+            return [], 0
+        block_ids, _ = self.blocks.get_computed_blocks(request)
+        num_hit, slot = self.snapshots.longest_hit(request.block_hashes, block_ids)
+        junction = len(block_ids) * self.block_size if len(block_ids) > num_hit else 0
+        known_end = request.num_tokens // self.block_size * self.block_size
+        self._plans[request.req_id] = _Plan(junction, known_end, slot)
+        return block_ids[:num_hit], num_hit * self.block_size
+
+    def clip_chunk(self, request: Request, num_new_tokens: int) -> int:
+        """num_new_tokens, or fewer where request's next snapshot point comes first (so that
+        the chunk ends there and its state can be saved)."""
+        if self.snapshots is None or num_new_tokens <= 1:
+            return num_new_tokens
+        start = request.num_computed_tokens
+        return min(num_new_tokens, self._next_point(request, start) - start)
+
+    def _next_point(self, request: Request, start: int) -> int:
+        """request's first snapshot point past position start (a large number for none)."""
+        plan = self._plans.get(request.req_id)
+        points = [1 << 62]
+        if plan is not None:
+            points += [p for p in (plan.junction, plan.known_end) if p > start]
+        if self.snapshot_interval:
+            points.append((start // self.snapshot_interval + 1) * self.snapshot_interval)
+        return min(points)
 
     def allocate_slots(
         self, request: Request, num_new_tokens: int, computed_blocks: list[int] | None = None
     ) -> list[int] | None:
-        """BlockManager.allocate_slots, and a state slot for a request without one; None,
-        changing nothing, when either runs out."""
+        """BlockManager.allocate_slots, and a state slot for a request without one (restored
+        from its hit's snapshot); None, changing nothing, when either runs out. Saves the
+        state where the chunk ends on a snapshot point."""
         needs_slot = request.state_slot < 0
         if needs_slot and not self._free_slots:
             return None
         new_block_ids = self.blocks.allocate_slots(request, num_new_tokens, computed_blocks)
-        if new_block_ids is not None and needs_slot:
+        if new_block_ids is None:
+            return None
+        if needs_slot:
             request.state_slot = self._free_slots.pop()
+            plan = self._plans.get(request.req_id)
+            if plan is None:  # admitted without a lookup
+                known_end = request.num_tokens // self.block_size * self.block_size
+                plan = self._plans[request.req_id] = _Plan(0, known_end, -1)
+            if computed_blocks and plan.restore_slot >= 0:
+                self._copies.restore_src.append(plan.restore_slot)
+                self._copies.restore_dst.append(request.state_slot)
+        if self.snapshots is not None:
+            self._save_at_chunk_end(request, num_new_tokens)
         return new_block_ids
+
+    def _save_at_chunk_end(self, request: Request, num_new: int) -> None:
+        """Saves request's state after its chunk of num_new tokens where the chunk ends on a
+        snapshot point of known tokens, whose last block is cached."""
+        start = request.num_computed_tokens
+        end = start + num_new
+        if end % self.block_size or end > request.num_tokens:
+            return  # not on a block boundary, or past the known tokens (a pending one)
+        if self._next_point(request, start) != end:
+            return
+        index = end // self.block_size - 1
+        # The cached block of the prefix's end: request's own, or another request's of the
+        # same tokens (then request's block is a duplicate, not cached).
+        block_id = self.blocks.cached_block_of(request, index)
+        if block_id is None:
+            return
+        assert self.snapshots is not None
+        slot = self.snapshots.reserve(request.block_hashes[index], block_id)
+        if slot >= 0:
+            self._copies.save_src.append(request.state_slot)
+            self._copies.save_dst.append(slot)
+
+    def take_state_copies(self) -> StateCopies | None:
+        """The step's restores and saves (None: none); the step's snapshots are found from
+        the next step on. Called once a step, when the schedule is complete."""
+        if self.snapshots is None:
+            return None
+        self.snapshots.end_step()
+        copies = self._copies
+        if not copies.restore_src and not copies.save_src:
+            return None
+        self._copies = StateCopies()
+        return copies
 
     def free(self, request: Request) -> None:
         """Drops request's blocks and gives its state slot back."""
         self.blocks.free(request)
+        self._plans.pop(request.req_id, None)
         if request.state_slot >= 0:
             self._free_slots.append(request.state_slot)
             request.state_slot = -1
@@ -70,15 +180,25 @@ class HybridKVCoordinator:
 
 
 def make_kv_coordinator(
-    num_blocks: int, block_size: int, enable_prefix_caching: bool, num_state_slots: int
+    num_blocks: int,
+    block_size: int,
+    enable_prefix_caching: bool,
+    num_state_slots: int,
+    num_snapshot_slots: int = 0,
+    snapshot_interval: int = 0,
 ) -> BlockManager | HybridKVCoordinator:
     """The BlockManager of a model with attention layers only (num_state_slots 0); else the
-    hybrid coordinator over num_state_slots slots (as many as the runner's state pool has)."""
+    hybrid coordinator over num_state_slots slots and num_snapshot_slots snapshots (as many as
+    the runner's state pool has; snapshots only with prefix caching)."""
     if not num_state_slots:
         return BlockManager(num_blocks, block_size, enable_prefix_caching)
-    if enable_prefix_caching:
+    if enable_prefix_caching and not num_snapshot_slots:
         logger.info(
-            "prefix caching finds no hits on hybrid models: a hit needs the recurrent state at "
-            "its end, which is not kept"
+            "prefix caching finds no hits on this hybrid model: no recurrent-state snapshot "
+            "slots (deterministic mode, or no room for one in the cache budget)"
         )
-    return HybridKVCoordinator(num_blocks, block_size, num_state_slots)
+    if not enable_prefix_caching:
+        num_snapshot_slots = 0
+    return HybridKVCoordinator(
+        num_blocks, block_size, num_state_slots, num_snapshot_slots, snapshot_interval
+    )

@@ -174,6 +174,7 @@ class Scheduler:
             num_decode_chunks=len(decodes),
             new_requests=new_requests,
             finished_req_ids=finished_req_ids,
+            state_copies=self.block_manager.take_state_copies(),
         )
 
     def grammar_output(self, sched_out: SchedulerOutput) -> GrammarOutput | None:
@@ -216,7 +217,10 @@ class Scheduler:
                 continue
             # A decode with drafts computes its last token and them (as many as fit).
             draft = drafts.get(request.req_id, [])[: min(budget - 1, draft_rows)]
-            num_new_tokens = min(num_needed, budget) + len(draft)
+            num_new_tokens = min(num_needed, budget)
+            if num_new_tokens > 1:  # a prefill chunk ends where its state is snapshotted
+                num_new_tokens = self.block_manager.clip_chunk(request, num_new_tokens)
+            num_new_tokens += len(draft)
             if draft and (new_block_ids := allocate(request, num_new_tokens)) is None:
                 draft, num_new_tokens = [], num_needed  # no room for drafts: decode plainly
             draft_rows -= len(draft)
@@ -249,8 +253,10 @@ class Scheduler:
                 if request is None:
                     return
             computed_blocks, num_cached_tokens = self.block_manager.get_computed_blocks(request)
-            num_new_tokens = min(request.num_tokens - num_cached_tokens, budget)
             request.num_computed_tokens = num_cached_tokens
+            num_new_tokens = self.block_manager.clip_chunk(
+                request, min(request.num_tokens - num_cached_tokens, budget)
+            )
             new_block_ids = self.block_manager.allocate_slots(
                 request, num_new_tokens, computed_blocks
             )

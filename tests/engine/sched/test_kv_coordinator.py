@@ -1,11 +1,15 @@
 """HybridKVCoordinator: a state slot per request beside its blocks, handed out with the first
-blocks, given back on free; no prefix-cache hits; running out of either changes nothing. And
-the engine's KV budget on the CPU counts the state pool before it sizes the blocks."""
+blocks, given back on free; no prefix-cache hits without snapshot slots (hits:
+test_state_snapshots.py); running out of either changes nothing. And the engine's KV budget on
+the CPU counts the state pool, snapshots included, before it sizes the blocks."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from minivllm import LLM
 from minivllm.engine.runner.kv_cache import KVCacheSpec
+from minivllm.engine.runner.state_budget import SNAPSHOT_SHARE, state_budget_for
 from minivllm.engine.runner.state_cache import RecurrentStateSpec
 from minivllm.engine.sched.kv_coordinator import HybridKVCoordinator
 from minivllm.engine.sched.request import Request
@@ -55,10 +59,11 @@ def test_no_prefix_hits() -> None:
     assert coordinator.get_computed_blocks(second) == ([], 0)
 
 
-def _cpu_llm(model_dir: str, budget: int, max_num_seqs: int) -> LLM:
+def _cpu_llm(model_dir: str, budget: int, max_num_seqs: int, prefix_caching: bool = False) -> LLM:
+    """Without prefix caching unless asked: no snapshot slots in the pool."""
     return LLM(
         model_dir, dtype="float32", device="cpu", block_size=BLOCK_SIZE,
-        kv_cache_memory=budget, max_num_seqs=max_num_seqs,
+        kv_cache_memory=budget, max_num_seqs=max_num_seqs, enable_prefix_caching=prefix_caching,
     )  # fmt: skip
 
 
@@ -98,3 +103,23 @@ def test_state_slots_bound_the_seats_where_the_budget_is_short(tiny_qwen3_5_dir:
     requests = [{"prompt_token_ids": [i + 1, i + 2]} for i in range(num_slots + 3)]
     outputs = llm.generate(requests, params, use_tqdm=False)
     assert all(len(o.outputs[0].token_ids) == 2 for o in outputs)
+
+
+def test_cpu_budget_counts_the_snapshots(tiny_qwen3_5_dir: str) -> None:
+    """With prefix caching the pool also holds snapshots, up to an eighth of the KV's bytes,
+    after the running slots; blocks, slots and snapshots fit the budget together."""
+    budget, max_num_seqs = 1 << 20, 8
+    llm = _cpu_llm(tiny_qwen3_5_dir, budget, max_num_seqs, prefix_caching=True)
+    block_bytes, slot_bytes = _spec_bytes(tiny_qwen3_5_dir, llm)
+    runner, num_blocks = llm.engine.executor.runner, llm.engine.num_blocks
+    snapshots = llm.engine.scheduler.block_manager.snapshots
+    assert runner.num_state_slots == max_num_seqs
+    assert snapshots.num_slots == num_blocks * block_bytes // (SNAPSHOT_SHARE * slot_bytes) > 0
+    num_pool_slots = runner.model.recurrent_layers()[0].ssm_state.shape[0]
+    assert num_pool_slots == max_num_seqs + snapshots.num_slots
+    assert budget - block_bytes < num_blocks * block_bytes + num_pool_slots * slot_bytes <= budget
+    # Deterministic mode keeps none: a hit would move the rule's chunk boundaries.
+    setup = llm.engine.setup
+    config = dataclasses.replace(setup.config, deterministic=True, attention_backend="triton")
+    deterministic = dataclasses.replace(setup, config=config)
+    assert state_budget_for(deterministic, num_blocks).num_snapshot_slots == 0
