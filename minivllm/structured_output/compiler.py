@@ -5,6 +5,8 @@ refused at once while no worker is free."""
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable
@@ -64,6 +66,22 @@ class _Compile:
     spec: StructuredOutputSpec
     future: Future[CompiledGrammar]  # what its outcome settles: the latest submit's future
     timed_out: bool = False  # past its time limit: it runs on without holding a worker
+    thread_id: int | None = None  # its thread's native id, once it runs
+
+
+# The nice value of a timed-out compile's thread: the lowest priority, so that what it still
+# burns comes after the engine loop and the compiles within their limits.
+TIMED_OUT_NICE = 19
+
+
+def lower_thread_priority(thread_id: int) -> None:
+    """Gives one thread of this process the lowest CPU priority (Linux, where a thread's nice
+    value is its own; elsewhere nothing). Raising nice needs no privilege."""
+    if sys.platform.startswith("linux"):
+        try:
+            os.setpriority(os.PRIO_PROCESS, thread_id, TIMED_OUT_NICE)
+        except OSError:
+            pass
 
 
 class GrammarCompiler:
@@ -74,9 +92,9 @@ class GrammarCompiler:
     larger than the bound is not kept). A failed compile (ValueError) stays cached, since it
     fails again. time_limit_s: seconds from submit to result, queueing included (None: no
     limit); past it the future fails and leaves the cache, and the compile gives its worker
-    back: a thread cannot be stopped, so it runs on (llguidance has no way to stop a build,
-    and its fuel does not bound a JSON schema's conversion), and where it ends its outcome is
-    cached; a submit of its spec meanwhile waits for it rather than compiling again. At most
+    back: a thread cannot be stopped, so it runs on at the lowest CPU priority (llguidance has
+    no way to stop a build, and its fuel does not bound a JSON schema's conversion), and where
+    it ends its outcome is cached; a submit of its spec meanwhile waits for it. At most
     max_workers compiles hold a worker, and at most 2 x max_workers threads compile at once
     (timed-out ones included); while no worker is free, submit(..., refuse_when_busy=True)
     raises CompilerBusy for a spec that is neither cached nor compiling.
@@ -206,6 +224,10 @@ class GrammarCompiler:
             ).start()
 
     def _run(self, entry: _Compile) -> None:
+        with self._lock:
+            entry.thread_id = threading.get_native_id()
+            if entry.timed_out:  # timed out before the thread got here
+                lower_thread_priority(entry.thread_id)
         try:
             outcome: Any = self._backend.compile(entry.spec)
         except Exception as e:  # noqa: BLE001 - the requests of this spec fail with it
@@ -234,6 +256,8 @@ class GrammarCompiler:
             if entry is not None and entry.future is future and not entry.timed_out:
                 entry.timed_out = True  # it runs on; its worker takes the next compile
                 self._num_workers_busy -= 1
+                if entry.thread_id is not None:  # still compiling: the id is its thread's
+                    lower_thread_priority(entry.thread_id)
             self._queued = deque(e for e in self._queued if e.future is not future)
             started = self._start_queued()
         self._start_threads(started)

@@ -3,6 +3,8 @@ time limit, and a done-callback that submits again."""
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -28,9 +30,11 @@ class FakeBackend:
     def __init__(self) -> None:
         self.release = threading.Event()
         self.compiled: list[StructuredOutputSpec] = []
+        self.slow_threads: list[int] = []  # native ids of the threads that compiled slowly
 
     def compile(self, spec: StructuredOutputSpec) -> FakeGrammar:
         if spec.text.startswith("slow"):
+            self.slow_threads.append(threading.get_native_id())
             self.release.wait(10)
         if spec.text == "bad":
             raise ValueError("invalid structured output regex: bad")
@@ -168,6 +172,8 @@ def test_a_check_is_refused_while_every_worker_is_busy(backend):
             future.result(5)
     info = compiler.cache_info()
     assert (info.num_running, info.num_timed_out) == (2, 2)
+    if sys.platform.startswith("linux"):  # what they still burn comes last
+        assert [os.getpriority(os.PRIO_PROCESS, t) for t in backend.slow_threads] == [19, 19]
     assert compiler.submit(regex("small"), refuse_when_busy=True).result(5).spec == regex("small")
     backend.release.set()
     compiler.shutdown()
