@@ -31,8 +31,8 @@ from minivllm.structured_output.request_state import StructuredOutputRequest, ma
 from minivllm.tokenizer import load_tokenizer
 
 # Held while shared_compiler looks up or builds. lru_cache alone lets every thread that
-# misses build its own: a server's first constrained requests arrive together, each checked
-# on a thread of its own, and their builds (mostly holding the GIL) took turns.
+# misses build its own: callers that ask together (a background build, offline requests
+# checked from threads of their own) would each build, taking turns on the GIL.
 _building = threading.Lock()
 
 
