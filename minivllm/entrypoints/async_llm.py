@@ -26,7 +26,7 @@ from minivllm.entrypoints.output_processor import OutputProcessor
 from minivllm.models.model_config import ModelConfig
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
-from minivllm.structured_output.check import CHECK_TIMEOUT_S, check_timed_out
+from minivllm.structured_output.check import CHECK_TIMEOUT_S, CompiledSpecs, check_timed_out
 from minivllm.structured_output.params import StructuredOutputsParams
 from minivllm.tokenizer import load_tokenizer
 
@@ -111,6 +111,7 @@ class AsyncLLM:
         self._last_progress = time.monotonic()
         self._mailboxes: dict[str, _Mailbox] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._compiled_specs = CompiledSpecs()  # checked by the core: no round trip again
         # One core process, or data_parallel_size replicas behind the same interface.
         client_class = EngineCoreClient if config.data_parallel_size == 1 else DPCoreClient
         self._client: EngineClient = client_class(config, model_config, self._on_message_threadsafe)
@@ -161,11 +162,14 @@ class AsyncLLM:
         """Compiles a constraint in the engine core (its request's compile there is then a
         cache hit), without blocking the loop: ValueError for a spec that cannot be honoured
         (or not within the time limit), CompilerBusy while no compile worker is free (with
-        refuse_when_busy), RuntimeError where the grammar engine cannot run or the core is
-        gone."""
+        refuse_when_busy), EngineDeadError where the core is gone, RuntimeError where the
+        grammar engine cannot run. A spec the core has compiled before passes at once."""
         if self.dead_reason is not None:
             raise EngineDeadError(self.dead_reason)
-        check = self._client.check_grammar(constraint.spec_key(), refuse_when_busy)
+        spec = constraint.spec_key()
+        if spec in self._compiled_specs:
+            return
+        check = self._client.check_grammar(spec, refuse_when_busy)
         try:
             outcome = await asyncio.wait_for(asyncio.wrap_future(check), CHECK_TIMEOUT_S)
         except asyncio.TimeoutError:  # the builtin TimeoutError from Python 3.11 on
@@ -173,6 +177,7 @@ class AsyncLLM:
         except EngineCoreError as e:
             raise EngineDeadError(str(e)) from None
         outcome.raise_error()
+        self._compiled_specs.add(spec)
 
     def add_request(
         self,

@@ -1,15 +1,22 @@
 """A spec's check as plain data: the engine that will run a request compiles its spec and
 answers with a CheckOutcome, which crosses from an engine-core process to its frontend; the
-frontend raises what it says before the request is queued (a 400, a 503, a 500)."""
+frontend raises what it says before the request is queued (a 400, a 503, a 500), and
+remembers the specs that compiled (CompiledSpecs)."""
 
 from __future__ import annotations
 
+import hashlib
+from collections import OrderedDict
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Literal
 
 from minivllm.structured_output.compiler import CompilerBusy
+from minivllm.structured_output.params import StructuredOutputSpec
+
+# Specs a frontend remembers as compiled by its engine (16 bytes each).
+KNOWN_SPECS = 4096
 
 # How long a frontend waits for a check: the compiler's own time limit (30 s) answers
 # first, unless the grammar backend's first build (a second or more) comes before it.
@@ -68,3 +75,36 @@ def wait_for_check(outcome: Future[CheckOutcome], kind: str) -> None:
     except FutureTimeout:  # the builtin TimeoutError from Python 3.11 on
         raise check_timed_out(kind) from None
     result.raise_error()
+
+
+class CompiledSpecs:
+    """The specs an engine has compiled, the `capacity` most recently checked, kept as
+    digests (a spec may be 256 KiB): a frontend queues their requests without asking the
+    engine again. Should the engine's cache have dropped one, the request compiles it again
+    there (it compiled once; only a compile past the time limit would fail it, at its first
+    step). Not thread-safe: one event loop uses it."""
+
+    def __init__(self, capacity: int = KNOWN_SPECS) -> None:
+        self._capacity = capacity
+        self._digests: OrderedDict[bytes, None] = OrderedDict()
+
+    def __contains__(self, spec: StructuredOutputSpec) -> bool:
+        digest = _digest(spec)
+        if digest in self._digests:
+            self._digests.move_to_end(digest)
+            return True
+        return False
+
+    def add(self, spec: StructuredOutputSpec) -> None:
+        digest = _digest(spec)
+        self._digests[digest] = None
+        self._digests.move_to_end(digest)
+        if len(self._digests) > self._capacity:
+            self._digests.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._digests)
+
+
+def _digest(spec: StructuredOutputSpec) -> bytes:
+    return hashlib.blake2b(f"{spec.kind}\0{spec.text}".encode(), digest_size=16).digest()

@@ -1,19 +1,19 @@
 """A constrained request's spec compiles once, in the engine that runs it: a frontend asks
 the engine core to check it (over the core process's socket), and the request's own compile
-there is a cache hit."""
+there is a cache hit; the frontend remembers the specs that compiled."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 import pytest
 
 from minivllm.config import EngineConfig
-from minivllm.engine.client.core_client import EngineCoreClient, EngineCoreError
+from minivllm.engine.client.core_client import EngineCoreError
 from minivllm.engine.client.core_process import CORE_FACTORY_ENV
-from minivllm.engine.client.protocol import MessageKind
-from minivllm.models.model_config import ModelConfig
-from minivllm.structured_output.check import CheckOutcome
+from minivllm.entrypoints.async_llm import AsyncLLM, EngineDeadError
+from minivllm.structured_output.check import CheckOutcome, CompiledSpecs
 from minivllm.structured_output.compiler import CompilerBusy
 from minivllm.structured_output.manager import StructuredOutputManager
 from minivllm.structured_output.params import StructuredOutputsParams
@@ -44,21 +44,49 @@ def test_outcomes_raise_what_the_frontend_maps_to_an_http_status() -> None:
     CheckOutcome().raise_error()  # compiled: nothing to raise
 
 
-def test_the_core_process_answers_checks_over_its_socket(tiny_qwen3_dir: str) -> None:
-    env = dict(os.environ)
-    env[CORE_FACTORY_ENV] = "grammar_check_core:CheckingCore"
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (HERE, env.get("PYTHONPATH")) if p)
-    messages: list[tuple] = []
-    config = EngineConfig(tiny_qwen3_dir, device="cpu")
-    client = EngineCoreClient(config, ModelConfig.from_hf(tiny_qwen3_dir), messages.append, env)
+def test_the_core_process_answers_the_servers_checks(tiny_qwen3_dir: str, monkeypatch) -> None:
+    """AsyncLLM (the server's engine) asks its core process over the socket; a spec the core
+    compiled passes at once the next time; a bad one is a ValueError naming the problem; once
+    the core is gone, a check says the engine is dead."""
+    monkeypatch.setenv(CORE_FACTORY_ENV, "grammar_check_core:CheckingCore")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]))
+    engine = AsyncLLM(EngineConfig(tiny_qwen3_dir, device="cpu"))
+    client = engine._client
+    asked: list[tuple] = []
+    ask_core = client.check_grammar
+
+    def counted(*args):
+        asked.append(args)
+        return ask_core(*args)
+
+    monkeypatch.setattr(client, "check_grammar", counted)
+
+    async def checks() -> None:
+        await engine.check_grammar(GOOD, refuse_when_busy=True)
+        await engine.check_grammar(GOOD, refuse_when_busy=True)  # known: no round trip
+        with pytest.raises(ValueError, match="Invalid type: nope"):
+            await engine.check_grammar(BAD)
+        with pytest.raises(ValueError, match="Invalid type: nope"):
+            await engine.check_grammar(BAD)  # a failed spec is asked again (cached there)
+
     try:
-        good = client.check_grammar(GOOD.spec_key(), refuse_when_busy=True)
-        bad = client.check_grammar(BAD.spec_key())
-        assert good.result(60) == CheckOutcome()
-        assert bad.result(60).error == "invalid" and "nope" in bad.result().message
-        # Answers settle their futures; on_message sees none of them.
-        assert all(msg[0] is MessageKind.OUTPUTS for msg in messages)
+        asyncio.run(checks())
+        assert asked == [(GOOD.spec_key(), True), (BAD.spec_key(), False), (BAD.spec_key(), False)]
+        client.shutdown()  # the core goes away
+        with pytest.raises(EngineCoreError, match="the engine core is gone"):
+            client.check_grammar(BAD.spec_key()).result(5)
+        with pytest.raises(EngineDeadError, match="the engine core is gone"):
+            asyncio.run(engine.check_grammar(BAD))
     finally:
-        client.shutdown()
-    with pytest.raises(EngineCoreError, match="the engine core is gone"):
-        client.check_grammar(GOOD.spec_key()).result(5)
+        engine.shutdown()
+
+
+def test_compiled_specs_keep_the_most_recently_checked() -> None:
+    specs = CompiledSpecs(capacity=2)
+    a, b, c = (StructuredOutputsParams(regex=r).spec_key() for r in ("a", "b", "c"))
+    specs.add(a)
+    specs.add(b)
+    assert a in specs  # a is now the most recent: b goes first
+    specs.add(c)
+    assert a in specs and c in specs and b not in specs and len(specs) == 2
+    assert StructuredOutputsParams(choice=["a"]).spec_key() not in specs  # kind counts
