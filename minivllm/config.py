@@ -101,9 +101,9 @@ class EngineConfig:
     # 1 sends every token as it comes; more cuts the server's work per token (fewer chunks,
     # wake-ups and socket writes) at high concurrency, at the cost of burstier streams.
     stream_interval: int = 1
-    # The grammar compile cache's bound, in bytes, per process (the server's two processes
-    # each keep one): compiled structured-output grammars past it are evicted, least recently
-    # used first; 0 keeps none (every constrained request compiles its grammar again).
+    # The grammar compile cache's bound, in bytes, per engine core (which compiles every spec,
+    # a frontend's checks included): compiled structured-output grammars past it are evicted,
+    # least recently used first; 0 keeps none (every constrained request compiles again).
     grammar_cache_bytes: int = 512 << 20
     # Which defaults the auto limits take (vLLM's usage context); `minivllm serve` sets "server".
     usage_context: Literal["offline", "server"] = "offline"

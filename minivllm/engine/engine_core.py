@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+from concurrent.futures import Future
 
 from minivllm.config import EngineConfig
 from minivllm.cpu_threads import set_torch_threads
@@ -28,7 +29,9 @@ from minivllm.engine.types import EngineOutput, EngineRequest, SchedulerOutput
 from minivllm.engine.warm_up import warm_up
 from minivllm.kernels.late_compiles import engine_starting, log_late_compiles
 from minivllm.models.model_config import ModelConfig
+from minivllm.structured_output.check import CheckOutcome
 from minivllm.structured_output.manager import StructuredOutputManager
+from minivllm.structured_output.params import StructuredOutputSpec
 
 logger = logging.getLogger(__name__)
 
@@ -179,6 +182,13 @@ class EngineCore:
 
     def abort_requests(self, req_ids: list[str]) -> None:
         self.scheduler.abort_requests(req_ids)
+
+    def check_grammar(
+        self, spec: StructuredOutputSpec, refuse_when_busy: bool = False
+    ) -> Future[CheckOutcome]:
+        """A frontend's check of a constrained request's spec before it adds the request: the
+        spec compiles here, once (the request's compile is then a cache hit)."""
+        return self.structured_outputs.check(spec, refuse_when_busy)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()

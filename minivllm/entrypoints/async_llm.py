@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from minivllm.config import EngineConfig
-from minivllm.engine.client.core_client import EngineCoreClient
+from minivllm.engine.client.core_client import EngineCoreClient, EngineCoreError
 from minivllm.engine.client.dp_core_client import DPCoreClient
 from minivllm.engine.client.protocol import EngineClient, MessageKind
 from minivllm.engine.request_checks import check_cache_salt, check_priority, check_request
@@ -26,6 +26,8 @@ from minivllm.entrypoints.output_processor import OutputProcessor
 from minivllm.models.model_config import ModelConfig
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
+from minivllm.structured_output.check import CHECK_TIMEOUT_S, CompiledSpecs, check_timed_out
+from minivllm.structured_output.params import StructuredOutputsParams
 from minivllm.tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -109,6 +111,7 @@ class AsyncLLM:
         self._last_progress = time.monotonic()
         self._mailboxes: dict[str, _Mailbox] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._compiled_specs = CompiledSpecs()  # checked by the core: no round trip again
         # One core process, or data_parallel_size replicas behind the same interface.
         client_class = EngineCoreClient if config.data_parallel_size == 1 else DPCoreClient
         self._client: EngineClient = client_class(config, model_config, self._on_message_threadsafe)
@@ -152,6 +155,29 @@ class AsyncLLM:
         """The engine's checks (engine/request_checks.py), made here and only here: the core
         takes what passes as it is, and a bad request is a 400 before anything is sent."""
         check_request(prompt_token_ids, params, self.info, self.config.max_logprobs)
+
+    async def check_grammar(
+        self, constraint: StructuredOutputsParams, refuse_when_busy: bool = False
+    ) -> None:
+        """Compiles a constraint in the engine core (its request's compile there is then a
+        cache hit), without blocking the loop: ValueError for a spec that cannot be honoured
+        (or not within the time limit), CompilerBusy while no compile worker is free (with
+        refuse_when_busy), EngineDeadError where the core is gone, RuntimeError where the
+        grammar engine cannot run. A spec the core has compiled before passes at once."""
+        if self.dead_reason is not None:
+            raise EngineDeadError(self.dead_reason)
+        spec = constraint.spec_key()
+        if spec in self._compiled_specs:
+            return
+        check = self._client.check_grammar(spec, refuse_when_busy)
+        try:
+            outcome = await asyncio.wait_for(asyncio.wrap_future(check), CHECK_TIMEOUT_S)
+        except asyncio.TimeoutError:  # the builtin TimeoutError from Python 3.11 on
+            raise check_timed_out(constraint.kind) from None
+        except EngineCoreError as e:
+            raise EngineDeadError(str(e)) from None
+        outcome.raise_error()
+        self._compiled_specs.add(spec)
 
     def add_request(
         self,

@@ -59,8 +59,8 @@ FLAG_HELP: dict[str, str] = {
     "disable_custom_all_reduce": "tensor parallelism, on: NCCL for every all-reduce; off "
     "(--no-disable-custom-all-reduce): the symmetric-memory all-reduce kernel where it applies",
     "stream_interval": "the server streams a request's tokens once this many have come",
-    "grammar_cache_bytes": "bytes of compiled structured-output grammars kept per process "
-    "(least recently used evicted first); 0: none kept",
+    "grammar_cache_bytes": "bytes of compiled structured-output grammars kept by each engine "
+    "core (least recently used evicted first); 0: none kept",
     "nnodes": "machines the tensor-parallel ranks span (docs/serving.md, across nodes)",
     "node_rank": "this machine's index among the nnodes (0: the one that runs the engine)",
     "master_addr": "node 0's address, where every node meets (the rendezvous store)",

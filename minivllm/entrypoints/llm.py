@@ -28,7 +28,7 @@ from minivllm.models.model_config import ModelConfig
 from minivllm.outputs import RequestOutput
 from minivllm.pooling.outputs import EmbeddingRequestOutput, ScoringRequestOutput
 from minivllm.sampling_params import SamplingParams
-from minivllm.structured_output.manager import check_structured_outputs
+from minivllm.structured_output.check import wait_for_check
 from minivllm.tokenizer import load_tokenizer
 
 PromptType = str | list[int] | dict[str, Any]
@@ -70,14 +70,10 @@ class LLM:
     def validate_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raises ValueError for a request the engine could never serve (request_checks, a
         structured output spec that does not compile); the engine takes what passes as it is."""
-        info = self.engine.info
-        check_request(prompt_token_ids, params, info, self.config.max_logprobs)
-        check_structured_outputs(
-            params.structured_outputs,
-            self.config.resolved_tokenizer(),
-            info.vocab_size,
-            cache_bytes=self.config.grammar_cache_bytes,
-        )
+        check_request(prompt_token_ids, params, self.engine.info, self.config.max_logprobs)
+        constraint = params.structured_outputs
+        if constraint is not None:  # compiled by the engine, which then finds it cached
+            wait_for_check(self.engine.check_grammar(constraint.spec_key()), constraint.kind)
 
     def generate(
         self,

@@ -1,6 +1,6 @@
 """The engine's side of structured outputs: one grammar backend and compiler per process and
-tokenizer (shared by a frontend's validation and an in-process core), the per-request
-matchers it hands the scheduler, and the step's bitmask that the scheduler fills."""
+tokenizer, a frontend's check of a spec (compiled here, where its requests will run), the
+per-request matchers it hands the scheduler, and the step's bitmask that the scheduler fills."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import functools
 import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, wait
-from concurrent.futures import TimeoutError as FutureTimeout
 from itertools import repeat
 
 import numpy as np
@@ -24,23 +23,16 @@ from minivllm.structured_output.bitmask import (
     drop_eos,
     unforced_rows,
 )
-from minivllm.structured_output.compiler import (
-    DEFAULT_CACHE_BYTES,
-    GrammarCompiler,
-    compile_result,
-)
+from minivllm.structured_output.check import CheckOutcome
+from minivllm.structured_output.compiler import DEFAULT_CACHE_BYTES, CompilerBusy, GrammarCompiler
 from minivllm.structured_output.llguidance_backend import LLGuidanceBackend
 from minivllm.structured_output.params import StructuredOutputsParams, StructuredOutputSpec
 from minivllm.structured_output.request_state import StructuredOutputRequest, matcher_rows
 from minivllm.tokenizer import load_tokenizer
 
-# A frontend's check waits this long for a compile; the engine's own limit is the compiler's.
-VALIDATE_TIMEOUT_S = 30.0
-
-
 # Held while shared_compiler looks up or builds. lru_cache alone lets every thread that
-# misses build its own: a server's first constrained requests arrive together, each checked
-# on a thread of its own, and their builds (mostly holding the GIL) took turns.
+# misses build its own: callers that ask together (a background build, offline requests
+# checked from threads of their own) would each build, taking turns on the GIL.
 _building = threading.Lock()
 
 
@@ -79,31 +71,6 @@ def build_in_background(
         daemon=True,
     ).start()
     return future
-
-
-def check_structured_outputs(
-    params: StructuredOutputsParams | None,
-    tokenizer: str,
-    vocab_size: int,
-    refuse_when_busy: bool = False,
-    cache_bytes: int = DEFAULT_CACHE_BYTES,
-) -> None:
-    """A frontend's check, before queueing: ValueError naming the problem for a spec that
-    does not compile (or not within VALIDATE_TIMEOUT_S). The compile is cached, so the
-    engine's own compile of it is a cache hit in this process. tokenizer:
-    `config.resolved_tokenizer()`. refuse_when_busy: CompilerBusy at once for an uncached
-    spec while every compile worker is busy (a server: 503, not a wait behind others)."""
-    if params is None:
-        return
-    compiler = shared_compiler(tokenizer, vocab_size, cache_bytes)
-    future = compiler.submit(params.spec_key(), refuse_when_busy)
-    try:
-        compile_result(future, VALIDATE_TIMEOUT_S)
-    except FutureTimeout:  # the builtin TimeoutError from Python 3.11 on
-        raise ValueError(
-            f"compiling the structured output {params.kind} took longer than "
-            f"{VALIDATE_TIMEOUT_S:g} s"
-        ) from None
 
 
 class StructuredOutputManager:
@@ -161,10 +128,38 @@ class StructuredOutputManager:
             wait([grammar])
         return StructuredOutputRequest(spec, grammar, _LazyBackend(self), ignore_eos)
 
+    def check(
+        self, spec: StructuredOutputSpec, refuse_when_busy: bool = False
+    ) -> Future[CheckOutcome]:
+        """A frontend's check, before it queues a request of spec: the outcome of spec's
+        compile here (cached: the request's own compile is a hit). refuse_when_busy: a
+        "busy" outcome at once, rather than a queued compile, while no worker is free."""
+        outcome: Future[CheckOutcome] = Future()
+
+        def on_built(built: Future[GrammarCompiler]) -> None:
+            if built.exception() is not None:  # e.g. an llguidance too old: not the spec's fault
+                outcome.set_result(CheckOutcome("unavailable", str(built.exception())))
+                return
+            try:
+                compiled = built.result().submit(spec, refuse_when_busy)
+            except CompilerBusy as e:
+                outcome.set_result(CheckOutcome.of_error(e))
+                return
+            compiled.add_done_callback(
+                lambda done: outcome.set_result(CheckOutcome.of_compile(done))
+            )
+
+        self._compiler_future().add_done_callback(on_built)
+        return outcome
+
     def _compiler_future(self) -> Future[GrammarCompiler]:
-        if self._compiler is None:
-            self._compiler = build_in_background(self.tokenizer, self.vocab_size, self.cache_bytes)
-        return self._compiler
+        """The compiler's build; one that failed is started again (shared_compiler keeps no
+        failed build), so that a later request gets the error as it stands then."""
+        building = self._compiler
+        if building is None or (building.done() and building.exception() is not None):
+            building = build_in_background(self.tokenizer, self.vocab_size, self.cache_bytes)
+            self._compiler = building
+        return building
 
     def _submit(self, spec: StructuredOutputSpec) -> Future[CompiledGrammar]:
         building = self._compiler_future()

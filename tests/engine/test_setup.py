@@ -73,6 +73,6 @@ def test_derive_keeps_a_seed_of_minus_one() -> None:
 
 @pytest.mark.parametrize("cls", [EngineCore, DPEngine, EngineCoreClient, DPCoreClient])
 def test_engines_implement_engine_client(cls: type) -> None:
-    for name in ("add_requests", "abort_requests", "shutdown"):
+    for name in ("add_requests", "abort_requests", "check_grammar", "shutdown"):
         want = list(inspect.signature(getattr(EngineClient, name)).parameters)
         assert list(inspect.signature(getattr(cls, name)).parameters)[: len(want)] == want

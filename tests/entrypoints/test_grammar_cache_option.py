@@ -1,5 +1,5 @@
-"""--grammar-cache-bytes (EngineConfig.grammar_cache_bytes): the flag reaches the compile cache
-of the engine and of the frontend that checks requests, the bound acts there, and a bad value
+"""--grammar-cache-bytes (EngineConfig.grammar_cache_bytes): the flag reaches the engine's
+compile cache (which also compiles the frontend's checks), the bound acts there, and a bad value
 is an error naming the flag before any model loads."""
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ def _cache_info_after_a_constrained_request(model_dir: str, *argv: str):
         (out,) = llm.generate(["hello there"], params, use_tqdm=False)
         assert re.fullmatch(REGEX, out.outputs[0].text) or out.outputs[0].finish_reason == "length"
         bound = llm.config.grammar_cache_bytes
-        # The process's compiler for this tokenizer, vocabulary and bound: the one both the
-        # frontend's check and the engine's manager used.
+        # The process's compiler for this tokenizer, vocabulary and bound: the engine's, which
+        # compiled both the frontend's check and the request.
         compiler = shared_compiler(
             llm.config.resolved_tokenizer(), llm.engine.info.vocab_size, bound
         )

@@ -1,6 +1,6 @@
 """shared_compiler builds a tokenizer's grammar backend once per process, also when many
-threads ask at once (a server's first constrained requests each check their spec on a
-thread of their own): the others wait for that build instead of making their own."""
+threads ask at once (an engine's background build, and offline callers that check specs from
+threads of their own): the others wait for that build instead of making their own."""
 
 from __future__ import annotations
 
@@ -53,19 +53,25 @@ def test_a_background_build_returns_at_once_and_the_first_request_reuses_it(monk
     assert time.perf_counter() - start < 0.1 and len(builds) == 1  # built, not again
 
 
-def test_a_failed_background_build_is_reported_by_the_first_request(monkeypatch) -> None:
-    """A failed background build is not kept: the first constrained request builds again and
-    gets the error, naming the problem, as without it."""
+def test_a_failed_build_is_reported_by_a_check_and_built_again_by_the_next(monkeypatch) -> None:
+    """A failed background build is not kept: a check reports its error, naming the problem,
+    as a fault of the engine (not of the spec), and the next check builds again."""
     from minivllm.structured_output.params import StructuredOutputsParams
 
+    attempts: list[str] = []
+
     def broken(path):
+        attempts.append(path)
         raise OSError(f"no tokenizer at {path}")
 
     monkeypatch.setattr(manager, "load_tokenizer", broken)
-    key = ("/nonexistent/tokenizer-that-fails", 34567)
-    manager.build_in_background(*key).exception(5)
-    with pytest.raises(OSError, match="no tokenizer at /nonexistent/tokenizer-that-fails"):
-        manager.check_structured_outputs(StructuredOutputsParams(regex="a+"), *key)
+    engine_manager = manager.StructuredOutputManager("/nonexistent/tokenizer-that-fails", 34567, 4)
+    spec = StructuredOutputsParams(regex="a+").spec_key()
+    for expected_attempts in (1, 2):
+        outcome = engine_manager.check(spec).result(5)
+        assert outcome.error == "unavailable"
+        assert "no tokenizer at /nonexistent/tokenizer-that-fails" in outcome.message
+        assert len(attempts) == expected_attempts
 
 
 @pytest.mark.parametrize("usage_context", ["offline", "server"])
@@ -93,9 +99,9 @@ def test_a_server_core_starts_its_backend_build_once_started(
         core.shutdown()
 
 
-def test_the_servers_frontend_starts_its_backend_build_at_startup(monkeypatch) -> None:
-    """The frontend checks constrained requests in its own process: its lifespan starts the
-    build of that process's backend, over the tokenizer and vocabulary the core uses."""
+def test_the_servers_frontend_builds_no_grammar_backend(monkeypatch) -> None:
+    """The engine core compiles every spec, the frontend's checks included: the frontend's
+    process builds no backend (no tokenizer trie, no compile cache) at startup."""
     from types import SimpleNamespace
 
     from starlette.testclient import TestClient
@@ -104,8 +110,9 @@ def test_the_servers_frontend_starts_its_backend_build_at_startup(monkeypatch) -
     from minivllm.entrypoints.server.metrics import ServerMetrics
     from minivllm.entrypoints.server.serving_common import ServerState
 
-    builds: list[tuple[str, int, int]] = []
-    monkeypatch.setattr(server, "build_in_background", lambda *key: builds.append(key))
+    builds: list[tuple] = []
+    monkeypatch.setattr(manager, "build_in_background", lambda *key: builds.append(key))
+    monkeypatch.setattr(manager, "shared_compiler", lambda *key: builds.append(key))
     # The lifespan freezes the heap for a server's life: not this test process's.
     monkeypatch.setattr(server.gc, "freeze", lambda: None)
     engine = SimpleNamespace(
@@ -115,6 +122,5 @@ def test_the_servers_frontend_starts_its_backend_build_at_startup(monkeypatch) -
         info=SimpleNamespace(vocab_size=1234),
     )
     app = server.build_app(ServerState(engine, ["m"]), ServerMetrics("m-prebuild"))
-    assert builds == []
     with TestClient(app):  # runs the lifespan
-        assert builds == [("/models/m", 1234, 4096)]  # with the --grammar-cache-bytes bound
+        assert builds == []

@@ -9,6 +9,7 @@ listed in core_process.py.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import queue
 import socket
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future, InvalidStateError
 from multiprocessing.connection import Connection
 
 from minivllm.config import EngineConfig
@@ -23,6 +25,8 @@ from minivllm.engine.client.protocol import MessageKind
 from minivllm.engine.stats import CoreInfo
 from minivllm.engine.types import EngineOutput, EngineRequest
 from minivllm.models.model_config import ModelConfig
+from minivllm.structured_output.check import CheckOutcome
+from minivllm.structured_output.params import StructuredOutputSpec
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +44,8 @@ class EngineCoreError(RuntimeError):
 class EngineCoreClient:
     """Owns the core process; an EngineClient (engine/client/protocol.py). add/abort never
     block (a writer thread sends them, batched); a reader thread hands every message from the
-    core to on_message, and a final (DEAD, reason) when the core goes away unasked."""
+    core to on_message, and a final (DEAD, reason) when the core goes away unasked; a grammar
+    check's answer settles the future check_grammar returned instead."""
 
     def __init__(
         self,
@@ -63,6 +68,10 @@ class EngineCoreClient:
         child_sock.close()  # the child's end lives only in the child: its death is our EOF
         self._conn = Connection(parent_sock.detach())
         self._closing = False
+        self._checks: dict[int, Future[CheckOutcome]] = {}  # open grammar checks, by id
+        self._check_ids = itertools.count()
+        self._checks_lock = threading.Lock()  # _checks: callers vs the reader thread
+        self._gone: str | None = None  # why no check can be answered any more
         try:
             self._conn.send((MessageKind.CONFIG, config, model_config))
             self.info = self._wait_ready()
@@ -82,6 +91,19 @@ class EngineCoreClient:
     def abort_requests(self, req_ids: list[str]) -> None:
         if req_ids:
             self._outbox.put((MessageKind.ABORT, list(req_ids)))
+
+    def check_grammar(
+        self, spec: StructuredOutputSpec, refuse_when_busy: bool = False
+    ) -> Future[CheckOutcome]:
+        future: Future[CheckOutcome] = Future()
+        with self._checks_lock:
+            if self._gone is not None:
+                future.set_exception(EngineCoreError(self._gone))
+                return future
+            check_id = next(self._check_ids)
+            self._checks[check_id] = future
+        self._outbox.put((MessageKind.CHECK_GRAMMAR, check_id, spec, refuse_when_busy))
+        return future
 
     @property
     def is_alive(self) -> bool:
@@ -145,10 +167,14 @@ class EngineCoreClient:
                 msg = self._conn.recv()
             except (EOFError, OSError):
                 break
+            if msg[0] is MessageKind.GRAMMAR_CHECKED:
+                self._answer_check(msg[1], msg[2])
+                continue
             if msg[0] is MessageKind.OUTPUTS:
                 msg = (MessageKind.OUTPUTS, [EngineOutput(*fields) for fields in msg[1]], msg[2])
             self._on_message(msg)
             dead = msg[0] is MessageKind.DEAD
+        self._fail_checks("the engine core is gone")
         # Reap the core (it exits right after a DEAD message): no zombie is left behind.
         try:
             code = self.process.wait(_EXIT_WAIT_S)
@@ -157,6 +183,25 @@ class EngineCoreClient:
             code = self.process.returncode
         if not dead and not self._closing:
             self._on_message((MessageKind.DEAD, f"the engine core process exited (code {code})"))
+
+    def _answer_check(self, check_id: int, outcome: CheckOutcome) -> None:
+        with self._checks_lock:
+            future = self._checks.pop(check_id, None)
+        if future is not None:
+            try:
+                future.set_result(outcome)
+            except InvalidStateError:  # the asker gave up (cancelled) meanwhile
+                pass
+
+    def _fail_checks(self, reason: str) -> None:
+        with self._checks_lock:
+            self._gone = reason
+            open_checks, self._checks = list(self._checks.values()), {}
+        for future in open_checks:
+            try:
+                future.set_exception(EngineCoreError(reason))
+            except InvalidStateError:
+                pass
 
     def _kill(self) -> None:
         if self.process.poll() is None:

@@ -5,10 +5,13 @@ Started by core_client.EngineCoreClient as `python -m minivllm.engine.client.cor
 start with a MessageKind (engine/client/protocol.py):
 
   in:  (CONFIG, EngineConfig, ModelConfig) once, then (ADD, [EngineRequest]),
-       (ABORT, [req_id]), (SHUTDOWN,)
+       (ABORT, [req_id]), (CHECK_GRAMMAR, check_id, StructuredOutputSpec, refuse_when_busy),
+       (SHUTDOWN,)
   out: (READY, CoreInfo) | (FAILED, is_user_error, message) once, then one
        (OUTPUTS, [EngineOutput fields as a tuple], EngineStats) per step,
-       (REJECTED, req_id, message) for a request the scheduler refuses (an id in use), and
+       (REJECTED, req_id, message) for a request the scheduler refuses (an id in use),
+       (GRAMMAR_CHECKED, check_id, CheckOutcome) once each check's compile has ended (sent
+       from the compile's thread: sends are serialized by a lock), and
        (DEAD, message) before exiting on a failed step
 
 Requests come validated by the frontend (request_checks.check_request): none is checked here.
@@ -23,7 +26,9 @@ import logging
 import os
 import signal
 import sys
+import threading
 import traceback
+from concurrent.futures import Future
 from multiprocessing.connection import Connection
 
 from minivllm.config import EngineConfig
@@ -54,7 +59,33 @@ class _Shutdown(Exception):
     pass
 
 
-def _handle(core: EngineCore, conn: Connection, msg: tuple) -> None:
+class _Channel:
+    """The socket to the frontend, its sends serialized: the step loop sends outputs while a
+    compile's thread sends a grammar check's answer."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self._send_lock = threading.Lock()
+
+    def send(self, msg: tuple) -> None:
+        with self._send_lock:
+            self._conn.send(msg)
+
+    def recv(self) -> tuple:
+        return self._conn.recv()
+
+    def poll(self, timeout: float | None) -> bool:
+        return self._conn.poll(timeout)
+
+
+def _answer_check(conn: _Channel, check_id: int, outcome: Future) -> None:
+    try:
+        conn.send((MessageKind.GRAMMAR_CHECKED, check_id, outcome.result()))
+    except OSError:
+        pass  # the frontend is gone: the loop sees the end of file
+
+
+def _handle(core: EngineCore, conn: _Channel, msg: tuple) -> None:
     kind = msg[0]
     if kind is MessageKind.ADD:
         for request in msg[1]:
@@ -64,13 +95,17 @@ def _handle(core: EngineCore, conn: Connection, msg: tuple) -> None:
                 conn.send((MessageKind.REJECTED, request.req_id, str(e)))
     elif kind is MessageKind.ABORT:
         core.abort_requests(msg[1])
+    elif kind is MessageKind.CHECK_GRAMMAR:
+        _, check_id, spec, refuse_when_busy = msg
+        outcome = core.check_grammar(spec, refuse_when_busy)
+        outcome.add_done_callback(lambda done: _answer_check(conn, check_id, done))
     elif kind is MessageKind.SHUTDOWN:
         raise _Shutdown
     else:
         raise RuntimeError(f"unknown message {kind!r}")
 
 
-def run_loop(core: EngineCore, conn: Connection) -> None:
+def run_loop(core: EngineCore, conn: _Channel) -> None:
     """Drains adds and aborts, steps while there is work, sends one message per step."""
     fault_at = int(os.environ.get(FAULT_ENV, "0"))
     num_steps = 0
@@ -93,7 +128,8 @@ def run_loop(core: EngineCore, conn: Connection) -> None:
             conn.send((MessageKind.OUTPUTS, [], core.stats()))  # aborts changed the gauges
 
 
-def serve(conn: Connection) -> int:
+def serve(connection: Connection) -> int:
+    conn = _Channel(connection)
     kind, *payload = conn.recv()
     if kind is not MessageKind.CONFIG:
         raise RuntimeError(f"expected the config first, got {kind!r}")

@@ -8,7 +8,7 @@ import os
 import threading
 import weakref
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import fields, replace
 
 from minivllm.config import EngineConfig
@@ -18,6 +18,8 @@ from minivllm.engine.client.protocol import MessageKind
 from minivllm.engine.stats import EngineStats
 from minivllm.engine.types import EngineRequest
 from minivllm.models.model_config import ModelConfig
+from minivllm.structured_output.check import CheckOutcome
+from minivllm.structured_output.params import StructuredOutputSpec
 
 
 def replica_env(config: EngineConfig, index: int) -> dict[str, str]:
@@ -101,6 +103,15 @@ class DPCoreClient:
             by_replica = self.balancer.split_by_replica(req_ids)
         for index, ids in by_replica.items():
             self.replicas[index].abort_requests(ids)
+
+    def check_grammar(
+        self, spec: StructuredOutputSpec, refuse_when_busy: bool = False
+    ) -> Future[CheckOutcome]:
+        """Checked by the replica that would take a request now (the least loaded); the
+        request may go to another one, which then compiles the spec too."""
+        with self._lock:
+            index = self.balancer.least_loaded()
+        return self.replicas[index].check_grammar(spec, refuse_when_busy)
 
     def shutdown(self) -> None:
         """Stops every replica (side by side); idempotent."""

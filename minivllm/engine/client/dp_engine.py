@@ -9,6 +9,7 @@ this class turns its messages into step() results. `make_engine` picks this or a
 from __future__ import annotations
 
 import queue
+from concurrent.futures import Future
 
 from minivllm.config import EngineConfig
 from minivllm.engine.client.dp_core_client import DPCoreClient, replica_env
@@ -16,6 +17,8 @@ from minivllm.engine.client.protocol import MessageKind
 from minivllm.engine.engine_core import EngineCore
 from minivllm.engine.types import EngineOutput, EngineRequest
 from minivllm.models.model_config import ModelConfig
+from minivllm.structured_output.check import CheckOutcome
+from minivllm.structured_output.params import StructuredOutputSpec
 
 __all__ = ["DPEngine", "make_engine", "replica_env"]
 
@@ -48,6 +51,11 @@ class DPEngine:
     def abort_requests(self, req_ids: list[str]) -> None:
         self._open.difference_update(req_ids)
         self.client.abort_requests(req_ids)
+
+    def check_grammar(
+        self, spec: StructuredOutputSpec, refuse_when_busy: bool = False
+    ) -> Future[CheckOutcome]:
+        return self.client.check_grammar(spec, refuse_when_busy)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._open)

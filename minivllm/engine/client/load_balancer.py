@@ -24,12 +24,16 @@ class LoadBalancer:
         """Picks the least loaded replica (the lowest index on ties) and charges it."""
         max_tokens = max_tokens if max_tokens is not None else self.max_model_len
         cost = min(num_prompt_tokens + max_tokens, self.max_model_len)
-        index = min(range(len(self.load)), key=lambda i: (self.load[i], i))
+        index = self.least_loaded()
         self.replica_of[req_id] = index
         self._outstanding[req_id] = cost
         self.load[index] += cost
         self.num_assigned[index] += 1
         return index
+
+    def least_loaded(self) -> int:
+        """The replica with the fewest outstanding tokens (the lowest index on ties)."""
+        return min(range(len(self.load)), key=lambda i: (self.load[i], i))
 
     def forget(self, req_id: str) -> int | None:
         """Drops a finished, aborted or rejected request; returns its replica (None if

@@ -1,17 +1,17 @@
 """A request's structured-output constraint: from response_format, structured_outputs, the
-guided_* aliases or a forced tool choice to one StructuredOutputsParams, compiled once (cached)
-before the request is queued, so that a spec that cannot be honoured is a 400."""
+guided_* aliases or a forced tool choice to one StructuredOutputsParams, compiled by the engine
+core before the request is queued (once: the request finds it cached there), so that a spec
+that cannot be honoured is a 400."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
-from minivllm.entrypoints.async_llm import AsyncLLM
+from minivllm.entrypoints.async_llm import AsyncLLM, EngineDeadError
 from minivllm.entrypoints.openai.protocol import ChatTool, NamedToolChoice
 from minivllm.entrypoints.server.errors import APIError
+from minivllm.entrypoints.server.serving_common import as_api_error
 from minivllm.structured_output.compiler import CompilerBusy
-from minivllm.structured_output.manager import check_structured_outputs
 from minivllm.structured_output.params import StructuredOutputsParams
 
 _GUIDED = {
@@ -78,28 +78,23 @@ def _from_response_format(fmt: Any) -> dict[str, Any]:
 async def check_constraint(
     engine: AsyncLLM, constraint: tuple[str, StructuredOutputsParams] | None
 ) -> None:
-    """Compiles the constraint (cached by spec) off the event loop; a schema, regex or grammar
-    the grammar engine cannot honour is a 400 naming the problem and the field; a grammar
-    engine that cannot run in this environment, a 500 saying why."""
+    """Has the engine core compile the constraint (cached by spec) while the loop goes on; a
+    schema, regex or grammar the grammar engine cannot honour is a 400 naming the problem and
+    the field; no compile worker free, a 503 with Retry-After; a grammar engine that cannot
+    run in this environment, a 500 saying why."""
     if constraint is None:
         return
     name, params = constraint
-    config = engine.config
     try:
-        await asyncio.to_thread(
-            check_structured_outputs,
-            params,
-            config.resolved_tokenizer(),
-            engine.info.vocab_size,
-            True,
-            cache_bytes=config.grammar_cache_bytes,
-        )
-    except CompilerBusy as e:  # another request's compiles hold every worker
+        await engine.check_grammar(params, refuse_when_busy=True)
+    except EngineDeadError as e:
+        raise as_api_error(e) from None
+    except CompilerBusy as e:  # other requests' compiles hold every worker
         retry = {"Retry-After": str(e.retry_after_s)}
         raise APIError(f"{name}: {e}", status=503, param=name, headers=retry) from None
     except (ValueError, TypeError) as e:
         raise APIError(f"{name}: {e}", param=name) from None
-    except RuntimeError as e:  # the grammar backend cannot be built here (an old llguidance)
+    except RuntimeError as e:  # the grammar backend cannot be built there (an old llguidance)
         raise APIError(f"{name}: {e}", status=500, param=name) from None
 
 

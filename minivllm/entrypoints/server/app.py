@@ -45,7 +45,6 @@ from minivllm.entrypoints.server.errors import APIError, error_json
 from minivllm.entrypoints.server.metrics import ServerMetrics
 from minivllm.entrypoints.server.path_errors import error_for_path
 from minivllm.entrypoints.server.serving_common import ServerState, tokenize_text
-from minivllm.structured_output.manager import build_in_background
 
 logger = logging.getLogger("minivllm.serve")
 VERSION = "0.1.0"
@@ -62,13 +61,6 @@ def build_app(state: ServerState, metrics: ServerMetrics, api_key: str | None = 
         # re-scanning them while every streamed token allocates a few small objects.
         gc.collect()
         gc.freeze()
-        # This process checks constrained requests (constraints.py): its grammar backend is
-        # built now, not by the first of them.
-        engine = state.engine
-        config = engine.config
-        build_in_background(
-            config.resolved_tokenizer(), engine.info.vocab_size, config.grammar_cache_bytes
-        )
         yield
         # After uvicorn's graceful phase: fail whatever is still open, stop the core.
         state.engine.shutdown()

@@ -13,21 +13,17 @@ import pytest
 from minivllm.entrypoints.anthropic.serving import anthropic_error
 from minivllm.entrypoints.openai import constraints
 from minivllm.entrypoints.server.errors import APIError, error_response
+from minivllm.structured_output.check import CheckOutcome
 from minivllm.structured_output.compiler import CompilerBusy
 from minivllm.structured_output.params import StructuredOutputsParams
 
 
-def test_a_busy_compiler_is_a_503_with_retry_after(monkeypatch):
-    def busy(*args, **kwargs):
-        assert args[-1] is True  # the server's check asks to be refused, not queued
-        assert kwargs == {"cache_bytes": 4096}  # --grammar-cache-bytes
-        raise CompilerBusy(2)
+def test_a_busy_compiler_is_a_503_with_retry_after():
+    async def busy(params, refuse_when_busy=False):
+        assert refuse_when_busy  # the server's check asks to be refused, not queued
+        CheckOutcome.of_error(CompilerBusy(2)).raise_error()  # as the core's answer says
 
-    monkeypatch.setattr(constraints, "check_structured_outputs", busy)
-    engine = SimpleNamespace(
-        config=SimpleNamespace(resolved_tokenizer=lambda: "tok", grammar_cache_bytes=4096),
-        info=SimpleNamespace(vocab_size=8),
-    )
+    engine = SimpleNamespace(check_grammar=busy)
     constraint = ("response_format", StructuredOutputsParams(regex="a+"))
     with pytest.raises(APIError) as info:
         asyncio.run(constraints.check_constraint(engine, constraint))

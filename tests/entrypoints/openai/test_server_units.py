@@ -84,17 +84,22 @@ def test_logprob_shapes(tiny_qwen3_dir) -> None:
 
 def test_a_grammar_engine_that_cannot_run_is_a_500_saying_why(monkeypatch) -> None:
     from minivllm.entrypoints.openai import constraints
+    from minivllm.structured_output import manager
     from minivllm.structured_output.llguidance_backend import check_llguidance_version
     from minivllm.structured_output.params import StructuredOutputsParams
 
     def old_llguidance(*args, **kwargs) -> None:
         check_llguidance_version("1.3.0")
 
-    monkeypatch.setattr(constraints, "check_structured_outputs", old_llguidance)
-    engine = SimpleNamespace(
-        config=SimpleNamespace(resolved_tokenizer=lambda: "m", grammar_cache_bytes=1 << 20),
-        info=SimpleNamespace(vocab_size=8),
-    )
+    # The core's check, as its manager answers it where the backend cannot be built.
+    monkeypatch.setattr(manager, "load_tokenizer", lambda path: path)
+    monkeypatch.setattr(manager, "LLGuidanceBackend", old_llguidance)
+    core_manager = manager.StructuredOutputManager("/nonexistent/old-llguidance", 8, 4)
+
+    async def check_grammar(params, refuse_when_busy=False) -> None:
+        core_manager.check(params.spec_key(), refuse_when_busy).result(5).raise_error()
+
+    engine = SimpleNamespace(check_grammar=check_grammar)
     constraint = ("response_format", StructuredOutputsParams(json_object=True))
     with pytest.raises(APIError) as caught:
         asyncio.run(constraints.check_constraint(engine, constraint))
