@@ -187,6 +187,7 @@ class EngineCore:
 
     def run_step(self, scheduler: Scheduler) -> tuple[SchedulerOutput, list[EngineOutput]]:
         """One step of `scheduler` (the engine's, or the warm-up's)."""
+        scheduler.catch_up()  # async: the step in flight first, where the next needs its tokens
         sched_out = scheduler.schedule()
         forward = self.executor.forward(sched_out)  # launched: the device runs it from here
         grammar = scheduler.grammar_output(sched_out)  # meanwhile, the masks on the host

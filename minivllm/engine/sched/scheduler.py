@@ -118,12 +118,15 @@ class Scheduler:
 
     @property
     def can_schedule_ahead(self) -> bool:
-        """Whether async scheduling is safe: no request samples from host-side token history.
-        Speculation keeps it: a request whose drafts are in flight, or asked for in the step
-        in flight, is not scheduled again until update() has applied that step (how many
-        drafts were accepted decides where it goes on, and its next drafts follow that
-        step's tokens); the others are."""
-        return self.num_host_dependent == 0
+        """Whether the next step may be scheduled before the step in flight is applied: no
+        request samples from host-side token history, and the step in flight asked the runner
+        for no drafts (they come with its tokens, and the next step uses them: a drafting
+        request that waited a step for them would take one step in two). A request whose
+        drafts are in flight anyway (a grammar's forced ones) is not scheduled again until
+        update() has applied them (how many were accepted decides where it goes on)."""
+        return self.num_host_dependent == 0 and not (
+            self.speculator is not None and self.speculator.asked
+        )
 
     def get_request(self, req_id: str) -> Request | None:
         return self.requests.get(req_id)
@@ -144,6 +147,12 @@ class Scheduler:
             request.status = RequestStatus.FINISHED_ABORTED
             request.finish_reason = "abort"
             self._finish(request)
+
+    def catch_up(self) -> None:
+        """Applies the step in flight where the next step needs its tokens (async scheduling:
+        AsyncScheduler); here every step is applied before the next, so nothing. Reading a
+        step's tokens runs the runner's proposer, so the engine calls it before schedule(),
+        which launches nothing."""
 
     def schedule(self, now: float | None = None) -> SchedulerOutput:
         now = time.time() if now is None else now
@@ -188,7 +197,7 @@ class Scheduler:
         preempted = False
         running = self.running
         allocate = self.block_manager.allocate_slots
-        drafts, asked = self._proposed_drafts()
+        drafts = self._proposed_drafts()
         self._forced_req_ids = set()
         if self.num_constrained:  # a grammar's forced tokens win over proposed drafts
             forced = forced_drafts(running, self.max_model_len)
@@ -201,14 +210,9 @@ class Scheduler:
             request = running[i]
             num_pending = request.num_pending_tokens
             num_needed = len(request.all_token_ids) + num_pending - request.num_computed_tokens
-            if (
-                num_needed <= 0
-                or (num_pending and self._finishes_with_pending(request))
-                or (num_pending and request.req_id in asked)
-            ):
+            if num_needed <= 0 or (num_pending and self._finishes_with_pending(request)):
                 # Nothing to compute until update() applies its pending token (fewer than
-                # nothing: its drafts are in flight, and their acceptance decides; or the
-                # step in flight brings its next drafts).
+                # nothing: its drafts are in flight, and their acceptance decides).
                 i += 1
                 continue
             # A decode with drafts computes its last token and them (as many as fit).
@@ -229,21 +233,21 @@ class Scheduler:
             i += 1
         return budget, preempted
 
-    def _proposed_drafts(self) -> tuple[dict[str, list[int]], set[str]]:
-        """req_id -> the drafts each running request uses this step (the runner's proposals,
-        as the speculator allows them), and the requests whose next drafts are in flight."""
+    def _proposed_drafts(self) -> dict[str, list[int]]:
+        """req_id -> the drafts each running request uses this step: the runner's proposals
+        after the last step, as the speculator allows them."""
         speculator = self.speculator
         if speculator is None:
-            return {}, set()
+            return {}
         self._speculates = speculator.is_active(len(self.running) + len(self.waiting))
         if not self._speculates:
-            return {}, speculator.asked
+            return {}
         drafts = {}
         for request in self.running:
             draft = speculator.take_drafts(request)
             if draft:
                 drafts[request.req_id] = draft
-        return drafts, speculator.asked
+        return drafts
 
     def _schedule_waiting(
         self,
@@ -364,13 +368,9 @@ class Scheduler:
     def _ask_drafts(self, request: Request, chunk: ScheduledChunk) -> None:
         """Asks the runner for request's next drafts after this chunk (draft_cap), where the
         speculator allows them at this step's batch size."""
-        speculator = self.speculator
-        assert speculator is not None
-        if not self._speculates:
-            return
-        chunk.draft_cap = speculator.draft_cap(request)
-        if chunk.draft_cap:
-            speculator.asked.add(request.req_id)
+        assert self.speculator is not None
+        if self._speculates:
+            chunk.draft_cap = self.speculator.ask(request)
 
     def _finishes_with_pending(self, request: Request) -> bool:
         """Whether the pending token (the caller checked there is one) surely ends the request

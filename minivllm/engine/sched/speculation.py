@@ -10,9 +10,10 @@ a grammar mask each; where its grammar forces the next tokens, those are its dra
 (jump-forward, engine/sched/grammar.py). Drafts never run past max_tokens or max_model_len.
 
 A request whose drafting fails (no match, or none of its drafts accepted) backs off: it tries
-again after 1, 2, 4, ... up to MAX_BACKOFF_TOKENS more tokens, and succeeding resets it. Under
-async scheduling a request whose drafts are in flight, or asked for in the step in flight,
-sits the next step out (the drafts follow that step's tokens); the others run ahead.
+again after 1, 2, 4, ... up to MAX_BACKOFF_TOKENS more tokens, and succeeding resets it. A step
+that asks for no drafts runs ahead under async scheduling; one that asks is applied before the
+next is scheduled (Scheduler.can_schedule_ahead), so text that does not repeat itself decodes
+at the speed it has without speculation.
 """
 
 from __future__ import annotations
@@ -62,10 +63,17 @@ class Speculator:
         due = self._backoff.get(request.req_id)
         return due is None or request.num_output_tokens + request.num_pending_tokens >= due[0]
 
-    def draft_cap(self, request: Request) -> int:
-        """How many drafts the runner proposes for request after the chunk being scheduled
-        (which samples one token; called before it is counted as pending): at most k, fewer
-        where max_tokens or max_model_len leaves less room; 0 while it backs off."""
+    def ask(self, request: Request) -> int:
+        """The draft_cap of request's chunk being scheduled (it samples one token; called
+        before that token counts as pending): how many drafts the runner proposes after it,
+        at most k, fewer where max_tokens or max_model_len leaves less room, 0 while it backs
+        off. A request asked stays in `asked` until receive()."""
+        cap = self._draft_cap(request)
+        if cap:
+            self.asked.add(request.req_id)
+        return cap
+
+    def _draft_cap(self, request: Request) -> int:
         due = self._backoff.get(request.req_id)
         num_output = request.num_output_tokens + request.num_pending_tokens + 1
         if due is not None and num_output < due[0]:

@@ -4,8 +4,11 @@ calls it after a step) and the speculator decides which of them a request uses."
 
 from __future__ import annotations
 
+from minivllm.engine.sched.block_manager import BlockManager
 from minivllm.engine.sched.request import Request
+from minivllm.engine.sched.scheduler import Scheduler
 from minivllm.engine.sched.speculation import MAX_BACKOFF_TOKENS, Speculator
+from minivllm.engine.types import RunnerOutput
 from minivllm.sampling_params import SamplingParams
 from minivllm.spec_decode.config import SpeculativeConfig
 from minivllm.spec_decode.ngram import NgramProposer
@@ -73,3 +76,25 @@ def test_failing_requests_back_off_and_success_resets() -> None:
     assert waits == [1 + w for w in (1, 2, 4, 8, 16, MAX_BACKOFF_TOKENS, MAX_BACKOFF_TOKENS)]
     speculator.observe(request, 3, 1)  # an accepted draft: due at once again
     assert speculator.is_due(request)
+
+
+def test_scheduler_takes_the_runners_drafts_as_data() -> None:
+    """The scheduler asks for drafts after a sampled chunk (draft_cap), takes the runner's
+    answer from RunnerOutput.draft_token_ids, schedules them after the request's last token,
+    and backs off when the runner found none."""
+    speculator = Speculator(CONFIG, max_model_len=64)
+    scheduler = Scheduler(4, 64, 64, BlockManager(16, 4, False), speculator=speculator)
+    request = Request("r", [1, 2, 3, 4, 5], SamplingParams(max_tokens=20), 0.0)
+    scheduler.add_request(request)
+    prefill = scheduler.schedule()
+    assert [c.draft_cap for c in prefill.chunks] == [3]
+    scheduler.update(prefill, RunnerOutput(["r"], [6], draft_token_ids={"r": [7, 8, 9]}))
+    drafted = scheduler.schedule()
+    (chunk,) = drafted.chunks
+    assert chunk.token_ids == [6, 7, 8, 9] and chunk.num_draft_tokens == 3
+    # One draft accepted, then the target's 10; the runner found no drafts after them.
+    after = RunnerOutput(["r"], [10], num_accepted_drafts=[1], draft_token_ids={"r": []})
+    scheduler.update(drafted, after)
+    assert request.output_token_ids == [6, 7, 10] and speculator.stats.num_accepted_tokens == 1
+    (chunk,) = scheduler.schedule().chunks
+    assert chunk.token_ids == [10] and chunk.num_draft_tokens == 0 and chunk.draft_cap == 0
