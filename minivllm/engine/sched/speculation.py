@@ -18,7 +18,7 @@ at the speed it has without speculation.
 
 from __future__ import annotations
 
-from minivllm.engine.sched.request import Request, draft_room
+from minivllm.engine.sched.request import Request, draft_room, token_room
 from minivllm.spec_decode.config import SpeculativeConfig
 from minivllm.spec_decode.metrics import SpecDecodingStats
 
@@ -58,10 +58,11 @@ class Speculator:
         limit = self.disable_by_batch_size
         return limit is None or num_requests <= limit
 
-    def is_due(self, request: Request) -> bool:
-        """Whether request is not backing off, counting its token in flight."""
+    def is_due(self, request: Request, num_more: int = 0) -> bool:
+        """Whether request is not backing off, counting its token in flight and num_more."""
         due = self._backoff.get(request.req_id)
-        return due is None or request.num_output_tokens + request.num_pending_tokens >= due[0]
+        num_output = request.num_output_tokens + request.num_pending_tokens + num_more
+        return due is None or num_output >= due[0]
 
     def ask(self, request: Request) -> int:
         """The draft_cap of request's chunk being scheduled (it samples one token; called
@@ -74,18 +75,16 @@ class Speculator:
         return cap
 
     def _draft_cap(self, request: Request) -> int:
-        due = self._backoff.get(request.req_id)
-        num_output = request.num_output_tokens + request.num_pending_tokens + 1
-        if due is not None and num_output < due[0]:
+        if not self.is_due(request, 1):
             return 0
-        room = min(
+        num_new = request.num_pending_tokens + 1  # the chunk's token counts as output
+        return token_room(
+            request.sampling_params,
+            request.num_tokens + num_new,
+            request.num_output_tokens + num_new,
             self.num_speculative_tokens,
-            self.max_model_len - (request.num_tokens + request.num_pending_tokens + 1) - 1,
+            self.max_model_len,
         )
-        max_tokens = request.sampling_params.max_tokens
-        if max_tokens is not None:
-            room = min(room, max_tokens - num_output - 1)
-        return max(room, 0)
 
     def receive(self, request: Request, drafts: list[int]) -> None:
         """The drafts the runner proposed for request after a step whose tokens update() has
