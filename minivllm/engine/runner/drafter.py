@@ -45,6 +45,14 @@ class Drafter:
         if history is not None:
             history += token_ids
 
+    def append_sampled(self, req_ids: list[str], token_ids: list[int]) -> None:
+        """A plain step's tokens, one per request (append, batched: this runs every step)."""
+        histories = self._histories
+        for req_id, token_id in zip(req_ids, token_ids, strict=True):
+            history = histories.get(req_id)
+            if history is not None:
+                history.append(token_id)
+
     def propose(self, asked: list[tuple[str, int]]) -> dict[str, list[int]]:
         """req_id -> up to cap drafts after its history, for each asked request still live."""
         rows = [(req_id, cap) for req_id, cap in asked if req_id in self._histories]

@@ -98,8 +98,7 @@ class StepHandle:
             out.logprobs = to_runner_logprobs(self.logprobs.tolist(), self.num_logprobs)
         self.add_prompt_results(out)
         if self.drafter is not None:
-            for req_id, token_id in zip(self.req_ids, token_ids, strict=True):
-                self.drafter.append(req_id, (token_id,))
+            self.drafter.append_sampled(self.req_ids, token_ids)
             self.add_drafts(out)
         return out
 
