@@ -42,8 +42,8 @@ PLANS = {
         "parse: needs a real checkpoint and a running server"
     ),
     ("README.md", "minivllm serve &"): "run",
-    ("docs/architecture.md", "sched_out = scheduler.schedule()                # which tokens of "
-     "which requests (plain data)"):
+    ("docs/architecture.md", "scheduler.catch_up()                            # async: the "
+     "step in flight first, where needed"):
         "excerpt minivllm/engine/engine_core.py",
     ("docs/parallelism.md", "from minivllm import LLM, SamplingParams"): f"skip: {GPU} (2-4)",
     ("docs/parallelism.md", "minivllm generate --model /models/Qwen3-8B --tensor-parallel-size 2"

@@ -1,6 +1,6 @@
-"""Host cost of n-gram drafting per step (no model, no GPU): `Speculator.propose` as the
-scheduler calls it for requests whose histories grow by a few tokens a step, the way a
-drafting step runs at batch 1 (synchronous: the GPU waits for it). A history is text that
+"""Host cost of n-gram drafting per step (no model, no GPU): `Drafter.propose` as the runner
+calls it once a step's tokens are read, for requests whose histories grow by a few tokens a
+step, the way a drafting step runs at batch 1 (the next step waits for it). A history is text that
 repeats itself, as the prompts speculation is for do: --prompt-len tokens of 16-token phrases
 drawn from a pool of 32 (ids below 32,000), and each step appends 4 tokens of another phrase.
 
@@ -18,10 +18,11 @@ import json
 import random
 import time
 
-from minivllm.engine.sched.request import Request
-from minivllm.engine.sched.speculation import Speculator
+from minivllm.engine.runner.drafter import Drafter
+from minivllm.engine.types import NewRequestData, SchedulerOutput
 from minivllm.sampling_params import SamplingParams
 from minivllm.spec_decode.config import SpeculativeConfig
+from minivllm.spec_decode.ngram import NgramProposer
 
 
 def main() -> None:
@@ -36,13 +37,9 @@ def main() -> None:
             "num_speculative_tokens": 4,
             "prompt_lookup_max": 4,
             "prompt_lookup_min": 2,
-            "disable_by_batch_size": None,
-            # Synthetic acceptance never backs off: every request drafts every step.
-            "rejection_sample_method": "synthetic",
-            "synthetic_acceptance_length": 3.0,
         }
     )
-    speculator = Speculator(config, max_model_len=1 << 20)
+    drafter = Drafter(NgramProposer.from_config(config))
     rng = random.Random(0)
     params = SamplingParams(max_tokens=1 << 19, ignore_eos=True)
     phrases = [[rng.randrange(32000) for _ in range(16)] for _ in range(32)]
@@ -53,23 +50,23 @@ def main() -> None:
             ids += rng.choice(phrases)
         return ids[:num_tokens]
 
-    requests = [Request(str(i), text(args.prompt_len), params, 0.0) for i in range(args.batch)]
-    for r in requests:
-        r.append_output_token(rng.randrange(32000))
-        r.num_computed_tokens = r.num_tokens - 1  # as after a decode step: drafts are due
+    new = [NewRequestData(str(i), text(args.prompt_len), params) for i in range(args.batch)]
+    drafter.update(SchedulerOutput([], 0, new))
+    # Every request asks for k drafts after every step, as one that drafts and keeps them does.
+    asked = [(r.req_id, config.num_speculative_tokens) for r in new]
+    for r in new:
+        drafter.append(r.req_id, [rng.randrange(32000)])  # its first output token
     gc.collect()
     gc.freeze()  # as the engine does once it is built: collections skip what exists now
     start = time.perf_counter()
-    speculator.propose(requests)
+    drafter.propose(asked)
     first_us = (time.perf_counter() - start) * 1e6
     elapsed, drafted = 0.0, 0
     for _ in range(args.steps):
-        for r in requests:
-            for token in text(4):
-                r.append_output_token(token)
-            r.num_computed_tokens = r.num_tokens - 1
+        for r in new:
+            drafter.append(r.req_id, text(4))
         start = time.perf_counter()
-        drafted += len(speculator.propose(requests))
+        drafted += sum(1 for d in drafter.propose(asked).values() if d)
         elapsed += time.perf_counter() - start
     print(
         json.dumps(

@@ -14,7 +14,6 @@ from concurrent.futures import Future
 
 from minivllm.config import EngineConfig
 from minivllm.cpu_threads import set_torch_threads
-from minivllm.engine.draft_model import DraftModelProposer
 from minivllm.engine.executor.build import build_executor
 from minivllm.engine.executor.torchrun import torchrun_rank
 from minivllm.engine.runner.state_budget import state_budget_for
@@ -38,10 +37,6 @@ logger = logging.getLogger(__name__)
 # The longest an idle step waits for a grammar compile before it returns: new requests and
 # aborts are read between steps.
 IDLE_GRAMMAR_WAIT_S = 0.02
-
-# Requests a draft model's own KV cache holds at max_model_len when disable_by_batch_size is
-# None (more drafting at once get no drafts).
-DRAFT_MODEL_MAX_REQUESTS = 16
 
 
 class EngineCore:
@@ -101,20 +96,6 @@ class EngineCore:
                 config.block_size,
                 self.num_blocks * config.block_size,
             )
-            # The draft model in what the target's KV cache left (engine/draft_model.py).
-            self.draft_proposer = None
-            if spec is not None and spec.method == "draft_model":
-                try:
-                    self.draft_proposer = DraftModelProposer(
-                        config,
-                        setup.max_model_len,
-                        model_config.vocab_size,
-                        spec.num_speculative_tokens,
-                        max_requests=spec.disable_by_batch_size or DRAFT_MODEL_MAX_REQUESTS,
-                    )
-                except Exception:
-                    self.executor.shutdown()  # a bad draft model leaves no workers behind
-                    raise
             # Under TP every rank samples the same ids and fills placeholders from its own copy.
             self.async_scheduling = config.async_scheduling
             if on_cuda:
@@ -162,7 +143,7 @@ class EngineCore:
             speculator=(
                 None
                 if config.speculative_config is None
-                else Speculator(config.speculative_config, setup.max_model_len, self.draft_proposer)
+                else Speculator(config.speculative_config, setup.max_model_len)
             ),
         )
 
@@ -219,6 +200,7 @@ class EngineCore:
 
     def run_step(self, scheduler: Scheduler) -> tuple[SchedulerOutput, list[EngineOutput]]:
         """One step of `scheduler` (the engine's, or the warm-up's)."""
+        scheduler.catch_up()  # async: the step in flight first, where the next needs its tokens
         sched_out = scheduler.schedule()
         forward = self.executor.forward(sched_out)  # launched: the device runs it from here
         grammar = scheduler.grammar_output(sched_out)  # meanwhile, the masks on the host

@@ -61,6 +61,8 @@ class ScheduledChunk:
     num_draft_tokens: the last num_draft_tokens of token_ids are speculative drafts (after
     the request's last known token): the runner samples at each of the chunk's last
     num_draft_tokens + 1 positions and keeps the drafts its own samples confirm.
+    draft_cap: after the step, the runner's proposer drafts up to draft_cap tokens for the
+    request's next step (0: none), returned in RunnerOutput.draft_token_ids.
     """
 
     req_id: str
@@ -71,6 +73,7 @@ class ScheduledChunk:
     sample: bool
     num_draft_tokens: int = 0
     state_slot: int = -1  # hybrid models: the request's recurrent-state slot
+    draft_cap: int = 0
 
     @property
     def context_end(self) -> int:
@@ -146,6 +149,9 @@ class RunnerOutput:
     prompt_logprobs: dict[str, list[LogprobsDict | None]] = field(default_factory=dict)
     # req_id -> the pooled vector (or [score]) of a pooling request whose prompt ended here.
     pooled: dict[str, list[float]] = field(default_factory=dict)
+    # req_id -> the drafts proposed for its next step, after this step's tokens, for each
+    # chunk with a draft_cap ([]: the proposer found none).
+    draft_token_ids: dict[str, list[int]] = field(default_factory=dict)
 
 
 class PendingRunnerOutput(Protocol):

@@ -69,8 +69,8 @@ class DraftTokens:
 class Proposer(Protocol):
     """Drafts tokens for a batch. A proposer may keep per-request state (ngram: an index of
     the history's n-grams; a draft model or an EAGLE head: its own KV cache), released by
-    remove_requests; a draft model's is rewound by the scheduler's rollback like the
-    target's."""
+    remove_requests. The engine's runner calls it after a step's tokens are read
+    (engine/runner/drafter.py)."""
 
     num_speculative_tokens: int
 

@@ -75,3 +75,22 @@ def test_first_constrained_step_compiles_no_mask_kernel(tiny_qwen3_dir: str) -> 
     jsonschema.validate(json.loads(out.text), SCHEMA)
     assert variants() == compiled
     llm.shutdown()
+
+
+def test_penalized_beside_forced_drafts_on_cuda(tiny_qwen3_dir: str) -> None:
+    """Deterministic mode, async scheduling: a penalized request keeps the tokens it gets
+    alone beside a JSON request whose grammar forces drafts (the drafted step counts the
+    penalized row's token on the device before the next step, launched before it is read,
+    samples it)."""
+    llm = LLM(tiny_qwen3_dir, dtype="bfloat16", deterministic=True)
+    penalized = SamplingParams(
+        temperature=0.0, max_tokens=32, ignore_eos=True, repetition_penalty=1.5,
+        frequency_penalty=0.5,
+    )  # fmt: skip
+    alone = llm.generate(["the quick brown fox"], penalized, use_tqdm=False)[0].outputs[0]
+    outs = llm.generate(
+        ["hello", "the quick brown fox"], [_constrained(json=SCHEMA), penalized], use_tqdm=False
+    )
+    llm.shutdown()
+    jsonschema.validate(json.loads(outs[0].outputs[0].text), SCHEMA)
+    assert outs[1].outputs[0].token_ids == alone.token_ids

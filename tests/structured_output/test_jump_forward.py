@@ -106,3 +106,26 @@ def test_async_scheduling_drafts_after_the_token_in_flight(
     assert [r[0] for r in got] == [r[0] for r in ref]
     for _, _, text, finish_reason in got:
         assert finish_reason == "stop" and re.fullmatch(PATTERN, text), text
+
+
+def test_penalized_request_beside_forced_drafts(tiny_qwen3_dir) -> None:
+    """Async scheduling runs ahead of a step with a grammar's forced drafts: a penalized
+    request without drafts in it is sampled again before that step is read, so the step
+    counts its token in the penalty tables on the device, as a plain step does."""
+    penalized = SamplingParams(
+        temperature=0.0, max_tokens=40, ignore_eos=True, repetition_penalty=1.5,
+        frequency_penalty=0.5,
+    )  # fmt: skip
+    constrained = SamplingParams(
+        temperature=0.0, max_tokens=80, structured_outputs=StructuredOutputsParams(grammar=GRAMMAR)
+    )
+    llm = LLM(tiny_qwen3_dir, device="cpu", block_size=8, async_scheduling=True)
+    alone = llm.generate([{"prompt_token_ids": PROMPTS[1]}], penalized, use_tqdm=False)
+    both = llm.generate(
+        [{"prompt_token_ids": PROMPTS[0]}, {"prompt_token_ids": PROMPTS[1]}],
+        [constrained, penalized],
+        use_tqdm=False,
+    )
+    llm.shutdown()
+    assert re.fullmatch(PATTERN, both[0].outputs[0].text)
+    assert both[1].outputs[0].token_ids == alone[0].outputs[0].token_ids

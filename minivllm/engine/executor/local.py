@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from minivllm.engine.runner.model_runner import ModelRunner
+from minivllm.engine.runner.proposers import build_proposer
 from minivllm.engine.runner.step_handle import ForwardStep, StepHandle
 from minivllm.engine.setup import EngineSetup
 from minivllm.engine.types import GrammarOutput, SchedulerOutput
@@ -19,6 +20,9 @@ class LocalExecutor:
         self.num_blocks = self.runner.determine_num_blocks()
         if self.num_blocks >= 1:
             self.runner.initialize_kv_cache(self.num_blocks)
+            proposer = build_proposer(setup)  # speculative decoding's, after the KV cache
+            if proposer is not None:
+                self.runner.attach_proposer(proposer)
 
     def forward(self, sched_out: SchedulerOutput) -> ForwardStep:
         return self.runner.forward(sched_out)

@@ -16,6 +16,7 @@ from minivllm.distributed.teardown import release_process_group
 from minivllm.engine.executor.local import LocalExecutor
 from minivllm.engine.executor.tp_executor import _abort_process_group, check_shardable
 from minivllm.engine.executor.tp_worker import init_rank
+from minivllm.engine.runner.proposers import build_proposer
 from minivllm.engine.runner.step_handle import ForwardStep, StepHandle
 from minivllm.engine.setup import EngineSetup
 from minivllm.engine.types import GrammarOutput, SchedulerOutput
@@ -54,6 +55,9 @@ class TorchrunExecutor(LocalExecutor):
             )
         check_shardable(setup.model_config, world_size)
         self.runner, self.num_blocks = init_rank(setup, rank, "env://", local_rank)
+        proposer = build_proposer(setup)  # every rank schedules, so every rank drafts
+        if proposer is not None:
+            self.runner.attach_proposer(proposer)
         self._heartbeat, self._monitor = _watch_peers(
             setup.config.distributed_timeout_seconds, rank, world_size
         )

@@ -37,6 +37,7 @@ from minivllm.engine.executor.tp_worker import (
     join_process_group,
 )
 from minivllm.engine.executor.worker_group import WorkerGroup
+from minivllm.engine.runner.proposers import build_proposer
 from minivllm.engine.runner.step_handle import ForwardStep, StepHandle
 from minivllm.engine.setup import EngineSetup
 from minivllm.engine.types import GrammarOutput, SchedulerOutput
@@ -175,6 +176,9 @@ class TPExecutor:
             if config.nnodes > 1:
                 self._state["remote"] = RemoteRanks(setup, on_failure=_abort_process_group)
             self.runner, self.num_blocks = build_runner(setup, device)
+            proposer = build_proposer(setup)  # rank 0 drafts: its RunnerOutput is read
+            if proposer is not None:
+                self.runner.attach_proposer(proposer)
             self._group.wait_for("ready", _STARTUP_TIMEOUT_S)
             self._state["ready"] = True
             if self._state["remote"] is not None:

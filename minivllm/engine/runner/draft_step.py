@@ -148,6 +148,14 @@ class DraftedStep(StepHandle):
             if self.sampler_out.logprobs is not None:
                 # A kept draft need not be the target's sample: score the token kept.
                 self.sampler_out = _rescored(self.sampler_out, logits, self.verified, drafts[1])
+        # Requests without drafts may run in the next step before this one is read (async
+        # scheduling): their penalties count this token on the device now, as a plain step's
+        # do. Those with drafts sit the next step out; result() counts their tokens.
+        undrafted = [i for i, n in enumerate(self.num_draft_tokens) if not n]
+        if undrafted:
+            sampling_state.record_rows(
+                [req_ids[i] for i in undrafted], undrafted, self.verified.output_token_ids[:, 0]
+            )
         if self.sampler_out.logprobs is not None:
             self.num_logprobs = sampling_state.num_logprobs(self.row_req_ids)
             # A drafting step is read before the next is scheduled: a plain copy will do.
@@ -172,6 +180,8 @@ class DraftedStep(StepHandle):
         for req_id, n, row in zip(self.req_ids, self.num_draft_tokens, rows, strict=True):
             num_accepted, new_tokens = row[0], row[1 : row[0] + 2]
             state.append_tokens([req_id] * len(new_tokens), new_tokens)
+            if self.drafter is not None:
+                self.drafter.append(req_id, new_tokens)
             state.unsample(req_id, n - num_accepted)
             if req_id in self.generator_states:
                 state.replay_draws(
@@ -188,6 +198,7 @@ class DraftedStep(StepHandle):
                 out.logprobs.append(per_row[start + num_accepted])
                 start += n + 1
         self.add_prompt_results(out)
+        self.add_drafts(out)
         return out
 
 

@@ -19,6 +19,7 @@ from minivllm.engine.runner.block_table import BlockTable
 from minivllm.engine.runner.cuda_graph import CUDAGraphRunner
 from minivllm.engine.runner.device_inputs import InputStaging
 from minivllm.engine.runner.draft_step import DraftedStep, SyntheticAcceptance, draft_token_ids
+from minivllm.engine.runner.drafter import Drafter
 from minivllm.engine.runner.hybrid_graph import HybridCUDAGraphRunner
 from minivllm.engine.runner.hybrid_inputs import (
     gated_delta_meta,
@@ -52,6 +53,7 @@ from minivllm.layers.ops import layer_ops
 from minivllm.layers.sampler import Sampler
 from minivllm.layers.tuned_gemm import TunedGemm
 from minivllm.model_loader import build_model
+from minivllm.spec_decode.proposer import Proposer
 from minivllm.structured_output.bitmask import allocate_bitmask, apply_bitmask
 
 logger = logging.getLogger(__name__)
@@ -114,6 +116,8 @@ class ModelRunner:
             config.speculative_config, device, config.seed
         )
         self.prompt_logprobs = PromptLogprobsTracker()
+        # Drafts for the next step, proposed after a step's tokens are read (attach_proposer).
+        self.drafter: Drafter | None = None
         self.pooling = PoolingRunner(self.model.compute_logits)  # pooling requests' state
         self.block_table = BlockTable(-(-max_model_len // self.block_size), max_num_seqs)
         self.kv_spec = KVCacheSpec.for_model(
@@ -255,6 +259,12 @@ class ModelRunner:
         graphs.capture(largest_only)
         return graphs
 
+    def attach_proposer(self, proposer: Proposer) -> None:
+        """Speculative decoding: after each step, `proposer` drafts the next step's tokens
+        of the chunks that ask (runner/drafter.py). Rank 0's runner only: its RunnerOutput
+        is the one the scheduler reads."""
+        self.drafter = Drafter(proposer)
+
     # ---- one step -------------------------------------------------------------------------
 
     def execute(
@@ -315,6 +325,8 @@ class ModelRunner:
             )
             handle.prompt_logprobs_jobs = (step.jobs, packed)
         handle.pooled = self.pooling.take_results()
+        if self.drafter is not None:  # result() proposes, once the tokens are read
+            handle.drafter, handle.asked = self.drafter, Drafter.asked(step.sched_out)
         return handle
 
     def _sample_drafted(
@@ -344,6 +356,8 @@ class ModelRunner:
             self.sampling_state.remove(req_id)
         self.prompt_logprobs.forget(sched_out.finished_req_ids)
         self.pooling.update(sched_out)
+        if self.drafter is not None:
+            self.drafter.update(sched_out)
         for new in sched_out.new_requests:
             self.sampling_state.add_request(new)
 

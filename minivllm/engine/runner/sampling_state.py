@@ -394,6 +394,22 @@ class SamplingState:
             tokens = sampled_token_ids[meta.penalty_rows]
             self.penalties.record(meta.penalty_slots, tokens, meta.penalty_req_ids)
 
+    def record_rows(self, req_ids: list[str], rows: list[int], token_ids: torch.Tensor) -> None:
+        """Counts token_ids[rows] (sampled on the device; one row per request, distinct) in
+        the penalty slots of those of req_ids that have one, as record_sampled does for a
+        plain step: a drafted step's requests without drafts (the next step, launched before
+        this one is read, may sample them again)."""
+        slots = self.penalties.slots
+        counted = [(req_id, row) for req_id, row in zip(req_ids, rows, strict=True)
+                   if req_id in slots]  # fmt: skip
+        if not counted:
+            return
+        dev = self._staging.upload({
+            "rows": np.array([row for _, row in counted], np.int64),
+            "slots": np.array([slots[req_id] for req_id, _ in counted], np.int64),
+        })  # fmt: skip
+        self.penalties.record(dev["slots"], token_ids[dev["rows"]], [r for r, _ in counted])
+
     def num_logprobs(self, req_ids: list[str]) -> list[int | None]:
         """Per row: how many top logprobs the request asked for (None: no logprobs)."""
         return [self.requests[req_id].params.logprobs for req_id in req_ids]

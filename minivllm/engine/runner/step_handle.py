@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from minivllm.engine.runner.device_inputs import HostCopy
+from minivllm.engine.runner.drafter import Drafter
 from minivllm.engine.runner.input_prep import StepInputs
 from minivllm.engine.runner.pooling import pooled_to_host
 from minivllm.engine.runner.prompt_logprobs import PromptLogprobsJob, PromptLogprobsTracker
@@ -62,6 +63,10 @@ class StepHandle:
         self.prompt_logprobs_jobs: tuple[list[PromptLogprobsJob], list[torch.Tensor]] | None = None
         # The pooling requests whose prompts ended this step: (req_ids, vectors or scores).
         self.pooled: list[tuple[list[str], torch.Tensor]] = []
+        # The runner's drafter and the (req_id, draft_cap) the step asks drafts for, when
+        # the engine speculates: result() proposes after reading the step's tokens.
+        self.drafter: Drafter | None = None
+        self.asked: list[tuple[str, int]] = []
         # The sampled ids [num_sampled], then the packed logprobs, copied behind the step's
         # kernels: result() reads them without waiting for the next step queued after them.
         self.ids: HostCopy | None = None
@@ -92,7 +97,16 @@ class StepHandle:
         if self.logprobs is not None:
             out.logprobs = to_runner_logprobs(self.logprobs.tolist(), self.num_logprobs)
         self.add_prompt_results(out)
+        if self.drafter is not None:
+            self.drafter.append_sampled(self.req_ids, token_ids)
+            self.add_drafts(out)
         return out
+
+    def add_drafts(self, out: RunnerOutput) -> None:
+        """The next step's drafts of the asked requests, proposed now that the drafter's
+        histories hold this step's tokens."""
+        if self.drafter is not None and self.asked:
+            out.draft_token_ids = self.drafter.propose(self.asked)
 
     def add_prompt_results(self, out: RunnerOutput) -> None:
         """What the step read from its prompt rows: prompt logprobs, pooled vectors."""

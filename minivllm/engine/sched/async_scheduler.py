@@ -23,11 +23,12 @@ class AsyncScheduler(Scheduler):
     step in flight whose requests were all aborted is simply applied (to nothing) by the next
     update.
 
-    While some request reads sampled tokens on the host (bad words, a thinking budget:
-    can_schedule_ahead is False), schedule() first applies the step in flight, so that the
-    next step starts from every token, as a synchronous step does. A grammar needs the tokens
-    only for the step's masks: grammar_output() applies the step in flight first (its forward
-    is launched by then), as vLLM defers the bitmask.
+    While some request reads sampled tokens on the host (bad words, a thinking budget), or the
+    step in flight asked the runner for drafts (can_schedule_ahead is False), catch_up() (the
+    engine calls it before schedule(); schedule() calls it too) applies the step in flight, so
+    that the next step starts from every token and the drafts, as a synchronous step does. A
+    grammar needs the tokens only for the step's masks: grammar_output() applies the step in
+    flight first (its forward is launched by then), as vLLM defers the bitmask.
     """
 
     def __init__(self, *args, **kwargs) -> None:
@@ -36,9 +37,12 @@ class AsyncScheduler(Scheduler):
         # Outputs of the step applied early (schedule, grammar_output); update() returns them.
         self._early_outputs: list[EngineOutput] = []
 
-    def schedule(self, now: float | None = None) -> SchedulerOutput:
+    def catch_up(self) -> None:
         if not self.can_schedule_ahead:
             self._apply_early()
+
+    def schedule(self, now: float | None = None) -> SchedulerOutput:
+        self.catch_up()
         return super().schedule(now)
 
     def grammar_output(self, sched_out: SchedulerOutput) -> GrammarOutput | None:

@@ -114,7 +114,6 @@ def draft_room(
     with every token known, or, with after_pending, all but the one in flight (async
     scheduling: the drafts follow a placeholder); the step's accepted drafts and one token
     must fit max_tokens and max_model_len."""
-    params = request.sampling_params
     num_pending = request.num_pending_tokens
     num_tokens = request.num_tokens + num_pending
     num_output_tokens = request.num_output_tokens + num_pending
@@ -124,6 +123,14 @@ def draft_room(
         or num_output_tokens < 1
     ):
         return 0
+    return token_room(request.sampling_params, num_tokens, num_output_tokens, limit, max_model_len)
+
+
+def token_room(
+    params: SamplingParams, num_tokens: int, num_output_tokens: int, limit: int, max_model_len: int
+) -> int:
+    """How many drafts fit after num_tokens tokens (num_output_tokens of them output) with one
+    token of the target's after them: at most limit, within max_model_len and max_tokens."""
     room = min(limit, max_model_len - num_tokens - 1)
     if params.max_tokens is not None:
         room = min(room, params.max_tokens - num_output_tokens - 1)

@@ -61,7 +61,7 @@ class Scheduler:
         policy: str = "fcfs",
     ) -> None:
         """structured_outputs: makes constrained requests' matchers (None: refuses them).
-        speculator: drafts tokens for decoding requests (None: no speculative decoding).
+        speculator: who drafts and which drafts they use (None: no speculative decoding).
         policy: "fcfs", requests in arrival order; "priority", by (priority, arrival time),
         a lower value first: waiting requests are admitted in that order, running ones keep
         it, and a preemption takes the last (vLLM's --scheduling-policy)."""
@@ -89,6 +89,7 @@ class Scheduler:
         self.structured_outputs = structured_outputs
         self.num_constrained = 0  # unfinished requests with a grammar
         self.speculator = speculator
+        self._speculates = False  # whether this step's batch size lets requests draft
         # Requests whose drafts of the last schedule() are their grammar's forced tokens.
         self._forced_req_ids: Iterable[str] = set()
         # Requests that failed alone (a grammar that did not compile) before any step ran
@@ -117,20 +118,14 @@ class Scheduler:
 
     @property
     def can_schedule_ahead(self) -> bool:
-        """Whether async scheduling is safe: no request samples from host-side token history,
-        and no step speculates (the proposers read the last token, which must be known). A
-        request whose drafts are in flight is not scheduled again until update() has applied
-        them (how many were accepted decides where it goes on); the others are."""
-        return self.num_host_dependent == 0 and not self._speculating()
-
-    def _speculating(self) -> bool:
-        """Whether this step may draft: speculation on at this batch size, and some running
-        request due to draft (engine/sched/speculation.py)."""
-        speculator = self.speculator
-        return (
-            speculator is not None
-            and speculator.is_active(len(self.running) + len(self.waiting))
-            and speculator.wants_last_tokens(self.running)
+        """Whether the next step may be scheduled before the step in flight is applied: no
+        request samples from host-side token history, and the step in flight asked the runner
+        for no drafts (they come with its tokens, and the next step uses them: a drafting
+        request that waited a step for them would take one step in two). A request whose
+        drafts are in flight anyway (a grammar's forced ones) is not scheduled again until
+        update() has applied them (how many were accepted decides where it goes on)."""
+        return self.num_host_dependent == 0 and not (
+            self.speculator is not None and self.speculator.asked
         )
 
     def get_request(self, req_id: str) -> Request | None:
@@ -152,6 +147,12 @@ class Scheduler:
             request.status = RequestStatus.FINISHED_ABORTED
             request.finish_reason = "abort"
             self._finish(request)
+
+    def catch_up(self) -> None:
+        """Applies the step in flight where the next step needs its tokens (async scheduling:
+        AsyncScheduler); here every step is applied before the next, so nothing. Reading a
+        step's tokens runs the runner's proposer, so the engine calls it before schedule(),
+        which launches nothing."""
 
     def schedule(self, now: float | None = None) -> SchedulerOutput:
         now = time.time() if now is None else now
@@ -197,7 +198,7 @@ class Scheduler:
         preempted = False
         running = self.running
         allocate = self.block_manager.allocate_slots
-        drafts = self.speculator.propose(running) if self._speculating() else {}
+        drafts = self._proposed_drafts()
         self._forced_req_ids = set()
         if self.num_constrained:  # a grammar's forced tokens win over proposed drafts
             forced = forced_drafts(running, self.max_model_len)
@@ -235,6 +236,22 @@ class Scheduler:
             budget -= num_new_tokens
             i += 1
         return budget, preempted
+
+    def _proposed_drafts(self) -> dict[str, list[int]]:
+        """req_id -> the drafts each running request uses this step: the runner's proposals
+        after the last step, as the speculator allows them."""
+        speculator = self.speculator
+        if speculator is None:
+            return {}
+        self._speculates = speculator.is_active(len(self.running) + len(self.waiting))
+        if not self._speculates:
+            return {}
+        drafts = {}
+        for request in self.running:
+            draft = speculator.take_drafts(request)
+            if draft:
+                drafts[request.req_id] = draft
+        return drafts
 
     def _schedule_waiting(
         self,
@@ -342,6 +359,8 @@ class Scheduler:
         request.block_ids += new_block_ids
         request.num_computed_tokens = end
         if sample:
+            if self.speculator is not None:
+                self._ask_drafts(request, chunk)
             request.num_pending_tokens += 1
         if (
             (num_new_tokens == 1 or num_draft_tokens)
@@ -351,6 +370,13 @@ class Scheduler:
             decodes.append(chunk)  # one sampled token past the prompt, and its drafts
         else:
             others.append(chunk)
+
+    def _ask_drafts(self, request: Request, chunk: ScheduledChunk) -> None:
+        """Asks the runner for request's next drafts after this chunk (draft_cap), where the
+        speculator allows them at this step's batch size."""
+        assert self.speculator is not None
+        if self._speculates:
+            chunk.draft_cap = self.speculator.ask(request)
 
     def _finishes_with_pending(self, request: Request) -> bool:
         """Whether the pending token (the caller checked there is one) surely ends the request
@@ -418,6 +444,10 @@ class Scheduler:
                     if new_logprobs is not None:
                         del new_logprobs[n:]
                     break
+            if chunk.draft_cap and not request.is_finished:
+                assert self.speculator is not None
+                drafts = runner_out.draft_token_ids.get(chunk.req_id, [])
+                self.speculator.receive(request, drafts)
             output = self._make_output(request, token_ids, new_logprobs, prompt_logprobs)
             if num_drafts:
                 output.num_draft_tokens, output.num_accepted_tokens = num_drafts, num_accepted

@@ -1,25 +1,26 @@
-"""Speculation in the scheduler: which running requests get draft tokens this step, the
-drafts themselves (from the proposer), and the acceptance counters.
+"""Speculation in the scheduler, the policy only: which requests the runner drafts for after a
+step (ScheduledChunk.draft_cap), which drafts a request uses the step after (they come back as
+data, RunnerOutput.draft_token_ids), and the acceptance counters. The proposers run in the
+runner (engine/runner/drafter.py), after sampling, where the tokens are.
 
-A request drafts when its next step would be a plain decode. Each draft position is sampled
-as if the drafts before it were output: penalties count them and min_tokens counts them
-(runner/draft_step.py), and a constrained request's draft positions get a grammar mask each;
-where its grammar forces the next tokens, those are its drafts instead (jump-forward,
-engine/sched/grammar.py). Drafts never run past max_tokens or max_model_len.
+A request drafts when its next step would be a plain decode with every token known. Each draft
+position is sampled as if the drafts before it were output: penalties count them and
+min_tokens counts them (runner/draft_step.py), and a constrained request's draft positions get
+a grammar mask each; where its grammar forces the next tokens, those are its drafts instead
+(jump-forward, engine/sched/grammar.py). Drafts never run past max_tokens or max_model_len.
 
 A request whose drafting fails (no match, or none of its drafts accepted) backs off: it tries
 again after 1, 2, 4, ... up to MAX_BACKOFF_TOKENS more tokens, and succeeding resets it. A step
-in which no request is due to draft needs no host tokens, so it runs under async scheduling:
-text that does not repeat itself decodes at the speed it has without speculation.
+that asks for no drafts runs ahead under async scheduling; one that asks is applied before the
+next is scheduled (Scheduler.can_schedule_ahead), so text that does not repeat itself decodes
+at the speed it has without speculation.
 """
 
 from __future__ import annotations
 
-from minivllm.engine.sched.request import Request, draft_room
+from minivllm.engine.sched.request import Request, draft_room, token_room
 from minivllm.spec_decode.config import SpeculativeConfig
 from minivllm.spec_decode.metrics import SpecDecodingStats
-from minivllm.spec_decode.ngram import NgramProposer
-from minivllm.spec_decode.proposer import ProposeInput, Proposer
 
 MAX_BACKOFF_TOKENS = 16
 
@@ -34,16 +35,9 @@ def check_speculative_config(config: SpeculativeConfig, tensor_parallel_size: in
 
 
 class Speculator:
-    """Drafts tokens for the scheduler's decode-ready requests; counts what is accepted."""
+    """Who drafts, how many drafts each takes, and what was accepted."""
 
-    def __init__(
-        self, config: SpeculativeConfig, max_model_len: int, proposer: Proposer | None = None
-    ) -> None:
-        """proposer: the draft model's (engine/draft_model.py), built by the engine; None for
-        ngram, which is built here."""
-        if proposer is None and config.method != "ngram":
-            raise ValueError(f"speculative method {config.method!r} needs its proposer")
-        self.proposer: Proposer = proposer or NgramProposer.from_config(config)
+    def __init__(self, config: SpeculativeConfig, max_model_len: int) -> None:
         self.num_speculative_tokens = config.num_speculative_tokens
         self.disable_by_batch_size = config.disable_by_batch_size
         self.max_model_len = max_model_len
@@ -53,39 +47,64 @@ class Speculator:
         self._backs_off = config.acceptance != "synthetic"
         # req_id -> (output length at which it may draft again, consecutive failures).
         self._backoff: dict[str, tuple[int, int]] = {}
+        # req_id -> (its history's length when proposed, the drafts that follow it).
+        self._drafts: dict[str, tuple[int, list[int]]] = {}
+        # Requests whose drafts a launched step asked for, until its update() brings them.
+        self.asked: set[str] = set()
 
-    def is_active(self, num_running: int) -> bool:
-        """Whether a step with num_running requests speculates (vLLM's disable_by_batch_size:
-        off while more are running)."""
+    def is_active(self, num_requests: int) -> bool:
+        """Whether a step with num_requests running or waiting speculates (vLLM's
+        disable_by_batch_size: off while more are)."""
         limit = self.disable_by_batch_size
-        return limit is None or num_running <= limit
+        return limit is None or num_requests <= limit
 
-    def wants_last_tokens(self, requests: list[Request]) -> bool:
-        """Whether some request is due to draft once the step in flight is applied (then the
-        next step must start from every token, not run ahead)."""
-        backoff = self._backoff
-        for r in requests:
-            due = backoff.get(r.req_id)
-            if due is None or r.num_output_tokens + r.num_pending_tokens >= due[0]:
-                return True
-        return False
+    def is_due(self, request: Request, num_more: int = 0) -> bool:
+        """Whether request is not backing off, counting its token in flight and num_more."""
+        due = self._backoff.get(request.req_id)
+        num_output = request.num_output_tokens + request.num_pending_tokens + num_more
+        return due is None or num_output >= due[0]
 
-    def propose(self, requests: list[Request]) -> dict[str, list[int]]:
-        """req_id -> its drafts (at least one), for those of `requests` that may draft."""
-        rows = [(r, self._max_drafts(r)) for r in requests]
-        rows = [(r, cap) for r, cap in rows if cap > 0]
-        if not rows:
-            return {}
-        batch = ProposeInput.from_lists(
-            [r.all_token_ids for r, _ in rows],
-            [cap for _, cap in rows],
-            [r.req_id for r, _ in rows],
+    def ask(self, request: Request) -> int:
+        """The draft_cap of request's chunk being scheduled (it samples one token; called
+        before that token counts as pending): how many drafts the runner proposes after it,
+        at most k, fewer where max_tokens or max_model_len leaves less room, 0 while it backs
+        off. A request asked stays in `asked` until receive()."""
+        cap = self._draft_cap(request)
+        if cap:
+            self.asked.add(request.req_id)
+        return cap
+
+    def _draft_cap(self, request: Request) -> int:
+        if not self.is_due(request, 1):
+            return 0
+        num_new = request.num_pending_tokens + 1  # the chunk's token counts as output
+        return token_room(
+            request.sampling_params,
+            request.num_tokens + num_new,
+            request.num_output_tokens + num_new,
+            self.num_speculative_tokens,
+            self.max_model_len,
         )
-        drafts = self.proposer.propose(batch).to_lists()
-        for (r, _), d in zip(rows, drafts, strict=True):
-            if not d:
-                self._failed(r)
-        return {r.req_id: d for (r, _), d in zip(rows, drafts, strict=True) if d}
+
+    def receive(self, request: Request, drafts: list[int]) -> None:
+        """The drafts the runner proposed for request after a step whose tokens update() has
+        just appended; none proposed is a failure (back-off)."""
+        self.asked.discard(request.req_id)
+        if drafts:
+            self._drafts[request.req_id] = (request.num_tokens, drafts)
+        else:
+            self._drafts.pop(request.req_id, None)
+            self._failed(request)
+
+    def take_drafts(self, request: Request) -> list[int]:
+        """The drafts request uses this step: those proposed after its last token, capped by
+        max_tokens and max_model_len; [] unless its next step is a plain decode with every
+        token known."""
+        entry = self._drafts.pop(request.req_id, None)
+        if entry is None or entry[0] != request.num_tokens:
+            return []
+        room = draft_room(request, self.num_speculative_tokens, self.max_model_len)
+        return entry[1][:room]
 
     def observe(self, request: Request, num_draft_tokens: int, num_accepted: int) -> None:
         """One request's drafts of a step, before its new tokens are appended."""
@@ -97,16 +116,10 @@ class Speculator:
 
     def forget(self, req_id: str) -> None:
         self._backoff.pop(req_id, None)
-        self.proposer.remove_requests([req_id])
+        self._drafts.pop(req_id, None)
+        self.asked.discard(req_id)
 
     def _failed(self, request: Request) -> None:
         misses = self._backoff.get(request.req_id, (0, 0))[1] + 1
         wait = min(1 << (misses - 1), MAX_BACKOFF_TOKENS)
         self._backoff[request.req_id] = (request.num_output_tokens + 1 + wait, misses)
-
-    def _max_drafts(self, request: Request) -> int:
-        """How many drafts request may take this step (0: it decodes one token as usual)."""
-        due = self._backoff.get(request.req_id)
-        if due is not None and request.num_output_tokens < due[0]:
-            return 0
-        return draft_room(request, self.num_speculative_tokens, self.max_model_len)

@@ -1,5 +1,6 @@
 """DraftModelProposer: speculative drafts from a smaller model with the target's vocabulary, run
-by our own ModelRunner (its own KV cache and CUDA graphs), greedily.
+by our own ModelRunner (its own KV cache and CUDA graphs), greedily. The target's runner calls
+it after a step's tokens are read (runner/drafter.py).
 
 Each call catches the draft model's KV up with every request's history (the prompt the first
 time, then the tokens the last step added), samples the first draft from the last position,
@@ -9,8 +10,8 @@ continues is read (its input a placeholder, as under async scheduling), so the h
 one step overlaps the device's next. Its drafts are certain (q one-hot), so
 exact verification keeps the output the target's own, whatever the draft model says.
 
-The draft's KV is its own, in blocks of its own pool (no prefix sharing): enough for
-`max_requests` requests of max_model_len tokens, fewer where the memory the target left (on
+The draft's KV is its own, in blocks of a BlockManager of its own (no prefix sharing): enough
+for `max_requests` requests of max_model_len tokens, fewer where the memory the target left (on
 CUDA, what gpu_memory_utilization leaves free: the draft is built after the target's KV cache)
 holds fewer. A request that finds no room, or more than `max_requests` drafting at once,
 simply gets no drafts.
@@ -27,6 +28,7 @@ import torch
 from minivllm.config import EngineConfig
 from minivllm.engine.runner.model_runner import ModelRunner
 from minivllm.engine.runner.step_handle import StepHandle
+from minivllm.engine.sched.block_manager import BlockManager
 from minivllm.engine.setup import resolve_setup
 from minivllm.engine.types import (
     PLACEHOLDER_TOKEN_ID,
@@ -40,14 +42,20 @@ from minivllm.spec_decode.proposer import DraftTokens, ProposeInput
 
 _GREEDY = SamplingParams(temperature=0.0, ignore_eos=True)
 
+# Requests the draft model's KV cache holds at max_model_len when disable_by_batch_size is
+# None (more drafting at once get no drafts).
+DRAFT_MODEL_MAX_REQUESTS = 16
+
 
 @dataclass
 class _DraftRequest:
-    """The draft model's view of one request."""
+    """The draft model's view of one request; its blocks come from the proposer's
+    BlockManager (which reads req_id, block_ids and num_computed_tokens)."""
 
+    req_id: str
     block_ids: list[int] = field(default_factory=list)
     num_sent_blocks: int = 0  # of block_ids, those the runner's block table has
-    num_computed: int = 0  # tokens whose draft KV is valid
+    num_computed_tokens: int = 0  # tokens whose draft KV is valid
     drafts: list[int] = field(default_factory=list)  # the last drafts whose KV was written
 
 
@@ -101,7 +109,7 @@ class DraftModelProposer:
                     "gpu_memory_utilization"
                 )
         self.runner.initialize_kv_cache(num_blocks)
-        self._free_blocks = list(range(num_blocks - 1, -1, -1))
+        self.block_manager = BlockManager(num_blocks, self.block_size, enable_prefix_caching=False)
         self._requests: dict[str, _DraftRequest] = {}
         self._finished: list[str] = []
 
@@ -137,7 +145,7 @@ class DraftModelProposer:
             drafts[i, :cap] = row_tokens
             num_drafts[i] = cap
             state = self._requests[req_id]
-            state.num_computed = len(history)
+            state.num_computed_tokens = len(history)
             state.drafts = row_tokens[:-1]  # the last draft was sampled, never fed back
         return DraftTokens(drafts, num_drafts)
 
@@ -145,7 +153,7 @@ class DraftModelProposer:
         for req_id in req_ids:
             state = self._requests.pop(req_id, None)
             if state is not None:
-                self._free_blocks += state.block_ids
+                self.block_manager.free(state)
                 self._finished.append(req_id)
 
     def _reserve(self, req_id: str, history: list[int], cap: int) -> bool:
@@ -155,20 +163,20 @@ class DraftModelProposer:
         if state is None:
             if len(self._requests) >= self.max_requests:
                 return False
-            state = self._requests[req_id] = _DraftRequest()
+            state = self._requests[req_id] = _DraftRequest(req_id)
         confirmed = 0
-        new_tokens = history[state.num_computed :]
+        new_tokens = history[state.num_computed_tokens :]
         while confirmed < min(len(state.drafts), len(new_tokens) - 1):
             if new_tokens[confirmed] != state.drafts[confirmed]:
                 break
             confirmed += 1
-        state.num_computed += confirmed
+        state.num_computed_tokens += confirmed
         state.drafts = []
-        num_blocks = -(-(len(history) + cap - 1) // self.block_size) - len(state.block_ids)
-        if num_blocks > len(self._free_blocks):
+        num_new_tokens = len(history) + cap - 1 - state.num_computed_tokens
+        new_block_ids = self.block_manager.allocate_slots(state, num_new_tokens)
+        if new_block_ids is None:
             return False
-        for _ in range(num_blocks):
-            state.block_ids.append(self._free_blocks.pop())
+        state.block_ids += new_block_ids
         return True
 
     def _chunk(self, req_id: str, token_ids: list[int], start: int) -> ScheduledChunk:
@@ -185,7 +193,7 @@ class DraftModelProposer:
             state = self._requests[req_id]
             if not state.num_sent_blocks:
                 new.append(NewRequestData(req_id, history, _GREEDY))
-            start = state.num_computed
+            start = state.num_computed_tokens
             chunks.append(self._chunk(req_id, history[start:], start))
         return self._launch(SchedulerOutput(chunks, 0, new, self._take_finished()))
 
