@@ -11,6 +11,7 @@ from minivllm.kernels.moe.configs import MoeTileConfig, moe_config
 from minivllm.kernels.moe.fused_moe import fused_moe
 from minivllm.layers.moe_experts import experts_torch
 from minivllm.layers.moe_router import route
+from tests.models.hf_greedy import assert_greedy_matches_hf
 
 pytestmark = [
     pytest.mark.gpu,
@@ -79,16 +80,8 @@ def test_engine_on_tiny_moe_matches_hf(tmp_path, options: dict) -> None:
         llm.shutdown()
     assert [c.token_ids for c in alone] == [c.token_ids for c in batched]
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    for prompt, completion in zip(prompts, batched, strict=True):
-        tokens = list(completion.token_ids)
-        with torch.no_grad():
-            logits = hf(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1]
-        assert tokens == logits.argmax(-1).tolist()
-        logprobs = logits.log_softmax(-1)
-        for i, token in enumerate(tokens):
-            assert completion.logprobs[i][token].logprob == pytest.approx(
-                logprobs[i, token].item(), abs=3e-3
-            )
+    with torch.no_grad():
+        assert_greedy_matches_hf(hf, prompts, batched, 16, tol=3e-3)
 
 
 def test_engine_on_tiny_moe_gguf_matches_hf(tmp_path) -> None:
@@ -120,13 +113,5 @@ def test_engine_on_tiny_moe_gguf_matches_hf(tmp_path) -> None:
     finally:
         llm.shutdown()
     hf = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
-    for prompt, completion in zip(prompts, completions, strict=True):
-        tokens = list(completion.token_ids)
-        with torch.no_grad():
-            logits = hf(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1]
-        assert tokens == logits.argmax(-1).tolist()
-        logprobs = logits.log_softmax(-1)
-        for i, token in enumerate(tokens):
-            assert completion.logprobs[i][token].logprob == pytest.approx(
-                logprobs[i, token].item(), abs=1e-3
-            )
+    with torch.no_grad():
+        assert_greedy_matches_hf(hf, prompts, completions, 16, tol=1e-3)
