@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
-
 from minivllm.spec_decode.config import SpeculativeConfig
 from minivllm.spec_decode.proposer import DraftTokens, ProposeInput
 
@@ -40,20 +38,17 @@ class NgramProposer:
         )
 
     def propose(self, batch: ProposeInput) -> DraftTokens:
-        k = self.num_speculative_tokens
-        num_rows = batch.num_requests
-        drafts = np.full((num_rows, k), -1, np.int64)
-        num_drafts = np.zeros(num_rows, np.int64)
-        caps = batch.max_num_draft_tokens
-        for i, history in enumerate(batch.token_ids):
-            cap = k if caps is None else min(k, int(caps[i]))
+        out = DraftTokens.empty(batch.num_requests, self.num_speculative_tokens)
+        for i, (history, cap) in enumerate(
+            zip(batch.token_ids, batch.caps(self.num_speculative_tokens), strict=True)
+        ):
             if cap <= 0:
                 continue
             req_id = batch.req_ids[i] if batch.req_ids else None
             row = self._index_of(req_id, history).propose(history, cap)
-            drafts[i, : len(row)] = row
-            num_drafts[i] = len(row)
-        return DraftTokens(drafts, num_drafts)
+            out.token_ids[i, : len(row)] = row
+            out.num_draft_tokens[i] = len(row)
+        return out
 
     def remove_requests(self, req_ids: Sequence[str]) -> None:
         for req_id in req_ids:

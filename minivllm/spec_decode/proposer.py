@@ -47,6 +47,12 @@ class ProposeInput:
     def num_requests(self) -> int:
         return len(self.token_ids)
 
+    def caps(self, k: int) -> list[int]:
+        """Each row's number of drafts to propose at most: k, or its cap where lower."""
+        if self.max_num_draft_tokens is None:
+            return [k] * self.num_requests
+        return [min(k, int(cap)) for cap in self.max_num_draft_tokens]
+
 
 @dataclass(frozen=True)
 class DraftTokens:
@@ -61,6 +67,11 @@ class DraftTokens:
     token_ids: np.ndarray
     num_draft_tokens: np.ndarray
     probs: torch.Tensor | None = None
+
+    @classmethod
+    def empty(cls, num_rows: int, k: int) -> DraftTokens:
+        """No drafts yet for num_rows rows of up to k (a proposer fills its rows in)."""
+        return cls(np.full((num_rows, k), -1, np.int64), np.zeros(num_rows, np.int64))
 
     def to_lists(self) -> list[list[int]]:
         return [row[:n].tolist() for row, n in zip(self.token_ids, self.num_draft_tokens)]

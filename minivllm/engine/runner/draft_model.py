@@ -22,7 +22,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-import numpy as np
 import torch
 
 from minivllm.config import EngineConfig
@@ -114,19 +113,15 @@ class DraftModelProposer:
         self._finished: list[str] = []
 
     def propose(self, batch: ProposeInput) -> DraftTokens:
-        k = self.num_speculative_tokens
-        num_rows = batch.num_requests
-        drafts = np.full((num_rows, k), -1, np.int64)
-        num_drafts = np.zeros(num_rows, np.int64)
-        caps = batch.max_num_draft_tokens
+        out = DraftTokens.empty(batch.num_requests, self.num_speculative_tokens)
         rows = []  # (row, req_id, history, cap)
+        caps = batch.caps(self.num_speculative_tokens)
         for i, req_id in enumerate(batch.req_ids):
-            cap = k if caps is None else min(k, int(caps[i]))
             history = list(batch.token_ids[i])  # kept past this call: a copy
-            if cap > 0 and self._reserve(req_id, history, cap):
-                rows.append((i, req_id, history, cap))
+            if caps[i] > 0 and self._reserve(req_id, history, caps[i]):
+                rows.append((i, req_id, history, caps[i]))
         if not rows:
-            return DraftTokens(drafts, num_drafts)
+            return out
         # Each decode step is launched before the step it continues is read: its input is a
         # placeholder the runner fills on the device from that step's sampled ids, so the
         # host reads step j - 1 while step j runs.
@@ -142,12 +137,12 @@ class DraftModelProposer:
                 tokens[n].append(token)
             in_flight = launched
         for (i, req_id, history, cap), row_tokens in zip(rows, tokens, strict=True):
-            drafts[i, :cap] = row_tokens
-            num_drafts[i] = cap
+            out.token_ids[i, :cap] = row_tokens
+            out.num_draft_tokens[i] = cap
             state = self._requests[req_id]
             state.num_computed_tokens = len(history)
             state.drafts = row_tokens[:-1]  # the last draft was sampled, never fed back
-        return DraftTokens(drafts, num_drafts)
+        return out
 
     def remove_requests(self, req_ids: Sequence[str]) -> None:
         for req_id in req_ids:
