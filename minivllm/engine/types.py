@@ -103,6 +103,9 @@ class SchedulerOutput:
     new_requests: list[NewRequestData] = field(default_factory=list)
     # Requests the runner can forget (finished, aborted). Preempted ones are not in here.
     finished_req_ids: list[str] = field(default_factory=list)
+    # Requests preempted this step: back in the waiting queue, computed again from position 0
+    # (the runner frees what it holds of their computed prompt).
+    preempted_req_ids: list[str] = field(default_factory=list)
     # Hybrid models with prefix caching: the step's state restores and saves (None: none).
     state_copies: StateCopies | None = None
 

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from json import JSONDecodeError, dumps, loads
 from typing import Any, Literal, NamedTuple
 
+from minivllm.structured_output.schema_limits import check_schema_limits
+
 StructuredOutputKind = Literal["json", "regex", "choice", "grammar", "json_object"]
 _KINDS: tuple[StructuredOutputKind, ...] = ("json", "regex", "choice", "grammar", "json_object")
 
@@ -133,6 +135,7 @@ def _schema_text(schema: Any, disable_any_whitespace: bool = False) -> str:
         )
     if not isinstance(schema, dict):
         raise ValueError(f"json schema must be a JSON object, got {dumps(schema)[:80]}")
+    check_schema_limits(schema)  # first: a schema past them costs no more work
     try:
         schema = _integral_counts(schema)
     except RecursionError:

@@ -5,6 +5,7 @@ the same bits alone and batched; a pooling request beside generation leaves both
 from __future__ import annotations
 
 import gc
+import logging
 import shutil
 
 import pytest
@@ -81,3 +82,38 @@ def test_pooling_beside_generation(embed_dir: str) -> None:
         got_t, w_t = torch.tensor(got.pooled), torch.tensor(w.outputs.embedding)
         assert torch.nn.functional.cosine_similarity(got_t, w_t, dim=0) > 0.999
     llm.shutdown()
+
+
+@pytest.fixture(scope="module")
+def mean_dir(model_dir: str, tmp_path_factory) -> str:
+    out = str(tmp_path_factory.mktemp("embed-mean") / "m")
+    shutil.copytree(model_dir, out)
+    write_sentence_transformers_files(out, "mean", False)
+    return out
+
+
+def test_mean_pooling_and_its_reserve(mean_dir: str, caplog) -> None:
+    """Mean pooling (segment sums across chunks): the prompts' mean final states as
+    transformers computes them; in deterministic mode the same bits alone, batched, and
+    chunked under another step budget; the memory profile keeps the pooling runner's worst
+    case (pooling_reserve_bytes at the engine's max_num_seqs) out of the KV cache."""
+    from transformers import AutoConfig, AutoModel
+
+    from minivllm.engine.runner.pooling import pooling_reserve_bytes
+
+    with caplog.at_level(logging.INFO, logger="minivllm.engine.runner.profiling"):
+        batched, alone = _embed(mean_dir, PROMPTS, deterministic=True, max_num_seqs=1024,
+                                max_num_batched_tokens=512)  # fmt: skip
+    hidden_size = AutoConfig.from_pretrained(mean_dir).hidden_size
+    reserve = pooling_reserve_bytes(hidden_size, torch.bfloat16, 1024)
+    assert f"pooling state {reserve / 2**30:.2f} GiB" in caplog.text
+    for a, b in zip(alone, batched):
+        assert torch.equal(a, b)
+    rechunked, _ = _embed(mean_dir, PROMPTS, deterministic=True, max_num_batched_tokens=200)
+    assert all(torch.equal(a, b) for a, b in zip(rechunked, batched))
+    model = AutoModel.from_pretrained(mean_dir, dtype=torch.bfloat16).cuda()
+    for prompt, got in zip(PROMPTS, batched):
+        with torch.no_grad():
+            hidden = model(input_ids=torch.tensor([prompt], device="cuda")).last_hidden_state
+        want = hidden[0].float().mean(0).cpu()
+        assert torch.nn.functional.cosine_similarity(got, want, dim=0) > 0.999

@@ -217,11 +217,16 @@ def test_timed_out_compiles_are_bounded_at_twice_the_workers(backend):
 
 
 def test_a_pathological_grammar_past_its_limit_frees_its_worker(tiny_backend):
-    """A schema of 3,000 optional properties builds for about a second (llguidance's
-    conversion grows with their square); one worker, a 0.1 s limit: the next grammar
-    compiles at once while the long build runs on."""
-    properties = {f"p{i}": {} for i in range(3000)}
-    heavy = StructuredOutputsParams(json={"type": "object", "properties": properties})
+    """A schema of eight objects of 1,000 optional properties (each at the limit) builds for
+    about a second (llguidance's conversion grows with their square); one worker, a 0.1 s
+    limit: the next grammar compiles at once while the long build runs on."""
+
+    def inner(key: str) -> dict:  # distinct objects: llguidance builds each
+        names = [f"{key}{i}" for i in range(1001)]
+        return {"type": "object", "properties": dict.fromkeys(names, {}), "required": names[:1]}
+
+    schema = {"type": "object", "properties": {key: inner(key) for key in "abcdefgh"}}
+    heavy = StructuredOutputsParams(json=schema)
     compiler = GrammarCompiler(tiny_backend, max_workers=1, time_limit_s=0.1)
     with pytest.raises(ValueError, match="json took longer than the 0.1 s time limit"):
         compiler.submit(heavy.spec_key()).result(10)

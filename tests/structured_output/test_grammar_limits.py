@@ -1,5 +1,6 @@
 """What llguidance cannot honour is refused when the spec compiles (a ValueError naming the
-limit), not at a request's second token; a long choice list is one lexeme and works; an
+limit), not at a request's second token; what it would compile for too long is refused before
+(optional properties, MAX_SPEC_BYTES); a long choice list is one lexeme and works; an
 ignore_eos request's mask drops EOS wherever its grammar may go on."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import pytest
 
 from minivllm.structured_output import StructuredOutputsParams, allocate_bitmask
 from minivllm.structured_output.bitmask import drop_eos
+from minivllm.structured_output.schema_limits import MAX_OPTIONAL_PROPERTIES
 
 from .conftest import generate
 
@@ -82,8 +84,40 @@ def test_drop_eos_keeps_it_only_where_the_grammar_has_ended(tiny_backend, tiny_t
 
 def test_a_spec_past_the_size_limit_is_refused_before_it_compiles(tiny_backend):
     properties = {f"property_{i}": {"type": "string"} for i in range(10_000)}
-    params = StructuredOutputsParams(json={"type": "object", "properties": properties})
+    schema = {"type": "object", "properties": properties, "required": list(properties)}
+    params = StructuredOutputsParams(json=schema)
     start = time.perf_counter()
     with pytest.raises(ValueError, match=r"more than the grammar engine's limit of 262,144 bytes"):
         tiny_backend.compile(params.spec_key())
     assert time.perf_counter() - start < 1.0
+
+
+def optional_properties(num_optional: int) -> dict:
+    """An object of one required property ("p0", first), then num_optional optional ones."""
+    names = [f"p{i}" for i in range(num_optional + 1)]
+    return {"type": "object", "properties": {name: {} for name in names}, "required": ["p0"]}
+
+
+def test_too_many_optional_properties_are_refused_before_compiling():
+    """8,000 optional properties in a nested object (a compile of about 8 s): refused while
+    the params are built, in well under 50 ms, naming the limit and the object."""
+    schema = {"type": "object", "properties": {"a/b": optional_properties(8000)}}
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match=r"at #/properties/a~1b has 8,000 optional properties"):
+        StructuredOutputsParams(json=schema)
+    assert time.perf_counter() - start < 0.05
+    limit = rf"limit of {MAX_OPTIONAL_PROPERTIES:,} \(MAX_OPTIONAL_PROPERTIES"
+    with pytest.raises(ValueError, match=limit):
+        StructuredOutputsParams(json=optional_properties(MAX_OPTIONAL_PROPERTIES + 1))
+    cycle = optional_properties(1)
+    cycle["properties"]["p1"] = cycle  # the walk ends; the schema is refused as before
+    with pytest.raises(ValueError, match="nested too deeply"):
+        StructuredOutputsParams(json=cycle)
+
+
+def test_an_object_at_the_optional_properties_limit_compiles(tiny_backend, tiny_tokenizer):
+    params = StructuredOutputsParams(json=optional_properties(MAX_OPTIONAL_PROPERTIES))
+    matcher = tiny_backend.new_matcher(tiny_backend.compile(params.spec_key()))
+    last = f"p{MAX_OPTIONAL_PROPERTIES}"
+    assert matcher.accept_tokens(tiny_tokenizer.encode(f'{{"p0": 1, "{last}": 2}}'))
+    assert matcher.is_accepting()

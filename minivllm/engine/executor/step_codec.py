@@ -44,7 +44,13 @@ def encode(op: Op, sched_out: SchedulerOutput | None = None) -> bytes:
         )
         for c in sched_out.chunks
     ]
-    body = (chunks, sched_out.num_decode_chunks, sched_out.new_requests, sched_out.finished_req_ids)
+    body = (
+        chunks,
+        sched_out.num_decode_chunks,
+        sched_out.new_requests,
+        sched_out.finished_req_ids,
+        sched_out.preempted_req_ids,
+    )
     return pickle.dumps((int(op), body, None), protocol=5)
 
 
@@ -59,12 +65,13 @@ def decode(data: bytes) -> Message:
     op, body, rows = pickle.loads(data)
     if body is None:
         return Message(Op(op), None, rows)
-    chunks, num_decode_chunks, new_requests, finished_req_ids = body
+    chunks, num_decode_chunks, new_requests, finished_req_ids, preempted_req_ids = body
     sched_out = SchedulerOutput(
         chunks=[ScheduledChunk(*c) for c in chunks],
         num_decode_chunks=num_decode_chunks,
         new_requests=new_requests,
         finished_req_ids=finished_req_ids,
+        preempted_req_ids=preempted_req_ids,
     )
     return Message(Op(op), sched_out, None)
 

@@ -30,7 +30,7 @@ from minivllm.engine.runner.hybrid_inputs import (
 from minivllm.engine.runner.input_prep import StepInputs, prepare_inputs
 from minivllm.engine.runner.kv_cache import KVCacheSpec, bind_kv_caches
 from minivllm.engine.runner.piecewise_graph import PiecewiseGraphRunner
-from minivllm.engine.runner.pooling import PoolingRunner
+from minivllm.engine.runner.pooling import PoolingRunner, pooling_reserve_bytes
 from minivllm.engine.runner.profiling import (
     memory_baseline,
     profile_kv_budget,
@@ -182,6 +182,9 @@ class ModelRunner:
             self.config.gpu_memory_utilization,
             self.memory_baseline,
             self._sample_worst_case,
+            pooling_reserve_bytes(
+                self.setup.model_config.hidden_size, self.setup.dtype, self.limits.max_num_seqs
+            ),
             None if self.config.enforce_eager else self._capture_largest_graphs,
         )
         return blocks_for_budget(self.setup, budget)

@@ -1,6 +1,7 @@
 """The runner's side of pooling requests (minivllm/pooling/): which live requests pool, the
 running sums of mean pooling and the first rows of cls pooling across a prompt's chunks, and
-the pooled vectors (or scores) of the prompts that end in a step, which its handle carries.
+the pooled vectors (or scores) of the prompts that end in a step, which its handle carries;
+the bytes all that may take, counted before the KV cache is sized.
 
 A pooling request is scheduled as a prompt with max_tokens=1: its last chunk samples a token
 that ends it, and its output is what pool() read from that step's hidden states.
@@ -14,28 +15,33 @@ import numpy as np
 import torch
 
 from minivllm.engine.types import SchedulerOutput
+from minivllm.pooling.mean_sum import MeanSum, mean_sum_bytes
 from minivllm.pooling.ops import truncate_normalize, yes_no_scores
 from minivllm.pooling.params import PoolingParams
 
 
 class PoolingRunner:
-    """Per-request pooling state of one runner. Its memory: a live cls request's first row;
-    a live mean request's rows computed so far, until its prompt ends (summed then, in one
-    reduction over the whole prompt: the same bits however the prompt was chunked)."""
+    """Per-request pooling state of one runner. Its memory (pooling_reserve_bytes): a live
+    cls request's first row; a live mean request's MeanSum (a running sum and fewer than a
+    segment's rows: the same bits however the prompt was chunked). A request's state goes
+    when its prompt ends, when it is preempted and when it finishes."""
 
     def __init__(self, compute_logits: Callable[[torch.Tensor], torch.Tensor]) -> None:
         self.compute_logits = compute_logits
         self.params: dict[str, PoolingParams] = {}
-        # mean: the rows computed so far, one [rows, hidden] tensor a chunk; cls: [first row].
-        self._partial: dict[str, list[torch.Tensor]] = {}
+        self._means: dict[str, MeanSum] = {}
+        self._firsts: dict[str, torch.Tensor] = {}  # cls: the first row, float32 [hidden]
         # The step's results until take_results(): (req_ids, [n, d] vectors or [n] scores).
         self._results: list[tuple[list[str], torch.Tensor]] = []
 
     def update(self, sched_out: SchedulerOutput) -> None:
-        """Forgets finished requests, registers the step's new pooling requests."""
+        """Forgets finished requests and preempted ones' rows (they start again from
+        position 0), registers the step's new pooling requests."""
         for req_id in sched_out.finished_req_ids:
             self.params.pop(req_id, None)
-            self._partial.pop(req_id, None)
+        for req_id in sched_out.finished_req_ids + sched_out.preempted_req_ids:
+            self._means.pop(req_id, None)
+            self._firsts.pop(req_id, None)
         for new in sched_out.new_requests:
             if new.sampling_params.pooling is not None:
                 self.params[new.req_id] = new.sampling_params.pooling
@@ -61,7 +67,7 @@ class PoolingRunner:
             if chunk.sample:  # the prompt's last chunk
                 ended.append((chunk.req_id, params, end - 1))
         if ended:
-            self._results += self._finish(hidden, ended, sched_out)
+            self._results += self._finish(hidden, ended)
 
     def _accumulate(
         self, req_id: str, params: PoolingParams, first_pos: int, rows: torch.Tensor
@@ -71,20 +77,17 @@ class PoolingRunner:
         # Copies: a piecewise graph's hidden states are its static buffer, rewritten next step.
         if params.pooling_type == "cls":
             if first_pos == 0:
-                self._partial[req_id] = [rows[0].to(torch.float32, copy=True)]
+                self._firsts[req_id] = rows[0].to(torch.float32, copy=True)
             return
         if first_pos == 0:
-            self._partial[req_id] = []
-        self._partial[req_id].append(rows.clone())
+            self._means[req_id] = MeanSum()
+        assert self._means[req_id].num_rows == first_pos
+        self._means[req_id].add(rows)
 
     def _finish(
-        self,
-        hidden: torch.Tensor,
-        ended: list[tuple[str, PoolingParams, int]],
-        sched_out: SchedulerOutput,
+        self, hidden: torch.Tensor, ended: list[tuple[str, PoolingParams, int]]
     ) -> list[tuple[list[str], torch.Tensor]]:
         """The vectors and scores of the ended prompts, grouped by how they are finished."""
-        lengths = {c.req_id: c.context_end for c in sched_out.chunks if c.sample}
         groups: dict[tuple, list[tuple[str, PoolingParams, int]]] = {}
         for item in ended:
             params = item[1]
@@ -101,10 +104,9 @@ class PoolingRunner:
             vectors = hidden[rows].float()
             for j, (req_id, params, _) in enumerate(items):
                 if params.pooling_type == "mean":
-                    vectors[j] = torch.cat(self._partial[req_id]).float().sum(dim=0)
-                    vectors[j] /= lengths[req_id]
+                    vectors[j] = self._means.pop(req_id).mean()
                 elif params.pooling_type == "cls":
-                    vectors[j] = self._partial[req_id][0]
+                    vectors[j] = self._firsts.pop(req_id)
             results.append((req_ids, truncate_normalize(vectors, *key)))
         return results
 
@@ -113,6 +115,17 @@ class PoolingRunner:
         carries to the host (StepHandle.pooled)."""
         results, self._results = self._results, []
         return results
+
+
+def pooling_reserve_bytes(hidden_size: int, dtype: torch.dtype, max_num_seqs: int) -> int:
+    """The most bytes a PoolingRunner takes: every seat's request a mean one with a segment's
+    rows but one held (MeanSum), one call's workspace, and a step's ended prompts' vectors
+    (their rows gathered, in float32, cut and normalised). A preempted or finished request
+    frees its state before the step that gives its seat away."""
+    held, workspace = mean_sum_bytes(hidden_size, dtype)
+    item = torch.empty(0, dtype=dtype).element_size()
+    finishing = max_num_seqs * hidden_size * (item + 2 * 4)
+    return max_num_seqs * held + workspace + finishing
 
 
 def pooled_to_host(results: list[tuple[list[str], torch.Tensor]]) -> dict[str, list[float]]:

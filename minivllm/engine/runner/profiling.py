@@ -110,6 +110,7 @@ def profile_kv_budget(
     gpu_memory_utilization: float,
     baseline_used: int,
     run_sampler: Callable[[torch.Tensor], None],
+    reserved_bytes: int,
     capture_graphs: Callable[[], object] | None = None,
 ) -> int:
     """Returns the bytes the KV cache may take on this rank's GPU.
@@ -118,6 +119,8 @@ def profile_kv_budget(
     throwaway cache just large enough for the dummy step, unbound again afterwards.
     baseline_used: memory_baseline() taken before the weights were loaded. run_sampler
     samples the step's logits at the sampler's largest workspace (sample_worst_case).
+    reserved_bytes: what the runner's per-request structures outside the dummy step may take
+    (pooling_reserve_bytes), kept out of the budget.
     capture_graphs (None: no CUDA graphs) captures the largest graph of each kind on the
     throwaway cache; what they hold is kept out of the budget, as the graphs captured after
     the cache is allocated will hold as much.
@@ -148,15 +151,18 @@ def profile_kv_budget(
 
     # used_by_engine: weights and whatever else this engine allocated since the baseline.
     used_by_engine = total - free_before - baseline_used
-    budget = int(total * gpu_memory_utilization) - used_by_engine - peak_activation - graph_bytes
+    budget = int(total * gpu_memory_utilization) - used_by_engine - peak_activation
+    budget -= graph_bytes + reserved_bytes
     logger.info(
         "memory profile: total %.1f GiB, in use by others %.2f GiB, by this engine %.2f GiB,"
-        " activation peak %.2f GiB, CUDA graphs %.2f GiB -> KV cache %.2f GiB",
+        " activation peak %.2f GiB, CUDA graphs %.2f GiB, pooling state %.2f GiB"
+        " -> KV cache %.2f GiB",
         total / 2**30,
         baseline_used / 2**30,
         used_by_engine / 2**30,
         peak_activation / 2**30,
         graph_bytes / 2**30,
+        reserved_bytes / 2**30,
         budget / 2**30,
     )
     return max(budget, 0)

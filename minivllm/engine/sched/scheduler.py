@@ -84,6 +84,7 @@ class Scheduler:
         # In admission order ("priority": in priority order): the last one is preempted first.
         self.running: list[Request] = []
         self._finished_req_ids: list[str] = []
+        self._preempted_req_ids: list[str] = []  # the victims of the schedule() under way
         # Unfinished requests whose sampling reads earlier sampled tokens on the host.
         self.num_host_dependent = 0
         self.structured_outputs = structured_outputs
@@ -161,6 +162,7 @@ class Scheduler:
         finished_req_ids, self._finished_req_ids = self._finished_req_ids, []
         decodes: list[ScheduledChunk] = []
         others: list[ScheduledChunk] = []
+        self._preempted_req_ids = []
         budget, preempted = self._schedule_running(self.max_num_batched_tokens, decodes, others)
         new_requests: list[NewRequestData] = []
         # After a preemption memory is short: admitting now would only cause more of them.
@@ -175,6 +177,7 @@ class Scheduler:
             num_decode_chunks=len(decodes),
             new_requests=new_requests,
             finished_req_ids=finished_req_ids,
+            preempted_req_ids=self._preempted_req_ids,
             state_copies=self.block_manager.take_state_copies(),
         )
 
@@ -306,6 +309,7 @@ class Scheduler:
         request.status = RequestStatus.WAITING
         request.num_preemptions += 1
         self.num_preemptions += 1
+        self._preempted_req_ids.append(request.req_id)
         self._enqueue(self.waiting, request, first=True)
 
     def _enqueue(

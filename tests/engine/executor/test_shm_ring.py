@@ -92,7 +92,7 @@ def test_step_codec_round_trip_and_is_compact() -> None:
         for i in range(256)
     ]
     new = [NewRequestData("x", [1, 2, 3], SamplingParams(temperature=0.5, seed=3))]
-    sched_out = SchedulerOutput(chunks, 256, new, ["gone"])
+    sched_out = SchedulerOutput(chunks, 256, new, ["gone"], ["preempted"])
     op, back, rows = decode(encode(Op.FORWARD, sched_out))
     assert op == Op.FORWARD and back == sched_out and rows is None
     assert len(encode(Op.FORWARD, sched_out)) < len(pickle.dumps(sched_out, protocol=5)) * 0.7

@@ -195,10 +195,12 @@ def test_preemption_newest_victim_first_to_the_front_of_waiting():
     assert summary(sched_out) == [("a", 1, 4, [0, 3], True), ("b", 1, 4, [1, 2], True)]
     assert c.status == RequestStatus.WAITING and c.num_computed_tokens == 0
     assert c.block_ids == [] and c.num_preemptions == 1
+    assert sched_out.preempted_req_ids == ["c"]  # the runner frees what it holds of c
     assert list(scheduler.waiting) == [c] and scheduler.running == [a, b]
     for _ in range(3):
         sched_out, _ = step(scheduler)  # positions 5..7 fit; c still finds no free block
         assert [x.req_id for x in sched_out.chunks] == ["a", "b"]
+        assert sched_out.preempted_req_ids == []
     sched_out, outputs = step(scheduler)
     # Position 8 of a needs a block: b, now newest, is preempted and its blocks freed
     # tail first (2, then 1); a gets the front one. b goes ahead of c.

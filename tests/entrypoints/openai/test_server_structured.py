@@ -172,6 +172,10 @@ def test_text_format_is_plain(client):
         ({"tool_choice": "required"}, ["tools"]),
         ({"tools": []}, ["tools"]),
         ({"tools": TOOLS, "tool_choice": "required", "guided_regex": "a"}, ["tool_choice"]),
+        (  # refused before it compiles (tests/entrypoints/openai/test_constraint_limits.py)
+            {"guided_json": {"type": "object", "properties": {f"p{i}": {} for i in range(1001)}}},
+            ["guided_json", "1,001 optional properties", "MAX_OPTIONAL_PROPERTIES"],
+        ),
     ],
 )
 def test_bad_constraints_are_400s(client, body, words):
