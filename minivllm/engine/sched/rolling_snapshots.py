@@ -22,7 +22,7 @@ from minivllm.engine.sched.state_snapshots import SnapshotCache
 from minivllm.engine.types import StateCopies
 
 # Running requests' rolling snapshots take at most 1 / ROLLING_SHARE of the snapshot slots.
-ROLLING_SHARE = 4
+ROLLING_SHARE = 3
 
 
 @dataclass

@@ -2,7 +2,7 @@
 prompt, its state is saved in one slot of its own, keyed by the block's hash (at once under
 synchronous scheduling, a step later under async scheduling, or when the request ends), the
 boundary before forgotten; when it ends the snapshot stays, so that the next turn (prompt,
-answer, new message) hits after the answer. Running requests hold at most a quarter of the
+answer, new message) hits after the answer. Running requests hold at most a third of the
 snapshot slots. And the hit rate of a multi-turn trace, with and without them."""
 
 from __future__ import annotations
@@ -96,8 +96,9 @@ def test_a_last_decode_on_a_boundary_is_kept(is_async: bool) -> None:
     assert a.num_computed_tokens == 8 and hit(kv, 3) == 8
 
 
-def test_running_requests_hold_a_quarter_of_the_slots() -> None:
-    """4 snapshot slots: one rolling snapshot; b, decoding beside a, keeps none until a ends."""
+def test_running_requests_hold_a_third_of_the_slots() -> None:
+    """4 snapshot slots: one rolling snapshot (4 // 3); b, decoding beside a, keeps none
+    until a ends."""
     scheduler, kv = make_scheduler(False, num_snapshots=4)
     assert kv.rolling.max_held == 1
     a = add(scheduler, "a", PROMPT, max_tokens=12)
