@@ -84,9 +84,9 @@ class SnapshotCache:
 
     def publish(self, slot: int, block_hash: int, block_id: int, ready: bool) -> bool:
         """Makes held slot the snapshot of the prefix ending at cached block block_id (hash
-        block_hash): found from now on where ready (its save was launched in an earlier step
-        or was), else from the next step on. False, changing nothing, where a snapshot of that
-        prefix is live or saved this step."""
+        block_hash): found at once where ready (its save is launched already), else from the
+        next step on. False, changing nothing, where a snapshot of that prefix is live or
+        saved this step."""
         entry = self._entries.get(block_hash)
         if entry is not None:
             if not entry.ready or self._is_live(block_hash, entry):
