@@ -87,9 +87,10 @@ def test_tiny_float32_matches_hf(tmp_path, options: dict) -> None:
 )  # fmt: skip
 def test_tiny_float32_prefix_hits_match_hf(tmp_path, options: dict) -> None:
     """Prefix-cache hits with CUDA graphs on (blocks of 16): a 150-token prompt, then the
-    next turn (it, its answer, more tokens) and two prompts diverging inside its last block
-    hit the snapshot at 144; the hits' greedy tokens are HF's float32 argmax (logprobs to
-    1e-3) and the engine's without prefix caching."""
+    next turn (it, its answer, more tokens) hits the answer's snapshot at 160 (150 and 15 of
+    the answer's 16 tokens computed), and two prompts diverging inside its last block hit the
+    prompt's at 144; the hits' greedy tokens are HF's float32 argmax (logprobs to 1e-3) and
+    the engine's without prefix caching."""
     from transformers import AutoModelForCausalLM
 
     from minivllm import LLM
@@ -109,7 +110,7 @@ def test_tiny_float32_prefix_hits_match_hf(tmp_path, options: dict) -> None:
         hits = llm.generate([{"prompt_token_ids": p} for p in prompts], _greedy(), use_tqdm=False)
     finally:
         llm.shutdown()
-    assert [o.num_cached_tokens for o in hits] == [144] * 3
+    assert [o.num_cached_tokens for o in hits] == [160, 144, 144]
     plain = LLM(model_dir, dtype="float32", gpu_memory_utilization=0.3,
                 enable_prefix_caching=False)  # fmt: skip
     try:

@@ -1,9 +1,11 @@
 """Prefix-cache hits on the tiny Qwen3.5 (hybrid): a request that shares a cached prefix with a
 recurrent-state snapshot at its end resumes there (num_cached_tokens > 0), and its greedy
 tokens and logprobs are still HF's float32 ones (1e-4) and the engine's without prefix
-caching: the next turn of a chat, prefixes diverging mid-block, a shared prefix first seen
-without a snapshot, eviction under a small cache, preemption and chunked prefill across the
-snapshot's boundary. Skipping the restore is caught."""
+caching: the next turns of a chat (hitting after the turn before's answer, with and without
+async scheduling), prefixes diverging mid-block, a shared prefix first seen without a
+snapshot, eviction under a small cache, preemption and chunked prefill across the snapshot's
+boundary. Skipping the restore, and an answer's snapshot saved at the wrong position, are
+caught."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from transformers import AutoModelForCausalLM
 
 from minivllm import LLM, SamplingParams
 from minivllm.engine.runner import model_runner
+from minivllm.engine.sched.rolling_snapshots import RollingSnapshots
 from tests.models.hf_greedy import assert_greedy_matches_hf, cpu_llm
 
 BASE = list(range(20, 90))  # 70 tokens (past a 64-token chunk of the rule): snapshot at 68
@@ -49,18 +52,45 @@ def assert_matches_no_caching(model_dir: str, prompts: list[list[int]], outputs:
                 assert logprob.logprob == pytest.approx(other[token].logprob, abs=1e-4)
 
 
-def chat_turns(llm: LLM) -> tuple[list[list[int]], list]:
-    """Two turns: BASE, then BASE, its answer and five more tokens (the agent's case)."""
-    first = generate(llm, [BASE])[0]
-    second_prompt = BASE + list(first.outputs[0].token_ids) + [7, 8, 9, 10, 11]
-    return [BASE, second_prompt], [first, generate(llm, [second_prompt])[0]]
+def chat_turns(llm: LLM, num_turns: int = 2) -> tuple[list[list[int]], list]:
+    """BASE, then each turn the one before's prompt, its answer and five more tokens (the
+    agent's case). A turn computes its prompt and 7 of its 8 answer tokens (the last is only
+    sampled): the next one hits at the last block boundary of those, 76 after BASE."""
+    prompts, outputs = [BASE], [generate(llm, [BASE])[0]]
+    for turn in range(1, num_turns):
+        answer = list(outputs[-1].outputs[0].token_ids)
+        prompts.append(prompts[-1] + answer + [7 + turn, 8, 9, 10, 11])
+        outputs.append(generate(llm, prompts[-1:])[0])
+    return prompts, outputs
 
 
-def test_next_turn_hits_and_matches_hf(tiny_qwen3_5_dir: str, hf_model) -> None:
-    prompts, outputs = chat_turns(cpu_llm(tiny_qwen3_5_dir))
-    assert [o.num_cached_tokens for o in outputs] == [0, 68]
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_next_turns_hit_after_the_answer_and_match_hf(
+    tiny_qwen3_5_dir: str, hf_model, async_scheduling: bool
+) -> None:
+    """Turn 2 (83 tokens) hits at 76, past BASE's 70, in the first answer's snapshot; turn 3
+    (96) at 88, in the second's."""
+    llm = cpu_llm(tiny_qwen3_5_dir, async_scheduling=async_scheduling)
+    prompts, outputs = chat_turns(llm, num_turns=3)
+    assert [o.num_cached_tokens for o in outputs] == [0, 76, 88]
     assert_matches_hf(hf_model, prompts, outputs)
     assert_matches_no_caching(tiny_qwen3_5_dir, prompts[1:], outputs[1:])
+
+
+def test_answer_snapshot_of_the_wrong_position_is_caught(
+    tiny_qwen3_5_dir: str, hf_model, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A decode's state after 76 tokens kept as the one after 72: the next turn resumes at 72
+    from the state of 76, not HF's tokens."""
+    save = RollingSnapshots.save
+    monkeypatch.setattr(
+        RollingSnapshots, "save",
+        lambda self, request, end, copies: save(self, request, end - 4, copies),
+    )  # fmt: skip
+    prompts, outputs = chat_turns(cpu_llm(tiny_qwen3_5_dir))
+    assert outputs[1].num_cached_tokens == 72
+    with pytest.raises(AssertionError):
+        assert_matches_hf(hf_model, prompts[1:], outputs[1:])
 
 
 def test_skipped_restore_is_caught(
@@ -69,7 +99,7 @@ def test_skipped_restore_is_caught(
     """Without the restore the hit resumes from whatever its slot held: not HF's tokens."""
     monkeypatch.setattr(model_runner, "restore_snapshots", lambda pool, sched_out: None)
     prompts, outputs = chat_turns(cpu_llm(tiny_qwen3_5_dir))
-    assert outputs[1].num_cached_tokens == 68
+    assert outputs[1].num_cached_tokens == 76
     with pytest.raises(AssertionError):
         assert_matches_hf(hf_model, prompts[1:], outputs[1:])
 
@@ -116,8 +146,9 @@ def test_chunked_prefill_across_the_snapshot(
     tiny_qwen3_5_dir: str, hf_model, async_scheduling: bool
 ) -> None:
     """Chunks of 24 tokens: BASE's prefill stops at 68 to save its state (24, 24, 20, 2), and
-    the next turn resumes at 68 in chunks of 24; with and without async scheduling."""
+    the next turn resumes after the answer, at 76, then stops at 80 (its prompt's last block
+    boundary); with and without async scheduling."""
     llm = cpu_llm(tiny_qwen3_5_dir, max_num_batched_tokens=24, async_scheduling=async_scheduling)
     prompts, outputs = chat_turns(llm)
-    assert [o.num_cached_tokens for o in outputs] == [0, 68]
+    assert [o.num_cached_tokens for o in outputs] == [0, 76]
     assert_matches_hf(hf_model, prompts, outputs)

@@ -164,7 +164,14 @@ class BlockManager:
 
     def free(self, request: Request) -> None:
         """Drops request's references to request.block_ids, tail first so that its tail blocks
-        are evicted first. The caller clears request.block_ids."""
+        are evicted first; its computed full blocks whose tokens are known are cached first (a
+        block whose last token was pending when it was computed, under async scheduling). The
+        caller clears request.block_ids."""
+        if self.enable_prefix_caching:
+            num_known = min(request.num_computed_tokens, len(request.all_token_ids))
+            num_full_blocks = num_known // self.block_size
+            if num_full_blocks > self._num_hashed_blocks.get(request.req_id, 0):
+                self._cache_full_blocks(request, request.block_ids, num_full_blocks)
         for block_id in reversed(request.block_ids):
             self.ref_counts[block_id] -= 1
             if self.ref_counts[block_id] == 0:

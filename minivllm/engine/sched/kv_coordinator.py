@@ -12,6 +12,8 @@ chunk ends on a snapshot point of its request: the last block boundary of the to
 admission (a longer prompt, the next turn of a chat, starts with them), the end of the cached
 blocks where no snapshot was found (a prefix another request has shared: the next one hits
 there) and every snapshot_interval tokens. clip_chunk ends a chunk at the next such point.
+Past the tokens known at admission (the output), each block boundary a decode reaches is saved
+in the request's rolling snapshot (rolling_snapshots.py): the next turn hits after the answer.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 
 from minivllm.engine.sched.block_manager import BlockManager
 from minivllm.engine.sched.request import Request
+from minivllm.engine.sched.rolling_snapshots import RollingSnapshots
 from minivllm.engine.sched.state_snapshots import SnapshotCache
 from minivllm.engine.types import StateCopies
 
@@ -61,8 +64,10 @@ class HybridKVCoordinator:
         # Invariant: a slot is free <=> no request's state_slot holds it. Lowest first.
         self._free_slots = list(range(num_state_slots - 1, -1, -1))
         self.snapshots: SnapshotCache | None = None
+        self.rolling: RollingSnapshots | None = None
         if num_snapshot_slots:
             self.snapshots = SnapshotCache(self.blocks, num_state_slots, num_snapshot_slots)
+            self.rolling = RollingSnapshots(self.snapshots, self.blocks)
         self.snapshot_interval = snapshot_interval
         self._plans: dict[str, _Plan] = {}
         self._copies = StateCopies()
@@ -130,17 +135,23 @@ class HybridKVCoordinator:
             if computed_blocks and plan.restore_slot >= 0:
                 self._copies.restore_src.append(plan.restore_slot)
                 self._copies.restore_dst.append(request.state_slot)
-        if self.snapshots is not None:
+        if self.rolling is not None:
+            self.rolling.publish_pending(request)
             self._save_at_chunk_end(request, num_new_tokens)
         return new_block_ids
 
     def _save_at_chunk_end(self, request: Request, num_new: int) -> None:
         """Saves request's state after its chunk of num_new tokens where the chunk ends on a
-        snapshot point of known tokens, whose last block is cached."""
+        snapshot point of known tokens, whose last block is cached; past the tokens known at
+        admission, on any block boundary, in its rolling snapshot."""
         start = request.num_computed_tokens
         end = start + num_new
-        if end % self.block_size or end > request.num_tokens:
-            return  # not on a block boundary, or past the known tokens (a pending one)
+        if end % self.block_size:
+            return
+        if end > self._plans[request.req_id].known_end:
+            assert self.rolling is not None
+            self.rolling.save(request, end, self._copies)
+            return
         if self._next_point(request, start) != end:
             return
         index = end // self.block_size - 1
@@ -168,8 +179,11 @@ class HybridKVCoordinator:
         return copies
 
     def free(self, request: Request) -> None:
-        """Drops request's blocks and gives its state slot back."""
+        """Drops request's blocks (caching those computed whose tokens are known) and gives
+        its state slot back; its rolling snapshot stays where it can be keyed."""
         self.blocks.free(request)
+        if self.rolling is not None:
+            self.rolling.release(request)
         self._plans.pop(request.req_id, None)
         if request.state_slot >= 0:
             self._free_slots.append(request.state_slot)

@@ -6,7 +6,9 @@ tokens of some request, keyed by the chained hash of its block n - 1, the block 
 prefix. It lives while that block is cached (the attention KV of the prefix): a snapshot whose
 block was evicted is dead, and its slot is the first taken for a new one; past that, the least
 recently used snapshot goes. A snapshot saved in a step is written by that step's forward, so
-it is found from the next step on.
+it is found from the next step on. A slot may also be held for a snapshot whose key is not
+known yet (a decoding request's, rolling_snapshots.py): no entry, nothing evicts it, until it
+is published under its block's hash or released.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ class SnapshotCache:
         self.num_slots = num_slots
         # block hash -> snapshot, least recently used first.
         self._entries: OrderedDict[int, _Snapshot] = OrderedDict()
-        # Invariant: a slot is free <=> no entry holds it.
+        # Invariant: a slot is free <=> no entry holds it and it is not held (hold).
         self._free_slots = list(range(first_slot + num_slots - 1, first_slot - 1, -1))
         self._saved_this_step: list[_Snapshot] = []
 
@@ -69,6 +71,44 @@ class SnapshotCache:
         self._entries.move_to_end(block_hash)
         self._saved_this_step.append(entry)
         return entry.slot
+
+    def has_live(self, block_hash: int) -> bool:
+        """Whether a snapshot of the prefix ending at the block of block_hash is kept (ready
+        or saved this step) while that block is cached."""
+        entry = self._entries.get(block_hash)
+        return entry is not None and self._is_live(block_hash, entry)
+
+    def hold(self) -> int:
+        """A slot for a snapshot whose key comes later (publish), or -1 (as reserve's)."""
+        return self._free_slot()
+
+    def publish(self, slot: int, block_hash: int, block_id: int, ready: bool) -> bool:
+        """Makes held slot the snapshot of the prefix ending at cached block block_id (hash
+        block_hash): found at once where ready (its save is launched already), else from the
+        next step on. False, changing nothing, where a snapshot of that prefix is live or
+        saved this step."""
+        entry = self._entries.get(block_hash)
+        if entry is not None:
+            if not entry.ready or self._is_live(block_hash, entry):
+                return False
+            self._free_slots.append(self._entries.pop(block_hash).slot)  # dead: replaced
+        entry = self._entries[block_hash] = _Snapshot(slot, block_id, ready)
+        if not ready:
+            self._saved_this_step.append(entry)
+        return True
+
+    def take_back(self, block_hash: int, slot: int) -> bool:
+        """Holds slot again where it is still the ready snapshot of block_hash (its entry
+        goes: the slot is to be overwritten); False where it is not."""
+        entry = self._entries.get(block_hash)
+        if entry is None or entry.slot != slot or not entry.ready:
+            return False
+        del self._entries[block_hash]
+        return True
+
+    def release(self, slot: int) -> None:
+        """Frees a held slot."""
+        self._free_slots.append(slot)
 
     def end_step(self) -> None:
         """The step's snapshots are written by its forward: found from the next step on."""

@@ -178,6 +178,21 @@ def test_hit_on_freed_but_cached_blocks():
     assert manager.num_free_blocks == 7
 
 
+def test_free_caches_a_block_whose_last_token_came_late():
+    """Async scheduling: position 7's token is pending when its decode is scheduled, so its
+    block is not cached then; the request ends once the token is known: free caches it."""
+    manager = BlockManager(num_blocks=10, block_size=BLOCK_SIZE, enable_prefix_caching=True)
+    a = make_request("a", list(range(7)))
+    admit(manager, a)
+    a.num_computed_tokens = 7
+    allocate(manager, a, 1)  # position 7, its token pending
+    a.num_computed_tokens = 8
+    assert manager.get_computed_blocks(make_request("p", list(range(7)) + [70, 99]))[1] == 4
+    a.append_output_token(70)  # the pending token, applied; a ends
+    manager.free(a)
+    assert manager.get_computed_blocks(make_request("q", list(range(7)) + [70, 99]))[1] == 8
+
+
 def test_lru_eviction_takes_never_used_then_tail_blocks_first():
     manager = BlockManager(num_blocks=4, block_size=BLOCK_SIZE, enable_prefix_caching=True)
     a = make_request("a", list(range(13)))  # blocks 0, 1, 2 full and cached, 3 partial
