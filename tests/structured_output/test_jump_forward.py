@@ -129,3 +129,32 @@ def test_penalized_request_beside_forced_drafts(tiny_qwen3_dir) -> None:
     llm.shutdown()
     assert re.fullmatch(PATTERN, both[0].outputs[0].text)
     assert both[1].outputs[0].token_ids == alone[0].outputs[0].token_ids
+
+
+def test_hybrid_models_take_no_forced_drafts(tmp_path, monkeypatch) -> None:
+    """A hybrid model (Qwen3.5: recurrent states that cannot roll back a rejected draft)
+    decodes its grammar's forced tokens one a step: no forced drafts are scheduled, and
+    constrained requests finish as the grammar says (they crashed the runner before)."""
+    from minivllm.tiny_model import build_tiny_model
+
+    model_dir = build_tiny_model(str(tmp_path / "qwen3_5"), "Qwen3_5ForCausalLM")
+    forced: list[int] = []
+
+    def counting(requests, max_model_len):
+        out = FORCED_DRAFTS(requests, max_model_len)
+        forced.extend(len(d) for d in out.values())
+        return out
+
+    monkeypatch.setattr(scheduler_module, "forced_drafts", counting)
+    params = SamplingParams(
+        temperature=0.0, max_tokens=80, structured_outputs=StructuredOutputsParams(grammar=GRAMMAR)
+    )
+    llm = LLM(model_dir, device="cpu", block_size=8, dtype="float32")
+    try:
+        outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
+    finally:
+        llm.shutdown()
+    assert forced == []
+    for o in outs:
+        assert o.outputs[0].finish_reason == "stop"
+        assert re.fullmatch(PATTERN, o.outputs[0].text), o.outputs[0].text

@@ -80,6 +80,11 @@ class BlockManager:
         same = self._block_tokens[block_id] == self._block_key(request, block_index)
         return block_id if same else None
 
+    # Whether a decode chunk may carry draft tokens (speculative or a grammar's forced ones):
+    # rejected drafts roll back here by freeing slots. Hybrid models' recurrent states cannot
+    # roll back (the hybrid coordinator says False).
+    takes_drafts = True
+
     def clip_chunk(self, request: Request, num_new_tokens: int) -> int:
         """How many of num_new_tokens request's next chunk may compute: all of them (the
         hybrid coordinator ends chunks where recurrent states are snapshotted)."""

@@ -43,6 +43,10 @@ class HybridKVCoordinator:
     """BlockManager's interface over the paged blocks, num_state_slots state slots and (with
     prefix caching) num_snapshot_slots snapshot slots after them in the runner's pool."""
 
+    # A recurrent state advanced over a rejected draft cannot be rolled back: decode chunks
+    # carry no drafts (speculative decoding is refused; a grammar's forced tokens go one a step).
+    takes_drafts = False
+
     def __init__(
         self,
         num_blocks: int,

@@ -203,7 +203,8 @@ class Scheduler:
         allocate = self.block_manager.allocate_slots
         drafts = self._proposed_drafts()
         self._forced_req_ids = set()
-        if self.num_constrained:  # a grammar's forced tokens win over proposed drafts
+        # A grammar's forced tokens win over proposed drafts, where chunks may carry drafts.
+        if self.num_constrained and self.block_manager.takes_drafts:
             forced = forced_drafts(running, self.max_model_len)
             drafts |= forced
             self._forced_req_ids = forced.keys()
