@@ -37,6 +37,7 @@ from minivllm.engine.runner.profiling import (
     sample_worst_case,
 )
 from minivllm.engine.runner.prompt_logprobs import PROMPT_ROWS_PER_PASS, PromptLogprobsTracker
+from minivllm.engine.runner.routed_experts import RoutedExpertsCapture
 from minivllm.engine.runner.sampling_state import SamplingState
 from minivllm.engine.runner.state_budget import blocks_for_budget, state_budget_for
 from minivllm.engine.runner.state_cache import (
@@ -105,6 +106,12 @@ class ModelRunner:
         )
         if isinstance(ops.gemm, InvariantGemm | TunedGemm):
             ops.gemm.verify_model(self.model, device)
+        # The routed experts' static buffer, before the memory profile (which counts it).
+        self.routed_experts: RoutedExpertsCapture | None = None
+        if setup.routed_experts is not None:
+            self.routed_experts = RoutedExpertsCapture(
+                setup.routed_experts, self.model, max_rows, device
+            )
         self.sampler = Sampler(use_triton_kernels(device))
         # The penalty tables (max_num_seqs x vocabulary) are allocated now: the memory
         # profile that sizes the KV cache counts them.
@@ -325,6 +332,9 @@ class ModelRunner:
             )
             handle.prompt_logprobs_jobs = (step.jobs, packed)
         handle.pooled = self.pooling.take_results()
+        if self.routed_experts is not None:
+            copy = self.routed_experts.copy_step(inputs.num_tokens)
+            handle.routing = (copy, inputs.slot_mapping)
         if self.drafter is not None:  # result() proposes, once the tokens are read
             handle.drafter, handle.asked = self.drafter, Drafter.asked(step.sched_out)
         return handle
