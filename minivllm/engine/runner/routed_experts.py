@@ -36,7 +36,8 @@ class RoutedExpertsCapture:
             layer.routed_ids = self.buffer[:, i]
         self._host: list[torch.Tensor] = []
         if device.type == "cuda":
-            self._host = [torch.empty(shape, dtype=dtype, pin_memory=True) for _ in range(_RING)]
+            numel = self.buffer.numel()  # flat: HostCopy views its first elements
+            self._host = [torch.empty(numel, dtype=dtype, pin_memory=True) for _ in range(_RING)]
         self._num_steps = 0
 
     def copy_step(self, num_tokens: int) -> HostCopy:
