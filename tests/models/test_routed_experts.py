@@ -1,8 +1,8 @@
 """enable_return_routed_experts on the tiny Qwen3-MoE checkpoint (sparse layers 0 and 2, top-2
 of 8): every forwarded token's experts in every sparse layer are HF's router top-k for that
 token in the whole sequence (prompt + output), batched and alone, with chunked prefill, a
-prefix-cache hit, preemption and n-gram drafts; refused by a dense model (off by default:
-tests/models/test_qwen3_moe_llm.py)."""
+prefix-cache hit, preemption and n-gram drafts, and on the hybrid Qwen3.5-MoE; refused by a
+dense model (off by default: tests/models/test_qwen3_moe_llm.py)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,6 @@ PROMPTS = [
     [11],
 ]
 MAX_TOKENS = 8
-NUM_SPARSE_LAYERS, TOP_K = 2, 2
 # Router logits equal to this are a tie: either expert is HF's choice.
 TIE_TOL = 1e-4
 
@@ -54,15 +53,15 @@ def assert_routing_matches_hf(
     for prompt, completion in zip(prompts, completions, strict=True):
         tokens = prompt + list(completion.token_ids)
         ours = completion.routed_experts
-        assert isinstance(ours, np.ndarray) and ours.dtype == np.uint8
-        assert ours.shape == (len(tokens) - 1, NUM_SPARSE_LAYERS, TOP_K)
         out = hf_model(torch.tensor([tokens[:-1]]), output_router_logits=True)
-        assert len(out.router_logits) == NUM_SPARSE_LAYERS
+        top_k = hf_model.config.num_experts_per_tok
+        assert isinstance(ours, np.ndarray) and ours.dtype == np.uint8
+        assert ours.shape == (len(tokens) - 1, len(out.router_logits), top_k)
         for layer, logits in enumerate(out.router_logits):  # [tokens - 1, experts]
             ids = torch.from_numpy(ours[:, layer].astype(np.int64))
             picked = logits.float().gather(1, ids)
             torch.testing.assert_close(
-                picked, logits.float().topk(TOP_K).values, atol=tie_tol, rtol=0
+                picked, logits.float().topk(top_k).values, atol=tie_tol, rtol=0
             )
 
 
@@ -111,6 +110,18 @@ def test_drafted_steps_match_hf(tiny_qwen3_moe_dir: str, hf_model) -> None:
     stats = llm.engine.stats()
     assert 0 < stats.spec_num_accepted_tokens < stats.spec_num_draft_tokens
     assert_routing_matches_hf(hf_model, prompts, completions)
+
+
+def test_hybrid_moe_matches_hf(tiny_qwen3_5_moe_dir: str) -> None:
+    """Qwen3.5-MoE (Gated DeltaNet layers, every MLP sparse, a shared expert), batched, then a
+    prompt that hits the prefix cache (a recurrent-state snapshot and attention blocks)."""
+    hf = AutoModelForCausalLM.from_pretrained(tiny_qwen3_5_moe_dir, dtype=torch.float32).eval()
+    llm = routed_llm(tiny_qwen3_5_moe_dir)
+    assert_routing_matches_hf(hf, PROMPTS[:4], generate(llm, PROMPTS[:4]))
+    longer = PROMPTS[3] + [400, 401]
+    [out] = llm.generate([{"prompt_token_ids": longer}], _greedy(), use_tqdm=False)
+    assert out.num_cached_tokens > 0
+    assert_routing_matches_hf(hf, [longer], [out.outputs[0]])
 
 
 def test_dense_model_refuses_the_option(tiny_qwen3_dir: str) -> None:
