@@ -29,7 +29,7 @@ from minivllm.engine.runner.hybrid_inputs import (
 )
 from minivllm.engine.runner.input_prep import StepInputs, prepare_inputs
 from minivllm.engine.runner.kv_cache import KVCacheSpec, bind_kv_caches
-from minivllm.engine.runner.piecewise_graph import PiecewiseGraphRunner
+from minivllm.engine.runner.piecewise_graph import PiecewiseGraphRunner, mixed_graph_sizes
 from minivllm.engine.runner.pooling import PoolingRunner
 from minivllm.engine.runner.profiling import (
     memory_baseline,
@@ -106,11 +106,13 @@ class ModelRunner:
         )
         if isinstance(ops.gemm, InvariantGemm | TunedGemm):
             ops.gemm.verify_model(self.model, device)
-        # The routed experts' static buffer, before the memory profile (which counts it).
+        # The routed experts' static buffer, before the memory profile (which counts it), with
+        # a row for each row of the largest forward (a piecewise graph's bucket rounds up).
         self.routed_experts: RoutedExpertsCapture | None = None
         if setup.routed_experts is not None:
+            rows = mixed_graph_sizes(max_rows)[-1]
             self.routed_experts = RoutedExpertsCapture(
-                setup.routed_experts, self.model, max_rows, device
+                setup.routed_experts, self.model, rows, device
             )
         self.sampler = Sampler(use_triton_kernels(device))
         # The penalty tables (max_num_seqs x vocabulary) are allocated now: the memory
