@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.models.test_routed_experts import assert_routing_matches_hf
+from tests.models.hf_routing import assert_routing_matches_hf
 
 pytestmark = [
     pytest.mark.gpu,

@@ -6,7 +6,6 @@ dense model (off by default: tests/models/test_qwen3_moe_llm.py)."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -15,6 +14,7 @@ from minivllm import LLM, EngineConfig, SamplingParams
 from minivllm.engine.setup import resolve_setup
 from minivllm.models.model_config import ModelConfig
 from tests.models.hf_greedy import cpu_llm
+from tests.models.hf_routing import assert_routing_matches_hf
 
 PROMPTS = [
     [5, 17, 42, 99, 3],
@@ -24,8 +24,6 @@ PROMPTS = [
     [11],
 ]
 MAX_TOKENS = 8
-# Router logits equal to this are a tie: either expert is HF's choice.
-TIE_TOL = 1e-4
 
 
 @pytest.fixture(scope="module")
@@ -41,28 +39,6 @@ def generate(llm: LLM, prompts: list[list[int]], **params) -> list:
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, **params)
     requests = [{"prompt_token_ids": p} for p in prompts]
     return [o.outputs[0] for o in llm.generate(requests, params, use_tqdm=False)]
-
-
-@torch.no_grad()
-def assert_routing_matches_hf(
-    hf_model, prompts: list[list[int]], completions: list, tie_tol: float = TIE_TOL
-) -> None:
-    """Each completion's routed_experts: one row per token but the last, and in every row
-    and sparse layer the experts of HF's top-k router logits, in HF's order (up to ties:
-    logits within tie_tol)."""
-    for prompt, completion in zip(prompts, completions, strict=True):
-        tokens = prompt + list(completion.token_ids)
-        ours = completion.routed_experts
-        out = hf_model(torch.tensor([tokens[:-1]]), output_router_logits=True)
-        top_k = hf_model.config.num_experts_per_tok
-        assert isinstance(ours, np.ndarray) and ours.dtype == np.uint8
-        assert ours.shape == (len(tokens) - 1, len(out.router_logits), top_k)
-        for layer, logits in enumerate(out.router_logits):  # [tokens - 1, experts]
-            ids = torch.from_numpy(ours[:, layer].astype(np.int64))
-            picked = logits.float().gather(1, ids)
-            torch.testing.assert_close(
-                picked, logits.float().topk(top_k).values, atol=tie_tol, rtol=0
-            )
 
 
 def test_batched_and_alone_match_hf(tiny_qwen3_moe_dir: str, hf_model) -> None:
