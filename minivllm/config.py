@@ -111,6 +111,11 @@ class EngineConfig:
     # passes (`{"method": "ngram", "num_speculative_tokens": 4, ...}`), validated here into
     # one. None: off (docs/speculative_decoding.md).
     speculative_config: SpeculativeConfig | None = None
+    # Mixture-of-experts models (vLLM's option): each finished CompletionOutput carries
+    # `routed_experts`, the experts every forwarded token was routed to in every sparse layer
+    # ([tokens, sparse layers, top_k]), for a trainer that replays the routing
+    # (docs/models.md, "Routed experts"). A model without experts refuses it.
+    enable_return_routed_experts: bool = False
 
     def __post_init__(self) -> None:
         def check(ok: bool, message: str) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 
 @dataclass
 class Logprob:
@@ -27,6 +29,9 @@ class CompletionOutput:
     logprobs: list[LogprobsDict] | None = None
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
+    # enable_return_routed_experts, once finished: [len(prompt) + len(token_ids) - 1, sparse
+    # layers, top_k], the experts each forwarded token (all but the last) was routed to.
+    routed_experts: np.ndarray | None = None
 
     def finished(self) -> bool:
         return self.finish_reason is not None

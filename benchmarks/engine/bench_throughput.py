@@ -3,7 +3,8 @@ the headline of docs/performance.md). Prints one JSON line. It needs a CUDA GPU;
 small workload on the built-in tiny model instead (a CPU smoke run, with a progress bar).
 
 python -m benchmarks.engine.bench_throughput [--workload headline|short|long|prefix] [--num-seqs N]
-    [--model-name qwen3-0.6b] [--enforce-eager] [--kv-cache-dtype fp8] [--quick] ...
+    [--model-name qwen3-0.6b] [--enforce-eager] [--kv-cache-dtype fp8] [--quick]
+    [--enable-return-routed-experts] ...
 """
 
 from __future__ import annotations
@@ -106,6 +107,11 @@ def main() -> None:
     )
     parser.add_argument("--max-mixed-graph-tokens", type=int, default=None, help="0: eager")
     parser.add_argument(
+        "--enable-return-routed-experts",
+        action="store_true",
+        help="MoE models: return every token's routed experts (what it costs)",
+    )
+    parser.add_argument(
         "--quick",
         action="store_true",
         help=f"a CPU-sized run: {QUICK_NUM_SEQS} short requests on the built-in tiny model "
@@ -139,6 +145,7 @@ def main() -> None:
         "async_scheduling": not args.no_async_scheduling,
         "deterministic": args.deterministic,
         "disable_custom_all_reduce": not args.custom_all_reduce,
+        "enable_return_routed_experts": args.enable_return_routed_experts,
     }
     names = ("max_num_seqs", "max_num_batched_tokens", "block_size", "attention_backend",
              "prefill_attention_kernel", "max_mixed_graph_tokens")  # fmt: skip
@@ -168,6 +175,7 @@ def main() -> None:
         "enforce_eager": args.enforce_eager,
         "async_scheduling": not args.no_async_scheduling,
         "deterministic": args.deterministic,
+        "routed_experts": args.enable_return_routed_experts,
         "kv_cache_dtype": args.kv_cache_dtype,
         "max_mixed_graph_tokens": llm.config.max_mixed_graph_tokens,
         "prefill_attention_kernel": llm.config.prefill_attention_kernel,

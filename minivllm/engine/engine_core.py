@@ -20,6 +20,7 @@ from minivllm.engine.runner.state_budget import state_budget_for
 from minivllm.engine.sched.async_scheduler import AsyncScheduler
 from minivllm.engine.sched.kv_coordinator import make_kv_coordinator
 from minivllm.engine.sched.request import Request
+from minivllm.engine.sched.routed_experts import RoutedExpertsRecorder
 from minivllm.engine.sched.scheduler import Scheduler
 from minivllm.engine.sched.speculation import Speculator, check_speculative_config
 from minivllm.engine.setup import resolve_setup
@@ -110,6 +111,11 @@ class EngineCore:
         if on_cuda:
             log_late_compiles(logger)  # imports triton: CUDA only
         self.scheduler = self.new_scheduler()
+        if self.scheduler.routed_experts is not None:
+            logger.info(
+                "routed experts: %.1f MiB of host memory (one row per KV slot)",
+                self.scheduler.routed_experts.nbytes / 2**20,
+            )
         # What exists now (torch, the model, the tokenizer: ~200k objects) lives as long as the
         # engine. Frozen, the cyclic GC stops walking it: walking it made full collections a
         # per-step cost at large batch (measured: docs/performance.md). shutdown()
@@ -144,6 +150,11 @@ class EngineCore:
                 None
                 if config.speculative_config is None
                 else Speculator(config.speculative_config, setup.max_model_len)
+            ),
+            routed_experts=(
+                None
+                if setup.routed_experts is None
+                else RoutedExpertsRecorder(setup.routed_experts, self.num_blocks, config.block_size)
             ),
         )
 

@@ -9,6 +9,7 @@ import torch
 
 from minivllm.config import EngineConfig
 from minivllm.engine.sched.limits import SchedulerLimits, auto_scheduler_limits
+from minivllm.engine.types import RoutedExpertsSpec
 from minivllm.layers.quantization.config import QuantConfig, resolve_quantization
 from minivllm.models.model_config import ModelConfig
 
@@ -26,6 +27,8 @@ class EngineSetup:
     max_model_len: int
     limits: SchedulerLimits  # max_num_seqs, max_num_batched_tokens
     quantization: QuantConfig | None = None  # the linear layers' block FP8; None: unquantized
+    # enable_return_routed_experts: the shape of a token's routed experts; None: off.
+    routed_experts: RoutedExpertsSpec | None = None
 
 
 def resolve_setup(config: EngineConfig, model_config: ModelConfig) -> EngineSetup:
@@ -44,7 +47,25 @@ def resolve_setup(config: EngineConfig, model_config: ModelConfig) -> EngineSetu
         max_model_len=max_model_len,
         limits=resolve_scheduler_limits(config, device),
         quantization=resolve_quantization(config.quantization, model_config.quantization),
+        routed_experts=routed_experts_spec(config, model_config),
     )
+
+
+def routed_experts_spec(
+    config: EngineConfig, model_config: ModelConfig
+) -> RoutedExpertsSpec | None:
+    """The routed experts' shape when enable_return_routed_experts is on (None: off); a
+    ValueError for a model without experts."""
+    if not config.enable_return_routed_experts:
+        return None
+    moe = model_config.moe
+    if moe is None:
+        raise ValueError(
+            f"enable_return_routed_experts: {model_config.architecture} has no "
+            "mixture-of-experts layers, so no token is routed to experts"
+        )
+    num_layers = sum(moe.is_sparse(i) for i in range(model_config.num_hidden_layers))
+    return RoutedExpertsSpec(num_layers, moe.num_experts_per_tok, moe.num_experts)
 
 
 def resolve_scheduler_limits(config: EngineConfig, device: torch.device) -> SchedulerLimits:

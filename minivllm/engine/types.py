@@ -4,8 +4,8 @@ SchedulerOutput goes from the scheduler to the model runner (and, under tensor p
 to every rank), and GrammarOutput after it when some sampled row is constrained; RunnerOutput
 comes back (or a PendingRunnerOutput of a launched step, under async scheduling);
 EngineRequest goes from a frontend to the core, EngineOutput back. Only ints, floats,
-strings, lists, SamplingParams and a host int32 array (the grammar bitmask) cross these
-boundaries: no tensors.
+strings, lists, SamplingParams and host numpy arrays (the grammar bitmask, routed experts)
+cross these boundaries: no tensors.
 """
 
 from __future__ import annotations
@@ -155,6 +155,32 @@ class RunnerOutput:
     # req_id -> the drafts proposed for its next step, after this step's tokens, for each
     # chunk with a draft_cap ([]: the proposer found none).
     draft_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    # enable_return_routed_experts: the experts of every token row of the step.
+    routed_experts: StepRouting | None = None
+
+
+@dataclass(frozen=True)
+class RoutedExpertsSpec:
+    """What `enable_return_routed_experts` records per token: the expert ids (by descending
+    router weight) of each of the model's num_layers sparse layers, in layer order."""
+
+    num_layers: int  # the sparse (MoE) layers; dense-MLP layers have no row
+    top_k: int
+    num_experts: int
+
+    @property
+    def dtype(self) -> np.dtype:
+        """One byte an id where the ids fit (up to 256 experts), else two."""
+        return np.dtype(np.uint8 if self.num_experts <= 256 else np.int16)
+
+
+@dataclass
+class StepRouting:
+    """A step's routed experts, as the runner read them back: rows[t] for the step's token
+    row t ([num_tokens, num_layers, top_k], chunk order), and the KV slot of each row."""
+
+    rows: np.ndarray
+    slot_mapping: np.ndarray  # [num_tokens] int64
 
 
 class PendingRunnerOutput(Protocol):
@@ -180,3 +206,6 @@ class EngineOutput:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     pooled: list[float] | None = None  # a pooling request's vector or [score], as it ends
+    # enable_return_routed_experts: [n, sparse layers, top_k], the routed experts of the
+    # request's next n forwarded tokens (positions after those of its earlier outputs).
+    routed_experts: np.ndarray | None = None

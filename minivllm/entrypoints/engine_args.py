@@ -68,6 +68,8 @@ FLAG_HELP: dict[str, str] = {
     "distributed_timeout_seconds": "a collective that waits longer than this for a peer fails",
     "speculative_config": 'speculative decoding, as JSON: \'{"method": "ngram", '
     '"num_speculative_tokens": 4, "prompt_lookup_max": 4}\' (docs/speculative_decoding.md)',
+    "enable_return_routed_experts": "MoE models: return the experts each token was routed to "
+    "(CompletionOutput.routed_experts: [tokens, sparse layers, top_k])",
 }
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from minivllm.engine.types import EngineOutput
 from minivllm.entrypoints.processing import (
     IncrementalDetokenizer,
@@ -37,6 +39,8 @@ class _Child:
     cumulative_logprob: float | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    # enable_return_routed_experts: the core's routed-experts rows, in position order.
+    routed_experts: list[np.ndarray] = field(default_factory=list)
 
 
 @dataclass
@@ -188,6 +192,8 @@ class OutputProcessor:
         if out.pooled is not None:
             parent.pooled = out.pooled
         child.token_ids.extend(out.new_token_ids)
+        if out.routed_experts is not None:
+            child.routed_experts.append(out.routed_experts)
         if child.logprobs is not None and out.new_logprobs:
             child.logprobs.extend(decode_logprobs(self.token_texts, d) for d in out.new_logprobs)
             child.cumulative_logprob += sum(
@@ -226,6 +232,7 @@ class OutputProcessor:
                 logprobs=c.logprobs,
                 finish_reason=c.finish_reason,
                 stop_reason=c.stop_reason,
+                routed_experts=_routed_experts(c),
             )
             for c in parent.children.values()
         ]
@@ -240,6 +247,14 @@ class OutputProcessor:
             num_cached_tokens=parent.metrics.num_cached_tokens,
             pooled=parent.pooled,
         )
+
+
+def _routed_experts(child: _Child) -> np.ndarray | None:
+    """A finished sample's routed experts, one array (None before it finishes or when the
+    engine records none)."""
+    if child.finish_reason is None or not child.routed_experts:
+        return None
+    return np.concatenate(child.routed_experts)
 
 
 def _ends_on_stop_token(out: EngineOutput, child: _Child) -> bool:

@@ -42,10 +42,15 @@ class SparseMoeBlock(nn.Module):
             from minivllm.kernels.moe.router import topk_softmax  # Triton: only when it runs
 
             self._route = topk_softmax
+        # enable_return_routed_experts: this layer's column of the runner's static routing
+        # buffer, [max_tokens, top_k] (engine/runner/routed_experts.py); None: not recorded.
+        self.routed_ids: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [num_tokens, hidden_size] -> [num_tokens, hidden_size]."""
         topk_weights, topk_ids = self._route(self.gate(x), self.top_k, self.norm_topk_prob)
+        if self.routed_ids is not None:  # a static buffer: CUDA graphs replay the copy
+            self.routed_ids[: topk_ids.shape[0]].copy_(topk_ids)
         return self.experts(x, topk_weights, topk_ids)
 
 

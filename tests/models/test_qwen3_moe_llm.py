@@ -57,7 +57,10 @@ def test_batched_and_alone_match_hf(tiny_qwen3_moe_dir: str, hf_model) -> None:
 def test_chunked_prefill_matches_hf(tiny_qwen3_moe_dir: str, hf_model) -> None:
     llm = make_llm(tiny_qwen3_moe_dir, max_num_batched_tokens=8, enable_prefix_caching=False)
     assert max(len(p) for p in PROMPTS) > 8  # the long prompts span several steps
-    assert_matches_hf(hf_model, PROMPTS, generate(llm, PROMPTS))
+    completions = generate(llm, PROMPTS)
+    assert_matches_hf(hf_model, PROMPTS, completions)
+    # enable_return_routed_experts is off by default (tests/models/test_routed_experts.py).
+    assert all(c.routed_experts is None for c in completions)
 
 
 def test_tp2_matches_hf(tiny_qwen3_moe_dir: str, hf_model) -> None:

@@ -105,7 +105,7 @@ class HostCopy:
     the tensor itself.
 
     buffer: 8-byte elements (int64 or float64, as t), at least t.numel() of them (the
-    runner's ring), or None."""
+    runner's ring), or any elements of at least t's bytes, or None."""
 
     def __init__(self, t: torch.Tensor, buffer: torch.Tensor | None) -> None:
         self.host, self.event = t, None
@@ -120,3 +120,9 @@ class HostCopy:
         if self.event is not None:
             self.event.synchronize()
         return self.host.tolist()
+
+    def numpy(self) -> np.ndarray:
+        """A copy of the values (the buffer is reused by a later step)."""
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host.numpy().copy()

@@ -81,6 +81,7 @@ class DraftModelProposer:
             data_parallel_size=1,
             max_model_len=max_model_len,
             num_gpu_blocks_override=None,
+            enable_return_routed_experts=False,  # the target's routing is the one returned
         )
         model_config = ModelConfig.from_hf(path)
         if model_config.vocab_size != vocab_size:

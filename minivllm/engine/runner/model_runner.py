@@ -29,7 +29,7 @@ from minivllm.engine.runner.hybrid_inputs import (
 )
 from minivllm.engine.runner.input_prep import StepInputs, prepare_inputs
 from minivllm.engine.runner.kv_cache import KVCacheSpec, bind_kv_caches
-from minivllm.engine.runner.piecewise_graph import PiecewiseGraphRunner
+from minivllm.engine.runner.piecewise_graph import PiecewiseGraphRunner, mixed_graph_sizes
 from minivllm.engine.runner.pooling import PoolingRunner, pooling_reserve_bytes
 from minivllm.engine.runner.profiling import (
     memory_baseline,
@@ -37,6 +37,7 @@ from minivllm.engine.runner.profiling import (
     sample_worst_case,
 )
 from minivllm.engine.runner.prompt_logprobs import PROMPT_ROWS_PER_PASS, PromptLogprobsTracker
+from minivllm.engine.runner.routed_experts import RoutedExpertsCapture
 from minivllm.engine.runner.sampling_state import SamplingState
 from minivllm.engine.runner.state_budget import blocks_for_budget, state_budget_for
 from minivllm.engine.runner.state_cache import (
@@ -105,6 +106,14 @@ class ModelRunner:
         )
         if isinstance(ops.gemm, InvariantGemm | TunedGemm):
             ops.gemm.verify_model(self.model, device)
+        # The routed experts' static buffer, before the memory profile (which counts it), with
+        # a row for each row of the largest forward (a piecewise graph's bucket rounds up).
+        self.routed_experts: RoutedExpertsCapture | None = None
+        if setup.routed_experts is not None:
+            rows = mixed_graph_sizes(max_rows)[-1]
+            self.routed_experts = RoutedExpertsCapture(
+                setup.routed_experts, self.model, rows, device
+            )
         self.sampler = Sampler(use_triton_kernels(device))
         # The penalty tables (max_num_seqs x vocabulary) are allocated now: the memory
         # profile that sizes the KV cache counts them.
@@ -328,6 +337,9 @@ class ModelRunner:
             )
             handle.prompt_logprobs_jobs = (step.jobs, packed)
         handle.pooled = self.pooling.take_results()
+        if self.routed_experts is not None:
+            copy = self.routed_experts.copy_step(inputs.num_tokens)
+            handle.routing = (copy, inputs.slot_mapping)
         if self.drafter is not None:  # result() proposes, once the tokens are read
             handle.drafter, handle.asked = self.drafter, Drafter.asked(step.sched_out)
         return handle

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from minivllm.engine.runner.device_inputs import HostCopy
@@ -13,6 +14,7 @@ from minivllm.engine.runner.drafter import Drafter
 from minivllm.engine.runner.input_prep import StepInputs
 from minivllm.engine.runner.pooling import pooled_to_host
 from minivllm.engine.runner.prompt_logprobs import PromptLogprobsJob, PromptLogprobsTracker
+from minivllm.engine.runner.routed_experts import step_routing
 from minivllm.engine.runner.sampling_state import (
     SamplingState,
     pack_logprobs,
@@ -63,6 +65,9 @@ class StepHandle:
         self.prompt_logprobs_jobs: tuple[list[PromptLogprobsJob], list[torch.Tensor]] | None = None
         # The pooling requests whose prompts ended this step: (req_ids, vectors or scores).
         self.pooled: list[tuple[list[str], torch.Tensor]] = []
+        # enable_return_routed_experts: the step's rows on their way to the host, and the
+        # rows' KV slots.
+        self.routing: tuple[HostCopy, np.ndarray] | None = None
         # The runner's drafter and the (req_id, draft_cap) the step asks drafts for, when
         # the engine speculates: result() proposes after reading the step's tokens.
         self.drafter: Drafter | None = None
@@ -109,8 +114,11 @@ class StepHandle:
             out.draft_token_ids = self.drafter.propose(self.asked)
 
     def add_prompt_results(self, out: RunnerOutput) -> None:
-        """What the step read from its prompt rows: prompt logprobs, pooled vectors."""
+        """What the step read from its token rows: prompt logprobs, pooled vectors, routed
+        experts."""
         if self.prompt_logprobs_jobs is not None:
             out.prompt_logprobs = PromptLogprobsTracker.collect(*self.prompt_logprobs_jobs)
         if self.pooled:
             out.pooled = pooled_to_host(self.pooled)
+        if self.routing is not None:
+            out.routed_experts = step_routing(*self.routing)

@@ -24,6 +24,7 @@ from minivllm.engine.sched.grammar import (
 )
 from minivllm.engine.sched.kv_coordinator import HybridKVCoordinator
 from minivllm.engine.sched.request import Request, RequestStatus, needs_host_tokens
+from minivllm.engine.sched.routed_experts import RoutedExpertsRecorder
 from minivllm.engine.sched.speculation import Speculator
 from minivllm.engine.sched.stop_checker import check_stop
 from minivllm.engine.types import (
@@ -59,12 +60,15 @@ class Scheduler:
         structured_outputs: GrammarMasks | None = None,
         speculator: Speculator | None = None,
         policy: str = "fcfs",
+        routed_experts: RoutedExpertsRecorder | None = None,
     ) -> None:
         """structured_outputs: makes constrained requests' matchers (None: refuses them).
         speculator: who drafts and which drafts they use (None: no speculative decoding).
         policy: "fcfs", requests in arrival order; "priority", by (priority, arrival time),
         a lower value first: waiting requests are admitted in that order, running ones keep
-        it, and a preemption takes the last (vLLM's --scheduling-policy)."""
+        it, and a preemption takes the last (vLLM's --scheduling-policy).
+        routed_experts: keeps the steps' routed experts and hands each output its tokens'
+        (enable_return_routed_experts; None: off)."""
         for name, value in (
             ("max_num_seqs", max_num_seqs),
             ("max_num_batched_tokens", max_num_batched_tokens),
@@ -90,6 +94,7 @@ class Scheduler:
         self.structured_outputs = structured_outputs
         self.num_constrained = 0  # unfinished requests with a grammar
         self.speculator = speculator
+        self.routed_experts = routed_experts
         self._speculates = False  # whether this step's batch size lets requests draft
         # Requests whose drafts of the last schedule() are their grammar's forced tokens.
         self._forced_req_ids: Iterable[str] = set()
@@ -148,6 +153,8 @@ class Scheduler:
             request.status = RequestStatus.FINISHED_ABORTED
             request.finish_reason = "abort"
             self._finish(request)
+            if self.routed_experts is not None:
+                self.routed_experts.forget(req_id)
 
     def catch_up(self) -> None:
         """Applies the step in flight where the next step needs its tokens (async scheduling:
@@ -409,6 +416,9 @@ class Scheduler:
         if self.num_constrained:
             assert self.structured_outputs is not None
             advanced = advance_grammars(self.requests, runner_out, self.structured_outputs)
+        routed = self.routed_experts
+        if routed is not None and runner_out.routed_experts is not None:
+            routed.record(sched_out, runner_out.routed_experts, self.requests)
         i = -1  # the runner samples one token per chunk with sample=True, in chunk order
         for chunk in sched_out.chunks:
             if chunk.sample:
@@ -458,6 +468,8 @@ class Scheduler:
                 output.num_draft_tokens, output.num_accepted_tokens = num_drafts, num_accepted
             if runner_out.pooled:
                 output.pooled = runner_out.pooled.get(chunk.req_id)
+            if routed is not None:
+                output.routed_experts = routed.take(request)
             outputs.append(output)
         if any_running_finished:
             self.running = [r for r in self.running if not r.is_finished]

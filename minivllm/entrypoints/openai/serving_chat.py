@@ -30,6 +30,7 @@ from minivllm.entrypoints.openai.protocol import (
     MAX_LOGPROBS,
     ChatCompletionRequest,
 )
+from minivllm.entrypoints.openai.routed_experts import encode_routed_experts
 from minivllm.entrypoints.parsers.reasoning.constraint import (
     after_reasoning,
     has_special_markers,
@@ -198,6 +199,8 @@ class _ChatResponse:
             )
             if self.req.return_token_ids:
                 choices[-1]["token_ids"] = c.token_ids
+            if c.routed_experts is not None:  # vLLM's field (enable_return_routed_experts)
+                choices[-1]["routed_experts"] = encode_routed_experts(c.routed_experts)
         body = {**self.head, "choices": choices, "usage": usage([output])}
         if self.req.return_token_ids:  # vLLM's field, on the response
             body["prompt_token_ids"] = self.run.prompt_token_ids

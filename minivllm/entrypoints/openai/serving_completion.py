@@ -16,6 +16,7 @@ from minivllm.entrypoints.openai.params import (
     truncate_prompt,
 )
 from minivllm.entrypoints.openai.protocol import CompletionRequest
+from minivllm.entrypoints.openai.routed_experts import encode_routed_experts
 from minivllm.entrypoints.server.errors import APIError, sse_error
 from minivllm.entrypoints.server.serving_common import (
     ServerState,
@@ -153,6 +154,8 @@ class _Response:
                 if self.req.return_token_ids:
                     choices[-1]["prompt_token_ids"] = output.prompt_token_ids
                     choices[-1]["token_ids"] = choice.token_ids
+                if choice.routed_experts is not None:  # vLLM's (enable_return_routed_experts)
+                    choices[-1]["routed_experts"] = encode_routed_experts(choice.routed_experts)
                 if self.req.prompt_logprobs is not None:  # vLLM's field, on each choice
                     choices[-1]["prompt_logprobs"] = prompt_logprobs(
                         output.prompt_token_ids, output.prompt_logprobs, self.req.prompt_logprobs
