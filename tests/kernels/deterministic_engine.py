@@ -9,7 +9,7 @@ from minivllm import LLM, SamplingParams
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter on the CPU
 PROMPTS = [list(range(3 + i, 3 + i + n)) for i, n in enumerate((29, 7, 18, 41))]
-PARAMS = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=2)
+PARAMS = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, logprobs=2)
 
 
 def generate_deterministic(model_dir: str, prompts: list[list[int]], **options) -> list[tuple]:
