@@ -22,12 +22,17 @@ pytestmark = [
 PROMPTS = [p[: 16 + 37 * i] for i, p in enumerate(prompts(12, 512, seed=3))]
 
 
+def _pooling_model_dir(model_dir: str, tmp_path_factory, pooling: str, normalize: bool) -> str:
+    """A copy of model_dir with sentence-transformers' files for this pooling."""
+    out = str(tmp_path_factory.mktemp(f"embed-{pooling}") / "m")
+    shutil.copytree(model_dir, out)
+    write_sentence_transformers_files(out, pooling, normalize)
+    return out
+
+
 @pytest.fixture(scope="module")
 def embed_dir(model_dir: str, tmp_path_factory) -> str:
-    out = str(tmp_path_factory.mktemp("embed") / "m")
-    shutil.copytree(model_dir, out)
-    write_sentence_transformers_files(out, "last", True)
-    return out
+    return _pooling_model_dir(model_dir, tmp_path_factory, "last", True)
 
 
 def _embed(
@@ -86,10 +91,7 @@ def test_pooling_beside_generation(embed_dir: str) -> None:
 
 @pytest.fixture(scope="module")
 def mean_dir(model_dir: str, tmp_path_factory) -> str:
-    out = str(tmp_path_factory.mktemp("embed-mean") / "m")
-    shutil.copytree(model_dir, out)
-    write_sentence_transformers_files(out, "mean", False)
-    return out
+    return _pooling_model_dir(model_dir, tmp_path_factory, "mean", False)
 
 
 def test_mean_pooling_and_its_reserve(mean_dir: str, caplog) -> None:
