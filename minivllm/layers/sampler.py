@@ -99,20 +99,26 @@ class Sampler(nn.Module):
     penalties run as one kernel over the penalized rows (kernels/penalties.py).
 
     Workspace: one float32 copy of the logits (two with logprobs: their log_softmax), [N, V]
-    masks of one byte, and the filters' candidates (layers/sampling_filters.py); the filters'
-    thresholds drop tokens inside the Triton draw, without a mask.
+    masks of one byte, and the filters' candidates (layers/sampling_filters.py, or
+    kernels/filter_thresholds.py's few KiB a row); the filters' thresholds drop tokens inside
+    the Triton draw, without a mask.
     """
 
     def __init__(self, use_triton: bool = False) -> None:
         super().__init__()
         self.use_triton = use_triton
         self._penalize = penalize
+        # The largest top-k the Triton thresholds take (0: the torch path's torch.topk always).
+        self.kernel_top_k_cap = 0
         if use_triton:
+            from minivllm.kernels import filter_thresholds
             from minivllm.kernels.penalties import apply_penalties_from_tables
             from minivllm.kernels.sampling import sample_plain
 
             self._sample_plain = sample_plain
             self._penalize = apply_penalties_from_tables
+            self._kernel_thresholds = filter_thresholds.filter_thresholds
+            self.kernel_top_k_cap = filter_thresholds.MAX_TOP_K
 
     def forward(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
         # logits: [N, V], any float dtype; left untouched.
@@ -130,9 +136,10 @@ class Sampler(nn.Module):
             or meta.logit_bias_ids is not None
             or meta.allowed_token_ids is not None
             or not meta.no_penalties
-            or not meta.all_greedy
+            # The torch draw scales and masks in place; the Triton kernels read any dtype.
+            or not (meta.all_greedy or self.use_triton)
         )
-        # One float32 copy, then everything below works in place on it.
+        # One float32 copy where logits are edited, then everything below works in place on it.
         logits = logits.to(torch.float32, copy=needs_edit)
         if meta.logit_bias_ids is not None:
             logits.scatter_add_(1, meta.logit_bias_ids, meta.logit_bias_values)
@@ -154,7 +161,7 @@ class Sampler(nn.Module):
             # argmax.
             thresholds = None
             if not (meta.no_top_k and meta.no_top_p and meta.no_min_p):
-                thresholds = filter_thresholds(logits, meta)
+                thresholds = self.thresholds(logits, meta)
             if self.use_triton:
                 # Drawn from the unscaled logits with the fused kernel's keyed noise (the
                 # same draw a plain batch makes for a row without filters), the dropped
@@ -180,6 +187,25 @@ class Sampler(nn.Module):
                 )
             out.logprob_token_ids, out.logprobs, out.ranks = found
         return out
+
+    def thresholds(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+        """[N, 1]: the smallest logit each row keeps under its top-k, top-p and min-p; the
+        Triton kernels' two passes where every filtering row's top-k is within their cap,
+        else torch.topk candidates or the sort (layers/sampling_filters.py)."""
+        if (
+            self.use_triton
+            and meta.filter_by_candidates
+            and meta.max_top_k <= self.kernel_top_k_cap
+        ):
+            return self._kernel_thresholds(
+                logits,
+                meta.temperature,
+                None if meta.no_top_k else meta.top_k,
+                None if meta.no_top_p else meta.top_p,
+                None if meta.no_min_p else meta.min_p,
+                meta.max_top_k,
+            )
+        return filter_thresholds(logits, meta)
 
     def draw_kept(
         self, logits: torch.Tensor, meta: SamplingMetadata, thresholds: torch.Tensor | None = None

@@ -44,11 +44,12 @@ def sample_worst_case(
 ) -> None:
     """Samples logits' rows as the options with the largest workspaces would: every row with
     the three penalties, min_tokens and the most logprobs allowed, once with top-p alone (the
-    sort fallback) and once with top-k at its candidate cap. Profiling runs it after the
-    forward, so the peak it reads holds the sampler's workspace."""
+    sort fallback), once with top-k at the Triton thresholds' cap (where the sampler has them)
+    and once at the torch candidates' cap. Profiling runs it after the forward, so the peak it
+    reads holds the sampler's workspace."""
     num_rows, vocab_size = logits.shape
     num_logprobs = vocab_size if max_logprobs == -1 else min(max_logprobs, vocab_size)
-    for top_k in (0, TOP_K_CAP):
+    for top_k in sorted({0, sampler.kernel_top_k_cap, TOP_K_CAP}):
         params = SamplingParams(
             temperature=0.7, top_k=top_k, top_p=0.9, min_p=0.05, repetition_penalty=1.05,
             frequency_penalty=0.1, presence_penalty=0.1, min_tokens=1, stop_token_ids=[0],

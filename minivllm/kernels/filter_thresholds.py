@@ -1,0 +1,171 @@
+"""Top-k, top-p and min-p thresholds without a vocabulary sort: two Triton passes.
+
+The filters' semantics are layers/sampling_filters.py's (each row keeps the logits at or above
+one threshold); this finds the same thresholds where every row's top-k is at most
+MAX_TOP_K:
+1. grid (rows, chunks): each CHUNK-wide slice of a row keeps its KB largest values
+   (KB = the next power of two >= the largest top-k), sorted, in a [rows, chunks, KB] workspace;
+2. grid (rows,): a row's chunks' candidates are sorted together; the k-th largest is the
+   top-k threshold, and top-p's mass is summed over the candidates at or above it. Tokens tied
+   with the k-th past the candidates (kept by top-k, part of the mass) exist only in a chunk
+   whose KB-th candidate is itself >= the k-th; only such chunks are read again to count them.
+One read of the logits (and a few KiB a row), where torch.topk makes several radix passes with
+one block a row: much faster at small batches, where a decode step is short.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from minivllm.kernels.checks import check_same, check_tensor
+
+# The largest top-k these kernels take (the merge sorts chunks x KB candidates in one program).
+MAX_TOP_K = 256
+# Vocab slice of one stage-1 program; grown so that a row's candidates stay within MAX_MERGE.
+CHUNK = 4096
+MAX_MERGE = 8192
+
+
+@triton.jit
+def _chunk_top_kernel(logits_ptr, cand_ptr, stride_logits, vocab_size, num_chunks,
+                      CHUNK: tl.constexpr, KB: tl.constexpr):  # fmt: skip
+    """Grid (num_rows, num_chunks): the KB largest values of one chunk, descending."""
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    ids = chunk * CHUNK + tl.arange(0, CHUNK)
+    x = tl.load(logits_ptr + row * stride_logits + ids, mask=ids < vocab_size,
+                other=-float("inf")).to(tl.float32)  # fmt: skip
+    top = tl.topk(x, KB)
+    tl.store(cand_ptr + (row * num_chunks + chunk) * KB + tl.arange(0, KB), top)
+
+
+@triton.jit
+def _ties_past_candidates(logits_row, cand_row, vocab_size, num_chunks, kth,
+                          CHUNK: tl.constexpr, KB: tl.constexpr):  # fmt: skip
+    """How many logits equal to kth no chunk's candidates hold: only a chunk whose KB-th
+    candidate is >= kth can hold more (then they are all == kth, as at most k - 1 <= KB - 1
+    logits are > kth)."""
+    extra = 0
+    for chunk in range(num_chunks):
+        if tl.load(cand_row + chunk * KB + KB - 1) >= kth:
+            ids = chunk * CHUNK + tl.arange(0, CHUNK)
+            x = tl.load(logits_row + ids, mask=ids < vocab_size, other=-float("inf"))
+            extra += tl.sum((x.to(tl.float32) >= kth).to(tl.int32), 0) - KB
+    return extra
+
+
+@triton.jit(do_not_specialize_on_alignment=["temperature_ptr", "top_k_ptr", "top_p_ptr",
+                                            "min_p_ptr"])  # fmt: skip
+def _threshold_kernel(
+    logits_ptr, cand_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, out_ptr,
+    stride_logits, vocab_size, num_chunks,
+    CHUNK: tl.constexpr, KB: tl.constexpr, MERGE: tl.constexpr,
+    HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr, HAS_MIN_P: tl.constexpr,
+):  # fmt: skip
+    """Grid (num_rows,): the row's threshold from its num_chunks x KB candidates."""
+    row = tl.program_id(0).to(tl.int64)
+    num_candidates = num_chunks * KB
+    cand_row = cand_ptr + row * num_candidates
+    offs = tl.arange(0, MERGE)
+    values = tl.load(cand_row + offs, mask=offs < num_candidates, other=-float("inf"))
+    values = tl.sort(values, descending=True)
+    top = tl.max(values, 0)
+    temperature = tl.load(temperature_ptr + row)
+    temperature = tl.where(temperature == 0.0, 1.0, temperature)  # greedy rows: as T = 1
+    kth = -float("inf")
+    if HAS_TOP_K:
+        k = tl.load(top_k_ptr + row)
+        position = tl.minimum(tl.maximum(k, 1), vocab_size) - 1
+        kth = tl.where(k > 0, tl.max(tl.where(offs == position, values, -float("inf")), 0),
+                       -float("inf"))  # fmt: skip
+    threshold = kth
+    if HAS_TOP_P:
+        top_p = tl.load(top_p_ptr + row)
+        scaled = values / temperature
+        in_top_k = values >= kth
+        weights = tl.where(in_top_k, tl.exp(scaled - top / temperature), 0.0)
+        total = tl.sum(weights, 0)
+        if (top_p < 1.0) & (kth > -float("inf")):
+            ties = _ties_past_candidates(logits_ptr + row * stride_logits, cand_row, vocab_size,
+                                         num_chunks, kth, CHUNK, KB)  # fmt: skip
+            total += ties.to(tl.float32) * tl.exp(kth / temperature - top / temperature)
+        # A token stays while the more likely ones before it hold < top_p of the mass; the
+        # kept candidates are a prefix, the threshold its last value.
+        mass_before = tl.cumsum(weights, 0) - weights
+        keep = ((mass_before < top_p * total) & in_top_k) | (offs == 0)
+        last = tl.sum(keep.to(tl.int32), 0) - 1
+        by_mass = tl.max(tl.where(offs == last, values, -float("inf")), 0)
+        threshold = tl.where(top_p >= 1.0, kth, by_mass)
+    if HAS_MIN_P:
+        # p / p_max >= min_p  <=>  x >= x_max + T * log(min_p)
+        threshold = tl.maximum(threshold, top + temperature * tl.log(tl.load(min_p_ptr + row)))
+    tl.store(out_ptr + row, threshold)
+
+
+def merge_shape(vocab_size: int, max_top_k: int, chunk: int = CHUNK) -> tuple[int, int, int]:
+    """(chunk, kb, merge): the stage-1 slice (at least `chunk`), candidates a chunk, and the
+    merge's width."""
+    kb = max(triton.next_power_of_2(max(max_top_k, 1)), 16)
+    chunk = min(chunk, triton.next_power_of_2(max(vocab_size, 1)))  # a small vocab: one slice
+    chunk = max(chunk, kb, triton.next_power_of_2(triton.cdiv(vocab_size * kb, MAX_MERGE)))
+    merge = max(triton.next_power_of_2(triton.cdiv(vocab_size, chunk) * kb), 16)
+    return chunk, kb, merge
+
+
+def workspace_bytes(num_rows: int, vocab_size: int, max_top_k: int) -> int:
+    """The candidates' bytes at num_rows (float32), plus the thresholds."""
+    chunk, kb, _ = merge_shape(vocab_size, max_top_k)
+    return 4 * num_rows * (triton.cdiv(vocab_size, chunk) * kb + 1)
+
+
+def filter_thresholds(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor | None,
+    top_p: torch.Tensor | None,
+    min_p: torch.Tensor | None,
+    max_top_k: int,
+    chunk: int = CHUNK,
+) -> torch.Tensor:
+    """[num_rows, 1] float32: each row keeps the logits >= its threshold (-inf: all).
+
+    logits: [num_rows, vocab_size] fp32/fp16/bf16 (penalized, not divided by temperature);
+    temperature [num_rows] fp32 (0 read as 1); top_k [num_rows] int64 (0 = off, each <=
+    max_top_k <= MAX_TOP_K), top_p [num_rows] fp32 (1 = off; a row with top_p < 1 has a
+    top_k), min_p [num_rows] fp32 (0 = off); each None when no row uses it. chunk: the
+    stage-1 slice (a power of two; small in Triton's interpreter). No host sync.
+    """
+    check_tensor("logits", logits, 2)
+    num_rows, vocab_size = logits.shape
+    if not 0 <= max_top_k <= MAX_TOP_K:
+        raise ValueError(f"max_top_k must be in [0, {MAX_TOP_K}], got {max_top_k}")
+    if top_p is not None and top_k is None:
+        raise ValueError("top_p needs top_k here (the mass is summed over top-k candidates)")
+    params = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p}
+    for name, t in params.items():
+        if t is not None:
+            dtypes = (torch.int64,) if name == "top_k" else (torch.float32,)
+            check_tensor(name, t, 1, dtypes)
+            check_same(f"{name}.shape[0]", t.shape[0], "num_rows", num_rows)
+    out = torch.empty(num_rows, 1, dtype=torch.float32, device=logits.device)
+    if num_rows == 0 or vocab_size == 0:
+        return out.fill_(-torch.inf)
+    if chunk < 16 or chunk & (chunk - 1):
+        raise ValueError(f"chunk must be a power of two >= 16, got {chunk}")
+    chunk, kb, merge = merge_shape(vocab_size, max_top_k, chunk)
+    num_chunks = triton.cdiv(vocab_size, chunk)
+    candidates = torch.empty(num_rows, num_chunks, kb, dtype=torch.float32, device=logits.device)
+    _chunk_top_kernel[(num_rows, num_chunks)](
+        logits, candidates, logits.stride(0), vocab_size, num_chunks, CHUNK=chunk, KB=kb,
+        num_warps=8,
+    )  # fmt: skip
+    _threshold_kernel[(num_rows,)](
+        logits, candidates, temperature, *(temperature if t is None else t for t in
+                                           (top_k, top_p, min_p)),
+        out, logits.stride(0), vocab_size, num_chunks, CHUNK=chunk, KB=kb, MERGE=merge,
+        HAS_TOP_K=top_k is not None, HAS_TOP_P=top_p is not None, HAS_MIN_P=min_p is not None,
+        num_warps=4 if merge <= 2048 else 8,
+    )  # fmt: skip
+    return out
