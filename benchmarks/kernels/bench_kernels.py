@@ -272,6 +272,30 @@ def sample_plain_case(batch: int, vocab_size: int, quick: bool) -> dict:
     return result
 
 
+def filter_case(batch: int, vocab_size: int, quick: bool) -> dict:
+    """Top-k 20 / top-p 0.8 thresholds (Qwen2.5's generation_config) of bf16 logits: the
+    Triton passes against the torch path (torch.topk candidates) on the same float32 copy,
+    thresholds equal."""
+    from minivllm.kernels.filter_thresholds import filter_thresholds
+    from minivllm.layers.sampling_filters import keep_thresholds
+
+    logits = (torch.randn(batch, vocab_size, device="cuda") * 3).to(DTYPE)
+    temperature = torch.full((batch,), 0.7, device="cuda")
+    top_k = torch.full((batch,), 20, dtype=torch.int64, device="cuda")
+    top_p = torch.full((batch,), 0.8, device="cuda")
+    args = (temperature, top_k, top_p, None, 20)
+    ms = bench(lambda: filter_thresholds(logits, *args), quick)
+    ref_ms = bench(lambda: keep_thresholds(logits.float(), *args, True), quick)
+    copy_ms = bench(lambda: logits.float(), quick)
+    ref = keep_thresholds(logits.float(), *args, True)
+    equal = torch.equal(filter_thresholds(logits, *args), ref)
+    return {
+        "kernel": "filter_thresholds", "batch": batch, "vocab_size": vocab_size, "equal": equal,
+        "ms": round(ms, 4), "torch_topk_path_ms": round(ref_ms - copy_ms, 4),
+        "float32_copy_ms": round(copy_ms, 4), "speedup": round((ref_ms - copy_ms) / ms, 2),
+    }  # fmt: skip
+
+
 def bitmask_case(rows: int, vocab_size: int, quick: bool) -> dict:
     """A grammar's bitmask applied to fp32 logits: the kernel against apply_bitmask's torch
     definition (unpack to bool, gather, select, scatter), on the device; equal results."""
@@ -354,6 +378,8 @@ def cases(quick: bool, every_case: bool = False):
     yield "prefill_4096_32_8", lambda: prefill_case([4096], 32, 8, 128, quick)
     yield "fused_ops_8192", lambda: fused_ops_case(8192, 1024, 3072, quick)
     yield "sample_plain_b1024_v151936", lambda: sample_plain_case(1024, 151936, quick)
+    for batch in (1, 64, 256, 1024):
+        yield f"filter_b{batch}_v151936", lambda b=batch: filter_case(b, 151936, quick)
     for rows, vocab in ((1, 151936), (256, 49152), (256, 151936)):
         yield f"bitmask_r{rows}_v{vocab}", lambda r=rows, v=vocab: bitmask_case(r, v, quick)
     for rows, drafts in ((1, 4), (256, 4), (256, 16)):
