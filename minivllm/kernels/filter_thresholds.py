@@ -4,13 +4,16 @@ The filters' semantics are layers/sampling_filters.py's (each row keeps the logi
 one threshold); this finds the same thresholds where every row's top-k is at most
 MAX_TOP_K:
 1. grid (rows, chunks): each CHUNK-wide slice of a row keeps its KB largest values
-   (KB = the next power of two >= the largest top-k), sorted, in a [rows, chunks, KB] workspace;
+   (KB: the smallest of CANDIDATE_WIDTHS >= the largest top-k), sorted, in a [rows, chunks,
+   KB] workspace;
 2. grid (rows,): a row's chunks' candidates are sorted together; the k-th largest is the
    top-k threshold, and top-p's mass is summed over the candidates at or above it. Tokens tied
    with the k-th past the candidates (kept by top-k, part of the mass) exist only in a chunk
    whose KB-th candidate is itself >= the k-th; only such chunks are read again to count them.
 One read of the logits (and a few KiB a row), where torch.topk makes several radix passes with
-one block a row: much faster at small batches, where a decode step is short.
+one block a row: much faster at small batches, where a decode step is short. Which filters a
+row uses is read per row at run time, so an engine compiles two variants a logits dtype (one
+a candidate width), all at start (Sampler.compile_kernels).
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from minivllm.kernels.checks import check_same, check_tensor
 
 # The largest top-k these kernels take (the merge sorts chunks x KB candidates in one program).
 MAX_TOP_K = 256
+# Candidates a chunk keeps: the first width >= the step's largest top-k.
+CANDIDATE_WIDTHS = (32, MAX_TOP_K)
 # Vocab slice of one stage-1 program; grown so that a row's candidates stay within MAX_MERGE.
 CHUNK = 4096
 MAX_MERGE = 8192
@@ -56,15 +61,18 @@ def _ties_past_candidates(logits_row, cand_row, vocab_size, num_chunks, kth,
     return extra
 
 
-@triton.jit(do_not_specialize_on_alignment=["temperature_ptr", "top_k_ptr", "top_p_ptr",
+# The per-row parameters are views into one staging transfer (any alignment), and the has_*
+# flags are plain ints: neither is specialized on, so no batch compiles a variant mid-run.
+@triton.jit(do_not_specialize=["has_top_k", "has_top_p", "has_min_p"],
+            do_not_specialize_on_alignment=["temperature_ptr", "top_k_ptr", "top_p_ptr",
                                             "min_p_ptr"])  # fmt: skip
 def _threshold_kernel(
     logits_ptr, cand_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, out_ptr,
-    stride_logits, vocab_size, num_chunks,
+    stride_logits, vocab_size, num_chunks, has_top_k, has_top_p, has_min_p,
     CHUNK: tl.constexpr, KB: tl.constexpr, MERGE: tl.constexpr,
-    HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr, HAS_MIN_P: tl.constexpr,
 ):  # fmt: skip
-    """Grid (num_rows,): the row's threshold from its num_chunks x KB candidates."""
+    """Grid (num_rows,): the row's threshold from its num_chunks x KB candidates; a has_*
+    flag 0 leaves that filter (and its pointer) out."""
     row = tl.program_id(0).to(tl.int64)
     num_candidates = num_chunks * KB
     cand_row = cand_ptr + row * num_candidates
@@ -75,13 +83,13 @@ def _threshold_kernel(
     temperature = tl.load(temperature_ptr + row)
     temperature = tl.where(temperature == 0.0, 1.0, temperature)  # greedy rows: as T = 1
     kth = -float("inf")
-    if HAS_TOP_K:
+    if has_top_k != 0:
         k = tl.load(top_k_ptr + row)
         position = tl.minimum(tl.maximum(k, 1), vocab_size) - 1
         kth = tl.where(k > 0, tl.max(tl.where(offs == position, values, -float("inf")), 0),
                        -float("inf"))  # fmt: skip
     threshold = kth
-    if HAS_TOP_P:
+    if has_top_p != 0:
         top_p = tl.load(top_p_ptr + row)
         scaled = values / temperature
         in_top_k = values >= kth
@@ -98,7 +106,7 @@ def _threshold_kernel(
         last = tl.sum(keep.to(tl.int32), 0) - 1
         by_mass = tl.max(tl.where(offs == last, values, -float("inf")), 0)
         threshold = tl.where(top_p >= 1.0, kth, by_mass)
-    if HAS_MIN_P:
+    if has_min_p != 0:
         # p / p_max >= min_p  <=>  x >= x_max + T * log(min_p)
         threshold = tl.maximum(threshold, top + temperature * tl.log(tl.load(min_p_ptr + row)))
     tl.store(out_ptr + row, threshold)
@@ -107,17 +115,11 @@ def _threshold_kernel(
 def merge_shape(vocab_size: int, max_top_k: int, chunk: int = CHUNK) -> tuple[int, int, int]:
     """(chunk, kb, merge): the stage-1 slice (at least `chunk`), candidates a chunk, and the
     merge's width."""
-    kb = max(triton.next_power_of_2(max(max_top_k, 1)), 16)
+    kb = next(width for width in CANDIDATE_WIDTHS if width >= max_top_k)
     chunk = min(chunk, triton.next_power_of_2(max(vocab_size, 1)))  # a small vocab: one slice
     chunk = max(chunk, kb, triton.next_power_of_2(triton.cdiv(vocab_size * kb, MAX_MERGE)))
     merge = max(triton.next_power_of_2(triton.cdiv(vocab_size, chunk) * kb), 16)
     return chunk, kb, merge
-
-
-def workspace_bytes(num_rows: int, vocab_size: int, max_top_k: int) -> int:
-    """The candidates' bytes at num_rows (float32), plus the thresholds."""
-    chunk, kb, _ = merge_shape(vocab_size, max_top_k)
-    return 4 * num_rows * (triton.cdiv(vocab_size, chunk) * kb + 1)
 
 
 def filter_thresholds(
@@ -164,8 +166,8 @@ def filter_thresholds(
     _threshold_kernel[(num_rows,)](
         logits, candidates, temperature, *(temperature if t is None else t for t in
                                            (top_k, top_p, min_p)),
-        out, logits.stride(0), vocab_size, num_chunks, CHUNK=chunk, KB=kb, MERGE=merge,
-        HAS_TOP_K=top_k is not None, HAS_TOP_P=top_p is not None, HAS_MIN_P=min_p is not None,
-        num_warps=4 if merge <= 2048 else 8,
+        out, logits.stride(0), vocab_size, num_chunks,
+        int(top_k is not None), int(top_p is not None), int(min_p is not None),
+        CHUNK=chunk, KB=kb, MERGE=merge, num_warps=4 if merge <= 2048 else 8,
     )  # fmt: skip
     return out

@@ -118,6 +118,7 @@ class Sampler(nn.Module):
             self._sample_plain = sample_plain
             self._penalize = apply_penalties_from_tables
             self._kernel_thresholds = filter_thresholds.filter_thresholds
+            self._candidate_widths = filter_thresholds.CANDIDATE_WIDTHS
             self.kernel_top_k_cap = filter_thresholds.MAX_TOP_K
 
     def forward(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
@@ -187,6 +188,20 @@ class Sampler(nn.Module):
                 )
             out.logprob_token_ids, out.logprobs, out.ranks = found
         return out
+
+    def compile_kernels(self, logits: torch.Tensor) -> None:
+        """Compiles the Triton variants a step's filtered draw can take, now (engine start):
+        thresholds and draw over logits in their own dtype (no row edited) and in float32,
+        at each candidate width. logits: [1, V] as the model computes them."""
+        if not self.use_triton:
+            return
+        ones = torch.ones(1, device=logits.device)
+        keys = torch.zeros(1, dtype=torch.int64, device=logits.device)
+        for x in (logits, logits.float()):
+            for width in self._candidate_widths:
+                top_k = torch.full((1,), width, dtype=torch.int64, device=logits.device)
+                thresholds = self._kernel_thresholds(x, ones, top_k, ones, ones * 0, width)
+                self._sample_plain(x, ones, keys, keys, thresholds=thresholds)
 
     def thresholds(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
         """[N, 1]: the smallest logit each row keeps under its top-k, top-p and min-p; the

@@ -43,11 +43,12 @@ def check_kept(logits, got, cases) -> None:
 
 
 def test_thresholds_equal_the_torch_path_and_the_definition() -> None:
-    # The filter tests' cases with a top_k within the vocabulary (the one above it: below)
-    # on coarse values: many ties, some at the k-th; and a greedy row (its thresholds as at
-    # temperature 1).
+    # The filter tests' cases with a top_k within the first candidate width (the widest
+    # candidates: below) on coarse values: many ties, some at the k-th; and a greedy row (its
+    # thresholds as at temperature 1).
     gen = torch.Generator().manual_seed(0)
-    cases = [case for case in CASES if case[1] <= 100] + [(0.0, 20, 0.8, 0.0)]
+    narrow = kernel.CANDIDATE_WIDTHS[0]
+    cases = [case for case in CASES if case[1] <= narrow] + [(0.0, 20, 0.8, 0.0)]
     logits = (torch.randn(len(cases), 100, generator=gen) * 12).round() / 4
     got, expected = both(logits, *(list(c) for c in zip(*cases, strict=True)))
     assert torch.equal(got, expected)

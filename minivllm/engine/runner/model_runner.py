@@ -233,17 +233,19 @@ class ModelRunner:
             self.graph_bytes = torch.cuda.memory_reserved(self.device) - before
             logger.info("CUDA graphs hold %.2f GiB", self.graph_bytes / 2**30)
         if self.device.type == "cuda":
-            self._compile_masking()
+            self._compile_masking_and_filters()
 
     @torch.inference_mode()
-    def _compile_masking(self) -> None:
-        """Compiles the structured-output mask kernel for this model's logits (their dtype,
-        width and row stride) now, not in the first constrained step: the engine's warm-up
-        runs no grammar. Every token allowed: the logits are untouched."""
+    def _compile_masking_and_filters(self) -> None:
+        """Compiles the structured-output mask kernel and the sampler's filtered draws for
+        this model's logits (their dtype, width and row stride) now, not in the first step
+        that needs them: the engine's warm-up runs no grammar, nor every filter variant.
+        Every token allowed: the logits are untouched."""
         embed = self.model.model.embed_tokens.weight
         hidden = torch.zeros(1, embed.shape[1], dtype=embed.dtype, device=self.device)
         logits = self.model.compute_logits(hidden)
         apply_bitmask(logits, allocate_bitmask(1, logits.shape[1]), [0])
+        self.sampler.compile_kernels(logits)
 
     def _capture_mixed_graphs(self, largest_only: bool = False) -> PiecewiseGraphRunner | None:
         # Attention runs eagerly between the pieces, so every backend can use them. In
