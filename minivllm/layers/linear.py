@@ -212,6 +212,8 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         super().__init__(input_size, sum(output_sizes), bias, dtype, ops)
 
     def shard_plan(self, shard_id: object) -> ShardPlan | None:
+        if shard_id is None and self.tp_size == 1:
+            return None  # every part, stacked, as the weight holds them
         if not isinstance(shard_id, int) or not 0 <= shard_id < len(self.shard_sizes):
             raise ValueError(f"merged linear needs shard_id in 0..{len(self.shard_sizes) - 1}")
         size = self.shard_sizes[shard_id]
@@ -221,7 +223,7 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
     def checkpoint_parts(
         self, loaded_weight: torch.Tensor, shard_id: object, block: int = 1
     ) -> list[tuple[object, torch.Tensor]]:
-        if shard_id is not None:
+        if shard_id is not None or self.tp_size == 1:
             return [(shard_id, loaded_weight)]
         full_sizes = [n * self.tp_size for n in self.shard_sizes]
         if any(n % block for n in full_sizes):
