@@ -21,7 +21,7 @@ from minivllm.layers.quantization.config import QuantConfig
 from minivllm.layers.quantization.fp8_math import dequantize_token_groups, quantize_token_groups
 from tests.fp8_checkpoint import block_dequantize, block_quantize
 
-HIDDEN, H_K, H_V, D_K, D_V, KERNEL = 32, 2, 4, 8, 6, 4
+HIDDEN, H_K, H_V, D_K, D_V, KERNEL = 32, 2, 4, 16, 16, 4  # the kernels take 16-256 dims
 NUM_SLOTS = 3
 FP8_OPS = quantized_ops(LayerOps(), QuantConfig("fp8"))
 
@@ -32,9 +32,10 @@ def on_rank(monkeypatch: pytest.MonkeyPatch, rank: int, tp_size: int, make):
     return make()
 
 
-def make_layer() -> GatedDeltaNet:
+def make_layer(use_triton: bool = False) -> GatedDeltaNet:
     ops = LayerOps(row_reduce=lambda x, n: x)  # the test sums the ranks' partials
-    return GatedDeltaNet(HIDDEN, H_K, H_V, D_K, D_V, KERNEL, 1e-6, torch.float32, ops=ops)
+    sizes = (HIDDEN, H_K, H_V, D_K, D_V, KERNEL, 1e-6, torch.float32)
+    return GatedDeltaNet(*sizes, use_triton=use_triton, ops=ops)
 
 
 def empty_states(layer: GatedDeltaNet) -> tuple[torch.Tensor, torch.Tensor]:
@@ -65,7 +66,12 @@ def head_slices(rank: int, tp_size: int) -> tuple[torch.Tensor, slice]:
     return channels, slice(rank * heads, (rank + 1) * heads)
 
 
-def test_heads_split_over_ranks_sum_to_the_full_layer(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("use_triton", [False, True], ids=["torch", "triton"])
+def test_heads_split_over_ranks_sum_to_the_full_layer(
+    monkeypatch: pytest.MonkeyPatch, use_triton: bool
+) -> None:
+    """The whole layer in torch; each rank's with the torch definitions or the Triton kernels
+    (in the interpreter on the CPU) on its one key head and two value heads."""
     torch.manual_seed(0)
     full = make_layer()
     with torch.no_grad():
@@ -81,7 +87,7 @@ def test_heads_split_over_ranks_sum_to_the_full_layer(monkeypatch: pytest.Monkey
     tp_size = 2
     totals = [torch.zeros_like(e) for e in expected]
     for rank in range(tp_size):
-        layer = on_rank(monkeypatch, rank, tp_size, make_layer)
+        layer = on_rank(monkeypatch, rank, tp_size, lambda: make_layer(use_triton))
         assert (layer.num_k_heads, layer.num_v_heads) == (H_K // tp_size, H_V // tp_size)
         for name, param in layer.named_parameters():
             getattr(param, "weight_loader", default_weight_loader)(param, checkpoint[name])
