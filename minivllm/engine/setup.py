@@ -93,8 +93,3 @@ def _check_hybrid_options(config: EngineConfig, model_config: ModelConfig) -> No
             "speculative_config: speculative decoding does not yet run on hybrid models "
             "(a rejected draft would need the recurrent state rolled back)"
         )
-    if config.tensor_parallel_size > 1:
-        raise ValueError(
-            "tensor_parallel_size: hybrid models run on one device for now (the step "
-            "broadcast to the other ranks does not carry the recurrent-state slots)"
-        )

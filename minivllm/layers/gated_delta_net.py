@@ -10,8 +10,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minivllm.distributed.parallel_state import divide, get_tp_rank_size
 from minivllm.layers import causal_conv1d, gated_delta
-from minivllm.layers.linear import ReplicatedLinear
+from minivllm.layers.linear import (
+    ColumnParallelLinear,
+    MergedColumnParallelLinear,
+    RowParallelLinear,
+    stacked_shard_loader,
+)
 from minivllm.layers.ops import DEFAULT_OPS, LayerOps
 
 
@@ -49,8 +55,13 @@ class GatedRMSNorm(nn.Module):
 class GatedDeltaNet(nn.Module):
     """Parameters named as in HF's Qwen3_5GatedDeltaNet. States, handed in by the caller:
     conv_state [num_slots, conv_kernel - 1, 2 * H_k * d_k + H_v * d_v] (model dtype) and
-    ssm_state [num_slots, H_v, d_k, d_v] float32, both updated in place.
-    use_triton: the Triton kernels of `kernels/gated_delta/`; else the torch definitions."""
+    ssm_state [num_slots, H_v, d_k, d_v] float32, both updated in place, of this rank's heads.
+    use_triton: the Triton kernels of `kernels/gated_delta/`; else the torch definitions.
+
+    Tensor parallelism splits the heads: rank r holds key heads [r H_k / tp, (r + 1) H_k / tp)
+    and the value heads that read them (value head j reads key head j // (H_v / H_k)), so a
+    head's q, k, v, z, b, a, conv channels, decay, state and norm stay on one rank, and the
+    out-projection is row-parallel (the layer's one all-reduce)."""
 
     def __init__(
         self,
@@ -68,26 +79,34 @@ class GatedDeltaNet(nn.Module):
         super().__init__()
         if num_v_heads % num_k_heads:
             raise ValueError(f"num_v_heads {num_v_heads} must be a multiple of {num_k_heads}")
-        self.num_k_heads, self.num_v_heads = num_k_heads, num_v_heads
+        tp_rank, tp_size = get_tp_rank_size()
+        # This rank's heads and sizes (all of them at tp_size 1).
+        self.num_k_heads = divide(num_k_heads, tp_size, "linear_num_key_heads")
+        self.num_v_heads = divide(num_v_heads, tp_size, "linear_num_value_heads")
         self.head_k_dim, self.head_v_dim = head_k_dim, head_v_dim
-        self.key_dim, self.value_dim = num_k_heads * head_k_dim, num_v_heads * head_v_dim
+        self.key_dim, self.value_dim = self.num_k_heads * head_k_dim, self.num_v_heads * head_v_dim
         self.conv_dim = 2 * self.key_dim + self.value_dim
-        self.in_proj_qkv = ReplicatedLinear(hidden_size, self.conv_dim, dtype=dtype, ops=ops)
-        self.in_proj_z = ReplicatedLinear(hidden_size, self.value_dim, dtype=dtype, ops=ops)
+        # The checkpoint's q, k and v rows, each split over the ranks by head.
+        qkv_sizes = [num_k_heads * head_k_dim] * 2 + [num_v_heads * head_v_dim]
+        self.in_proj_qkv = MergedColumnParallelLinear(hidden_size, qkv_sizes, dtype=dtype, ops=ops)
+        self.in_proj_z = ColumnParallelLinear(hidden_size, qkv_sizes[2], dtype=dtype, ops=ops)
         # One row a value head: never quantized (the FP8 checkpoints keep them in bf16).
         gate_ops = replace(ops, linear_method=None)
-        self.in_proj_b = ReplicatedLinear(hidden_size, num_v_heads, dtype=dtype, ops=gate_ops)
-        self.in_proj_a = ReplicatedLinear(hidden_size, num_v_heads, dtype=dtype, ops=gate_ops)
+        self.in_proj_b = ColumnParallelLinear(hidden_size, num_v_heads, dtype=dtype, ops=gate_ops)
+        self.in_proj_a = ColumnParallelLinear(hidden_size, num_v_heads, dtype=dtype, ops=gate_ops)
         # A depthwise Conv1d as HF has it (weight [conv_dim, 1, kernel]); only its weight is used.
         self.conv1d = nn.Conv1d(
             self.conv_dim, self.conv_dim, conv_kernel_size, groups=self.conv_dim, bias=False,
             dtype=dtype,
         )  # fmt: skip
         self.conv1d.weight.requires_grad_(False)
-        self.dt_bias = nn.Parameter(torch.ones(num_v_heads, dtype=dtype), requires_grad=False)
-        self.A_log = nn.Parameter(torch.zeros(num_v_heads, dtype=dtype), requires_grad=False)
-        self.norm = GatedRMSNorm(head_v_dim, rms_norm_eps, dtype=dtype)
-        self.out_proj = ReplicatedLinear(self.value_dim, hidden_size, dtype=dtype, ops=ops)
+        self.conv1d.weight.weight_loader = stacked_shard_loader(qkv_sizes, tp_rank, tp_size)
+        self.dt_bias = nn.Parameter(torch.ones(self.num_v_heads, dtype=dtype), requires_grad=False)
+        self.A_log = nn.Parameter(torch.zeros(self.num_v_heads, dtype=dtype), requires_grad=False)
+        for per_head in (self.dt_bias, self.A_log):
+            per_head.weight_loader = stacked_shard_loader([num_v_heads], tp_rank, tp_size)
+        self.norm = GatedRMSNorm(head_v_dim, rms_norm_eps, dtype=dtype)  # shared by the heads
+        self.out_proj = RowParallelLinear(qkv_sizes[2], hidden_size, dtype=dtype, ops=ops)
         self.use_triton = use_triton
         # The torch definitions and the kernels take the same arguments.
         self._conv_update = causal_conv1d.causal_conv1d_update

@@ -10,6 +10,7 @@ all-reduces its output. Each layer calls the GEMM and all-reduce of the LayerOps
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -64,6 +65,34 @@ def load_shard(param: torch.Tensor, loaded_weight: torch.Tensor, plan: ShardPlan
     copy_checked(param.data.narrow(plan.dim, plan.offset, plan.size), src)
 
 
+def split_stacked(loaded_weight: torch.Tensor, full_sizes: Sequence[int]) -> list[torch.Tensor]:
+    """A checkpoint tensor that stacks parts of full_sizes rows (dim 0) -> the parts."""
+    if loaded_weight.dim() == 0 or loaded_weight.shape[0] != sum(full_sizes):
+        raise ValueError(
+            f"shape mismatch: checkpoint tensor {tuple(loaded_weight.shape)} should stack "
+            f"parts of {list(full_sizes)} rows"
+        )
+    return list(loaded_weight.split(list(full_sizes)))
+
+
+def stacked_shard_loader(
+    full_sizes: Sequence[int], tp_rank: int, tp_size: int
+) -> Callable[..., None]:
+    """The weight_loader of a parameter that is not a linear layer's but splits as a merged
+    column-parallel weight does (Gated DeltaNet's conv1d channels, its per-head A_log): the
+    checkpoint tensor stacks parts of full_sizes rows, each split over the ranks; this rank's
+    slices go one after another."""
+    sizes = [divide(n, tp_size, "stacked parameter's rows") for n in full_sizes]
+
+    def load(param: torch.Tensor, loaded_weight: torch.Tensor, shard_id: object = None) -> None:
+        offset = 0
+        for part, size in zip(split_stacked(loaded_weight, full_sizes), sizes, strict=True):
+            load_shard(param, part, ShardPlan(0, tp_rank, size, size * tp_size, offset))
+            offset += size
+
+    return load
+
+
 def default_weight_loader(
     param: torch.Tensor, loaded_weight: torch.Tensor, shard_id: object = None
 ) -> None:
@@ -105,13 +134,22 @@ class LinearBase(nn.Module):
         """This rank's part of the weight `shard_id` of the checkpoint; None: all of it."""
         return None
 
+    def checkpoint_parts(
+        self, loaded_weight: torch.Tensor, shard_id: object, block: int = 1
+    ) -> list[tuple[object, torch.Tensor]]:
+        """The (shard_id, tensor) parts a checkpoint tensor loads as, each by its own
+        shard_plan: the tensor itself here. block: rows of the weight per row of the tensor
+        (an FP8 scale's 128)."""
+        return [(shard_id, loaded_weight)]
+
     def weight_loader(
         self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
     ) -> None:
-        plan = self.shard_plan(shard_id)
-        if param.dim() == 1 and plan is not None and plan.dim == 1:
-            plan = None  # a row-parallel bias is not split
-        load_shard(param, loaded_weight, plan)
+        for part_id, part in self.checkpoint_parts(loaded_weight, shard_id):
+            plan = self.shard_plan(part_id)
+            if param.dim() == 1 and plan is not None and plan.dim == 1:
+                plan = None  # a row-parallel bias is not split
+            load_shard(param, part, plan)
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self.quant_method is None:
@@ -157,7 +195,9 @@ class ColumnParallelLinear(LinearBase):
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
-    """Several column-parallel outputs in one matmul (gate_up); shard_id indexes output_sizes."""
+    """Several column-parallel outputs in one matmul (gate_up); shard_id indexes output_sizes.
+    A checkpoint tensor loaded with shard_id None stacks them all (Qwen3.5's in_proj_qkv: q,
+    k, v rows): each part is split over the ranks, as if loaded alone."""
 
     def __init__(
         self,
@@ -172,11 +212,27 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         super().__init__(input_size, sum(output_sizes), bias, dtype, ops)
 
     def shard_plan(self, shard_id: object) -> ShardPlan | None:
+        if shard_id is None and self.tp_size == 1:
+            return None  # every part, stacked, as the weight holds them
         if not isinstance(shard_id, int) or not 0 <= shard_id < len(self.shard_sizes):
             raise ValueError(f"merged linear needs shard_id in 0..{len(self.shard_sizes) - 1}")
         size = self.shard_sizes[shard_id]
         offset = sum(self.shard_sizes[:shard_id])
         return ShardPlan(0, self.tp_rank, size, size * self.tp_size, offset)
+
+    def checkpoint_parts(
+        self, loaded_weight: torch.Tensor, shard_id: object, block: int = 1
+    ) -> list[tuple[object, torch.Tensor]]:
+        if shard_id is not None or self.tp_size == 1:
+            return [(shard_id, loaded_weight)]
+        full_sizes = [n * self.tp_size for n in self.shard_sizes]
+        if any(n % block for n in full_sizes):
+            raise ValueError(
+                f"parts of {full_sizes} rows stacked in one tensor do not fall on its "
+                f"{block}-row blocks"
+            )
+        parts = split_stacked(loaded_weight, [n // block for n in full_sizes])
+        return list(enumerate(parts))
 
 
 class QKVParallelLinear(ColumnParallelLinear):

@@ -54,10 +54,22 @@ class SparseMoeBlock(nn.Module):
         return self.experts(x, topk_weights, topk_ids)
 
 
+def _partial_sum(x: torch.Tensor, tp_size: int) -> torch.Tensor:
+    return x  # this rank's part: the block adds the parts over the ranks once
+
+
+def partial_sum_ops(ops: LayerOps) -> LayerOps:
+    """ops whose row-parallel layers leave their partial sums to their caller: a
+    SharedExpertMoeBlock's shared expert and routed experts, whose sum is reduced once."""
+    return replace(ops, row_reduce=_partial_sum)
+
+
 class SharedExpertMoeBlock(SparseMoeBlock):
-    """The routed experts plus `shared_expert` (a dense MLP, tensor-parallel as any), its
-    output scaled per token by sigmoid(shared_expert_gate(x)), as transformers'
-    Qwen3_5MoeSparseMoeBlock. Names as in its checkpoints."""
+    """The routed experts plus `shared_expert` (a dense MLP, tensor-parallel as any, built
+    with partial_sum_ops(ops)), its output scaled per token by sigmoid(shared_expert_gate(x)),
+    as transformers' Qwen3_5MoeSparseMoeBlock. Names as in its checkpoints. Under tensor
+    parallelism each rank adds its parts of both and the sum is all-reduced once (the gate is
+    per token, so scaling a part scales the sum)."""
 
     def __init__(
         self,
@@ -73,8 +85,9 @@ class SharedExpertMoeBlock(SparseMoeBlock):
     ) -> None:
         super().__init__(
             hidden_size, num_experts, top_k, intermediate_size, norm_topk_prob, dtype,
-            use_triton, ops,
+            use_triton, partial_sum_ops(ops),
         )  # fmt: skip
+        self.reduce, self.tp_size = ops.row_reduce, self.experts.tp_size
         self.shared_expert = shared_expert
         # One row: never quantized (as the router).
         gate_ops = replace(ops, linear_method=None)
@@ -83,4 +96,4 @@ class SharedExpertMoeBlock(SparseMoeBlock):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [num_tokens, hidden_size] -> [num_tokens, hidden_size]."""
         shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
-        return super().forward(x) + shared
+        return self.reduce(super().forward(x) + shared, self.tp_size)

@@ -11,7 +11,7 @@ import re
 import torch
 from torch import nn
 
-from minivllm.layers.moe import SharedExpertMoeBlock, SparseMoeBlock
+from minivllm.layers.moe import SharedExpertMoeBlock, SparseMoeBlock, partial_sum_ops
 from minivllm.layers.ops import LayerOps
 from minivllm.models.llama import DecoderMLP, MakeMlp
 from minivllm.models.model_config import ModelConfig
@@ -63,7 +63,9 @@ def make_moe_mlp(
     routed = (*sizes, moe.moe_intermediate_size, moe.norm_topk_prob)
     if not moe.shared_expert_intermediate_size:
         return SparseMoeBlock(*routed, dtype, use_triton, ops)
-    shared = DecoderMLP(config, dtype, use_triton, ops, moe.shared_expert_intermediate_size)
+    # Its partial sums and the routed experts' meet in the block's one all-reduce.
+    shared_ops = partial_sum_ops(ops)
+    shared = DecoderMLP(config, dtype, use_triton, shared_ops, moe.shared_expert_intermediate_size)
     return SharedExpertMoeBlock(*routed, shared, dtype, use_triton, ops)
 
 

@@ -164,11 +164,6 @@ def test_fused_expert_tensors_load(tiny_qwen3_5_moe_dir: str, hf_model, tmp_path
     assert_matches_hf(hf_model, prompts, generate(make_llm(fused), prompts))
 
 
-def test_tensor_parallel_is_refused(tiny_qwen3_5_moe_dir: str) -> None:
-    with pytest.raises(ValueError, match="tensor_parallel_size"):
-        make_llm(tiny_qwen3_5_moe_dir, tensor_parallel_size=2)
-
-
 def test_triton_kernels_match_hf(
     tiny_qwen3_5_moe_dir: str, hf_model, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -1,7 +1,10 @@
 """The messages rank 0 broadcasts to tensor-parallel workers, and their compact encoding.
 
 A step travels as tuples of ints, strings and lists (pickled: C speed, no per-object class
-records): about half the bytes and a third of the time of pickling the dataclasses. A step
+records): about half the bytes and a third of the time of pickling the dataclasses. On a
+hybrid model it carries each chunk's recurrent-state slot and the step's state copies (prefix
+snapshots restored and saved): every rank keeps the states of its own heads in the same
+slots, so every rank applies the same copies. A step
 is two messages, as on rank 0 two calls: FORWARD, then SAMPLE with the step's grammar rows
 (the bitmask follows them: engine/executor/step_mask.py).
 """
@@ -12,7 +15,7 @@ import pickle
 from enum import IntEnum
 from typing import Any, NamedTuple
 
-from minivllm.engine.types import GrammarOutput, ScheduledChunk, SchedulerOutput
+from minivllm.engine.types import GrammarOutput, ScheduledChunk, SchedulerOutput, StateCopies
 
 
 class Op(IntEnum):
@@ -41,15 +44,20 @@ def encode(op: Op, sched_out: SchedulerOutput | None = None) -> bytes:
             c.num_prior_blocks,
             c.sample,
             c.num_draft_tokens,
+            c.state_slot,
         )
         for c in sched_out.chunks
     ]
+    copies = sched_out.state_copies
     body = (
         chunks,
         sched_out.num_decode_chunks,
         sched_out.new_requests,
         sched_out.finished_req_ids,
         sched_out.preempted_req_ids,
+        None
+        if copies is None
+        else (copies.restore_src, copies.restore_dst, copies.save_src, copies.save_dst),
     )
     return pickle.dumps((int(op), body, None), protocol=5)
 
@@ -65,13 +73,14 @@ def decode(data: bytes) -> Message:
     op, body, rows = pickle.loads(data)
     if body is None:
         return Message(Op(op), None, rows)
-    chunks, num_decode_chunks, new_requests, finished_req_ids, preempted_req_ids = body
+    chunks, num_decode_chunks, new_requests, finished_req_ids, preempted_req_ids, copies = body
     sched_out = SchedulerOutput(
         chunks=[ScheduledChunk(*c) for c in chunks],
         num_decode_chunks=num_decode_chunks,
         new_requests=new_requests,
         finished_req_ids=finished_req_ids,
         preempted_req_ids=preempted_req_ids,
+        state_copies=None if copies is None else StateCopies(*copies),
     )
     return Message(Op(op), sched_out, None)
 

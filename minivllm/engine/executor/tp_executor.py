@@ -65,6 +65,13 @@ def check_shardable(model_config: ModelConfig, tp_size: int) -> None:
     ]
     if model_config.moe is not None:  # each rank holds a slice of every expert
         sizes.append(("moe_intermediate_size", model_config.moe.moe_intermediate_size))
+        sizes.append(
+            ("shared_expert_intermediate_size", model_config.moe.shared_expert_intermediate_size)
+        )
+    linear = model_config.linear_attention
+    if linear is not None:  # each rank holds whole Gated DeltaNet heads
+        sizes.append(("linear_num_key_heads", linear.num_k_heads))
+        sizes.append(("linear_num_value_heads", linear.num_v_heads))
     for what, n in sizes:
         if n % tp_size:
             raise ValueError(f"{what} ({n}) is not divisible by tensor_parallel_size ({tp_size})")

@@ -134,7 +134,7 @@ class ModelRunner:
         )
         self.kv_caches: list[torch.Tensor] = []
         self.setup = setup
-        self.state_spec = RecurrentStateSpec.for_model(model_config, setup.dtype, device)
+        self.state_spec = RecurrentStateSpec.for_model(model_config, setup.dtype, device, tp_size)
         # Hybrid models: the recurrent-state pool (running requests' slots, then snapshots').
         self.state_pool: RecurrentStatePool | None = None
         self.num_state_slots = 0  # the pool's slots for running requests

@@ -39,11 +39,13 @@ class StateBudget:
 
 
 def _specs(setup: EngineSetup) -> tuple[KVCacheSpec, RecurrentStateSpec | None]:
+    tp_size = setup.config.tensor_parallel_size
     kv = KVCacheSpec.for_model(
-        setup.model_config, setup.config.block_size, setup.kv_cache_dtype, setup.device,
-        setup.config.tensor_parallel_size,
-    )  # fmt: skip
-    return kv, RecurrentStateSpec.for_model(setup.model_config, setup.dtype, setup.device)
+        setup.model_config, setup.config.block_size, setup.kv_cache_dtype, setup.device, tp_size
+    )
+    # One rank's bytes of both: the budget is a rank's (every rank holds the same counts).
+    states = RecurrentStateSpec.for_model(setup.model_config, setup.dtype, setup.device, tp_size)
+    return kv, states
 
 
 def _budget(

@@ -1,9 +1,10 @@
-"""The recurrent-state pool of a hybrid model's linear-attention layers on one rank: its shape
-(RecurrentStateSpec), its allocation (per layer, a conv state and an SSM state of num_slots
-slots), binding it to the layers, and the copies between slots that restore and save prefix
-snapshots. A request's slot is its index in every layer's pool (the scheduler's KV
-coordinator hands slots out); the snapshots' slots follow the running requests' slots. Its
-share of the cache budget: state_budget.py."""
+"""The recurrent-state pool of a hybrid model's linear-attention layers on one rank (under
+tensor parallelism, the states of its heads): its shape (RecurrentStateSpec), its allocation
+(per layer, a conv state and an SSM state of num_slots slots), binding it to the layers, and
+the copies between slots that restore and save prefix snapshots. A request's slot is its index
+in every layer's pool (the scheduler's KV coordinator hands slots out; every rank's pool has the
+same slots); the snapshots' slots follow the running requests' slots. Its share of the cache
+budget: state_budget.py."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from minivllm.distributed.parallel_state import divide
 from minivllm.layers.gated_delta_net import StatefulGatedDeltaNet
 from minivllm.models.model_config import ModelConfig
 
@@ -28,19 +30,25 @@ class RecurrentStateSpec:
 
     @classmethod
     def for_model(
-        cls, model_config: ModelConfig, dtype: torch.dtype, device: torch.device
+        cls,
+        model_config: ModelConfig,
+        dtype: torch.dtype,
+        device: torch.device,
+        tp_size: int = 1,
     ) -> RecurrentStateSpec | None:
-        """None for a model without linear-attention layers."""
+        """None for a model without linear-attention layers. Under tensor parallelism a rank
+        keeps the states of its own heads (layers/gated_delta_net.py): 1 / tp_size of each."""
         linear = model_config.linear_attention
         if linear is None:
             return None
         return cls(
             linear.num_linear_layers,
-            (linear.conv_kernel_size - 1, linear.conv_dim),
-            (linear.num_v_heads, linear.head_k_dim, linear.head_v_dim),
+            (linear.conv_kernel_size - 1, divide(linear.conv_dim, tp_size, "conv channels")),
+            (divide(linear.num_v_heads, tp_size, "linear_num_value_heads"), linear.head_k_dim,
+             linear.head_v_dim),
             dtype,
             device,
-        )
+        )  # fmt: skip
 
     @property
     def bytes_per_slot(self) -> int:

@@ -64,7 +64,7 @@ class Fp8BlockLinearMethod:
         self, layer: LinearBase, param: nn.Parameter, loaded: torch.Tensor, shard_id: object
     ) -> None:
         if loaded.dtype == FP8_DTYPE:
-            load_shard(param, loaded, _weight_plan(layer, shard_id))
+            _load_parts(layer, param, loaded, shard_id)
             return
         if not self.quant.quantize_at_load:
             raise ValueError(
@@ -73,16 +73,18 @@ class Fp8BlockLinearMethod:
             )
         # Quantized whole, then sliced: the same blocks as quantizing this rank's slice.
         q, s = quantize_weight_blocks(loaded, BLOCK)
-        load_shard(param, q, _weight_plan(layer, shard_id))
+        _load_parts(layer, param, q, shard_id)
         self.load_scale(layer, getattr(layer, self.quant.scale_name), s, shard_id)
 
     def load_scale(
         self, layer: LinearBase, param: nn.Parameter, loaded: torch.Tensor, shard_id: object
     ) -> None:
-        plan = _weight_plan(layer, shard_id)
-        block = BLOCK[0] if plan is None or plan.dim == 0 else BLOCK[1]
-        name = type(layer).__name__
-        load_shard(param, loaded.float(), scale_plan(plan, block, name))
+        # A tensor stacking several parts (checkpoint_parts) is cut at their blocks.
+        for part_id, part in layer.checkpoint_parts(loaded, shard_id, BLOCK[0]):
+            plan = _weight_plan(layer, part_id)
+            block = BLOCK[0] if plan is None or plan.dim == 0 else BLOCK[1]
+            name = type(layer).__name__
+            load_shard(param, part.float(), scale_plan(plan, block, name))
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return self.gemm(x, layer.weight, getattr(layer, self.quant.scale_name), bias)
@@ -90,3 +92,11 @@ class Fp8BlockLinearMethod:
 
 def _weight_plan(layer: LinearBase, shard_id: object) -> ShardPlan | None:
     return layer.shard_plan(shard_id)
+
+
+def _load_parts(
+    layer: LinearBase, param: nn.Parameter, loaded: torch.Tensor, shard_id: object
+) -> None:
+    """The weight's parts (layer.checkpoint_parts), each by its plan."""
+    for part_id, part in layer.checkpoint_parts(loaded, shard_id):
+        load_shard(param, part, _weight_plan(layer, part_id))
