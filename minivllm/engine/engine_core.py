@@ -146,12 +146,7 @@ class EngineCore:
             speculator=(
                 None
                 if config.speculative_config is None
-                # Draft slots need the runner that fills them to be the only one (TP=1).
-                else Speculator(
-                    config.speculative_config,
-                    setup.max_model_len,
-                    slots_ahead=config.tensor_parallel_size == 1,
-                )
+                else Speculator(config.speculative_config, setup.max_model_len)
             ),
             routed_experts=(
                 None

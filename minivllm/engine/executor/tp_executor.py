@@ -195,8 +195,12 @@ class TPExecutor:
         return self._group.procs
 
     def forward(self, sched_out: SchedulerOutput) -> ForwardStep:
-        send = partial(self._write, encode(Op.FORWARD, sched_out))
-        return self._run(send, partial(self.runner.forward, sched_out))
+        # Rank 0's proposals fill the step's draft slots before the step travels: the other
+        # ranks run the filled step, and read the step in flight first where rank 0 did.
+        filled = self.runner.fill_draft_slots(sched_out)
+        op = Op.FORWARD_AFTER_READ if filled.read_previous else Op.FORWARD
+        send = partial(self._write, encode(op, filled.sched_out))
+        return self._run(send, partial(self.runner.launch, filled))
 
     def sample(self, step: ForwardStep, grammar: GrammarOutput | None) -> StepHandle:
         op = Op.SAMPLE_ASYNC if self._async_scheduling else Op.SAMPLE

@@ -13,7 +13,7 @@ later; the scheduler makes the same correction when it applies step N.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from minivllm.engine.types import (
     PLACEHOLDER_TOKEN_ID,
@@ -21,6 +21,16 @@ from minivllm.engine.types import (
     ScheduledChunk,
     SchedulerOutput,
 )
+
+
+@dataclass
+class FilledStep:
+    """A step as it runs: its chunks filled (or the step as scheduled, where none waited)."""
+
+    sched_out: SchedulerOutput
+    read_previous: bool = False  # whether filling read the step before (its result())
+    # The scheduler's sampled rows -> the filled step's (sampled_row_map); None: the same.
+    row_map: list[int] | None = None
 
 
 def draft_slots(sched_out: SchedulerOutput) -> dict[str, int]:

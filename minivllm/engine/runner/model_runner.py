@@ -19,6 +19,7 @@ from minivllm.engine.runner.block_table import BlockTable
 from minivllm.engine.runner.cuda_graph import CUDAGraphRunner
 from minivllm.engine.runner.device_inputs import InputStaging
 from minivllm.engine.runner.draft_slots import (
+    FilledStep,
     draft_slots,
     fill_draft_slots,
     needs_filling,
@@ -295,13 +296,18 @@ class ModelRunner:
         """Runs one step and waits for its tokens."""
         return self.sample(self.forward(sched_out), grammar).result()
 
-    @torch.inference_mode()
     def forward(self, sched_out: SchedulerOutput) -> ForwardStep:
         """Launches the step's forward (the LM head on the sampled rows included) and returns
         at once; sample() finishes the step. The step before must have been sampled: its
         tokens fill this step's placeholders on the device, or on the host where a chunk's
-        draft slots wait for its proposals (runner/draft_slots.py)."""
-        scheduled, sched_out = sched_out, self._fill_draft_slots(sched_out)
+        draft slots wait for its proposals (fill_draft_slots, then launch)."""
+        return self.launch(self.fill_draft_slots(sched_out))
+
+    @torch.inference_mode()
+    def launch(self, filled: FilledStep) -> ForwardStep:
+        """forward() of a step whose draft slots are filled (a TP executor sends the filled
+        step to the other ranks in between)."""
+        sched_out = filled.sched_out
         if sched_out.is_empty:
             self._update_requests(sched_out)
             self.block_table.update(sched_out)  # forget finished requests
@@ -316,8 +322,7 @@ class ModelRunner:
         logits, prompt_hidden = self.run_model(inputs, sched_out, extra_rows)
         if pool is not None:
             save_snapshots(pool, sched_out)
-        row_map = None if scheduled is sched_out else sampled_row_map(scheduled, sched_out)
-        return ForwardStep(sched_out, inputs, logits, jobs, prompt_hidden, row_map)
+        return ForwardStep(sched_out, inputs, logits, jobs, prompt_hidden, filled.row_map)
 
     @torch.inference_mode()
     def sample(self, step: ForwardStep, grammar: GrammarOutput | None) -> StepHandle:
@@ -382,16 +387,19 @@ class ModelRunner:
         self._last_sampled = (step.sampled_token_ids, inputs.sample_req_ids)
         return step
 
-    def _fill_draft_slots(self, sched_out: SchedulerOutput) -> SchedulerOutput:
-        """sched_out with the chunks that wait for the step before filled from its output,
-        read now (a drafting request scheduled while the step that drafts for it ran)."""
+    @torch.inference_mode()
+    def fill_draft_slots(self, sched_out: SchedulerOutput) -> FilledStep:
+        """The step with the chunks that wait for the step before filled from its output,
+        read now (a drafting request scheduled while the step that drafts for it ran:
+        runner/draft_slots.py). Called once per step, before launch()."""
         prev_slots, self._last_draft_slots = self._last_draft_slots, draft_slots(sched_out)
         if not prev_slots and not any(c.num_draft_tokens for c in sched_out.chunks):
-            return sched_out  # the common step: nothing to fill
+            return FilledStep(sched_out)  # the common step: nothing to fill
         if not needs_filling(sched_out, prev_slots):
-            return sched_out
+            return FilledStep(sched_out)
         assert self._last_handle is not None
-        return fill_draft_slots(sched_out, prev_slots, self._last_handle.result())
+        filled = fill_draft_slots(sched_out, prev_slots, self._last_handle.result())
+        return FilledStep(filled, True, sampled_row_map(sched_out, filled))
 
     def _update_requests(self, sched_out: SchedulerOutput) -> None:
         """Forgets finished requests and registers new ones in the sampling state."""

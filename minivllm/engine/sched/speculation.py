@@ -12,14 +12,12 @@ a grammar mask each; where its grammar forces the next tokens, those are its dra
 A request whose drafting fails (no match, or none of its drafts accepted) backs off: it tries
 again after 1, 2, 4, ... up to MAX_BACKOFF_TOKENS more tokens, and succeeding resets it.
 
-Async scheduling stays on while requests draft (`slots_ahead`): a request whose step in flight
-asked for drafts gets *draft slots* in the next step, placeholders the runner fills with the
-proposals once it has read that step (engine/runner/draft_slots.py), at positions that assume
-the drafts in flight are all accepted; update() corrects them. A constrained request's draft
-positions need their masks before the step is launched, so its drafts must be known: a step
-that asked drafts for one is applied before the next is scheduled (Scheduler.can_schedule_ahead),
-as is every step that asked any without slots_ahead (tensor parallelism: the other ranks
-cannot read rank 0's proposals).
+Async scheduling stays on while requests draft: a request whose step in flight asked for
+drafts gets *draft slots* in the next step, placeholders the runner fills with the proposals
+once it has read that step (engine/runner/draft_slots.py), at positions that assume the drafts
+in flight are all accepted; update() corrects them. A constrained request's draft positions
+need their masks before the step is launched, so its drafts must be known: a step that asked
+drafts for one is applied before the next is scheduled (Scheduler.can_schedule_ahead).
 """
 
 from __future__ import annotations
@@ -35,11 +33,7 @@ MAX_BACKOFF_TOKENS = 16
 class Speculator:
     """Who drafts, how many drafts each takes, and what was accepted."""
 
-    def __init__(
-        self, config: SpeculativeConfig, max_model_len: int, slots_ahead: bool = True
-    ) -> None:
-        """slots_ahead: a request whose drafts are in flight may take draft slots in the next
-        step, before they are known (async scheduling; False: the step is applied first)."""
+    def __init__(self, config: SpeculativeConfig, max_model_len: int) -> None:
         self.num_speculative_tokens = config.num_speculative_tokens
         self.disable_by_batch_size = config.disable_by_batch_size
         self.max_model_len = max_model_len
@@ -51,7 +45,6 @@ class Speculator:
         self._backoff: dict[str, tuple[int, int]] = {}
         # req_id -> (its history's length when proposed, the drafts that follow it).
         self._drafts: dict[str, tuple[int, list[int]]] = {}
-        self.slots_ahead = slots_ahead
         # Requests whose drafts a launched step asked for -> the last cap asked, until the
         # update() of the last such step brings them (two steps may have asked: the one in
         # flight and the one just scheduled); those whose drafts must be known before the
@@ -81,7 +74,7 @@ class Speculator:
         if cap:
             self.asked[request.req_id] = cap
             self._num_asks[request.req_id] = self._num_asks.get(request.req_id, 0) + 1
-            if not self.slots_ahead or request.structured_output is not None:
+            if request.structured_output is not None:  # its draft positions need masks
                 self.asked_in_sync.add(request.req_id)
         return cap
 
