@@ -49,7 +49,8 @@ def _waits(chunk: ScheduledChunk, prev_slots: dict[str, int]) -> bool:
     token_ids = chunk.token_ids
     if token_ids[0] != PLACEHOLDER_TOKEN_ID:
         return False
-    return chunk.req_id in prev_slots or token_ids[-1] == PLACEHOLDER_TOKEN_ID
+    has_slots = chunk.num_draft_tokens and token_ids[-1] == PLACEHOLDER_TOKEN_ID
+    return chunk.req_id in prev_slots or bool(has_slots)
 
 
 def fill_draft_slots(
@@ -72,7 +73,7 @@ def _filled(
     draft slots, its positions moved back by the drafts that step rejected."""
     accepted = prev.num_accepted_drafts[i] if prev.num_accepted_drafts is not None else 0
     shift = prev_slots.get(chunk.req_id, 0) - accepted
-    drafts = chunk.token_ids[1:]
+    drafts = chunk.token_ids[1:]  # a chunk that waits starts with the pending token
     if drafts and drafts[-1] == PLACEHOLDER_TOKEN_ID:
         drafts = prev.draft_token_ids.get(chunk.req_id, [])[: len(drafts)]
     return replace(
