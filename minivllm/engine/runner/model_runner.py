@@ -363,7 +363,9 @@ class ModelRunner:
             handle.routing = (copy, inputs.slot_mapping)
         if self.drafter is not None:  # result() proposes, once the tokens are read
             handle.drafter, handle.asked = self.drafter, Drafter.asked(step.sched_out)
-        self._last_handle = handle
+        # Kept only where the next step's chunks may wait for it: it had draft slots (as
+        # scheduled) or asked for drafts.
+        self._last_handle = handle if handle.asked or self._last_draft_slots else None
         return handle
 
     def _sample_drafted(
