@@ -6,6 +6,7 @@ and seeded."""
 from __future__ import annotations
 
 from minivllm import LLM, SamplingParams
+from minivllm.engine.runner.draft_slots import grammar_for_step
 
 PROMPTS = [([5, 6, 7, 8, 9] * 8)[: 10 + 3 * i] for i in range(3)]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
@@ -37,6 +38,8 @@ def _run(model_dir: str, tp: int, spec: dict | None, params) -> tuple[list[list[
         outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
         speculator = scheduler.speculator
         accepted = 0 if speculator is None else speculator.stats.num_accepted_tokens
+        if tp > 1:  # no rank failed a step that rank 0 ran (its error would go unseen)
+            assert llm.engine.executor._num_step_errors() == 0
         if spec is not None and spec["method"] == "draft_model" and tp > 1:
             draft = llm.engine.executor.runner.drafter.proposer.runner
             assert draft.model.model.layers[0].self_attn.qkv_proj.tp_size == 1  # whole
@@ -61,3 +64,27 @@ def test_ngram_draft_slots_tp2_seeded(tiny_qwen3_dir: str) -> None:
     got, accepted, num_slot_chunks = _run(tiny_qwen3_dir, 2, NGRAM, SEEDED)
     assert got == ref
     assert accepted > 0 and num_slot_chunks > 0
+
+
+def test_constrained_row_after_emptied_slots_tp2(tiny_qwen3_dir: str, monkeypatch) -> None:
+    """A regex-constrained request batched after drafting ones at TP=2: where a drafting
+    request's slots were left partly empty (fewer proposals than slots), the mask rows the
+    other ranks get are the filled step's, as rank 0's are. Same tokens as TP=1 without
+    speculation."""
+    from minivllm.engine.executor import tp_executor
+    from minivllm.structured_output.params import StructuredOutputsParams
+
+    moved = [0]  # steps whose mask rows were moved for the other ranks
+
+    def counting(grammar, row_map):
+        moved[0] += row_map is not None
+        return grammar_for_step(grammar, row_map)
+
+    monkeypatch.setattr(tp_executor, "grammar_for_step", counting)
+    regex = StructuredOutputsParams(regex=r"[0-9]{6}-[a-c]{4}")
+    params = [GREEDY, GREEDY, SamplingParams(temperature=0.0, max_tokens=40,
+                                             structured_outputs=regex)]  # fmt: skip
+    ref, _, _ = _run(tiny_qwen3_dir, 1, None, params)
+    got, accepted, num_slot_chunks = _run(tiny_qwen3_dir, 2, NGRAM, params)
+    assert got == ref
+    assert accepted > 0 and num_slot_chunks > 0 and moved[0] > 0

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 
 from minivllm.engine.types import (
     PLACEHOLDER_TOKEN_ID,
+    GrammarOutput,
     RunnerOutput,
     ScheduledChunk,
     SchedulerOutput,
@@ -99,3 +100,11 @@ def sampled_row_map(before: SchedulerOutput, after: SchedulerOutput) -> list[int
         row_map += [-1] * (b.num_draft_tokens - a.num_draft_tokens)
         row += num_rows
     return row_map
+
+
+def grammar_for_step(grammar: GrammarOutput, row_map: list[int] | None) -> GrammarOutput:
+    """The scheduler's grammar output with its rows moved to the filled step's sampled rows
+    (row_map: FilledStep.row_map). A constrained chunk has no draft slots: no row maps to -1."""
+    if row_map is None:
+        return grammar
+    return GrammarOutput([row_map[r] for r in grammar.rows], grammar.bitmask)

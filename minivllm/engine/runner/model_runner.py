@@ -22,6 +22,7 @@ from minivllm.engine.runner.draft_slots import (
     FilledStep,
     draft_slots,
     fill_draft_slots,
+    grammar_for_step,
     needs_filling,
     sampled_row_map,
 )
@@ -334,10 +335,8 @@ class ModelRunner:
             return StepHandle(self.sampling_state, [])
         if grammar is not None:
             # Applied to the forward's output before the sampler (and its logprobs) see it.
-            rows = grammar.rows  # a constrained chunk has no draft slots: never a -1 here
-            if step.row_map is not None:
-                rows = [step.row_map[r] for r in rows]
-            rows = self._staging.upload({"rows": np.asarray(rows, np.int64)})["rows"]
+            grammar = grammar_for_step(grammar, step.row_map)
+            rows = self._staging.upload({"rows": np.asarray(grammar.rows, np.int64)})["rows"]
             apply_bitmask(logits, torch.from_numpy(grammar.bitmask), rows)
         req_ids = inputs.sample_req_ids
         if inputs.num_draft_tokens is not None:
