@@ -127,8 +127,8 @@ class Scheduler:
         """Whether the next step may be scheduled before the step in flight is applied: no
         request samples from host-side token history, and the step in flight asked the runner
         for no drafts that the next step needs to know (a constrained request's, whose draft
-        positions need masks; any, without draft slots: speculation.py). A request whose
-        drafts the step in flight asked for otherwise gets draft slots that the runner fills;
+        positions need masks: speculation.py). A request whose drafts the step in flight
+        asked for otherwise gets draft slots that the runner fills;
         one whose drafts are in flight goes on where they would all be accepted, and update()
         corrects it, but a constrained one (a grammar's forced drafts) waits for update()."""
         return self.num_host_dependent == 0 and not (

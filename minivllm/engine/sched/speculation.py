@@ -120,7 +120,8 @@ class Speculator:
         the tokens in flight (its drafts counted as accepted); [] for a request whose drafts
         must be known first."""
         cap = self.asked.get(request.req_id, 0)
-        if not cap or request.req_id in self.asked_in_sync:
+        # Slots follow the token in flight: the runner fills them once it has read that step.
+        if not cap or not request.num_pending_tokens or request.req_id in self.asked_in_sync:
             return []
         num_new = request.num_pending_tokens + request.num_pending_drafts
         room = token_room(
