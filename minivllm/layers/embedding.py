@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minivllm.distributed.parallel_state import all_gather_last_dim
+from minivllm.distributed.parallel_state import all_gather_last_dim, get_tp_rank_size
 from minivllm.layers.linear import copy_checked
 from minivllm.layers.ops import DEFAULT_OPS, LayerOps
 
@@ -27,7 +27,7 @@ class VocabParallelEmbedding(nn.Module):
         ops: LayerOps = DEFAULT_OPS,
     ) -> None:
         super().__init__()
-        self.tp_rank, self.tp_size = ops.tp_rank_size()
+        self.tp_rank, self.tp_size = ops.tp or get_tp_rank_size()
         self.num_embeddings = num_embeddings
         multiple = VOCAB_PADDING * self.tp_size
         self.num_embeddings_padded = (num_embeddings + multiple - 1) // multiple * multiple

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from minivllm.distributed.parallel_state import divide
+from minivllm.distributed.parallel_state import divide, get_tp_rank_size
 from minivllm.layers.linear import copy_checked, take_shard
 from minivllm.layers.moe_experts import experts_torch
 from minivllm.layers.ops import DEFAULT_OPS, LayerOps
@@ -36,7 +36,7 @@ class FusedMoE(nn.Module):
         ops: LayerOps = DEFAULT_OPS,
     ) -> None:
         super().__init__()
-        self.tp_rank, self.tp_size = ops.tp_rank_size()
+        self.tp_rank, self.tp_size = ops.tp or get_tp_rank_size()
         self.num_experts = num_experts
         self.inter = divide(intermediate_size, self.tp_size, "moe_intermediate_size")
         self.quant = _fp8_method(ops, self.inter)

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minivllm.distributed.all_reduce import Reduce, SymmBuffer, tp_all_reduce
-from minivllm.distributed.parallel_state import all_reduce, get_tp_rank_size
+from minivllm.distributed.parallel_state import all_reduce
 from minivllm.layers.invariant_gemm import Gemm, InvariantGemm
 from minivllm.layers.quantization.fp8_math import BlockFp8Gemm, block_fp8_linear_ref
 from minivllm.layers.tuned_gemm import TunedGemm
@@ -46,13 +46,10 @@ class LayerOps:
     # The linear layers' quantized method, set at build from the checkpoint's
     # quantization_config (model_loader.build_model); None: unquantized weights and `gemm`.
     linear_method: LinearMethod | None = None
-    # The layers' (tp_rank, tp_size); None: torch.distributed's. (0, 1) builds a whole model
-    # beside a sharded one: a draft model on rank 0 (engine/runner/draft_model.py).
+    # The layers' (tp_rank, tp_size); None: torch.distributed's (each layer reads
+    # `ops.tp or get_tp_rank_size()`). (0, 1) builds a whole model beside a sharded one: a
+    # draft model on rank 0 (engine/runner/draft_model.py).
     tp: tuple[int, int] | None = None
-
-    def tp_rank_size(self) -> tuple[int, int]:
-        """(tp_rank, tp_size) of the layers built with these ops."""
-        return self.tp if self.tp is not None else get_tp_rank_size()
 
 
 def layer_ops(
