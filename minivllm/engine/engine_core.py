@@ -22,7 +22,7 @@ from minivllm.engine.sched.kv_coordinator import make_kv_coordinator
 from minivllm.engine.sched.request import Request
 from minivllm.engine.sched.routed_experts import RoutedExpertsRecorder
 from minivllm.engine.sched.scheduler import Scheduler
-from minivllm.engine.sched.speculation import Speculator, check_speculative_config
+from minivllm.engine.sched.speculation import Speculator
 from minivllm.engine.setup import resolve_setup
 from minivllm.engine.stats import CoreInfo, EngineStats
 from minivllm.engine.types import EngineOutput, EngineRequest, SchedulerOutput
@@ -52,9 +52,6 @@ class EngineCore:
                 f"data_parallel_size={config.data_parallel_size}: an engine core is one "
                 "replica (LLM and AsyncLLM run several through DPCoreClient)"
             )
-        spec = config.speculative_config
-        if spec is not None:  # before the model loads
-            check_speculative_config(spec, config.tensor_parallel_size)
         self.setup = setup = resolve_setup(config, model_config)
         logger.info(
             "scheduler limits (%s): max_num_seqs=%d, max_num_batched_tokens=%d",

@@ -60,7 +60,10 @@ class ScheduledChunk:
     runner samples the next one (a non-final prefill chunk samples nothing).
     num_draft_tokens: the last num_draft_tokens of token_ids are speculative drafts (after
     the request's last known token): the runner samples at each of the chunk's last
-    num_draft_tokens + 1 positions and keeps the drafts its own samples confirm.
+    num_draft_tokens + 1 positions and keeps the drafts its own samples confirm. Under async
+    scheduling they may be placeholders (draft slots of a request whose drafts the step in
+    flight proposes), and the chunk's positions may assume that every draft in flight is
+    accepted: the runner fills and shifts them at launch (engine/runner/draft_slots.py).
     draft_cap: after the step, the runner's proposer drafts up to draft_cap tokens for the
     request's next step (0: none), returned in RunnerOutput.draft_token_ids.
     """
@@ -147,6 +150,11 @@ class RunnerOutput:
     # Per sampled request: accepted drafts (None: the step had no drafts), and, with
     # logprobs, the accepted drafts' logprobs (logprobs[i] stays sampled_token_ids[i]'s).
     num_accepted_drafts: list[int] | None = None
+    # Per sampled request, when the step had drafts: the drafts it verified and those it
+    # accepted (a chunk's draft slots may have held placeholders the runner filled, fewer
+    # where its proposer found fewer: engine/runner/draft_slots.py).
+    num_draft_tokens: list[int] | None = None
+    accepted_draft_ids: list[list[int]] | None = None
     draft_logprobs: list[list[LogprobsDict]] | None = None
     # req_id -> one entry per prompt position computed this step (first prompt token: None).
     prompt_logprobs: dict[str, list[LogprobsDict | None]] = field(default_factory=dict)

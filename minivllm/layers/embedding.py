@@ -27,7 +27,7 @@ class VocabParallelEmbedding(nn.Module):
         ops: LayerOps = DEFAULT_OPS,
     ) -> None:
         super().__init__()
-        self.tp_rank, self.tp_size = get_tp_rank_size()
+        self.tp_rank, self.tp_size = ops.tp or get_tp_rank_size()
         self.num_embeddings = num_embeddings
         multiple = VOCAB_PADDING * self.tp_size
         self.num_embeddings_padded = (num_embeddings + multiple - 1) // multiple * multiple

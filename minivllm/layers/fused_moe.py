@@ -36,7 +36,7 @@ class FusedMoE(nn.Module):
         ops: LayerOps = DEFAULT_OPS,
     ) -> None:
         super().__init__()
-        self.tp_rank, self.tp_size = get_tp_rank_size()
+        self.tp_rank, self.tp_size = ops.tp or get_tp_rank_size()
         self.num_experts = num_experts
         self.inter = divide(intermediate_size, self.tp_size, "moe_intermediate_size")
         self.quant = _fp8_method(ops, self.inter)

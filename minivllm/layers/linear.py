@@ -111,7 +111,7 @@ class LinearBase(nn.Module):
         ops: LayerOps = DEFAULT_OPS,
     ) -> None:
         super().__init__()
-        self.tp_rank, self.tp_size = get_tp_rank_size()
+        self.tp_rank, self.tp_size = ops.tp or get_tp_rank_size()
         self.input_size = input_size
         self.output_size = output_size
         # None: unquantized, `weight` in dtype and ops.gemm; else the method makes its weights.
@@ -185,7 +185,7 @@ class ColumnParallelLinear(LinearBase):
         dtype: torch.dtype | None = None,
         ops: LayerOps = DEFAULT_OPS,
     ) -> None:
-        _, tp_size = get_tp_rank_size()
+        _, tp_size = ops.tp or get_tp_rank_size()
         out_size = divide(output_size, tp_size, "output size")
         super().__init__(input_size, out_size, bias, dtype, ops)
 
@@ -207,7 +207,7 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         dtype: torch.dtype | None = None,
         ops: LayerOps = DEFAULT_OPS,
     ) -> None:
-        _, tp_size = get_tp_rank_size()
+        _, tp_size = ops.tp or get_tp_rank_size()
         self.shard_sizes = [divide(n, tp_size, "merged output size") for n in output_sizes]
         super().__init__(input_size, sum(output_sizes), bias, dtype, ops)
 
@@ -252,7 +252,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         dtype: torch.dtype | None = None,
         ops: LayerOps = DEFAULT_OPS,
     ) -> None:
-        tp_rank, tp_size = get_tp_rank_size()
+        tp_rank, tp_size = ops.tp or get_tp_rank_size()
         self.head_dim = head_dim
         self.total_num_heads = total_num_heads
         self.total_num_kv_heads = total_num_kv_heads
@@ -299,7 +299,7 @@ class RowParallelLinear(LinearBase):
         dtype: torch.dtype | None = None,
         ops: LayerOps = DEFAULT_OPS,
     ) -> None:
-        _, tp_size = get_tp_rank_size()
+        _, tp_size = ops.tp or get_tp_rank_size()
         in_size = divide(input_size, tp_size, "input size")
         super().__init__(in_size, output_size, bias, dtype, ops)
         self.reduce = ops.row_reduce

@@ -46,6 +46,10 @@ class LayerOps:
     # The linear layers' quantized method, set at build from the checkpoint's
     # quantization_config (model_loader.build_model); None: unquantized weights and `gemm`.
     linear_method: LinearMethod | None = None
+    # The layers' (tp_rank, tp_size); None: torch.distributed's (each layer reads
+    # `ops.tp or get_tp_rank_size()`). (0, 1) builds a whole model beside a sharded one: a
+    # draft model on rank 0 (engine/runner/draft_model.py).
+    tp: tuple[int, int] | None = None
 
 
 def layer_ops(
@@ -53,13 +57,15 @@ def layer_ops(
     symm: SymmBuffer | None = None,
     device: torch.device | None = None,
     max_rows: int = 1,
+    single_rank: bool = False,
 ) -> LayerOps:
     """The layers' ops: batch-invariant ones when `deterministic`; the symmetric-memory
     all-reduce where `symm` (this rank's buffer, or None: NCCL only) gives the same sums.
     On CUDA the GEMM is an InvariantGemm (deterministic, for steps of up to max_rows rows) or a
     TunedGemm: the runner verifies it once the model is built (`verify_model`). The FP8 GEMM
     is the Triton kernel on CUDA (one tile config per shape when deterministic), else the
-    dequantizing reference over this mode's GEMM."""
+    dequantizing reference over this mode's GEMM. single_rank: the layers are whole (TP rank
+    0 of 1) whatever process group exists."""
     gemm: Gemm = F.linear
     on_cuda = device is not None and device.type == "cuda"
     fp8_gemm: BlockFp8Gemm = partial(block_fp8_linear_ref, gemm=F.linear)
@@ -80,6 +86,7 @@ def layer_ops(
         reduce=tp_all_reduce(symm, ordered=False),
         row_reduce=tp_all_reduce(symm, ordered=deterministic),
         block_fp8_gemm=fp8_gemm,
+        tp=(0, 1) if single_rank else None,
     )
 
 

@@ -1,6 +1,7 @@
 """Engine-level property (hypothesis): random greedy workloads on the tiny model (fp32, CPU)
-give every request the tokens it gets when run alone, while preemption, chunked prefill and
-prefix-cache hits reshape the schedule."""
+give every request the tokens it gets when run alone, while preemption, chunked prefill,
+prefix-cache hits and speculative decoding (n-gram drafts, under async scheduling in draft
+slots) reshape the schedule."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ MAX_PARAMS_EXAMPLES = 60
 # Shared prefixes (some a whole number of 4-token blocks, some not) so that prompts hit the
 # prefix cache of their neighbours and of earlier examples.
 PREFIXES = [list(range(30, 46)), list(range(100, 109)), [5, 6, 7, 8, 9]]
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
+         "prompt_lookup_min": 1}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -45,9 +48,13 @@ requests_strategy = st.lists(
 )
 
 
-@pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
+@pytest.mark.parametrize(
+    ("async_scheduling", "spec"),
+    [(True, None), (False, None), (True, NGRAM), (False, NGRAM)],
+    ids=["async", "sync", "async-ngram", "sync-ngram"],
+)
 def test_random_workloads_match_requests_run_alone(
-    tiny_qwen3_dir: str, alone, async_scheduling: bool
+    tiny_qwen3_dir: str, alone, async_scheduling: bool, spec: dict | None
 ) -> None:
     # 12 blocks of 4 tokens: a request needs up to 8, so a few together preempt each other;
     # 7 tokens a step chunks every prompt.
@@ -60,8 +67,20 @@ def test_random_workloads_match_requests_run_alone(
         max_num_batched_tokens=7,
         max_num_seqs=4,
         async_scheduling=async_scheduling,
+        speculative_config=spec,
     )
     scheduler = llm.engine.scheduler
+    schedule = scheduler.schedule
+    num_slot_chunks = [0]  # chunks with draft slots: placeholders the runner fills
+
+    def counting_schedule(*args, **kwargs):
+        sched_out = schedule(*args, **kwargs)
+        num_slot_chunks[0] += sum(
+            1 for c in sched_out.chunks if c.num_draft_tokens and c.token_ids[-1] < 0
+        )
+        return sched_out
+
+    scheduler.schedule = counting_schedule
 
     @settings(
         max_examples=MAX_EXAMPLES,
@@ -87,6 +106,10 @@ def test_random_workloads_match_requests_run_alone(
     # The schedules under test happened: requests were preempted and hit the prefix cache.
     assert scheduler.num_preemptions > 0
     assert scheduler.prefix_cache_hits > 0
+    if spec is not None:  # drafts were verified, some accepted, some rejected
+        counters = scheduler.speculator.stats
+        assert 0 < counters.num_accepted_tokens < counters.num_draft_tokens
+    assert (num_slot_chunks[0] > 0) == (spec is not None and async_scheduling)
 
 
 EXTREME_FLOATS = st.one_of(

@@ -1,6 +1,7 @@
-"""GPU, bf16, Qwen3-0.6B shape: speculative decoding (ngram) with CUDA graphs and keyed
-sampling. Deterministic mode: the same bits with it on and off, greedy and seeded, logprobs
-included; default mode: the same greedy tokens on sharp logits."""
+"""GPU, bf16, Qwen3-0.6B shape: speculative decoding (ngram, draft model) with CUDA graphs and
+keyed sampling, under async scheduling (draft slots) unless a test says otherwise.
+Deterministic mode: the same bits with it on and off, greedy and seeded, logprobs included;
+default mode: the same greedy tokens on sharp logits."""
 
 from __future__ import annotations
 
@@ -76,12 +77,15 @@ def test_default_mode_greedy_tokens(model_dir: str) -> None:
     assert stats.num_accepted_tokens > 0 and all_free
 
 
-def test_draft_model_drafting_for_itself(model_dir: str) -> None:
+@pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
+def test_draft_model_drafting_for_itself(model_dir: str, async_scheduling: bool) -> None:
     """The target as its own draft model (built beside it, CUDA graphs): every draft accepted
-    in deterministic mode, the same bits as without speculation."""
+    in deterministic mode, the same bits as without speculation; under async scheduling the
+    draft model runs when the next step's draft slots are filled."""
     params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True, logprobs=1)
     spec = {"method": "draft_model", "model": model_dir, "num_speculative_tokens": 3}
-    ref, _, _ = _run(model_dir, params, deterministic=True)
-    got, stats, all_free = _run(model_dir, params, spec=spec, deterministic=True)
+    options = {"deterministic": True, "async_scheduling": async_scheduling}
+    ref, _, _ = _run(model_dir, params, **options)
+    got, stats, all_free = _run(model_dir, params, spec=spec, **options)
     assert got == ref and all_free
     assert stats.num_draft_tokens > 0 and stats.num_accepted_tokens == stats.num_draft_tokens

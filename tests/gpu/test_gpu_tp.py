@@ -78,6 +78,19 @@ def test_tp2_eager_and_sync_scheduling(model_dir: str, base) -> None:
     assert common_prefix(base, other) >= 0.9
 
 
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_tp2_speculative_decoding(model_dir: str, base, method: str) -> None:
+    """Speculative decoding under TP=2 (async scheduling: draft slots filled by rank 0 before
+    the step travels): n-gram, and the draft model (here the target itself) whole on rank 0."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
+    if method == "draft_model":
+        spec = {"method": "draft_model", "model": model_dir, "num_speculative_tokens": 3}
+    other = greedy(model_dir, tp=2, speculative_config=spec)
+    assert common_prefix(base, other) >= 0.9
+
+
 _GREEDY_SCRIPT = """
 import json, logging, sys
 logging.basicConfig(level=logging.INFO)

@@ -69,5 +69,3 @@ def test_bad_draft_models(tiny_qwen3_dir: str, tmp_path) -> None:
         json.dump({**config, "vocab_size": config["vocab_size"] + 64}, f)
     with pytest.raises(ValueError, match="vocabulary"):
         LLM(tiny_qwen3_dir, device="cpu", speculative_config=_spec(other_vocab))
-    with pytest.raises(ValueError, match="tensor_parallel_size=1"):
-        LLM(tiny_qwen3_dir, device="cpu", tensor_parallel_size=2, speculative_config=_spec("x"))

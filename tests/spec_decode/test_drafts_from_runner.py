@@ -1,6 +1,7 @@
 """Drafts come out of the runner: the proposer (n-gram, or the draft model) runs after a step is
 sampled, never inside the scheduler's schedule(), which launches no model work; under async
-scheduling only a step that asks for drafts is applied before the next is scheduled."""
+scheduling a step that asks for drafts stays in flight too (the next step's draft slots are
+filled by the runner)."""
 
 from __future__ import annotations
 
@@ -61,10 +62,12 @@ def test_schedule_launches_no_model_work(tiny_qwen3_dir: str, method: str, monke
     assert not any(where["propose"]) and not any(where["forward"])
 
 
-def test_async_scheduling_runs_ahead_of_steps_that_ask_no_drafts(tiny_qwen3_dir: str) -> None:
-    """Async scheduling: a step that asks the runner for no drafts (here: more requests than
-    disable_by_batch_size) stays in flight while the next is scheduled; one that asks is
-    applied first (the next step uses its drafts). The tokens are the target's own."""
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_async_scheduling_runs_ahead_of_drafting_steps(tiny_qwen3_dir: str, method: str) -> None:
+    """Async scheduling: every step stays in flight while the next is scheduled, whether it
+    asks the runner for drafts or not (here some steps have more requests than
+    disable_by_batch_size): a drafting request's next step gets draft slots, filled by the
+    runner at launch. The tokens are the target's own."""
     params = [SamplingParams(temperature=0.0, max_tokens=8 + 8 * i, ignore_eos=True)
               for i in range(len(PROMPTS))]  # fmt: skip
 
@@ -75,12 +78,13 @@ def test_async_scheduling_runs_ahead_of_steps_that_ask_no_drafts(tiny_qwen3_dir:
     plain = LLM(tiny_qwen3_dir, device="cpu", block_size=8)
     ref = generate(plain)
     plain.shutdown()
-    spec = {**_spec("ngram", tiny_qwen3_dir), "disable_by_batch_size": 2}
+    spec = {**_spec(method, tiny_qwen3_dir), "disable_by_batch_size": 2}
     llm = LLM(tiny_qwen3_dir, device="cpu", block_size=8, async_scheduling=True,
               speculative_config=spec)  # fmt: skip
     scheduler = llm.engine.scheduler
-    catch_up = scheduler.catch_up  # what the engine calls before each schedule()
+    catch_up, schedule = scheduler.catch_up, scheduler.schedule
     kept: dict[bool, list[bool]] = {True: [], False: []}  # asked -> step kept in flight
+    num_slot_chunks = [0]  # chunks scheduled with draft slots (placeholders)
 
     def recording_catch_up():
         in_flight = scheduler._in_flight
@@ -89,11 +93,20 @@ def test_async_scheduling_runs_ahead_of_steps_that_ask_no_drafts(tiny_qwen3_dir:
             asked = any(c.draft_cap for c in in_flight[0].chunks)
             kept[asked].append(scheduler._in_flight is in_flight)
 
-    scheduler.catch_up = recording_catch_up
+    def recording_schedule(*args, **kwargs):
+        sched_out = schedule(*args, **kwargs)
+        num_slot_chunks[0] += sum(
+            1 for c in sched_out.chunks if c.num_draft_tokens and c.token_ids[-1] < 0
+        )
+        return sched_out
+
+    scheduler.catch_up, scheduler.schedule = recording_catch_up, recording_schedule
     got = generate(llm)
     stats = scheduler.speculator.stats
+    all_free = scheduler.block_manager.num_free_blocks == scheduler.block_manager.num_blocks
     llm.shutdown()
     assert got == ref
-    assert stats.num_accepted_tokens > 0
+    assert stats.num_accepted_tokens > 0 and all_free
     assert kept[False] and all(kept[False])  # ran ahead
-    assert kept[True] and not any(kept[True])  # applied first
+    assert kept[True] and all(kept[True])  # ran ahead too: the next step took draft slots
+    assert num_slot_chunks[0] > 0

@@ -294,7 +294,13 @@ def test_forced_drafts_in_flight_do_not_stop_scheduling_ahead(tiny_backend) -> N
     scheduler.grammar_output(decode)
     target = forced[1 + num_drafts]
     decode_out = InFlight(
-        RunnerOutput(["r", "u"], [target, 8], num_accepted_drafts=[num_drafts, 0])
+        RunnerOutput(
+            ["r", "u"],
+            [target, 8],
+            num_accepted_drafts=[num_drafts, 0],
+            num_draft_tokens=[num_drafts, 0],
+            accepted_draft_ids=[forced[1 : 1 + num_drafts], []],
+        )
     )
     scheduler.update(decode, decode_out)
     ahead = scheduler.schedule()

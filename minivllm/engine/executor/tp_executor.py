@@ -37,6 +37,7 @@ from minivllm.engine.executor.tp_worker import (
     join_process_group,
 )
 from minivllm.engine.executor.worker_group import WorkerGroup
+from minivllm.engine.runner.draft_slots import grammar_for_step
 from minivllm.engine.runner.proposers import build_proposer
 from minivllm.engine.runner.step_handle import ForwardStep, StepHandle
 from minivllm.engine.setup import EngineSetup
@@ -202,12 +203,18 @@ class TPExecutor:
         return self._group.procs
 
     def forward(self, sched_out: SchedulerOutput) -> ForwardStep:
-        send = partial(self._write, encode(Op.FORWARD, sched_out))
-        return self._run(send, partial(self.runner.forward, sched_out))
+        # Rank 0's proposals fill the step's draft slots before the step travels: the other
+        # ranks run the filled step, and read the step in flight first where rank 0 did.
+        filled = self.runner.fill_draft_slots(sched_out)
+        op = Op.FORWARD_AFTER_READ if filled.read_previous else Op.FORWARD
+        send = partial(self._write, encode(op, filled.sched_out))
+        return self._run(send, partial(self.runner.launch, filled))
 
     def sample(self, step: ForwardStep, grammar: GrammarOutput | None) -> StepHandle:
         op = Op.SAMPLE_ASYNC if self._async_scheduling else Op.SAMPLE
-        send = partial(send_sample, self._write, op, grammar)
+        # The other ranks run the filled step: its mask rows are the filled step's.
+        sent = None if grammar is None else grammar_for_step(grammar, step.row_map)
+        send = partial(send_sample, self._write, op, sent)
         return self._run(send, partial(self.runner.sample, step, grammar))
 
     def _run(self, send: Callable[[], None], run: Callable[[], T]) -> T:

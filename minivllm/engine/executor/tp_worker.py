@@ -122,7 +122,10 @@ def serve_steps(runner: ModelRunner, ring: StepSource, report: Callable[[tuple],
     while True:
         op, sched_out, grammar_rows = decode(ring.read())
         try:
-            if op == Op.FORWARD:
+            if op in (Op.FORWARD, Op.FORWARD_AFTER_READ):
+                if op == Op.FORWARD_AFTER_READ and pending is not None:
+                    pending, previous = None, pending  # as rank 0 read it, before its forward
+                    previous.result()
                 forward = runner.forward(sched_out)
                 continue
             if op in (Op.SAMPLE, Op.SAMPLE_ASYNC):

@@ -150,7 +150,8 @@ class DraftedStep(StepHandle):
                 self.sampler_out = _rescored(self.sampler_out, logits, self.verified, drafts[1])
         # Requests without drafts may run in the next step before this one is read (async
         # scheduling): their penalties count this token on the device now, as a plain step's
-        # do. Those with drafts sit the next step out; result() counts their tokens.
+        # do. Those with drafts run in the next step only once it has read this one (their
+        # draft slots wait for it: runner/draft_slots.py); result() counts their tokens.
         undrafted = [i for i, n in enumerate(self.num_draft_tokens) if not n]
         if undrafted:
             sampling_state.record_rows(
@@ -173,9 +174,15 @@ class DraftedStep(StepHandle):
         return v.output_token_ids.gather(1, v.num_accepted[:, None])[:, 0]
 
     @torch.inference_mode()
-    def result(self) -> RunnerOutput:
+    def _read(self) -> RunnerOutput:
         rows = self.rows.tolist()
-        out = RunnerOutput(req_ids=self.req_ids, sampled_token_ids=[], num_accepted_drafts=[])
+        out = RunnerOutput(
+            req_ids=self.req_ids,
+            sampled_token_ids=[],
+            num_accepted_drafts=[],
+            num_draft_tokens=self.num_draft_tokens,
+            accepted_draft_ids=[],
+        )
         state = self.sampling_state
         for req_id, n, row in zip(self.req_ids, self.num_draft_tokens, rows, strict=True):
             num_accepted, new_tokens = row[0], row[1 : row[0] + 2]
@@ -189,6 +196,7 @@ class DraftedStep(StepHandle):
                 )
             out.sampled_token_ids.append(new_tokens[-1])
             out.num_accepted_drafts.append(num_accepted)
+            out.accepted_draft_ids.append(new_tokens[:-1])
         if self.num_logprobs is not None:
             per_row = to_runner_logprobs(self.logprobs.tolist(), self.num_logprobs)
             out.logprobs, out.draft_logprobs = [], []

@@ -18,6 +18,14 @@ from minivllm.distributed.all_reduce import create_symm_buffer
 from minivllm.engine.runner.block_table import BlockTable
 from minivllm.engine.runner.cuda_graph import CUDAGraphRunner
 from minivllm.engine.runner.device_inputs import InputStaging
+from minivllm.engine.runner.draft_slots import (
+    FilledStep,
+    draft_slots,
+    fill_draft_slots,
+    grammar_for_step,
+    needs_filling,
+    sampled_row_map,
+)
 from minivllm.engine.runner.draft_step import DraftedStep, SyntheticAcceptance, draft_token_ids
 from minivllm.engine.runner.drafter import Drafter
 from minivllm.engine.runner.hybrid_graph import HybridCUDAGraphRunner
@@ -92,7 +100,7 @@ class ModelRunner:
         if tp_size > 1 and device.type == "cuda" and not config.disable_custom_all_reduce:
             symm = create_symm_buffer(device)
         max_rows = max(self.limits.max_num_batched_tokens, max_num_seqs)
-        ops = layer_ops(config.deterministic, symm, device, max_rows)
+        ops = layer_ops(config.deterministic, symm, device, max_rows, single_rank=tp_size == 1)
         self.model = build_model(
             model_config,
             self.attn_backend,
@@ -149,6 +157,10 @@ class ModelRunner:
         self.mixed_graphs: PiecewiseGraphRunner | None = None  # likewise
         # The last step's sampled ids [num_sampled] on the device, and their req_ids.
         self._last_sampled: tuple[torch.Tensor, list[str]] | None = None
+        # The last step's handle and draft slots: a next step's chunks may wait for them
+        # (async scheduling with drafts, runner/draft_slots.py).
+        self._last_handle: StepHandle | None = None
+        self._last_draft_slots: dict[str, int] = {}
         self._host_ids: list[torch.Tensor] | None = None
         if device.type == "cuda":
             # Sized for ids and up to 20 logprobs a row: a larger step grows its slot once.
@@ -287,11 +299,18 @@ class ModelRunner:
         """Runs one step and waits for its tokens."""
         return self.sample(self.forward(sched_out), grammar).result()
 
-    @torch.inference_mode()
     def forward(self, sched_out: SchedulerOutput) -> ForwardStep:
         """Launches the step's forward (the LM head on the sampled rows included) and returns
         at once; sample() finishes the step. The step before must have been sampled: its
-        tokens fill this step's placeholders on the device."""
+        tokens fill this step's placeholders on the device, or on the host where a chunk's
+        draft slots wait for its proposals (fill_draft_slots, then launch)."""
+        return self.launch(self.fill_draft_slots(sched_out))
+
+    @torch.inference_mode()
+    def launch(self, filled: FilledStep) -> ForwardStep:
+        """forward() of a step whose draft slots are filled (a TP executor sends the filled
+        step to the other ranks in between)."""
+        sched_out = filled.sched_out
         if sched_out.is_empty:
             self._update_requests(sched_out)
             self.block_table.update(sched_out)  # forget finished requests
@@ -306,7 +325,7 @@ class ModelRunner:
         logits, prompt_hidden = self.run_model(inputs, sched_out, extra_rows)
         if pool is not None:
             save_snapshots(pool, sched_out)
-        return ForwardStep(sched_out, inputs, logits, jobs, prompt_hidden)
+        return ForwardStep(sched_out, inputs, logits, jobs, prompt_hidden, filled.row_map)
 
     @torch.inference_mode()
     def sample(self, step: ForwardStep, grammar: GrammarOutput | None) -> StepHandle:
@@ -318,6 +337,7 @@ class ModelRunner:
             return StepHandle(self.sampling_state, [])
         if grammar is not None:
             # Applied to the forward's output before the sampler (and its logprobs) see it.
+            grammar = grammar_for_step(grammar, step.row_map)
             rows = self._staging.upload({"rows": np.asarray(grammar.rows, np.int64)})["rows"]
             apply_bitmask(logits, torch.from_numpy(grammar.bitmask), rows)
         req_ids = inputs.sample_req_ids
@@ -344,6 +364,9 @@ class ModelRunner:
             handle.routing = (copy, inputs.slot_mapping)
         if self.drafter is not None:  # result() proposes, once the tokens are read
             handle.drafter, handle.asked = self.drafter, Drafter.asked(step.sched_out)
+        # Kept only where the next step's chunks may wait for it: it had draft slots (as
+        # scheduled) or asked for drafts.
+        self._last_handle = handle if handle.asked or self._last_draft_slots else None
         return handle
 
     def _sample_drafted(
@@ -366,6 +389,20 @@ class ModelRunner:
         )
         self._last_sampled = (step.sampled_token_ids, inputs.sample_req_ids)
         return step
+
+    @torch.inference_mode()
+    def fill_draft_slots(self, sched_out: SchedulerOutput) -> FilledStep:
+        """The step with the chunks that wait for the step before filled from its output,
+        read now (a drafting request scheduled while the step that drafts for it ran:
+        runner/draft_slots.py). Called once per step, before launch()."""
+        prev_slots, self._last_draft_slots = self._last_draft_slots, draft_slots(sched_out)
+        if not prev_slots and not any(c.num_draft_tokens for c in sched_out.chunks):
+            return FilledStep(sched_out)  # the common step: nothing to fill
+        if not needs_filling(sched_out, prev_slots):
+            return FilledStep(sched_out)
+        assert self._last_handle is not None
+        filled = fill_draft_slots(sched_out, prev_slots, self._last_handle.result())
+        return FilledStep(filled, True, sampled_row_map(sched_out, filled))
 
     def _update_requests(self, sched_out: SchedulerOutput) -> None:
         """Forgets finished requests and registers new ones in the sampling state."""

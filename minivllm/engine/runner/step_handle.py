@@ -36,6 +36,9 @@ class ForwardStep:
     jobs: list[PromptLogprobsJob] = field(default_factory=list)
     # The final hidden states of the jobs' rows (prompt logprobs), in order.
     prompt_hidden: torch.Tensor | None = None
+    # The scheduler's sampled rows -> this step's, where draft slots were left empty
+    # (runner/draft_slots.py); None: the same rows.
+    row_map: list[int] | None = None
 
 
 class StepHandle:
@@ -77,6 +80,7 @@ class StepHandle:
         self.ids: HostCopy | None = None
         self.logprobs: HostCopy | None = None
         self.num_logprobs: list[int | None] | None = None
+        self._result: RunnerOutput | None = None
         if sampler_out is None:
             return
         ids = sampler_out.sampled_token_ids
@@ -94,8 +98,15 @@ class StepHandle:
             return ids
         return ids + ids * (2 * sampler_out.logprobs.shape[1] + 1)
 
-    @torch.inference_mode()
     def result(self) -> RunnerOutput:
+        """The step's RunnerOutput, read once: the runner may read it first, when the next
+        step's draft slots wait for it (runner/draft_slots.py), and the scheduler again."""
+        if self._result is None:
+            self._result = self._read()
+        return self._result
+
+    @torch.inference_mode()
+    def _read(self) -> RunnerOutput:
         token_ids = [] if self.ids is None else self.ids.tolist()
         self.sampling_state.append_tokens(self.req_ids, token_ids)
         out = RunnerOutput(req_ids=self.req_ids, sampled_token_ids=token_ids)

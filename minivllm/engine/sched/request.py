@@ -52,6 +52,9 @@ class Request:
         # Tokens sampled by a step whose result update() has not applied yet (0 or 1): with
         # async scheduling the next step is scheduled before the last one's tokens are known.
         self.num_pending_tokens = 0
+        # Draft slots of scheduled steps that update() has not applied: the scheduler counts
+        # them computed (as if accepted) until it learns how many were.
+        self.num_pending_drafts = 0
         self.status = RequestStatus.WAITING
         # Written by the scheduler only (what BlockManager.allocate_slots returns).
         self.block_ids: list[int] = []

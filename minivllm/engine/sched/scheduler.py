@@ -126,12 +126,13 @@ class Scheduler:
     def can_schedule_ahead(self) -> bool:
         """Whether the next step may be scheduled before the step in flight is applied: no
         request samples from host-side token history, and the step in flight asked the runner
-        for no drafts (they come with its tokens, and the next step uses them: a drafting
-        request that waited a step for them would take one step in two). A request whose
-        drafts are in flight anyway (a grammar's forced ones) is not scheduled again until
-        update() has applied them (how many were accepted decides where it goes on)."""
+        for no drafts that the next step needs to know (a constrained request's, whose draft
+        positions need masks: speculation.py). A request whose drafts the step in flight
+        asked for otherwise gets draft slots that the runner fills;
+        one whose drafts are in flight goes on where they would all be accepted, and update()
+        corrects it, but a constrained one (a grammar's forced drafts) waits for update()."""
         return self.num_host_dependent == 0 and not (
-            self.speculator is not None and self.speculator.asked
+            self.speculator is not None and self.speculator.asked_in_sync
         )
 
     def get_request(self, req_id: str) -> Request | None:
@@ -221,10 +222,13 @@ class Scheduler:
         while i < len(running) and budget > 0:
             request = running[i]
             num_pending = request.num_pending_tokens
+            if request.structured_output is None:  # its drafts in flight count as accepted
+                num_pending += request.num_pending_drafts
             num_needed = len(request.all_token_ids) + num_pending - request.num_computed_tokens
             if num_needed <= 0 or (num_pending and self._finishes_with_pending(request)):
                 # Nothing to compute until update() applies its pending token (fewer than
-                # nothing: its drafts are in flight, and their acceptance decides).
+                # nothing: a constrained request's drafts are in flight, and their
+                # acceptance decides).
                 i += 1
                 continue
             # A decode with drafts computes its last token and them (as many as fit).
@@ -259,7 +263,7 @@ class Scheduler:
             return {}
         drafts = {}
         for request in self.running:
-            draft = speculator.take_drafts(request)
+            draft = speculator.take_drafts(request) or speculator.take_slots(request)
             if draft:
                 drafts[request.req_id] = draft
         return drafts
@@ -344,8 +348,8 @@ class Scheduler:
         """Appends request's chunk to decodes (one sampled token past the prompt) or others,
         and advances the request past it. new_block_ids: the blocks allocated for it this
         step, which the chunk carries to the runner's copy of the block table. draft: draft
-        tokens after the last known one, or after the pending one (num_new_tokens counts
-        them)."""
+        tokens (or slots) after the last known one, or after the pending one (num_new_tokens
+        counts them). With drafts in flight, the chunk starts where they would all be accepted."""
         num_computed_tokens = request.num_computed_tokens
         end = num_computed_tokens + num_new_tokens
         num_known_tokens = len(request.all_token_ids)
@@ -355,7 +359,8 @@ class Scheduler:
             token_ids.append(PLACEHOLDER_TOKEN_ID)
         if num_draft_tokens:
             token_ids += draft
-        sample = end == num_known_tokens + request.num_pending_tokens + num_draft_tokens
+        num_in_flight = request.num_pending_tokens + request.num_pending_drafts
+        sample = end == num_known_tokens + num_in_flight + num_draft_tokens
         num_prior_blocks = len(request.block_ids)
         # Positional: at a thousand chunks a step, keyword arguments cost twice the time.
         chunk = ScheduledChunk(
@@ -374,6 +379,7 @@ class Scheduler:
             if self.speculator is not None:
                 self._ask_drafts(request, chunk)
             request.num_pending_tokens += 1
+            request.num_pending_drafts += num_draft_tokens
         if (
             (num_new_tokens == 1 or num_draft_tokens)
             and sample
@@ -391,12 +397,14 @@ class Scheduler:
             chunk.draft_cap = self.speculator.ask(request)
 
     def _finishes_with_pending(self, request: Request) -> bool:
-        """Whether the pending token (the caller checked there is one) surely ends the request
-        (max_tokens or max_model_len), so that scheduling another token for it would be wasted."""
+        """Whether the pending token (the caller checked there is one) ends the request
+        (max_tokens or max_model_len) where its drafts in flight are all accepted, so that
+        scheduling another token for it would be wasted (or past max_model_len)."""
         max_tokens = request.sampling_params.max_tokens
-        num_tokens = len(request.all_token_ids) + request.num_pending_tokens
+        num_drafts = request.num_pending_drafts
+        num_tokens = len(request.all_token_ids) + request.num_pending_tokens + num_drafts
         return num_tokens >= self.max_model_len or (
-            max_tokens is not None and len(request.output_token_ids) + 1 >= max_tokens
+            max_tokens is not None and len(request.output_token_ids) + 1 + num_drafts >= max_tokens
         )
 
     def update(
@@ -484,25 +492,30 @@ class Scheduler:
         token_ids: list[int],
         logprobs: list[LogprobsDict] | None,
     ) -> tuple[list[int], list[LogprobsDict] | None, int, int]:
-        """The new tokens (and logprobs) of sampled chunk i, which had drafts: the accepted
-        ones, then the target's own token; and its speculative drafts and accepted drafts as
-        counted (0, 0 for a grammar's forced tokens). The rejected drafts' KV slots are given
-        back."""
-        assert runner_out.num_accepted_drafts is not None
-        num_accepted = runner_out.num_accepted_drafts[i]
-        num_drafts = chunk.num_draft_tokens
+        """The new tokens (and logprobs) of sampled chunk i, which had draft slots: the
+        accepted drafts, then the target's own token; and its speculative drafts and accepted
+        drafts as counted (0, 0 for a grammar's forced tokens). The slots past the accepted
+        drafts are taken back (the runner may have filled fewer than the chunk had: its
+        proposer found fewer), and their KV blocks given back."""
+        num_slots = chunk.num_draft_tokens
+        request.num_pending_drafts -= num_slots
+        num_drafts, accepted = 0, []
+        if runner_out.num_draft_tokens is not None:
+            num_drafts = runner_out.num_draft_tokens[i]
+            accepted = runner_out.accepted_draft_ids[i]
+        num_accepted = len(accepted)
         speculative = request.req_id not in self._forced_req_ids
-        if self.speculator is not None and speculative:
+        if self.speculator is not None and speculative and num_drafts:
             self.speculator.observe(request, num_drafts, num_accepted)
-        first_draft = len(chunk.token_ids) - num_drafts
-        accepted = chunk.token_ids[first_draft : first_draft + num_accepted]
-        if logprobs is not None:
+        if logprobs is not None and num_accepted:
             assert runner_out.draft_logprobs is not None
             logprobs = runner_out.draft_logprobs[i][:num_accepted] + logprobs
         # KV is valid through the last accepted draft; the target's token is computed next.
-        # (Preempted while the step ran, it has no KV left: it is recomputed.)
+        # (Preempted while the step ran, it has no KV left: it is recomputed.) A step
+        # scheduled meanwhile went on from where all the slots would be accepted: the runner
+        # moved it back as far (runner/draft_slots.py).
         if request.status == RequestStatus.RUNNING:
-            request.num_computed_tokens -= num_drafts - num_accepted
+            request.num_computed_tokens -= num_slots - num_accepted
             self.block_manager.trim(request, request.num_computed_tokens + 1)
         counted = (num_drafts, num_accepted) if speculative else (0, 0)
         return accepted + token_ids, logprobs, *counted

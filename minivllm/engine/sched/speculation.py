@@ -10,28 +10,24 @@ a grammar mask each; where its grammar forces the next tokens, those are its dra
 (jump-forward, engine/sched/grammar.py). Drafts never run past max_tokens or max_model_len.
 
 A request whose drafting fails (no match, or none of its drafts accepted) backs off: it tries
-again after 1, 2, 4, ... up to MAX_BACKOFF_TOKENS more tokens, and succeeding resets it. A step
-that asks for no drafts runs ahead under async scheduling; one that asks is applied before the
-next is scheduled (Scheduler.can_schedule_ahead), so text that does not repeat itself decodes
-at the speed it has without speculation.
+again after 1, 2, 4, ... up to MAX_BACKOFF_TOKENS more tokens, and succeeding resets it.
+
+Async scheduling stays on while requests draft: a request whose step in flight asked for
+drafts gets *draft slots* in the next step, placeholders the runner fills with the proposals
+once it has read that step (engine/runner/draft_slots.py), at positions that assume the drafts
+in flight are all accepted; update() corrects them. A constrained request's draft positions
+need their masks before the step is launched, so its drafts must be known: a step that asked
+drafts for one is applied before the next is scheduled (Scheduler.can_schedule_ahead).
 """
 
 from __future__ import annotations
 
 from minivllm.engine.sched.request import Request, draft_room, token_room
+from minivllm.engine.types import PLACEHOLDER_TOKEN_ID
 from minivllm.spec_decode.config import SpeculativeConfig
 from minivllm.spec_decode.metrics import SpecDecodingStats
 
 MAX_BACKOFF_TOKENS = 16
-
-
-def check_speculative_config(config: SpeculativeConfig, tensor_parallel_size: int) -> None:
-    """ValueError for options this engine does not run."""
-    if config.method == "draft_model" and tensor_parallel_size > 1:
-        raise ValueError(
-            "speculative method 'draft_model' runs with tensor_parallel_size=1 only; use "
-            "'ngram' under tensor parallelism"
-        )
 
 
 class Speculator:
@@ -49,8 +45,13 @@ class Speculator:
         self._backoff: dict[str, tuple[int, int]] = {}
         # req_id -> (its history's length when proposed, the drafts that follow it).
         self._drafts: dict[str, tuple[int, list[int]]] = {}
-        # Requests whose drafts a launched step asked for, until its update() brings them.
-        self.asked: set[str] = set()
+        # Requests whose drafts a launched step asked for -> the last cap asked, until the
+        # update() of the last such step brings them (two steps may have asked: the one in
+        # flight and the one just scheduled); those whose drafts must be known before the
+        # next step is scheduled.
+        self.asked: dict[str, int] = {}
+        self.asked_in_sync: set[str] = set()
+        self._num_asks: dict[str, int] = {}  # req_id -> the launched steps that asked
 
     def is_active(self, num_requests: int) -> bool:
         """Whether a step with num_requests running or waiting speculates (vLLM's
@@ -71,7 +72,10 @@ class Speculator:
         off. A request asked stays in `asked` until receive()."""
         cap = self._draft_cap(request)
         if cap:
-            self.asked.add(request.req_id)
+            self.asked[request.req_id] = cap
+            self._num_asks[request.req_id] = self._num_asks.get(request.req_id, 0) + 1
+            if request.structured_output is not None:  # its draft positions need masks
+                self.asked_in_sync.add(request.req_id)
         return cap
 
     def _draft_cap(self, request: Request) -> int:
@@ -89,7 +93,11 @@ class Speculator:
     def receive(self, request: Request, drafts: list[int]) -> None:
         """The drafts the runner proposed for request after a step whose tokens update() has
         just appended; none proposed is a failure (back-off)."""
-        self.asked.discard(request.req_id)
+        num_asks = self._num_asks.get(request.req_id, 0) - 1
+        if num_asks > 0:
+            self._num_asks[request.req_id] = num_asks  # a later step asked again
+        else:
+            self._unask(request.req_id)
         if drafts:
             self._drafts[request.req_id] = (request.num_tokens, drafts)
         else:
@@ -106,6 +114,25 @@ class Speculator:
         room = draft_room(request, self.num_speculative_tokens, self.max_model_len)
         return entry[1][:room]
 
+    def take_slots(self, request: Request) -> list[int]:
+        """Draft slots (placeholders) for request, whose step in flight asked for its drafts:
+        as many as it asked, fewer where max_tokens or max_model_len leaves less room after
+        the tokens in flight (its drafts counted as accepted); [] for a request whose drafts
+        must be known first."""
+        cap = self.asked.get(request.req_id, 0)
+        # Slots follow the token in flight: the runner fills them once it has read that step.
+        if not cap or not request.num_pending_tokens or request.req_id in self.asked_in_sync:
+            return []
+        num_new = request.num_pending_tokens + request.num_pending_drafts
+        room = token_room(
+            request.sampling_params,
+            request.num_tokens + num_new,
+            request.num_output_tokens + num_new,
+            cap,
+            self.max_model_len,
+        )
+        return [PLACEHOLDER_TOKEN_ID] * room
+
     def observe(self, request: Request, num_draft_tokens: int, num_accepted: int) -> None:
         """One request's drafts of a step, before its new tokens are appended."""
         self.stats.observe_draft(num_draft_tokens, num_accepted)
@@ -117,7 +144,12 @@ class Speculator:
     def forget(self, req_id: str) -> None:
         self._backoff.pop(req_id, None)
         self._drafts.pop(req_id, None)
-        self.asked.discard(req_id)
+        self._unask(req_id)
+
+    def _unask(self, req_id: str) -> None:
+        self.asked.pop(req_id, None)
+        self.asked_in_sync.discard(req_id)
+        self._num_asks.pop(req_id, None)
 
     def _failed(self, request: Request) -> None:
         misses = self._backoff.get(request.req_id, (0, 0))[1] + 1

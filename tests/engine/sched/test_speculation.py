@@ -4,10 +4,12 @@ calls it after a step) and the speculator decides which of them a request uses."
 
 from __future__ import annotations
 
+from minivllm.engine.sched.async_scheduler import AsyncScheduler
 from minivllm.engine.sched.block_manager import BlockManager
 from minivllm.engine.sched.request import Request
 from minivllm.engine.sched.scheduler import Scheduler
 from minivllm.engine.sched.speculation import MAX_BACKOFF_TOKENS, Speculator
+from minivllm.engine.types import PLACEHOLDER_TOKEN_ID as PH
 from minivllm.engine.types import RunnerOutput
 from minivllm.sampling_params import SamplingParams
 from minivllm.spec_decode.config import SpeculativeConfig
@@ -93,8 +95,69 @@ def test_scheduler_takes_the_runners_drafts_as_data() -> None:
     (chunk,) = drafted.chunks
     assert chunk.token_ids == [6, 7, 8, 9] and chunk.num_draft_tokens == 3
     # One draft accepted, then the target's 10; the runner found no drafts after them.
-    after = RunnerOutput(["r"], [10], num_accepted_drafts=[1], draft_token_ids={"r": []})
+    after = RunnerOutput(["r"], [10], num_accepted_drafts=[1], num_draft_tokens=[3],
+                         accepted_draft_ids=[[7]], draft_token_ids={"r": []})  # fmt: skip
     scheduler.update(drafted, after)
     assert request.output_token_ids == [6, 7, 10] and speculator.stats.num_accepted_tokens == 1
     (chunk,) = scheduler.schedule().chunks
     assert chunk.token_ids == [10] and chunk.num_draft_tokens == 0 and chunk.draft_cap == 0
+
+
+class _InFlight:
+    """A launched step's handle: result() is its RunnerOutput."""
+
+    def __init__(self, out: RunnerOutput) -> None:
+        self.out = out
+
+    def result(self) -> RunnerOutput:
+        return self.out
+
+
+def _drafted(target: int, slots: int, accepted: list[int], proposals: list[int]) -> RunnerOutput:
+    """r's output of a step with drafts: `slots` of them verified, `accepted` kept, then the
+    target's token; `proposals` for the next step."""
+    return RunnerOutput(["r"], [target], num_accepted_drafts=[len(accepted)],
+                        num_draft_tokens=[slots], accepted_draft_ids=[accepted],
+                        draft_token_ids={"r": proposals})  # fmt: skip
+
+
+def test_async_draft_slots_and_their_corrections() -> None:
+    """Async scheduling: a drafting request is scheduled while the step that drafts for it is
+    in flight, with draft slots at positions that assume its drafts in flight accepted; each
+    update() moves num_computed_tokens back by the slots not accepted and gives back their
+    blocks (exact ids)."""
+    speculator = Speculator(CONFIG, max_model_len=64)
+    scheduler = AsyncScheduler(4, 64, 64, BlockManager(16, 4, False), speculator=speculator)
+    request = Request("r", [1, 2, 3, 4, 5], SamplingParams(max_tokens=20), 0.0)
+    scheduler.add_request(request)
+    prefill = scheduler.schedule()
+    assert scheduler.update(prefill, _InFlight(RunnerOutput(["r"], [6], draft_token_ids={
+        "r": [7, 8, 9]}))) == []  # fmt: skip
+    assert scheduler.can_schedule_ahead  # the step that asked drafts stays in flight
+    s2 = scheduler.schedule()  # slots after the pending token 6
+    (chunk,) = s2.chunks
+    assert (chunk.token_ids, chunk.num_computed_tokens, chunk.num_draft_tokens) == ([PH] * 4, 5, 3)
+    assert request.block_ids == [0, 1, 2]
+    outputs = scheduler.update(s2, _InFlight(_drafted(10, 3, [7], [11, 12])))
+    assert [o.new_token_ids for o in outputs] == [[6]]
+    s3 = scheduler.schedule()  # s2's 3 drafts in flight: s3 starts as if all were accepted
+    (chunk,) = s3.chunks
+    assert (chunk.token_ids, chunk.num_computed_tokens, chunk.num_draft_tokens) == ([PH] * 4, 9, 3)
+    assert request.block_ids == [0, 1, 2, 3]
+    outputs = scheduler.update(s3, _InFlight(_drafted(13, 2, [11, 12], [14])))
+    # s2 applied: 1 of its 3 slots accepted; s3 (in flight, moved back by 2 in the runner)
+    # ends at 11; the block of the positions it no longer reaches is given back.
+    assert [o.new_token_ids for o in outputs] == [[7, 10]]
+    assert request.num_computed_tokens == 11 and request.block_ids == [0, 1, 2]
+    s4 = scheduler.schedule()
+    (chunk,) = s4.chunks
+    assert (chunk.token_ids, chunk.num_computed_tokens, chunk.num_draft_tokens) == ([PH] * 4, 11, 3)
+    assert request.block_ids == [0, 1, 2, 4]
+    # s4 finishes at once (a RunnerOutput): s3, then s4 (one slot filled, rejected).
+    outputs = scheduler.update(s4, _drafted(15, 1, [], []))
+    assert [o.new_token_ids for o in outputs] == [[11, 12, 13], [15]]
+    assert request.output_token_ids == [6, 7, 10, 11, 12, 13, 15]
+    assert request.num_computed_tokens == request.num_tokens - 1 == 11
+    assert request.block_ids == [0, 1, 2] and request.num_pending_drafts == 0
+    stats = speculator.stats
+    assert (stats.num_draft_tokens, stats.num_accepted_tokens) == (6, 3)
