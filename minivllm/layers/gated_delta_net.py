@@ -79,7 +79,7 @@ class GatedDeltaNet(nn.Module):
         super().__init__()
         if num_v_heads % num_k_heads:
             raise ValueError(f"num_v_heads {num_v_heads} must be a multiple of {num_k_heads}")
-        tp_rank, tp_size = get_tp_rank_size()
+        tp_rank, tp_size = ops.tp or get_tp_rank_size()
         # This rank's heads and sizes (all of them at tp_size 1).
         self.num_k_heads = divide(num_k_heads, tp_size, "linear_num_key_heads")
         self.num_v_heads = divide(num_v_heads, tp_size, "linear_num_value_heads")
