@@ -210,6 +210,7 @@ def causal_conv1d_update(
     _conv1d_update_kernel[grid](
         x, weight, bias if bias is not None else weight, out, conv_state, state_slots,
         dst_slots, num_channels, x.stride(0), out.stride(0), conv_state.stride(0),
-        conv_state.stride(1), WIDTH=width, BC=block_c, HAS_BIAS=bias is not None, SILU=silu, num_warps=4,
+        conv_state.stride(1), WIDTH=width, BC=block_c, HAS_BIAS=bias is not None, SILU=silu,
+        num_warps=4,
     )  # fmt: skip
     return out
