@@ -88,11 +88,6 @@ def _check_hybrid_options(config: EngineConfig, model_config: ModelConfig) -> No
     """Options that do not yet run on a hybrid model (Gated DeltaNet layers): a ValueError."""
     if model_config.linear_attention is None:
         return
-    if config.speculative_config is not None:
-        raise ValueError(
-            "speculative_config: speculative decoding does not yet run on hybrid models "
-            "(a rejected draft would need the recurrent state rolled back)"
-        )
     if config.tensor_parallel_size > 1:
         raise ValueError(
             "tensor_parallel_size: hybrid models run on one device for now (the step "

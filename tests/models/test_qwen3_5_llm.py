@@ -74,7 +74,6 @@ def test_preemption_matches_hf(tiny_qwen3_5_dir: str, hf_model) -> None:
 @pytest.mark.parametrize(
     ("options", "field"),
     [
-        ({"speculative_config": {"method": "ngram", "num_speculative_tokens": 2}}, "speculative"),
         ({"tensor_parallel_size": 2}, "tensor_parallel_size"),
     ],
 )

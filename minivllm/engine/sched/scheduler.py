@@ -215,8 +215,9 @@ class Scheduler:
             forced = forced_drafts(running, self.max_model_len)
             drafts |= forced
             self._forced_req_ids = forced.keys()
-        # Each draft is one more decode row (draft_step.py); decode rows fit max_num_seqs.
-        draft_rows = self.max_num_seqs - len(running)
+        # Each draft is one more decode row (draft_step.py); decode rows fit max_num_seqs (and,
+        # on a hybrid model, each draft's recurrent state takes a draft slot).
+        draft_rows = min(self.max_num_seqs - len(running), self.block_manager.num_free_draft_slots)
         i = 0
         while i < len(running) and budget > 0:
             request = running[i]
@@ -368,6 +369,8 @@ class Scheduler:
             num_draft_tokens,
             request.state_slot,
         )
+        if num_draft_tokens and request.draft_slots:
+            chunk.draft_slots = request.draft_slots
         request.block_ids += new_block_ids
         request.num_computed_tokens = end
         if sample:
