@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from minivllm import LLM, SamplingParams
+from minivllm import SamplingParams
 from minivllm.engine.sched import draft_states
 from tests.models.hf_greedy import assert_greedy_matches_hf, cpu_llm
 
