@@ -100,3 +100,16 @@ def test_next_turn_hits_after_a_drafted_answer(repeating_qwen3_5_dir: str) -> No
     plain = cpu_llm(repeating_qwen3_5_dir, enable_prefix_caching=False)
     expected = plain.generate([{"prompt_token_ids": second}], params, use_tqdm=False)[0]
     assert turn2.outputs[0].token_ids == expected.outputs[0].token_ids
+
+
+def test_draft_model_method(repeating_qwen3_5_dir: str, tiny_qwen3_dir: str) -> None:
+    """A draft model of attention layers only (the tiny Qwen3, same vocabulary) drafting for
+    the hybrid target: the target's tokens; a hybrid draft model is refused."""
+    plain = run(repeating_qwen3_5_dir, PROMPTS[:2])[0]
+    spec = {"method": "draft_model", "model": tiny_qwen3_dir, "num_speculative_tokens": 2}
+    ours, stats = run(repeating_qwen3_5_dir, PROMPTS[:2], speculative_config=spec)
+    assert stats.spec_num_draft_tokens > 0
+    assert [c.token_ids for c in ours] == [c.token_ids for c in plain]
+    hybrid = {**spec, "model": repeating_qwen3_5_dir}
+    with pytest.raises(ValueError, match="speculative_config.model"):
+        cpu_llm(tiny_qwen3_dir, speculative_config=hybrid)

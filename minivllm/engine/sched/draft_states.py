@@ -61,7 +61,7 @@ class DraftStates:
         if accepted < len(verify.slots):
             copies.restore_src.append(verify.slots[accepted])
             copies.restore_dst.append(request.state_slot)
-        self._free_slots += verify.slots
+        self._free_slots += reversed(verify.slots)
         request.draft_slots = []
 
     def slot_after(self, request: Request, num_tokens: int) -> int:
@@ -78,5 +78,5 @@ class DraftStates:
         """request ends (finished or preempted): its draft slots, if any, are free."""
         verify = self._verifying.pop(request.req_id, None)
         if verify is not None:
-            self._free_slots += verify.slots
+            self._free_slots += reversed(verify.slots)
         request.draft_slots = []

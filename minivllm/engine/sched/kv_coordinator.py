@@ -94,6 +94,10 @@ class HybridKVCoordinator:
         return 0 if self.drafts is None else self.drafts.num_free
 
     @property
+    def num_blocks(self) -> int:
+        return self.blocks.num_blocks
+
+    @property
     def num_free_blocks(self) -> int:
         return self.blocks.num_free_blocks
 
