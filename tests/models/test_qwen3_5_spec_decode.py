@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from minivllm import SamplingParams
+from minivllm import SamplingParams, model_loader
 from minivllm.engine.sched import draft_states
 from tests.models.hf_greedy import assert_greedy_matches_hf, cpu_llm
 
@@ -24,11 +24,13 @@ PROMPTS = [[5, 6, 7, 8, 9], [30, 31, 32], [100, 7, 200, 9, 77, 12], [3, 4] * 4, 
 QUIET = [[11], [12, 13]]
 
 
-def run(model_dir: str, prompts: list[list[int]], **options) -> tuple[list, object]:
-    """Each prompt's CompletionOutput (greedy, MAX_TOKENS, logprobs; QUIET's with 1 or 2
+def run(
+    model_dir: str, prompts: list[list[int]], max_tokens: int = MAX_TOKENS, **options
+) -> tuple[list, object]:
+    """Each prompt's CompletionOutput (greedy, max_tokens, logprobs; QUIET's with 1 or 2
     tokens) and the engine's stats."""
     llm = cpu_llm(model_dir, **options)
-    params = [SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=0)]
+    params = [SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, logprobs=0)]
     params = params * len(prompts)
     quiet = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (1, 2)]
     requests = [{"prompt_token_ids": p} for p in prompts + QUIET]
@@ -113,3 +115,18 @@ def test_draft_model_method(repeating_qwen3_5_dir: str, tiny_qwen3_dir: str) -> 
     hybrid = {**spec, "model": repeating_qwen3_5_dir}
     with pytest.raises(ValueError, match="speculative_config.model"):
         cpu_llm(tiny_qwen3_dir, speculative_config=hybrid)
+
+
+def test_triton_kernels_in_the_interpreter(
+    repeating_qwen3_5_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The GPU's path: the Triton conv update and rule step reading and writing other slots
+    (and the Triton attention backend), on a loop of the model's own text that drafts at once
+    and has a draft rejected part-way: the tokens without speculation."""
+    prompt = [[95, 257, 69, 232, 424, 202] * 2]
+    plain = run(repeating_qwen3_5_dir, prompt, 12)[0]
+    monkeypatch.setattr(model_loader, "use_triton_kernels", lambda device: True)
+    ours, stats = run(repeating_qwen3_5_dir, prompt, 12, speculative_config=SPEC,
+                      attention_backend="triton")  # fmt: skip
+    assert_drafts_accepted_and_rejected(stats)
+    assert [c.token_ids for c in ours] == [c.token_ids for c in plain]
