@@ -63,10 +63,21 @@ def causal_conv1d_update(
     state_slots: torch.Tensor,
     activation: str | None = "silu",
     dst_slots: torch.Tensor | None = None,
+    rows: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One token per request. x: [N, C]; conv_state: [num_slots, width - 1, C], read at
     state_slots [N] and written at dst_slots [N] (None: in place, at state_slots); a slot < 0
-    is a padded row (state untouched, output zeros). Returns [N, C] in x.dtype."""
+    is a padded row (state untouched, output zeros). With rows [R], request i's token is row
+    rows[i] of x and of the output (written into out where given, only at rows). Returns
+    [N, C] in x.dtype."""
+    if rows is not None:
+        picked = causal_conv1d_update(
+            x[rows], weight, bias, conv_state, state_slots, activation, dst_slots
+        )
+        out = torch.empty_like(x) if out is None else out
+        out[rows] = picked
+        return out
     _check_activation(activation)
     out = torch.zeros_like(x)
     rows = (state_slots >= 0).nonzero().flatten()

@@ -41,7 +41,7 @@ def conv_verify(
     C]; conv_update is the one-token update (torch or Triton), taking dst_slots."""
     out = torch.empty_like(x)
     for rows, src, dst in verify.positions():
-        out[rows] = conv_update(x[rows], weight, None, conv_state, src, "silu", dst)
+        conv_update(x, weight, None, conv_state, src, "silu", dst, rows=rows, out=out)
     return out
 
 
@@ -53,8 +53,8 @@ def rule_verify(
     [R, H_v]) -> [R, H_v, d_v]; rule_decode is the one-token step (torch or Triton)."""
     out = torch.empty_like(v)
     for rows, src, dst in verify.positions():
-        out[rows] = rule_decode(
-            q[rows], k[rows], v[rows], g[rows], beta[rows], ssm_state, src,
-            use_qk_l2norm=True, dst_slots=dst,
+        rule_decode(
+            q, k, v, g, beta, ssm_state, src, use_qk_l2norm=True, dst_slots=dst, rows=rows,
+            out=out,
         )  # fmt: skip
     return out
