@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 
 # Each pytest-xdist worker, and every process it starts (servers, ranks), gets its share of
@@ -70,6 +71,35 @@ def tiny_qwen3_5_moe_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     expert."""
     out_dir = str(tmp_path_factory.mktemp("tiny-qwen3-5-moe"))
     return _move_hybrid_weights_off_init(build_tiny_model(out_dir, "Qwen3_5MoeForCausalLM"))
+
+
+def _make_repeating(model_dir: str, out_dir: str) -> str:
+    """model_dir with every layer's output projections (attention, Gated DeltaNet, MLP,
+    experts) scaled by 0.03: the next token is then mostly a function of the last one, so
+    greedy text falls into loops that n-gram drafts predict, yet the context still changes
+    some tokens (drafts accepted, and rejected part-way)."""
+    from transformers import AutoModelForCausalLM
+
+    shutil.copytree(model_dir, out_dir, dirs_exist_ok=True)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if any(key in name for key in ("o_proj", "out_proj", "down_proj")):
+                param.mul_(0.03)
+    model.save_pretrained(out_dir)
+    return out_dir
+
+
+@pytest.fixture(scope="session")
+def repeating_qwen3_5_dir(tiny_qwen3_5_dir: str, tmp_path_factory) -> str:
+    """tiny_qwen3_5_dir made repetitive (_make_repeating): for speculative decoding."""
+    return _make_repeating(tiny_qwen3_5_dir, str(tmp_path_factory.mktemp("rep-qwen3-5")))
+
+
+@pytest.fixture(scope="session")
+def repeating_qwen3_5_moe_dir(tiny_qwen3_5_moe_dir: str, tmp_path_factory) -> str:
+    """tiny_qwen3_5_moe_dir made repetitive (_make_repeating)."""
+    return _make_repeating(tiny_qwen3_5_moe_dir, str(tmp_path_factory.mktemp("rep-qwen3-5-moe")))
 
 
 @pytest.fixture(scope="session")

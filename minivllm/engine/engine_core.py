@@ -140,6 +140,7 @@ class EngineCore:
                 states.num_state_slots,
                 states.num_snapshot_slots,
                 states.snapshot_interval,
+                states.num_draft_state_slots,
             ),
             structured_outputs=self.structured_outputs,
             policy=config.scheduling_policy,

@@ -34,7 +34,6 @@ class EngineSetup:
 def resolve_setup(config: EngineConfig, model_config: ModelConfig) -> EngineSetup:
     """Raises ValueError for a device that is not there or a max_model_len the model cannot
     take. The limits are the rank-0 device's (every rank of a replica is the same GPU kind)."""
-    _check_hybrid_options(config, model_config)
     max_model_len = config.resolved_max_model_len(model_config)
     device = config.resolved_device()
     dtype = config.resolved_dtype(model_config, device)
@@ -82,14 +81,3 @@ def resolve_scheduler_limits(config: EngineConfig, device: torch.device) -> Sche
         if config.max_num_batched_tokens is None
         else config.max_num_batched_tokens,
     )
-
-
-def _check_hybrid_options(config: EngineConfig, model_config: ModelConfig) -> None:
-    """Options that do not yet run on a hybrid model (Gated DeltaNet layers): a ValueError."""
-    if model_config.linear_attention is None:
-        return
-    if config.speculative_config is not None:
-        raise ValueError(
-            "speculative_config: speculative decoding does not yet run on hybrid models "
-            "(a rejected draft would need the recurrent state rolled back)"
-        )

@@ -77,6 +77,8 @@ class ScheduledChunk:
     num_draft_tokens: int = 0
     state_slot: int = -1  # hybrid models: the request's recurrent-state slot
     draft_cap: int = 0
+    # Hybrid models, a chunk with drafts: slot i receives the state after its (i + 1)-th token.
+    draft_state_slots: list[int] | None = None
 
     @property
     def context_end(self) -> int:
@@ -87,9 +89,10 @@ class ScheduledChunk:
 @dataclass
 class StateCopies:
     """A hybrid model's recurrent-state copies of one step, slot to slot in the runner's state
-    pool (pairs at the same index): restores, a snapshot into a request's slot before the
-    forward (a prefix-cache hit resumes from it), and saves, a request's slot into a snapshot
-    after the forward (the state where a chunk ends on a snapshot boundary)."""
+    pool (pairs at the same index, in order): restores, before the forward: a snapshot into a
+    request's slot (a prefix-cache hit resumes from it), a verified draft's state into its
+    request's slot, or into a snapshot; and saves, a request's slot into a snapshot after the
+    forward (the state where a chunk ends on a snapshot boundary)."""
 
     restore_src: list[int] = field(default_factory=list)
     restore_dst: list[int] = field(default_factory=list)

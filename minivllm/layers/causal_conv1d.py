@@ -62,18 +62,31 @@ def causal_conv1d_update(
     conv_state: torch.Tensor,
     state_slots: torch.Tensor,
     activation: str | None = "silu",
+    dst_slots: torch.Tensor | None = None,
+    rows: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """One token per request. x: [N, C]; conv_state: [num_slots, width - 1, C], updated in
-    place at state_slots [N]; a slot < 0 is a padded row (state untouched, output zeros).
-    Returns [N, C] in x.dtype."""
+    """One token per request. x: [N, C]; conv_state: [num_slots, width - 1, C], read at
+    state_slots [N] and written at dst_slots [N] (None: in place, at state_slots); a slot < 0
+    is a padded row (state untouched, output zeros). With rows [R], request i's token is row
+    rows[i] of x and of the output (written into out where given, only at rows). Returns
+    [N, C] in x.dtype."""
+    if rows is not None:
+        picked = causal_conv1d_update(
+            x[rows], weight, bias, conv_state, state_slots, activation, dst_slots
+        )
+        out = torch.empty_like(x) if out is None else out
+        out[rows] = picked
+        return out
     _check_activation(activation)
     out = torch.zeros_like(x)
     rows = (state_slots >= 0).nonzero().flatten()
     slots = state_slots[rows].long()
+    dst = slots if dst_slots is None else dst_slots[rows].long()
     x_ext = torch.cat([conv_state[slots].to(x.dtype), x[rows, None, :]], 1)  # [n, width, C]
     y = torch.einsum("nwc,cw->nc", x_ext.float(), weight.float())
     if bias is not None:
         y = y + bias.float()
     out[rows] = (F.silu(y) if activation == "silu" else y).to(x.dtype)
-    conv_state[slots] = x_ext[:, 1:].to(conv_state.dtype)
+    conv_state[dst] = x_ext[:, 1:].to(conv_state.dtype)
     return out

@@ -126,20 +126,35 @@ def gated_delta_rule_decode(
     state_slots: torch.Tensor,
     scale: float | None = None,
     use_qk_l2norm: bool = False,
+    dst_slots: torch.Tensor | None = None,
+    rows: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One token per request. q, k: [N, H_k, d_k]; v: [N, H_v, d_v]; g, beta: [N, H_v];
-    state: [num_slots, H_v, d_k, d_v] float32, updated in place at state_slots [N]; a slot
-    < 0 is a padded row (its state untouched, its output zeros). Returns [N, H_v, d_v]."""
+    state: [num_slots, H_v, d_k, d_v] float32, read at state_slots [N] and written at
+    dst_slots [N] (None: in place, at state_slots; a verify step's rows write the state after
+    each draft elsewhere); a slot < 0 is a padded row (its state untouched, its output
+    zeros). With rows [R], request i's token is row rows[i] of the inputs and of the output
+    (written into out where given, only at rows). Returns [N, H_v, d_v]."""
+    if rows is not None:
+        picked = gated_delta_rule_decode(
+            q[rows], k[rows], v[rows], g[rows], beta[rows], state, state_slots, scale,
+            use_qk_l2norm, dst_slots,
+        )  # fmt: skip
+        out = torch.empty_like(v) if out is None else out
+        out[rows] = picked
+        return out
     q, k = _prepare_qk(q, k, v.shape[1], scale, use_qk_l2norm)
     out = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
     rows = (state_slots >= 0).nonzero().flatten()
     slots = state_slots[rows].long()
+    dst = slots if dst_slots is None else dst_slots[rows].long()
     s = state[slots] * g[rows].float().exp()[..., None, None]  # [n, H, d_k, d_v]
     predicted = torch.einsum("nhkv,nhk->nhv", s, k[rows])
     delta = (v[rows].float() - predicted) * beta[rows].float()[..., None]
     s = s + k[rows][..., None] * delta[..., None, :]
     out[rows] = torch.einsum("nhkv,nhk->nhv", s, q[rows])
-    state[slots] = s
+    state[dst] = s
     return out.to(v.dtype)
 
 

@@ -12,6 +12,7 @@ from torch import nn
 
 from minivllm.distributed.parallel_state import divide, get_tp_rank_size
 from minivllm.layers import causal_conv1d, gated_delta
+from minivllm.layers.gated_delta_verify import VerifyRows, conv_verify, rule_verify
 from minivllm.layers.linear import (
     ColumnParallelLinear,
     MergedColumnParallelLinear,
@@ -27,13 +28,15 @@ class GatedDeltaMeta:
     each (its states at decode_slots [num_decodes] int32, < 0 for a padded row); the rest are
     prefill sequences packed by prefill_cu_seqlens [P + 1] int32 (offsets within those rows),
     their states at prefill_slots [P] int32, read first where prefill_has_initial_state [P]
-    (a continued chunk or a cache hit), else started from zeros."""
+    (a continued chunk or a cache hit), else started from zeros. verify: in a step with
+    drafts, the decode rows by draft position (decode_slots unused; gated_delta_verify.py)."""
 
     num_decodes: int
     decode_slots: torch.Tensor
     prefill_cu_seqlens: torch.Tensor
     prefill_slots: torch.Tensor
     prefill_has_initial_state: torch.Tensor
+    verify: VerifyRows | None = None
 
 
 class GatedRMSNorm(nn.Module):
@@ -139,7 +142,10 @@ class GatedDeltaNet(nn.Module):
         )
         weight = self.conv1d.weight.view(self.conv_dim, -1)
         conv_out = torch.empty_like(mixed)
-        if n:
+        if meta.verify is not None:
+            verify = meta.verify
+            conv_out[:n] = conv_verify(self._conv_update, mixed[:n], weight, conv_state, verify)
+        elif n:
             conv_out[:n] = self._conv_update(
                 mixed[:n], weight, None, conv_state, meta.decode_slots, "silu"
             )
@@ -153,7 +159,11 @@ class GatedDeltaNet(nn.Module):
         k = k.view(num_tokens, self.num_k_heads, self.head_k_dim)
         v = v.view(num_tokens, self.num_v_heads, self.head_v_dim)
         core = torch.empty_like(v)  # [T, H_v, d_v]
-        if n:
+        if meta.verify is not None:
+            core[:n] = rule_verify(
+                self._rule_decode, q[:n], k[:n], v[:n], g[:n], beta[:n], ssm_state, meta.verify
+            )
+        elif n:
             core[:n] = self._rule_decode(
                 q[:n], k[:n], v[:n], g[:n], beta[:n], ssm_state, meta.decode_slots,
                 use_qk_l2norm=True,

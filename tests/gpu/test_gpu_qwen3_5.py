@@ -199,3 +199,70 @@ def test_dummy_qwen3_5_9b_runs(tmp_path) -> None:
         llm.shutdown()
     assert [len(c.token_ids) for c in completions] == [16] * len(prompts)
     assert hit.num_cached_tokens == 992 and len(hit.outputs[0].token_ids) == 16
+
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
+         "prompt_lookup_max": 3}  # fmt: skip
+REPEATING_PROMPTS = [[5, 6, 7, 8, 9], [30, 31, 32], [100, 7, 200, 9, 77, 12], [3, 4] * 4,
+                     list(range(50, 90)), [11]]  # fmt: skip
+
+
+@pytest.mark.parametrize("options", [{}, {"deterministic": True}], ids=["graphs", "deterministic"])
+def test_tiny_float32_speculative_decoding(repeating_qwen3_5_dir: str, options: dict) -> None:
+    """n-gram speculative decoding on the repetitive tiny Qwen3.5 (tests/conftest.py) with the
+    Triton kernels (verify steps eager, the one-token step reading and writing other slots;
+    plain decode steps replay CUDA graphs): drafts accepted and rejected part-way; the greedy
+    tokens are the engine's without speculation and HF's float32 argmax; in deterministic mode
+    the logprobs are the same bits too."""
+    from transformers import AutoModelForCausalLM
+
+    from minivllm import LLM
+
+    def generate(spec):
+        llm = LLM(repeating_qwen3_5_dir, dtype="float32", gpu_memory_utilization=0.3,
+                  speculative_config=spec, **options)  # fmt: skip
+        try:
+            out = _generate(llm, REPEATING_PROMPTS, 40)
+            return out, llm.engine.stats()
+        finally:
+            llm.shutdown()
+
+    plain, _ = generate(None)
+    ours, stats = generate(NGRAM)
+    assert 0 < stats.spec_num_accepted_tokens < stats.spec_num_draft_tokens
+    assert stats.spec_accepted_per_pos[0] > stats.spec_accepted_per_pos[-1]
+    assert [c.token_ids for c in ours] == [c.token_ids for c in plain]
+    if options.get("deterministic"):
+        for mine, theirs in zip(ours, plain, strict=True):
+            assert [e[t].logprob for e, t in zip(mine.logprobs, mine.token_ids)] == [
+                e[t].logprob for e, t in zip(theirs.logprobs, theirs.token_ids)
+            ]
+    hf = AutoModelForCausalLM.from_pretrained(repeating_qwen3_5_dir, dtype=torch.float32)
+    hf = hf.cuda().eval()
+    for prompt, completion in zip(REPEATING_PROMPTS, ours, strict=True):
+        tokens = list(completion.token_ids)
+        assert tokens == _hf_argmax(hf, prompt, tokens)[0]
+
+
+def test_dummy_qwen3_5_9b_speculative_decoding_deterministic(tmp_path) -> None:
+    """Qwen3.5-9B's shapes, dummy weights, bf16, deterministic mode: the draft-state slots fit the
+    budget beside the running slots and the KV, and n-gram drafting on repeating prompts (as
+    much as the dummy weights' text repeats) gives the tokens of decoding without it."""
+    from minivllm import LLM
+    from minivllm.tiny_model import make_dummy_model_dir
+
+    model_dir = make_dummy_model_dir("qwen3.5-9b", str(tmp_path / "q35-9b"))
+    prompts = [([11, 12, 13, 14, 15, 16] * 40)[: 100 + 9 * i] for i in range(4)]
+    results = []
+    ngram = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1}
+    for spec in (None, ngram):
+        llm = LLM(model_dir, load_format="dummy", max_model_len=4096, deterministic=True,
+                  gpu_memory_utilization=0.85, speculative_config=spec)  # fmt: skip
+        try:
+            results.append([c.token_ids for c in _generate(llm, prompts, 32)])
+            if spec is not None:
+                # k draft-state slots for each of the 16 requests that may draft at once.
+                assert llm.engine.scheduler.block_manager.num_free_draft_state_slots == 4 * 16
+        finally:
+            llm.shutdown()
+    assert results[0] == results[1]

@@ -12,8 +12,8 @@ PROMPTS = [list(range(3 + i, 3 + i + n)) for i, n in enumerate((29, 7, 18, 41))]
 PARAMS = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, logprobs=2)
 
 
-def generate_deterministic(model_dir: str, prompts: list[list[int]], **options) -> list[tuple]:
-    llm = LLM(
+def deterministic_llm(model_dir: str, **options) -> LLM:
+    return LLM(
         model_dir,
         dtype="float32",
         device=DEVICE,
@@ -22,8 +22,19 @@ def generate_deterministic(model_dir: str, prompts: list[list[int]], **options) 
         deterministic=True,
         **options,
     )
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], PARAMS, use_tqdm=False)
+
+
+def generate_deterministic(
+    model_dir: str, prompts: list[list[int]], params: SamplingParams = PARAMS, **options
+) -> list[tuple]:
+    llm = deterministic_llm(model_dir, **options)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     llm.shutdown()
+    return tokens_and_logprobs(outs)
+
+
+def tokens_and_logprobs(outs: list) -> list[tuple]:
+    """Each RequestOutput's (token ids, its top logprobs sorted by token id)."""
     results = []
     for out in outs:
         c = out.outputs[0]

@@ -101,11 +101,55 @@ def test_conv1d_update_matches_reference(dtype):
     torch.testing.assert_close(state.cpu(), expected_state, atol=0, rtol=0)
 
 
+def test_conv1d_update_to_other_slots_matches_reference():
+    """A verify step's rows: each reads its state at one slot and writes the shifted state at
+    another (the state after a draft); the slots read stay as they were."""
+    x, weight, bias, conv_state, slots = _case([1] * 4, 300, torch.float32, seed=6)
+    src, dst = slots[:2], slots[2:].clone()
+    dst[1] = slots[1]  # one row writes back in place, as a verify chain's last row does
+    x = x[:2]
+    expected_state = conv_state.clone()
+    expected = ref.causal_conv1d_update(x, weight, bias, expected_state, src, "silu", dst)
+    state = conv_state.to(DEVICE)
+    out = kernel.causal_conv1d_update(
+        x.to(DEVICE), weight.to(DEVICE), bias.to(DEVICE), state, src.to(DEVICE), "silu",
+        dst.to(DEVICE),
+    )  # fmt: skip
+    torch.testing.assert_close(out.cpu(), expected, **_tol(torch.float32))
+    torch.testing.assert_close(state.cpu(), expected_state, atol=0, rtol=0)
+    assert torch.equal(state.cpu()[src[0]], conv_state[src[0]])  # read, not written
+    assert torch.equal(state.cpu()[dst[0], :2], conv_state[src[0], 1:])  # shifted over
+    assert torch.equal(state.cpu()[dst[0], 2], x[0])
+
+
+def test_conv1d_update_of_picked_rows():
+    """rows: request i's token is row rows[i] of x and of out (other rows of out untouched),
+    as the one-token update of those rows gathered."""
+    x, weight, bias, conv_state, slots = _case([1] * 5, 300, torch.float32, seed=7)
+    rows = torch.tensor([4, 1], dtype=torch.int64)
+    src, dst = slots[:2], slots[2:4]
+    expected_state = conv_state.clone()
+    expected = ref.causal_conv1d_update(x[rows], weight, bias, expected_state, src, "silu", dst)
+    state, out = conv_state.to(DEVICE), torch.full(x.shape, 7.0, device=DEVICE)
+    got = kernel.causal_conv1d_update(
+        x.to(DEVICE), weight.to(DEVICE), bias.to(DEVICE), state, src.to(DEVICE), "silu",
+        dst.to(DEVICE), rows=rows.to(DEVICE), out=out,
+    )  # fmt: skip
+    assert got is out
+    torch.testing.assert_close(out.cpu()[rows], expected, **_tol(torch.float32))
+    assert (out.cpu()[[0, 2, 3]] == 7.0).all()
+    torch.testing.assert_close(state.cpu(), expected_state, atol=0, rtol=0)
+    ref_out = ref.causal_conv1d_update(
+        x, weight, bias, conv_state.clone(), src, "silu", dst, rows=rows, out=torch.zeros_like(x)
+    )
+    torch.testing.assert_close(ref_out[rows], expected, atol=0, rtol=0)
+
+
 def test_step_metadata_is_not_specialized():
     """The per-step tables and slots may be slices of persistent buffers: a new offset must not
     compile the kernels again. Triton ignores a misspelled name, so each must be a parameter."""
     step_pointers = {"chunk_table_ptr", "cu_seqlens_ptr", "cu_chunks_ptr", "slots_ptr",
-                     "has_init_ptr"}  # fmt: skip
+                     "dst_slots_ptr", "rows_ptr", "has_init_ptr"}  # fmt: skip
     for k in (
         kernel._conv1d_prefill_kernel, kernel._conv1d_update_kernel,
         chunk_kernels._chunk_prepare_kernel, chunk_kernels._chunk_state_kernel,

@@ -112,6 +112,58 @@ def test_decode_matches_reference(dtype):
     assert torch.equal(got_state.cpu()[[2, 4, 5]], state[[2, 4, 5]])
 
 
+def test_decode_to_other_slots_matches_reference():
+    """A verify step's rows: each reads its state at one slot and writes it at another (the
+    state after a draft), with the bits of the step in place; the slots read stay."""
+    q, k, v, g, beta = make_rule_inputs(3, 2, 4, 32, 48, torch.float32, seed=4)
+    state = torch.randn(7, 4, 32, 48, generator=torch.Generator().manual_seed(3))
+    src = torch.tensor([3, 0, -1], dtype=torch.int32)
+    dst = torch.tensor([5, 0, 2], dtype=torch.int32)  # row 1 in place; row 2 padding
+    expected_state = state.clone()
+    expected = ref.gated_delta_rule_decode(
+        q, k, v, g, beta, expected_state, src, use_qk_l2norm=True, dst_slots=dst
+    )
+    in_place = state.clone()
+    ref.gated_delta_rule_decode(q, k, v, g, beta, in_place, src, use_qk_l2norm=True)
+    assert torch.equal(expected_state[5], in_place[3]) and torch.equal(expected_state[3], state[3])
+    got_state = state.clone().to(DEVICE)
+    out = decode.gated_delta_rule_decode(
+        *_to(q, k, v, g, beta), got_state, src.to(DEVICE), use_qk_l2norm=True,
+        dst_slots=dst.to(DEVICE),
+    )  # fmt: skip
+    torch.testing.assert_close(out.cpu(), expected, **_tol(torch.float32))
+    torch.testing.assert_close(got_state.cpu(), expected_state, **_tol(torch.float32))
+    assert torch.equal(got_state.cpu()[[1, 2, 3, 4, 6]], state[[1, 2, 3, 4, 6]])
+
+
+def test_decode_of_picked_rows():
+    """rows: request i's token is row rows[i] of the inputs and of out (other rows of out
+    untouched), as the step of those rows gathered."""
+    q, k, v, g, beta = make_rule_inputs(5, 2, 4, 32, 48, torch.float32, seed=5)
+    state = torch.randn(7, 4, 32, 48, generator=torch.Generator().manual_seed(4))
+    rows = torch.tensor([3, 0], dtype=torch.int64)
+    src = torch.tensor([6, 2], dtype=torch.int32)
+    dst = torch.tensor([1, 2], dtype=torch.int32)
+    expected_state = state.clone()
+    expected = ref.gated_delta_rule_decode(
+        q[rows], k[rows], v[rows], g[rows], beta[rows], expected_state, src,
+        use_qk_l2norm=True, dst_slots=dst,
+    )  # fmt: skip
+    got_state, out = state.clone().to(DEVICE), torch.full(v.shape, 7.0, device=DEVICE)
+    got = decode.gated_delta_rule_decode(
+        *_to(q, k, v, g, beta), got_state, src.to(DEVICE), use_qk_l2norm=True,
+        dst_slots=dst.to(DEVICE), rows=rows.to(DEVICE), out=out,
+    )  # fmt: skip
+    assert got is out
+    torch.testing.assert_close(out.cpu()[rows], expected, **_tol(torch.float32))
+    assert (out.cpu()[[1, 2, 4]] == 7.0).all()
+    torch.testing.assert_close(got_state.cpu(), expected_state, **_tol(torch.float32))
+    ref_out = ref.gated_delta_rule_decode(
+        q, k, v, g, beta, state.clone(), src, use_qk_l2norm=True, dst_slots=dst, rows=rows
+    )
+    torch.testing.assert_close(ref_out[rows], expected, atol=0, rtol=0)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_decode_steps_chained_equal_prefill(dtype):
     """Prefill prompts of 66 and 3 tokens, then decode 4 tokens each: the outputs and final

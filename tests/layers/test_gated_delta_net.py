@@ -97,3 +97,48 @@ def test_prompts_over_steps_match_hf(layers, use_triton):
     torch.testing.assert_close(got[0], expected[0][4], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(got[2:], expected[1][66:], atol=1e-4, rtol=1e-4)
     assert states[1][1].isnan().all()  # the unused slot was never written
+
+
+@pytest.mark.parametrize("use_triton", [False, True], ids=["torch", "triton"])
+def test_verify_rows_equal_decoding_one_a_step(layers, use_triton):
+    """A verify step (speculative decoding): a chunk of 3 rows (its token and 2 drafts) of the
+    request in slot 0, with draft slots 1 and 2, beside a 1-row chunk in slot 3. Its outputs,
+    the request's final states and the draft slots' states (after 1 and 2 tokens) are those
+    of decoding the same tokens one a step (to the projections' rounding at another number
+    of rows: on the CPU a GEMM's bits may depend on it)."""
+    from minivllm.layers.gated_delta_verify import VerifyRows
+
+    ours, prompts, _ = layers
+    layer = ours[use_triton]
+    a, b, _ = prompts
+    states = _states(layer)
+    _step(layer, states, [], [(3, list(a[:3]), False), (0, list(b[:65]), False)])
+    plain = tuple(s.clone() for s in states)
+    expected = [_step(layer, plain, [(0, b[65]), (3, a[3])], [])]
+    after = [tuple(s[0].clone() for s in plain)]
+    for row in (b[66], b[67]):
+        expected.append(_step(layer, plain, [(0, row)], []))
+        after.append(tuple(s[0].clone() for s in plain))
+    # Rows in chunk order: slot 0's three, then slot 3's; by position: 0, 3 | 1 | 2.
+    verify = VerifyRows(
+        offsets=(0, 2, 3, 4),
+        rows=torch.tensor([0, 3, 1, 2]),
+        src_slots=_i32([0, 3, 1, 2]),
+        dst_slots=_i32([1, 3, 2, 0]),
+    )
+    meta = GatedDeltaMeta(
+        num_decodes=4, decode_slots=_i32([0, 3]), prefill_cu_seqlens=_i32([0]),
+        prefill_slots=_i32([]), prefill_has_initial_state=torch.zeros(0, dtype=torch.bool),
+        verify=verify,
+    )  # fmt: skip
+    with torch.no_grad():
+        got = layer(torch.stack([b[65], b[66], b[67], a[3]]), meta, *states)
+    close = {"atol": 1e-5, "rtol": 1e-5}
+    torch.testing.assert_close(got[[0, 3]], expected[0], **close)
+    torch.testing.assert_close(got[1:3], torch.cat(expected[1:]), **close)
+    for i, (conv, ssm) in enumerate(after):
+        slot = (1, 2, 0)[i]  # the state after i + 1 tokens
+        torch.testing.assert_close(states[0][slot], conv, **close)
+        torch.testing.assert_close(states[1][slot], ssm, **close)
+    torch.testing.assert_close(states[0][3], plain[0][3], **close)
+    torch.testing.assert_close(states[1][3], plain[1][3], **close)

@@ -71,17 +71,6 @@ def test_preemption_matches_hf(tiny_qwen3_5_dir: str, hf_model) -> None:
     assert_matches_hf(hf_model, PROMPTS, completions)
 
 
-@pytest.mark.parametrize(
-    ("options", "field"),
-    [
-        ({"speculative_config": {"method": "ngram", "num_speculative_tokens": 2}}, "speculative"),
-    ],
-)
-def test_options_not_yet_run_are_refused(tiny_qwen3_5_dir: str, options: dict, field: str):
-    with pytest.raises(ValueError, match=field):
-        make_llm(tiny_qwen3_5_dir, **options)
-
-
 def test_triton_kernels_match_hf(
     tiny_qwen3_5_dir: str, hf_model, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -131,10 +131,27 @@ def test_penalized_request_beside_forced_drafts(tiny_qwen3_dir) -> None:
     assert both[1].outputs[0].token_ids == alone[0].outputs[0].token_ids
 
 
+def test_hybrid_models_take_forced_drafts_with_draft_state_slots(
+    tiny_qwen3_5_dir, monkeypatch
+) -> None:
+    """A hybrid model (Qwen3.5) with speculative decoding has draft-state slots for the recurrent
+    states after each draft: its grammar's forced tokens go in as drafts too, and the output
+    is what decoding them one by one gives."""
+    spec = {"method": "ngram", "num_speculative_tokens": 3}
+    options = {"dtype": "float32", "speculative_config": spec}
+    ref, none, *_ = _run(tiny_qwen3_5_dir, False, monkeypatch, **options)
+    got, num_forced, all_free, _ = _run(tiny_qwen3_5_dir, True, monkeypatch, **options)
+    assert none == 0 and num_forced > 0 and all_free
+    assert [r[0] for r in got] == [r[0] for r in ref]
+    for _, _, text, finish_reason in got:
+        assert finish_reason == "stop" and re.fullmatch(PATTERN, text), text
+
+
 def test_hybrid_models_take_no_forced_drafts(tmp_path, monkeypatch) -> None:
-    """A hybrid model (Qwen3.5: recurrent states that cannot roll back a rejected draft)
-    decodes its grammar's forced tokens one a step: no forced drafts are scheduled, and
-    constrained requests finish as the grammar says (they crashed the runner before)."""
+    """A hybrid model (Qwen3.5) without speculative decoding has no draft-state slots (a recurrent
+    state advanced over a rejected draft is kept only in one): it decodes its grammar's
+    forced tokens one a step, no forced drafts are scheduled, and constrained requests
+    finish as the grammar says (they crashed the runner before)."""
     from minivllm.tiny_model import build_tiny_model
 
     model_dir = build_tiny_model(str(tmp_path / "qwen3_5"), "Qwen3_5ForCausalLM")

@@ -48,6 +48,8 @@ def encode(op: Op, sched_out: SchedulerOutput | None = None) -> bytes:
             c.sample,
             c.num_draft_tokens,
             c.state_slot,
+            c.draft_cap,
+            c.draft_state_slots,
         )
         for c in sched_out.chunks
     ]

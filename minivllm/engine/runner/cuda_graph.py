@@ -73,6 +73,10 @@ class CUDAGraphRunner:
         """Whether a step is decode-only (every row samples) and small enough for a graph."""
         return num_tokens <= self.max_batch_size and num_decode_tokens == num_sampled == num_tokens
 
+    def can_replay(self, meta: AttnMetadata) -> bool:
+        """Whether the graphs serve a step of this metadata (can_run's sizes aside)."""
+        return True
+
     def capture_metadata(self, batch_size: int) -> AttnMetadata:
         """The static metadata a graph of batch_size rows reads."""
         return self.backend.metadata_for_capture(batch_size)

@@ -84,6 +84,12 @@ class DraftModelProposer:
             enable_return_routed_experts=False,  # the target's routing is the one returned
         )
         model_config = ModelConfig.from_hf(path)
+        if model_config.linear_attention is not None:
+            raise ValueError(
+                f"speculative_config.model: {model_config.architecture} has linear-attention "
+                "layers; a draft model's recurrent states are not kept per draft (use a draft "
+                "model with attention layers only, or method 'ngram')"
+            )
         if model_config.vocab_size != vocab_size:
             raise ValueError(
                 f"the draft model's vocabulary ({model_config.vocab_size} tokens) must be the "

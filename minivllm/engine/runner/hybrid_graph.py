@@ -1,6 +1,7 @@
 """CUDA graphs for the decode steps of a hybrid model: the decode ladder of cuda_graph.py with
 the rows' recurrent-state slots as one more static input. The Gated DeltaNet layers of a
-captured graph read their slots from it; padded rows carry slot -1 (their states untouched)."""
+captured graph read their slots from it; padded rows carry slot -1 (their states untouched).
+Steps with drafts run eagerly."""
 
 from __future__ import annotations
 
@@ -25,6 +26,11 @@ class HybridCUDAGraphRunner(CUDAGraphRunner):
         self.state_slots = torch.full((max_batch_size,), -1, dtype=torch.int32, device=device)
         # A decode-only step has no prefill sequence: empty prefill inputs.
         self._no_prefill = torch.zeros(1, dtype=torch.int32, device=device)
+
+    def can_replay(self, meta: AttnMetadata) -> bool:
+        """Not a step with drafts: its rows chain their states position by position
+        (layers/gated_delta_verify.py), which a decode graph does not capture. Eager."""
+        return meta.linear_attn.verify is None
 
     def capture_metadata(self, batch_size: int) -> AttnMetadata:
         meta = super().capture_metadata(batch_size)

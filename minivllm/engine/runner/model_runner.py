@@ -457,11 +457,12 @@ class ModelRunner:
             decode_order=dev["decode_order"],
         )
         if self.state_spec is not None:
-            meta.linear_attn = gated_delta_meta(inputs.num_decode_tokens, dev)
+            meta.linear_attn = gated_delta_meta(inputs, dev)
         num_sampled = len(inputs.logits_indices)
         if (
             extra_rows is None
             and self.graphs is not None
+            and self.graphs.can_replay(meta)
             and self.graphs.can_run(inputs.num_tokens, inputs.num_decode_tokens, num_sampled)
         ):
             return self.graphs.run(dev["input_ids"], dev["positions"], meta), None

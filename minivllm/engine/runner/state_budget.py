@@ -10,6 +10,10 @@ prefix caching (not in deterministic mode), snapshots (the state after a cached 
 up to an eighth of the KV's bytes more. A snapshot costs as much as many tokens of KV, so a
 long prompt's snapshots every snapshot_interval tokens are as far apart as the tokens whose KV
 takes eight snapshots' bytes: kept for every prefix the KV holds, they would fill that eighth.
+With speculative decoding, draft-state slots hold the states after each draft of a verify step
+(engine/sched/draft_states.py): k for each request that may draft at once (the running slots,
+at most disable_by_batch_size of them: no step speculates with more), within the running
+slots' share of the KV's bytes again; a step's drafts are as many as free draft-state slots.
 """
 
 from __future__ import annotations
@@ -32,10 +36,11 @@ class StateBudget:
     num_state_slots: int  # one per running request
     num_snapshot_slots: int  # prefix-cache snapshots, after the running slots in the pool
     snapshot_interval: int  # tokens between a long prompt's interval snapshots (blocks' multiple)
+    num_draft_state_slots: int = 0  # the states after a verify step's drafts, after the snapshots
 
     @property
     def num_pool_slots(self) -> int:
-        return self.num_state_slots + self.num_snapshot_slots
+        return self.num_state_slots + self.num_snapshot_slots + self.num_draft_state_slots
 
 
 def _specs(setup: EngineSetup) -> tuple[KVCacheSpec, RecurrentStateSpec | None]:
@@ -63,7 +68,21 @@ def _budget(
         # the rule's chunks fall, which rounds a request's bits by its cache's history.
         snapshots = 0
     interval_blocks = -(-SNAPSHOT_SHARE * slot_bytes // kv.bytes_per_block)
-    return StateBudget(running, snapshots, interval_blocks * setup.config.block_size)
+    drafts = _draft_state_slots(setup, running, kv_bytes // (RUNNING_SHARE * slot_bytes))
+    return StateBudget(running, snapshots, interval_blocks * setup.config.block_size, drafts)
+
+
+def _draft_state_slots(setup: EngineSetup, running: int, max_slots: int) -> int:
+    """The draft-state slots beside running state slots: k for each request that may draft at once,
+    at most max_slots (all of them where the budget is sidestepped); 0 without speculation."""
+    spec = setup.config.speculative_config
+    if spec is None:
+        return 0
+    drafting = min(running, spec.disable_by_batch_size or running)
+    wanted = spec.num_speculative_tokens * drafting
+    if setup.config.num_gpu_blocks_override is not None:
+        return wanted
+    return min(wanted, max_slots)
 
 
 def state_budget_for(setup: EngineSetup, num_blocks: int) -> StateBudget:

@@ -86,8 +86,10 @@ class RecurrentStatePool:
         return list(zip(self.conv.unbind(0), self.ssm.unbind(0), strict=True))
 
     def copy_slots(self, src: Sequence[int], dst: Sequence[int]) -> None:
-        """Slot src[i] into slot dst[i] in every layer, pair by pair (no workspace: a batch
-        of gathered slots would take a slot's bytes per pair); no src may be a dst."""
+        """Slot src[i] into slot dst[i] in every layer, pair by pair, in order (no workspace:
+        a batch of gathered slots would take a slot's bytes per pair): a pair may read a slot
+        an earlier pair wrote (a verified draft's state saved into a snapshot that a hit of
+        the same step restores from)."""
         for s, d in zip(src, dst, strict=True):
             self.conv[:, d].copy_(self.conv[:, s])
             self.ssm[:, d].copy_(self.ssm[:, s])

@@ -5,6 +5,7 @@ Pure Python: it hands out block ids; the model runner owns the tensors they inde
 
 from __future__ import annotations
 
+import sys
 from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -80,10 +81,11 @@ class BlockManager:
         same = self._block_tokens[block_id] == self._block_key(request, block_index)
         return block_id if same else None
 
-    # Whether a decode chunk may carry draft tokens (speculative or a grammar's forced ones):
-    # rejected drafts roll back here by freeing slots. Hybrid models' recurrent states cannot
-    # roll back (the hybrid coordinator says False).
+    # Whether a decode chunk may carry draft tokens (speculative or a grammar's forced ones),
+    # and how many a step may schedule: rejected drafts roll back here by freeing KV slots, so
+    # no bound (the hybrid coordinator's recurrent states need a draft-state slot each).
     takes_drafts = True
+    num_free_draft_state_slots = sys.maxsize
 
     def clip_chunk(self, request: Request, num_new_tokens: int) -> int:
         """How many of num_new_tokens request's next chunk may compute: all of them (the

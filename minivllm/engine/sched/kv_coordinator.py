@@ -14,6 +14,10 @@ blocks where no snapshot was found (a prefix another request has shared: the nex
 there) and every snapshot_interval tokens. clip_chunk ends a chunk at the next such point.
 Past the tokens known at admission (the output), each block boundary a decode reaches is saved
 in the request's rolling snapshot (rolling_snapshots.py): the next turn hits after the answer.
+
+Drafts (speculative decoding, a grammar's forced tokens): a decode chunk with d drafts takes d
+draft-state slots for the states after its first d tokens (draft_states.py); trim, once the drafts
+are verified, keeps the state after the accepted ones and saves a block boundary among them.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import logging
 from dataclasses import dataclass
 
 from minivllm.engine.sched.block_manager import BlockManager
+from minivllm.engine.sched.draft_states import DraftStates
 from minivllm.engine.sched.request import Request
 from minivllm.engine.sched.rolling_snapshots import RollingSnapshots
 from minivllm.engine.sched.state_snapshots import SnapshotCache
@@ -40,12 +45,9 @@ class _Plan:
 
 
 class HybridKVCoordinator:
-    """BlockManager's interface over the paged blocks, num_state_slots state slots and (with
-    prefix caching) num_snapshot_slots snapshot slots after them in the runner's pool."""
-
-    # A recurrent state advanced over a rejected draft cannot be rolled back: decode chunks
-    # carry no drafts (speculative decoding is refused; a grammar's forced tokens go one a step).
-    takes_drafts = False
+    """BlockManager's interface over the paged blocks, num_state_slots state slots, (with
+    prefix caching) num_snapshot_slots snapshot slots after them in the runner's pool, and
+    num_draft_state_slots draft-state slots after those (with speculative decoding)."""
 
     def __init__(
         self,
@@ -54,6 +56,7 @@ class HybridKVCoordinator:
         num_state_slots: int,
         num_snapshot_slots: int = 0,
         snapshot_interval: int = 0,
+        num_draft_state_slots: int = 0,
     ) -> None:
         if num_state_slots < 1:
             raise ValueError(f"num_state_slots must be at least 1, got {num_state_slots}")
@@ -73,8 +76,26 @@ class HybridKVCoordinator:
             self.snapshots = SnapshotCache(self.blocks, num_state_slots, num_snapshot_slots)
             self.rolling = RollingSnapshots(self.snapshots, self.blocks)
         self.snapshot_interval = snapshot_interval
+        self.drafts: DraftStates | None = None
+        if num_draft_state_slots:
+            self.drafts = DraftStates(num_state_slots + num_snapshot_slots, num_draft_state_slots)
         self._plans: dict[str, _Plan] = {}
         self._copies = StateCopies()
+
+    @property
+    def takes_drafts(self) -> bool:
+        """Whether a decode chunk may carry drafts: only with draft-state slots for their states
+        (a recurrent state advanced over a rejected draft is not rolled back otherwise)."""
+        return self.drafts is not None
+
+    @property
+    def num_free_draft_state_slots(self) -> int:
+        """How many draft tokens the step may still schedule (one draft-state slot each)."""
+        return 0 if self.drafts is None else self.drafts.num_free
+
+    @property
+    def num_blocks(self) -> int:
+        return self.blocks.num_blocks
 
     @property
     def num_free_blocks(self) -> int:
@@ -123,13 +144,23 @@ class HybridKVCoordinator:
     ) -> list[int] | None:
         """BlockManager.allocate_slots, and a state slot for a request without one (restored
         from its hit's snapshot); None, changing nothing, when either runs out. Saves the
-        state where the chunk ends on a snapshot point."""
+        state where the chunk ends on a snapshot point. A decode chunk with drafts (the
+        tokens past the known and pending ones) takes a draft-state slot for each, or gets None."""
         needs_slot = request.state_slot < 0
         if needs_slot and not self._free_slots:
+            return None
+        num_drafts = (
+            request.num_computed_tokens + num_new_tokens
+            - len(request.all_token_ids) - request.num_pending_tokens
+        )  # fmt: skip
+        if num_drafts > self.num_free_draft_state_slots:
             return None
         new_block_ids = self.blocks.allocate_slots(request, num_new_tokens, computed_blocks)
         if new_block_ids is None:
             return None
+        if num_drafts > 0:
+            assert self.drafts is not None
+            self.drafts.take(request, num_drafts)
         if needs_slot:
             request.state_slot = self._free_slots.pop()
             plan = self._plans.get(request.req_id)
@@ -141,7 +172,8 @@ class HybridKVCoordinator:
                 self._copies.restore_dst.append(request.state_slot)
         if self.rolling is not None:
             self.rolling.publish_pending(request)
-            self._save_at_chunk_end(request, num_new_tokens)
+            if num_drafts <= 0:  # a drafted chunk's state is saved once verified (trim)
+                self._save_at_chunk_end(request, num_new_tokens)
         return new_block_ids
 
     def _save_at_chunk_end(self, request: Request, num_new: int) -> None:
@@ -173,9 +205,8 @@ class HybridKVCoordinator:
     def take_state_copies(self) -> StateCopies | None:
         """The step's restores and saves (None: none); the step's snapshots are found from
         the next step on. Called once a step, when the schedule is complete."""
-        if self.snapshots is None:
-            return None
-        self.snapshots.end_step()
+        if self.snapshots is not None:
+            self.snapshots.end_step()
         copies = self._copies
         if not copies.restore_src and not copies.save_src:
             return None
@@ -189,12 +220,24 @@ class HybridKVCoordinator:
         if self.rolling is not None:
             self.rolling.release(request)
         self._plans.pop(request.req_id, None)
+        if self.drafts is not None:
+            self.drafts.release(request)
         if request.state_slot >= 0:
             self._free_slots.append(request.state_slot)
             request.state_slot = -1
 
     def trim(self, request: Request, num_tokens: int) -> None:
+        """BlockManager.trim after a step with drafts; request.num_computed_tokens counts its
+        accepted drafts: its state after them is kept (and a block boundary among them saved
+        in its rolling snapshot)."""
         self.blocks.trim(request, num_tokens)
+        if self.drafts is None or not request.draft_state_slots:
+            return
+        end = request.num_computed_tokens // self.block_size * self.block_size
+        src = self.drafts.slot_after(request, end)
+        if self.rolling is not None and src >= 0 and end > self._plans[request.req_id].known_end:
+            self.rolling.save(request, end, self._copies, src)
+        self.drafts.accept(request, request.num_computed_tokens, self._copies)
 
 
 def make_kv_coordinator(
@@ -204,10 +247,12 @@ def make_kv_coordinator(
     num_state_slots: int,
     num_snapshot_slots: int = 0,
     snapshot_interval: int = 0,
+    num_draft_state_slots: int = 0,
 ) -> BlockManager | HybridKVCoordinator:
     """The BlockManager of a model with attention layers only (num_state_slots 0); else the
-    hybrid coordinator over num_state_slots slots and num_snapshot_slots snapshots (as many as
-    the runner's state pool has; snapshots only with prefix caching)."""
+    hybrid coordinator over num_state_slots slots, num_snapshot_slots snapshots and
+    num_draft_state_slots draft-state slots (as many as the runner's state pool has;
+    snapshots only with prefix caching)."""
     if not num_state_slots:
         return BlockManager(num_blocks, block_size, enable_prefix_caching)
     if enable_prefix_caching and not num_snapshot_slots:
@@ -218,5 +263,6 @@ def make_kv_coordinator(
     if not enable_prefix_caching:
         num_snapshot_slots = 0
     return HybridKVCoordinator(
-        num_blocks, block_size, num_state_slots, num_snapshot_slots, snapshot_interval
-    )
+        num_blocks, block_size, num_state_slots, num_snapshot_slots, snapshot_interval,
+        num_draft_state_slots,
+    )  # fmt: skip

@@ -60,6 +60,8 @@ class Request:
         self.block_ids: list[int] = []
         # Hybrid models: the recurrent-state slot the KV coordinator gave it; -1: none.
         self.state_slot = -1
+        # Hybrid models: the slots of the states after each draft of its chunk in flight.
+        self.draft_state_slots: list[int] = []
         # Chained hashes of the full blocks of all_token_ids, extended by the BlockManager.
         self.block_hashes: list[int] = []
         # Prompt tokens served from the prefix cache at first admission; -1 before.

@@ -44,9 +44,11 @@ class RollingSnapshots:
     def __len__(self) -> int:
         return len(self._held)
 
-    def save(self, request: Request, end: int, copies: StateCopies) -> None:
+    def save(self, request: Request, end: int, copies: StateCopies, src_slot: int = -1) -> None:
         """Saves request's state after its chunk ending at block boundary end (past the tokens
-        known at its admission) into its rolling slot, after the step's forward."""
+        known at its admission) into its rolling slot, after the step's forward; or, where
+        src_slot is given (the state after end tokens of a verified drafted chunk), from
+        src_slot before the next step's forward."""
         index = end // self.blocks.block_size - 1
         if index < len(request.block_hashes) and self.snapshots.has_live(
             request.block_hashes[index]
@@ -56,8 +58,12 @@ class RollingSnapshots:
         if slot < 0:
             return
         rolling = self._held[request.req_id] = _Rolling(slot, index, None)
-        copies.save_src.append(request.state_slot)
-        copies.save_dst.append(slot)
+        if src_slot >= 0:
+            copies.restore_src.append(src_slot)
+            copies.restore_dst.append(slot)
+        else:
+            copies.save_src.append(request.state_slot)
+            copies.save_dst.append(slot)
         # Synchronous scheduling: its block is cached now. (Where a snapshot of the prefix
         # appears meanwhile, the slot stays held this step: this step's save writes it.)
         self._key(request, rolling, ready=False)

@@ -96,8 +96,10 @@ class Scheduler:
         self.speculator = speculator
         self.routed_experts = routed_experts
         self._speculates = False  # whether this step's batch size lets requests draft
-        # Requests whose drafts of the last schedule() are their grammar's forced tokens.
-        self._forced_req_ids: Iterable[str] = set()
+        # Requests whose drafts in flight are their grammar's forced tokens (a request has at
+        # most one chunk with drafts in flight: under async scheduling, until the update() of
+        # its step, which may come after the next schedule()).
+        self._forced_req_ids: set[str] = set()
         # Requests that failed alone (a grammar that did not compile) before any step ran
         # them: the next update() reports them.
         self._failed: list[Request] = []
@@ -210,14 +212,16 @@ class Scheduler:
         running = self.running
         allocate = self.block_manager.allocate_slots
         drafts = self._proposed_drafts()
-        self._forced_req_ids = set()
+        forced = {}
         # A grammar's forced tokens win over proposed drafts, where chunks may carry drafts.
         if self.num_constrained and self.block_manager.takes_drafts:
             forced = forced_drafts(running, self.max_model_len)
             drafts |= forced
-            self._forced_req_ids = forced.keys()
-        # Each draft is one more decode row (draft_step.py); decode rows fit max_num_seqs.
-        draft_rows = self.max_num_seqs - len(running)
+        # Each draft is one more decode row (draft_step.py); decode rows fit max_num_seqs (and,
+        # on a hybrid model, each draft's recurrent state takes a draft slot).
+        draft_rows = min(
+            self.max_num_seqs - len(running), self.block_manager.num_free_draft_state_slots
+        )
         i = 0
         while i < len(running) and budget > 0:
             request = running[i]
@@ -240,6 +244,8 @@ class Scheduler:
             if draft and (new_block_ids := allocate(request, num_new_tokens)) is None:
                 draft, num_new_tokens = [], num_needed  # no room for drafts: decode plainly
             draft_rows -= len(draft)
+            if draft and request.req_id in forced:
+                self._forced_req_ids.add(request.req_id)
             while not draft and (new_block_ids := allocate(request, num_new_tokens)) is None:
                 # Victims come from the tail, which nothing has been scheduled for this step.
                 victim = running.pop()
@@ -373,6 +379,8 @@ class Scheduler:
             num_draft_tokens,
             request.state_slot,
         )
+        if num_draft_tokens and request.draft_state_slots:
+            chunk.draft_state_slots = request.draft_state_slots
         request.block_ids += new_block_ids
         request.num_computed_tokens = end
         if sample:
@@ -505,6 +513,7 @@ class Scheduler:
             accepted = runner_out.accepted_draft_ids[i]
         num_accepted = len(accepted)
         speculative = request.req_id not in self._forced_req_ids
+        self._forced_req_ids.discard(request.req_id)
         if self.speculator is not None and speculative and num_drafts:
             self.speculator.observe(request, num_drafts, num_accepted)
         if logprobs is not None and num_accepted:
@@ -526,6 +535,7 @@ class Scheduler:
         request.block_ids = []
         self.num_host_dependent -= needs_host_tokens(request)
         self.num_constrained -= request.structured_output is not None
+        self._forced_req_ids.discard(request.req_id)
         if self.speculator is not None:
             self.speculator.forget(request.req_id)
         self._finished_req_ids.append(request.req_id)

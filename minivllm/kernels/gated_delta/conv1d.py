@@ -79,19 +79,29 @@ def _conv1d_prefill_kernel(
                  mask=(j < WIDTH - 1)[:, None] & cmask[None, :])  # fmt: skip
 
 
-@triton.jit(do_not_specialize_on_alignment=["slots_ptr"])
+@triton.jit(do_not_specialize_on_alignment=["slots_ptr", "dst_slots_ptr", "rows_ptr"])
 def _conv1d_update_kernel(
-    x_ptr, w_ptr, bias_ptr, out_ptr, state_ptr, slots_ptr, num_channels, stride_xt, stride_ot,
+    x_ptr, w_ptr, bias_ptr, out_ptr, state_ptr, slots_ptr, dst_slots_ptr, rows_ptr, num_channels,
+    stride_xt, stride_ot,
     stride_ss, stride_sw,
     WIDTH: tl.constexpr, BC: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
+    HAS_ROWS: tl.constexpr,
 ):  # fmt: skip
-    """Grid (num_requests, cdiv(C, BC)): one token of one request over BC channels; the state
-    shifts by one row. A slot < 0 (padded row) writes zeros and leaves every state alone."""
-    row = tl.program_id(0).to(tl.int64)
+    """Grid (num_requests, cdiv(C, BC)): one token of one request over BC channels (row i of
+    x and out, or row rows[i] with HAS_ROWS); the state read at its slot, shifted by one row,
+    is written at its dst slot (the same slot: in place). A slot < 0 (padded row) writes
+    zeros and leaves every state alone."""
+    i = tl.program_id(0).to(tl.int64)
+    if HAS_ROWS:
+        row = tl.load(rows_ptr + i).to(tl.int64)
+    else:
+        row = i
     cols = tl.program_id(1) * BC + tl.arange(0, BC)
-    slot = tl.load(slots_ptr + row).to(tl.int64)
+    slot = tl.load(slots_ptr + i).to(tl.int64)
+    dst = tl.load(dst_slots_ptr + i).to(tl.int64)
     # A scalar bool cannot mask a vector in the interpreter: padded rows get no columns.
     ok = cols < tl.where(slot >= 0, num_channels, 0)
+    dst_ptr = state_ptr + tl.maximum(dst, 0) * stride_ss + cols
     state_ptr += tl.maximum(slot, 0) * stride_ss + cols
     x = tl.load(x_ptr + row * stride_xt + cols, mask=ok, other=0.0).to(tl.float32)
     acc = tl.load(w_ptr + cols * WIDTH + WIDTH - 1, mask=ok, other=0.0).to(tl.float32) * x
@@ -103,11 +113,11 @@ def _conv1d_update_kernel(
             tl.float32
         )
         if tap < WIDTH - 2:
-            # Load row tap + 1 before overwriting row tap with it.
+            # Load row tap + 1 before overwriting row tap with it (in place).
             nxt = tl.load(state_ptr + (tap + 1) * stride_sw, mask=ok, other=0.0)
-            tl.store(state_ptr + tap * stride_sw, nxt, mask=ok)
+            tl.store(dst_ptr + tap * stride_sw, nxt, mask=ok)
             prev = nxt
-    tl.store(state_ptr + (WIDTH - 2) * stride_sw, x.to(state_ptr.dtype.element_ty), mask=ok)
+    tl.store(dst_ptr + (WIDTH - 2) * stride_sw, x.to(state_ptr.dtype.element_ty), mask=ok)
     if SILU:
         acc = acc / (1.0 + tl.exp(-acc))
     tl.store(out_ptr + row * stride_ot + cols, acc.to(out_ptr.dtype.element_ty),
@@ -183,23 +193,37 @@ def causal_conv1d_update(
     conv_state: torch.Tensor,
     state_slots: torch.Tensor,
     activation: str | None = "silu",
+    dst_slots: torch.Tensor | None = None,
+    rows: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One token per request. x: [N, C] (rows may be strided); conv_state [num_slots,
-    width - 1, C] updated in place at state_slots [N]; a slot < 0 is a padded row (state
-    untouched, output zeros). Returns [N, C] in x.dtype. Grid (N, cdiv(C, BC))."""
+    width - 1, C] read at state_slots [N] and written at dst_slots [N] (None: in place); a
+    slot < 0 is a padded row (state untouched, output zeros). With rows [R] (int64), request
+    i's token is row rows[i] of x and of the output, and the slots are [R]. Returns the
+    output [N, C] in x.dtype: out where given (only its rows written), else a new tensor.
+    Grid (N or R, cdiv(C, BC))."""
     width, silu = _check(x, weight, bias, conv_state, state_slots, activation)
-    check_same("state_slots", state_slots.shape[0], "num_requests", x.shape[0])
+    num_requests = x.shape[0] if rows is None else rows.shape[0]
+    check_same("state_slots", state_slots.shape[0], "num_requests", num_requests)
+    if dst_slots is None:
+        dst_slots = state_slots
+    check_tensor("dst_slots", dst_slots, 1, (torch.int32, torch.int64))
+    check_same("dst_slots", dst_slots.shape[0], "num_requests", num_requests)
     if conv_state.stride(2) != 1:
         raise ValueError("conv_state must be contiguous in its channels")
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    if x.shape[0] == 0:
+    if out is None:
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    check_same("out.shape", tuple(out.shape), "x.shape", tuple(x.shape))
+    if num_requests == 0:
         return out
     num_channels = x.shape[1]
     block_c = min(256, triton.next_power_of_2(num_channels))
-    grid = (x.shape[0], triton.cdiv(num_channels, block_c))
+    grid = (num_requests, triton.cdiv(num_channels, block_c))
     _conv1d_update_kernel[grid](
         x, weight, bias if bias is not None else weight, out, conv_state, state_slots,
-        num_channels, x.stride(0), out.stride(0), conv_state.stride(0), conv_state.stride(1),
-        WIDTH=width, BC=block_c, HAS_BIAS=bias is not None, SILU=silu, num_warps=4,
+        dst_slots, state_slots if rows is None else rows, num_channels, x.stride(0),
+        out.stride(0), conv_state.stride(0), conv_state.stride(1), WIDTH=width, BC=block_c,
+        HAS_BIAS=bias is not None, SILU=silu, HAS_ROWS=rows is not None, num_warps=4,
     )  # fmt: skip
     return out

@@ -123,3 +123,23 @@ def test_cpu_budget_counts_the_snapshots(tiny_qwen3_5_dir: str) -> None:
     config = dataclasses.replace(setup.config, deterministic=True, attention_backend="triton")
     deterministic = dataclasses.replace(setup, config=config)
     assert state_budget_for(deterministic, num_blocks).num_snapshot_slots == 0
+
+
+def test_cpu_budget_counts_the_draft_state_slots(tiny_qwen3_5_dir: str) -> None:
+    """With speculative decoding (k = 3) the pool also holds the states after each draft of a
+    verify step: k for each of the 8 seats (at most disable_by_batch_size = 4 of which draft
+    at once: 12), after the running slots; all fit the budget with the blocks."""
+    budget = 1 << 20
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "disable_by_batch_size": 4}
+    llm = LLM(
+        tiny_qwen3_5_dir, dtype="float32", device="cpu", block_size=BLOCK_SIZE,
+        kv_cache_memory=budget, max_num_seqs=8, enable_prefix_caching=False,
+        speculative_config=spec,
+    )  # fmt: skip
+    block_bytes, slot_bytes = _spec_bytes(tiny_qwen3_5_dir, llm)
+    num_pool_slots = llm.engine.executor.runner.model.recurrent_layers()[0].ssm_state.shape[0]
+    assert num_pool_slots == 8 + 12
+    coordinator = llm.engine.scheduler.block_manager
+    assert coordinator.takes_drafts and coordinator.num_free_draft_state_slots == 12
+    num_blocks = llm.engine.num_blocks
+    assert budget - block_bytes < num_blocks * block_bytes + num_pool_slots * slot_bytes <= budget
