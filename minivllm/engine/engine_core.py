@@ -95,7 +95,12 @@ class EngineCore:
                 self.num_blocks * config.block_size,
             )
             # Under TP every rank samples the same ids and fills placeholders from its own copy.
-            self.async_scheduling = config.async_scheduling
+            # A hybrid model that speculates steps synchronously: its draft-state slots are
+            # taken per draft when a step is scheduled, so the drafts must be known by then.
+            hybrid_drafts = (
+                model_config.linear_attention is not None and config.speculative_config is not None
+            )
+            self.async_scheduling = config.async_scheduling and not hybrid_drafts
             if on_cuda:
                 steps = warm_up(
                     self.new_scheduler(),

@@ -78,9 +78,11 @@ def test_preemption_matches_hf(tiny_qwen3_moe_dir: str, hf_model) -> None:
 
 
 def test_drafted_steps_match_hf(tiny_qwen3_moe_dir: str, hf_model) -> None:
-    """n-gram drafts: a verify step forwards drafts, and only the accepted ones' rows count."""
+    """n-gram drafts: a verify step forwards drafts, and only the accepted ones' rows count.
+    Synchronous steps: these prompts' drafts are then rejected part-way (drafted from a step
+    later under async scheduling, all of them are accepted)."""
     spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}
-    llm = routed_llm(tiny_qwen3_moe_dir, speculative_config=spec)
+    llm = routed_llm(tiny_qwen3_moe_dir, speculative_config=spec, async_scheduling=False)
     prompts = [[7, 8, 9] * 6, PROMPTS[0], PROMPTS[2]]  # outputs that repeat tokens
     completions = generate(llm, prompts)
     stats = llm.engine.stats()
