@@ -1,7 +1,8 @@
-"""GGUF mixture-of-experts files (llama.cpp's `qwen3moe`): their expert metadata as the HF
-config's MoE fields, and their stacked expert tensors (`blk.N.ffn_gate_exps`, `ffn_up_exps`
-[E, I, H], `ffn_down_exps` [E, H, I]) as HF's per-expert names, which the loader stacks into
-FusedMoE as it does a safetensors checkpoint's (model_loader_experts.py)."""
+"""GGUF mixture-of-experts files (llama.cpp's `qwen3moe`, `qwen35moe`, `qwen3next`): their
+expert metadata as the HF config's MoE fields, and their stacked expert tensors
+(`blk.N.ffn_gate_exps`, `ffn_up_exps` [E, I, H], `ffn_down_exps` [E, H, I]) as HF's per-expert
+names, which the loader stacks into FusedMoE as it does a safetensors checkpoint's
+(model_loader_experts.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from typing import Any
 import torch
 
 # GGUF architecture -> norm_topk_prob where the file does not say (`expert_weights_norm`):
-# llama.cpp's qwen3moe graph always renormalizes the top-k probabilities.
-MOE_ARCHITECTURES = {"qwen3moe": True}
+# llama.cpp's graphs of these always renormalize the top-k probabilities.
+MOE_ARCHITECTURES = {"qwen3moe": True, "qwen35moe": True, "qwen3next": True}
 # llama.cpp's expert-stack name -> HF's name of one expert's projection.
 _EXPERT_STACKS = {
     "ffn_gate_exps": "gate_proj",
@@ -22,10 +23,13 @@ _EXPERT_STACKS = {
 _SOFTMAX_GATING = 1  # gguf.ExpertGatingFuncType.SOFTMAX
 
 
-def gguf_moe_fields(field: Callable[[str, Any], Any], arch: str) -> dict[str, Any]:
-    """The HF config's MoE fields of a `MOE_ARCHITECTURES` file, whose every layer is sparse;
-    field(key, default) reads `{arch}.<key>` metadata. A routing this engine does not run
-    (sigmoid gating, scaled expert weights) is a ValueError naming the key."""
+def gguf_moe_fields(
+    field: Callable[[str, Any], Any], arch: str, dense_layers: list[int]
+) -> dict[str, Any]:
+    """The HF config's MoE fields of a `MOE_ARCHITECTURES` file; field(key, default) reads
+    `{arch}.<key>` metadata; dense_layers: the layers without a router tensor (a dense MLP).
+    A routing this engine does not run (sigmoid gating, scaled expert weights) is a
+    ValueError naming the key."""
     gating = field("expert_gating_func", _SOFTMAX_GATING)
     if int(gating) != _SOFTMAX_GATING:
         raise ValueError(
@@ -46,7 +50,13 @@ def gguf_moe_fields(field: Callable[[str, Any], Any], arch: str) -> dict[str, An
             raise ValueError(f"the GGUF file has no {arch + '.' + key!r} metadata")
         fields[name] = int(value)
     norm = field("expert_weights_norm", MOE_ARCHITECTURES[arch])
-    return {**fields, "norm_topk_prob": bool(norm), "decoder_sparse_step": 1, "mlp_only_layers": []}
+    return {
+        **fields,
+        "norm_topk_prob": bool(norm),
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": dense_layers,
+        "shared_expert_intermediate_size": int(field("expert_shared_feed_forward_length", 0)),
+    }
 
 
 def split_expert_stack(name: str, weight: torch.Tensor) -> list[tuple[str, torch.Tensor]] | None:
