@@ -24,6 +24,7 @@ from minivllm.gguf_hybrid import (
     hybrid_layout,
     hybrid_tensor,
 )
+from minivllm.gguf_types import check_tensor_types, checkpoint_dtype
 from minivllm.layers.rotary import default_inv_freq, llama3_inv_freq
 
 # GGUF general.architecture -> our (HF) architecture name.
@@ -66,8 +67,6 @@ _LAYER_NAMES = {
     "ffn_gate_inp": "mlp.gate",  # a MoE layer's router
     **HYBRID_LAYER_NAMES,
 }
-# Tensors llama.cpp keeps in float32 whatever the file's type (not a sign of its dtype).
-_ALWAYS_FLOAT32 = (".ssm_conv1d.weight",)
 
 
 def find_gguf_file(model: str) -> str | None:
@@ -166,7 +165,7 @@ def gguf_hf_config(reader) -> dict[str, Any]:
         "max_position_embeddings": int(_required(reader, f"{arch}.context_length")),
         "tie_word_embeddings": "output.weight" not in names,
         "attention_bias": "blk.0.attn_q.bias" in names,
-        "torch_dtype": _checkpoint_dtype(reader),
+        "torch_dtype": checkpoint_dtype(reader),
         "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id"),
         "eos_token_id": None if eos is None else int(eos),
         **_family_fields(reader, arch, head_dim, names),
@@ -212,51 +211,6 @@ def _rope_scaling(reader, arch: str, head_dim: int, rope_theta: float) -> dict |
             "any factor); other per-frequency scalings are not supported"
         )
     return scaling
-
-
-def _checkpoint_dtype(reader) -> str:
-    """The dtype the file was made from, as far as it tells: a quantized file says bfloat16."""
-    kinds = {
-        t.tensor_type.name
-        for t in reader.tensors
-        if len(t.shape) > 1 and not t.name.endswith(_ALWAYS_FLOAT32)
-    }
-    return {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}.get(
-        kinds.pop() if len(kinds) == 1 else "", "bfloat16"
-    )
-
-
-def check_tensor_types(reader) -> None:
-    """Raises ValueError naming any tensor type the installed `gguf` cannot dequantize."""
-    import gguf
-
-    unsupported = sorted(
-        {t.tensor_type for t in reader.tensors if not _can_dequantize(t.tensor_type)},
-        key=lambda t: t.name,
-    )
-    if unsupported:
-        supported = [t.name for t in gguf.GGMLQuantizationType if _can_dequantize(t)]
-        raise ValueError(
-            f"GGUF tensor type(s) {[t.name for t in unsupported]} cannot be dequantized by "
-            f"gguf {_gguf_version()}; it dequantizes {supported}"
-        )
-
-
-def _can_dequantize(qtype) -> bool:
-    import gguf
-
-    _, type_size = gguf.GGML_QUANT_SIZES[qtype]
-    try:  # one zero block through the library's own dispatch
-        gguf.quants.dequantize(np.zeros((1, type_size), dtype=np.uint8), qtype)
-    except NotImplementedError:
-        return False
-    return True
-
-
-def _gguf_version() -> str:
-    from importlib.metadata import version
-
-    return version("gguf")
 
 
 def read_gguf_config(path: str) -> dict[str, Any]:
