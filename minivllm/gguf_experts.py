@@ -20,6 +20,8 @@ _EXPERT_STACKS = {
     "ffn_up_exps": "up_proj",
     "ffn_down_exps": "down_proj",
 }
+# convert_hf_to_gguf.py --fuse-gate-up-exps: gate and up stacked in one tensor.
+_FUSED_GATE_UP = "ffn_gate_up_exps"
 _SOFTMAX_GATING = 1  # gguf.ExpertGatingFuncType.SOFTMAX
 
 
@@ -61,12 +63,22 @@ def gguf_moe_fields(
 
 def split_expert_stack(name: str, weight: torch.Tensor) -> list[tuple[str, torch.Tensor]] | None:
     """A layer's expert stack (`blk.N.ffn_up_exps.weight`, [E, ...]) -> (HF name, expert e's
-    tensor) for each expert (`model.layers.N.mlp.experts.e.up_proj.weight`); None for any other
-    tensor."""
+    tensor) for each expert (`model.layers.N.mlp.experts.e.up_proj.weight`); the converter's
+    fused `ffn_gate_up_exps` [E, 2 I, H] (gate rows, then up rows) gives both projections; None
+    for any other tensor."""
     parts = name.split(".")
-    if len(parts) != 4 or parts[0] != "blk" or parts[2] not in _EXPERT_STACKS:
+    if len(parts) != 4 or parts[0] != "blk":
+        return None
+    if parts[2] not in (*_EXPERT_STACKS, _FUSED_GATE_UP):
         return None
     if weight.dim() != 3:
         raise ValueError(f"GGUF tensor {name} has shape {tuple(weight.shape)}; expected 3 dims")
-    prefix, part = f"model.layers.{parts[1]}.mlp.experts", _EXPERT_STACKS[parts[2]]
-    return [(f"{prefix}.{e}.{part}.{parts[3]}", w) for e, w in enumerate(weight.unbind(0))]
+    prefix = f"model.layers.{parts[1]}.mlp.experts"
+    stacks = {_EXPERT_STACKS[parts[2]]: weight} if parts[2] in _EXPERT_STACKS else {}
+    if parts[2] == _FUSED_GATE_UP:
+        stacks = dict(zip(("gate_proj", "up_proj"), weight.chunk(2, dim=1), strict=True))
+    return [
+        (f"{prefix}.{e}.{part}.{parts[3]}", w)
+        for part, stack in stacks.items()
+        for e, w in enumerate(stack.unbind(0))
+    ]

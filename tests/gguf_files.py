@@ -122,7 +122,9 @@ def stored_values(
     return torch.from_numpy(np.array(values, dtype=np.float32))
 
 
-def _gguf_arrays(hf: dict, tensors: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+def _gguf_arrays(
+    hf: dict, tensors: dict[str, torch.Tensor], fuse_gate_up: bool = False
+) -> dict[str, np.ndarray]:
     """HF name -> float32 array in llama.cpp's layout (Llama's q/k permuted; each layer's
     experts stacked [E, ...] under HF's fused name, `<prefix>.experts.gate_proj.weight`)."""
     arch = GGUF_ARCHS[hf["architectures"][0]]
@@ -144,6 +146,11 @@ def _gguf_arrays(hf: dict, tensors: dict[str, torch.Tensor]) -> dict[str, np.nda
         arrays = llama_cpp_hybrid_arrays(hf, arrays)
     for key, stack in experts.items():
         arrays[key] = np.stack([stack[e] for e in range(len(stack))])
+    if fuse_gate_up:  # convert_hf_to_gguf.py --fuse-gate-up-exps: gate rows, then up rows
+        for key in [k for k in arrays if k.endswith(".experts.gate_proj.weight")]:
+            up = arrays.pop(key.replace("gate_proj", "up_proj"))
+            gate_up = np.concatenate([arrays.pop(key), up], axis=1)
+            arrays[key.replace("gate_proj", "gate_up_proj")] = gate_up
     return arrays
 
 
@@ -152,9 +159,11 @@ def write_gguf(
     path: str,
     qtype: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32,
     mtp_layers: int = 0,
+    fuse_gate_up: bool = False,
 ) -> str:
     """The checkpoint (and tokenizer) in hf_dir as a GGUF file at path, its matrices in qtype;
-    mtp_layers: 1 to append a stand-in MTP block as llama.cpp does (nextn_predict_layers)."""
+    mtp_layers: 1 to append a stand-in MTP block as llama.cpp does (nextn_predict_layers);
+    fuse_gate_up: experts' gate and up stacked in one tensor (`ffn_gate_up_exps`)."""
     with open(os.path.join(hf_dir, "config.json")) as f:
         hf = json.load(f)
     arch = GGUF_ARCHS[hf["architectures"][0]]
@@ -164,7 +173,8 @@ def write_gguf(
     if mtp_layers:
         writer.add_nextn_predict_layers(mtp_layers)
     write_tokenizer(writer, hf_dir)
-    arrays = _gguf_arrays(hf, load_file(os.path.join(hf_dir, "model.safetensors")))
+    tensors = load_file(os.path.join(hf_dir, "model.safetensors"))
+    arrays = _gguf_arrays(hf, tensors, fuse_gate_up)
     if mtp_layers:
         arrays.update(mtp_blocks(arrays, hf["num_hidden_layers"]))
     for name, array in arrays.items():

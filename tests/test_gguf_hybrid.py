@@ -30,7 +30,8 @@ from tests.models.hf_greedy import assert_batched_and_alone_match_hf, cpu_llm  #
 # 70 tokens: past one 64-token chunk of the gated delta rule.
 PROMPTS = [[5, 17, 42, 99, 3], list(range(20, 90)), [11]]
 MAX_TOKENS = 6
-# (architecture, GGML type of the matrices, MTP blocks appended).
+# (architecture, GGML type of the matrices, MTP blocks appended); Qwen3-Next's experts' gate and
+# up fused in one tensor (the converter's --fuse-gate-up-exps).
 CASES = [
     ("Qwen3_5ForCausalLM", "F32", 1),
     ("Qwen3_5ForCausalLM", "Q8_0", 0),
@@ -51,7 +52,8 @@ def case(request, tmp_path_factory) -> tuple[str, str, str, str]:
     overrides = {"mlp_only_layers": []} if arch == "Qwen3NextForCausalLM" else {}
     hf_dir = build_tiny_model(str(out / "hf"), arch, linear_value_head_dim=32, **overrides)
     qtype = gguf.GGMLQuantizationType[qtype_name]
-    gguf_file = write_gguf(hf_dir, str(out / "model.gguf"), qtype, mtp_layers=mtp)
+    fuse = arch == "Qwen3NextForCausalLM"
+    gguf_file = write_gguf(hf_dir, str(out / "model.gguf"), qtype, mtp, fuse_gate_up=fuse)
     ref_dir = str(out / "ref")
     shutil.copytree(hf_dir, ref_dir)
     tensors = load_file(os.path.join(hf_dir, "model.safetensors"))
