@@ -17,6 +17,7 @@ gguf = pytest.importorskip("gguf", reason="GGUF support needs the gguf package")
 
 import torch  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
+from tokenizers import Tokenizer  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from minivllm.gguf_convert import convert_gguf_to_hf  # noqa: E402
@@ -95,9 +96,16 @@ def test_gguf_config_is_the_checkpoints(case) -> None:
 
 def test_greedy_tokens_and_logprobs_match_hf(case, tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("MINIVLLM_CACHE_DIR", str(tmp_path))  # where its tokenizer is built
-    _, gguf_file, ref_dir, _ = case
+    """The bare file: its tokenizer (from the file's metadata) is the checkpoint's tokenizer.json
+    (read by `tokenizers`: transformers' class for Qwen3.5-MoE replaces the tiny tokenizer's
+    pre-tokenizer with Qwen3.5's own)."""
+    hf_dir, gguf_file, ref_dir, _ = case
+    llm = cpu_llm(gguf_file)
+    text = "<|im_start|>user\nThe quick brown fox, 1 2 3!<|im_end|>"
+    checkpoint = Tokenizer.from_file(os.path.join(hf_dir, "tokenizer.json"))
+    assert llm.get_tokenizer().encode(text) == checkpoint.encode(text).ids
     hf_model = AutoModelForCausalLM.from_pretrained(ref_dir, dtype=torch.float32).eval()
-    assert_batched_and_alone_match_hf(cpu_llm(gguf_file), hf_model, PROMPTS, MAX_TOKENS)
+    assert_batched_and_alone_match_hf(llm, hf_model, PROMPTS, MAX_TOKENS)
 
 
 @torch.no_grad()
