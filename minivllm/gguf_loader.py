@@ -1,8 +1,8 @@
 """GGUF checkpoints (llama.cpp's one-file format): their metadata as an HF config dict, and
 their weights. The `gguf` package (optional) reads the file and dequantizes each tensor to
-float32; tensors are renamed to HF names (Llama's q/k rows un-permuted) and then loaded like a
-safetensors checkpoint. The tokenizer is minivllm/tokenizer.py; conversion to an HF directory
-is minivllm/gguf_convert.py.
+float32; tensors are renamed to HF names (Llama's q/k rows un-permuted; the hybrid families'
+changes undone in gguf_hybrid.py) and then loaded like a safetensors checkpoint. The tokenizer
+is minivllm/tokenizer.py; conversion to an HF directory is minivllm/gguf_convert.py.
 """
 
 from __future__ import annotations
@@ -17,6 +17,14 @@ import numpy as np
 import torch
 
 from minivllm.gguf_experts import MOE_ARCHITECTURES, gguf_moe_fields, split_expert_stack
+from minivllm.gguf_hybrid import (
+    HYBRID_ARCHITECTURES,
+    HYBRID_LAYER_NAMES,
+    gguf_hybrid_fields,
+    hybrid_layout,
+    hybrid_tensor,
+)
+from minivllm.gguf_types import check_tensor_types, checkpoint_dtype
 from minivllm.layers.rotary import default_inv_freq, llama3_inv_freq
 
 # GGUF general.architecture -> our (HF) architecture name.
@@ -25,9 +33,13 @@ ARCHITECTURES = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "qwen3moe": "Qwen3MoeForCausalLM",
+    **{arch: names[0] for arch, names in HYBRID_ARCHITECTURES.items()},
 }
 # GGUF general.architecture -> transformers' model_type, where they differ.
-_HF_MODEL_TYPES = {"qwen3moe": "qwen3_moe"}
+_HF_MODEL_TYPES = {
+    "qwen3moe": "qwen3_moe",
+    **{arch: names[1] for arch, names in HYBRID_ARCHITECTURES.items()},
+}
 _GLOBAL_NAMES = {
     "token_embd": "model.embed_tokens",
     "output_norm": "model.norm",
@@ -53,6 +65,7 @@ _LAYER_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
     "ffn_gate_inp": "mlp.gate",  # a MoE layer's router
+    **HYBRID_LAYER_NAMES,
 }
 
 
@@ -103,6 +116,11 @@ def _cached_reader(path: str, mtime_ns: int, size: int):
         raise ValueError(f"cannot read GGUF file {path!r} (corrupt or truncated?): {e}") from e
 
 
+def gguf_architecture(path: str) -> str | None:
+    """The file's general.architecture (llama.cpp's name: 'qwen3', 'qwen35moe', ...)."""
+    return _field(open_gguf(path), "general.architecture")
+
+
 def _field(reader, key: str, default: Any = None) -> Any:
     field = reader.get_field(key)
     return default if field is None else field.contents()
@@ -132,15 +150,11 @@ def gguf_hf_config(reader) -> dict[str, Any]:
         reader.get_field("tokenizer.ggml.tokens").data
     )
     eos = _field(reader, "tokenizer.ggml.eos_token_id")
-    moe = {}
-    if arch in MOE_ARCHITECTURES:
-        moe = gguf_moe_fields(lambda key, default: _field(reader, f"{arch}.{key}", default), arch)
     return {
         "architectures": [ARCHITECTURES[arch]],
         "model_type": _HF_MODEL_TYPES.get(arch, arch),
         "vocab_size": int(vocab),
         "hidden_size": hidden,
-        "intermediate_size": int(_required(reader, f"{arch}.feed_forward_length")),
         "num_hidden_layers": int(_required(reader, f"{arch}.block_count")),
         "num_attention_heads": heads,
         "num_key_value_heads": int(_field(reader, f"{arch}.attention.head_count_kv", heads)),
@@ -151,11 +165,28 @@ def gguf_hf_config(reader) -> dict[str, Any]:
         "max_position_embeddings": int(_required(reader, f"{arch}.context_length")),
         "tie_word_embeddings": "output.weight" not in names,
         "attention_bias": "blk.0.attn_q.bias" in names,
-        "torch_dtype": _checkpoint_dtype(reader),
+        "torch_dtype": checkpoint_dtype(reader),
         "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id"),
         "eos_token_id": None if eos is None else int(eos),
-        **moe,
+        **_family_fields(reader, arch, head_dim, names),
     }
+
+
+def _family_fields(reader, arch: str, head_dim: int, names: set[str]) -> dict[str, Any]:
+    """intermediate_size (a MoE file without dense MLPs may have none), the hybrid families'
+    fields (num_hidden_layers without the MTP blocks) and the experts' fields."""
+    field = lambda key, default: _field(reader, f"{arch}.{key}", default)  # noqa: E731
+    fields: dict[str, Any] = {}
+    ffn = field("feed_forward_length", None)
+    if ffn is not None or arch not in MOE_ARCHITECTURES:
+        fields["intermediate_size"] = int(_required(reader, f"{arch}.feed_forward_length"))
+    if arch in HYBRID_ARCHITECTURES:
+        fields.update(gguf_hybrid_fields(field, arch, head_dim))
+    if arch in MOE_ARCHITECTURES:
+        layers = fields.get("num_hidden_layers", int(_required(reader, f"{arch}.block_count")))
+        dense = [i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" not in names]
+        fields.update(gguf_moe_fields(field, arch, dense))
+    return fields
 
 
 def _rope_scaling(reader, arch: str, head_dim: int, rope_theta: float) -> dict | None:
@@ -180,47 +211,6 @@ def _rope_scaling(reader, arch: str, head_dim: int, rope_theta: float) -> dict |
             "any factor); other per-frequency scalings are not supported"
         )
     return scaling
-
-
-def _checkpoint_dtype(reader) -> str:
-    """The dtype the file was made from, as far as it tells: a quantized file says bfloat16."""
-    kinds = {t.tensor_type.name for t in reader.tensors if len(t.shape) > 1}
-    return {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}.get(
-        kinds.pop() if len(kinds) == 1 else "", "bfloat16"
-    )
-
-
-def check_tensor_types(reader) -> None:
-    """Raises ValueError naming any tensor type the installed `gguf` cannot dequantize."""
-    import gguf
-
-    unsupported = sorted(
-        {t.tensor_type for t in reader.tensors if not _can_dequantize(t.tensor_type)},
-        key=lambda t: t.name,
-    )
-    if unsupported:
-        supported = [t.name for t in gguf.GGMLQuantizationType if _can_dequantize(t)]
-        raise ValueError(
-            f"GGUF tensor type(s) {[t.name for t in unsupported]} cannot be dequantized by "
-            f"gguf {_gguf_version()}; it dequantizes {supported}"
-        )
-
-
-def _can_dequantize(qtype) -> bool:
-    import gguf
-
-    _, type_size = gguf.GGML_QUANT_SIZES[qtype]
-    try:  # one zero block through the library's own dispatch
-        gguf.quants.dequantize(np.zeros((1, type_size), dtype=np.uint8), qtype)
-    except NotImplementedError:
-        return False
-    return True
-
-
-def _gguf_version() -> str:
-    from importlib.metadata import version
-
-    return version("gguf")
 
 
 def read_gguf_config(path: str) -> dict[str, Any]:
@@ -271,6 +261,10 @@ def dequantized_tensors(reader) -> Iterator[tuple[str, torch.Tensor]]:
 
     check_tensor_types(reader)
     qk_heads = _permuted_qk_heads(reader)
+    arch = _field(reader, "general.architecture")
+    layout = None
+    if arch in HYBRID_ARCHITECTURES:
+        layout = hybrid_layout(gguf_hf_config(reader), arch)
     for tensor in reader.tensors:
         if tensor.name == "rope_freqs.weight":  # in the config as rope_scaling
             continue
@@ -282,4 +276,9 @@ def dequantized_tensors(reader) -> Iterator[tuple[str, torch.Tensor]]:
             weight = _unpermute_rows(weight, qk_heads[1])
         # Copied: the reader's arrays are read-only views of the memory-mapped file.
         weight = torch.from_numpy(np.array(weight, dtype=np.float32))
+        if layout is not None:
+            name, weight = hybrid_tensor(layout, tensor.name, name, weight)
+        if name.startswith("mtp."):  # an MTP block's tensor: not loaded, not split
+            yield name, weight
+            continue
         yield from split_expert_stack(tensor.name, weight) or [(name, weight)]

@@ -16,7 +16,8 @@ import time
 from typing import Any
 
 from minivllm.cache_dir import cache_root, publish_dir
-from minivllm.gguf_loader import find_gguf_file, import_gguf
+from minivllm.gguf_hybrid import VOCABULARY_ONLY_TOKENIZERS
+from minivllm.gguf_loader import find_gguf_file, gguf_architecture, import_gguf
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +40,10 @@ def check_tokenizer_files(path: str) -> None:
 def load_tokenizer(model: str) -> Any:
     """The HF tokenizer of a model path (a directory, a .gguf file, or a directory holding
     one); a directory without tokenizer files is a ValueError."""
-    from transformers import AutoTokenizer  # seconds to import; only frontends need it
+    from transformers import (  # seconds to import; only frontends need it
+        AutoTokenizer,
+        PreTrainedTokenizerFast,
+    )
 
     gguf_file = find_gguf_file(model)
     if gguf_file is None:
@@ -58,7 +62,10 @@ def load_tokenizer(model: str) -> Any:
         flush=True,
     )
     start = time.perf_counter()
-    tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name)
+    if gguf_architecture(gguf_file) in VOCABULARY_ONLY_TOKENIZERS:
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(directory, gguf_file=name)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name)
     _save_to_cache(tokenizer, cached)
     print(
         f"[minivllm] tokenizer built in {time.perf_counter() - start:.1f} s",

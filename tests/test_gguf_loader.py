@@ -99,9 +99,8 @@ def minimal_gguf(path: str, arch: str, tensors: dict) -> str:
 def test_unsupported_architecture_is_a_clear_error(tmp_path) -> None:
     norm = (np.ones(256, dtype=np.float32), None)
     path = minimal_gguf(str(tmp_path / "m.gguf"), "gpt2", {"output_norm.weight": norm})
-    with pytest.raises(
-        ValueError, match=r"'gpt2'.*supported: \['llama', 'qwen2', 'qwen3', 'qwen3moe'\]"
-    ):
+    supported = "'llama', 'qwen2', 'qwen3', 'qwen35', 'qwen35moe', 'qwen3moe', 'qwen3next'"
+    with pytest.raises(ValueError, match=rf"'gpt2'.*supported: \[{supported}\]"):
         ModelConfig.from_hf(path)
 
 
