@@ -34,6 +34,11 @@ class RoutedRows:
         self._rows[self.num_rows : needed] = rows
         self.num_rows = needed
 
+    @property
+    def capacity(self) -> int:
+        """Rows the array holds (its bytes: capacity x sparse layers x top_k x itemsize)."""
+        return 0 if self._rows is None else len(self._rows)
+
     def view(self) -> np.ndarray | None:
         """The rows so far, no copy (None before any): a streamed output's."""
         return None if self._rows is None else self._rows[: self.num_rows]
