@@ -165,8 +165,9 @@ async def merge(
     """(prompt index, output) from several requests as they come; cancelling it (or an
     error) cancels them all, which aborts their engine requests. Outputs are cumulative: a
     request's outputs that come while the consumer is busy are read as its newest only (as
-    AsyncLLM's mailbox does), so nothing queues up behind a slow client, and an output is
-    read before a later step grows what it shares (its token ids, routed experts' rows)."""
+    AsyncLLM's mailbox does): nothing queues up behind a slow client, and no output is read
+    after a later step has grown the token ids it shares (out of step with its own text
+    and routed experts)."""
     if len(iterators) == 1:
         async for output in iterators[0]:
             yield 0, output
