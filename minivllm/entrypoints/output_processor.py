@@ -34,14 +34,14 @@ class _Child:
     detokenizer: IncrementalDetokenizer
     # Without stop strings or streaming, text is decoded once at the end: cheaper per step.
     incremental: bool
+    # enable_return_routed_experts: the core's routed-experts rows, in position order.
+    routed_experts: RoutedRows
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[LogprobsDict] | None = None
     # vLLM's: the sum of the sampled tokens' logprobs; kept when logprobs are asked for.
     cumulative_logprob: float | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
-    # enable_return_routed_experts: the core's routed-experts rows, in position order.
-    routed_experts: RoutedRows = field(default_factory=lambda: RoutedRows(None))
 
 
 @dataclass
