@@ -31,6 +31,7 @@ class CompletionOutput:
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
     # enable_return_routed_experts, once finished: [len(prompt) + len(token_ids) - 1, sparse
     # layers, top_k], the experts each forwarded token (all but the last) was routed to.
+    # A streamed unfinished output has the rows so far (a view, read before the next step).
     routed_experts: np.ndarray | None = None
 
     def finished(self) -> bool:

@@ -20,6 +20,7 @@ from minivllm.entrypoints.processing import (
     decode_logprobs,
     think_marker_ids,
 )
+from minivllm.entrypoints.routed_rows import RoutedRows
 from minivllm.outputs import CompletionOutput, LogprobsDict, RequestMetrics, RequestOutput
 from minivllm.sampling_params import SamplingParams
 
@@ -33,14 +34,14 @@ class _Child:
     detokenizer: IncrementalDetokenizer
     # Without stop strings or streaming, text is decoded once at the end: cheaper per step.
     incremental: bool
+    # enable_return_routed_experts: the core's routed-experts rows, in position order.
+    routed_experts: RoutedRows
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[LogprobsDict] | None = None
     # vLLM's: the sum of the sampled tokens' logprobs; kept when logprobs are asked for.
     cumulative_logprob: float | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
-    # enable_return_routed_experts: the core's routed-experts rows, in position order.
-    routed_experts: list[np.ndarray] = field(default_factory=list)
 
 
 @dataclass
@@ -112,6 +113,7 @@ class OutputProcessor:
                 incremental=self.stream or bool(params.stop),
                 logprobs=[] if params.logprobs is not None else None,
                 cumulative_logprob=0.0 if params.logprobs is not None else None,
+                routed_experts=RoutedRows(_max_routed_rows(prompt_token_ids, params)),
             )
             self.child_to_parent[child_id] = request_id
         self.parents[request_id] = _Parent(
@@ -232,7 +234,7 @@ class OutputProcessor:
                 logprobs=c.logprobs,
                 finish_reason=c.finish_reason,
                 stop_reason=c.stop_reason,
-                routed_experts=_routed_experts(c),
+                routed_experts=_routed_experts(c, stream),
             )
             for c in parent.children.values()
         ]
@@ -249,12 +251,20 @@ class OutputProcessor:
         )
 
 
-def _routed_experts(child: _Child) -> np.ndarray | None:
-    """A finished sample's routed experts, one array (None before it finishes or when the
-    engine records none)."""
-    if child.finish_reason is None or not child.routed_experts:
-        return None
-    return np.concatenate(child.routed_experts)
+def _routed_experts(child: _Child, stream: bool) -> np.ndarray | None:
+    """A sample's routed experts, one array once it finishes; streamed, the rows so far
+    before (a view, as token_ids: read it before the next step). None where the engine
+    records none."""
+    if child.finish_reason is not None:
+        return child.routed_experts.final()
+    return child.routed_experts.view() if stream else None
+
+
+def _max_routed_rows(prompt_token_ids: list[int], params: SamplingParams) -> int | None:
+    """Most routed-experts rows a sample gets: every token but the last is forwarded."""
+    if params.max_tokens is None:
+        return None  # the core's max_model_len bounds it
+    return len(prompt_token_ids) + params.max_tokens - 1
 
 
 def _ends_on_stop_token(out: EngineOutput, child: _Child) -> bool:

@@ -108,6 +108,10 @@ class _SamplingFields(_Request):
     # The prompt's and the output's token ids beside the text (vLLM's; agents and RL rollouts
     # read them rather than tokenize the text again)
     return_token_ids: StrictBool = False
+    # SGLang's: true asks for each choice's routed experts (a 400 where the server records
+    # none), false leaves them out; unset, they come whenever the server records them, as in
+    # vLLM (openai/routed_experts.py)
+    return_routed_experts: StrictBool | None = None
     # Prefix-cache blocks are shared only with requests of the same salt (vLLM's: tenants
     # that must not learn each other's prompts from cache hits)
     cache_salt: str | None = Field(default=None, min_length=1)

@@ -30,7 +30,12 @@ from minivllm.entrypoints.openai.protocol import (
     MAX_LOGPROBS,
     ChatCompletionRequest,
 )
-from minivllm.entrypoints.openai.routed_experts import encode_routed_experts
+from minivllm.entrypoints.openai.routed_experts import (
+    RoutedExpertsCursor,
+    check_routed_experts,
+    encode_routed_experts,
+    sends_routed_experts,
+)
 from minivllm.entrypoints.parsers.reasoning.constraint import (
     after_reasoning,
     has_special_markers,
@@ -103,6 +108,7 @@ async def start_chat(state: ServerState, req: ChatCompletionRequest, request_id:
         )
     check_unimplemented(req)
     check_num_completions(state.limits, 1, req.n)
+    check_routed_experts(req.return_routed_experts, state.engine.config)
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError("top_logprobs needs logprobs: true", param="top_logprobs")
     top = req.top_logprobs if req.logprobs else None
@@ -175,6 +181,7 @@ class _ChatResponse:
         self.parsers: dict[int, ChoiceParser] = {}
         self.head = response_head(request_id, "chat.completion", state.model_name)
         self.echo = _echoed(req)
+        self.routed = sends_routed_experts(req.return_routed_experts)
 
     def _logprobs(self, choice: CompletionOutput, start: int) -> dict | None:
         if not self.req.logprobs:
@@ -199,7 +206,7 @@ class _ChatResponse:
             )
             if self.req.return_token_ids:
                 choices[-1]["token_ids"] = c.token_ids
-            if c.routed_experts is not None:  # vLLM's field (enable_return_routed_experts)
+            if self.routed and c.routed_experts is not None:  # vLLM's field
                 choices[-1]["routed_experts"] = encode_routed_experts(c.routed_experts)
         body = {**self.head, "choices": choices, "usage": usage([output])}
         if self.req.return_token_ids:  # vLLM's field, on the response
@@ -213,6 +220,7 @@ class _ChatResponse:
     async def stream(self, iterators: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[bytes]:
         chunks = SSEChunks({**self.head, "object": "chat.completion.chunk"})
         cursor = DeltaCursor()
+        routed = RoutedExpertsCursor() if self.routed else None
         final = None
         try:
             # The role comes first, as in OpenAI and vLLM (with the prompt's ids, as vLLM's).
@@ -239,7 +247,7 @@ class _ChatResponse:
                 final = output
                 body = b""  # all choices of one output in one socket write
                 for choice in output.outputs:
-                    for chunk in self._chunks(choice, cursor):
+                    for chunk in self._chunks(choice, cursor, routed):
                         body += chunks.choice(chunk)
                 if body:
                     yield body
@@ -250,10 +258,12 @@ class _ChatResponse:
             yield sse_error(as_api_error(e))
         yield SSE_DONE
 
-    def _chunks(self, choice: CompletionOutput, cursor: DeltaCursor) -> list[dict]:
+    def _chunks(
+        self, choice: CompletionOutput, cursor: DeltaCursor, routed: RoutedExpertsCursor | None
+    ) -> list[dict]:
         """The choice's new output as stream chunks: none, one, or more where a call's header
-        and arguments came together (`one_delta_per_call`); the logprobs go with the first,
-        the finish reason with the last."""
+        and arguments came together (`one_delta_per_call`); the logprobs, token ids and routed
+        experts go with the first, the finish reason with the last."""
         delta = cursor.advance(choice.index, choice)
         if delta is None:
             return []
@@ -281,6 +291,8 @@ class _ChatResponse:
         chunks[0]["logprobs"] = self._logprobs(choice, start_tokens)
         if self.req.return_token_ids:  # as vLLM streams them: each delta's own ids
             chunks[0]["token_ids"] = choice.token_ids[start_tokens:]
+        if routed is not None and (rows := routed.delta(choice.index, choice)) is not None:
+            chunks[0]["routed_experts"] = rows  # held-back text's rows ride the next chunk
         chunks[-1].update(finish_reason=finish_reason, stop_reason=choice.stop_reason)
         return chunks
 

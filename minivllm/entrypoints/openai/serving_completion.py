@@ -16,7 +16,12 @@ from minivllm.entrypoints.openai.params import (
     truncate_prompt,
 )
 from minivllm.entrypoints.openai.protocol import CompletionRequest
-from minivllm.entrypoints.openai.routed_experts import encode_routed_experts
+from minivllm.entrypoints.openai.routed_experts import (
+    RoutedExpertsCursor,
+    check_routed_experts,
+    encode_routed_experts,
+    sends_routed_experts,
+)
 from minivllm.entrypoints.server.errors import APIError, sse_error
 from minivllm.entrypoints.server.serving_common import (
     ServerState,
@@ -66,6 +71,7 @@ async def create_completion(
     check_unimplemented(req)
     check_num_completions(state.limits, _num_prompts(req.prompt), req.n)
     engine = state.engine
+    check_routed_experts(req.return_routed_experts, engine.config)
     constraint = request_constraint(req)
     prompts = []
     keep, side = req.truncate_prompt_tokens, engine.tokenizer.truncation_side
@@ -107,6 +113,7 @@ class _Response:
         self.tokenizer = state.engine.tokenizer
         self.texts = texts
         self.head = response_head(request_id, "text_completion", state.model_name)
+        self.routed = sends_routed_experts(req.return_routed_experts)
 
     def _prompt_text(self, index: int, output: RequestOutput) -> str:
         text = self.texts[index]
@@ -154,7 +161,7 @@ class _Response:
                 if self.req.return_token_ids:
                     choices[-1]["prompt_token_ids"] = output.prompt_token_ids
                     choices[-1]["token_ids"] = choice.token_ids
-                if choice.routed_experts is not None:  # vLLM's (enable_return_routed_experts)
+                if self.routed and choice.routed_experts is not None:  # vLLM's field
                     choices[-1]["routed_experts"] = encode_routed_experts(choice.routed_experts)
                 if self.req.prompt_logprobs is not None:  # vLLM's field, on each choice
                     choices[-1]["prompt_logprobs"] = prompt_logprobs(
@@ -165,6 +172,7 @@ class _Response:
     async def stream(self, iterators: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[bytes]:
         chunks = SSEChunks(self.head)
         cursor = DeltaCursor()
+        routed = RoutedExpertsCursor() if self.routed else None
         finals: list[RequestOutput | None] = [None] * len(iterators)
 
         def encode(index: int, output: RequestOutput) -> bytes:
@@ -173,7 +181,7 @@ class _Response:
             body = b""
             for choice in output.outputs:
                 key = index * self.req.n + choice.index
-                chunk = self._chunk(key, index, output, choice, cursor)
+                chunk = self._chunk(key, index, output, choice, cursor, routed)
                 if chunk is not None:
                     body += chunks.choice(chunk)
             return body
@@ -194,7 +202,9 @@ class _Response:
             yield sse_error(as_api_error(e))
         yield SSE_DONE
 
-    def _chunk(self, key, index, output, choice, cursor: DeltaCursor) -> dict | None:
+    def _chunk(
+        self, key, index, output, choice, cursor: DeltaCursor, routed: RoutedExpertsCursor | None
+    ) -> dict | None:
         first = cursor.is_new(key)  # the prompt (echo, its ids) goes out with the first delta
         echo = self.req.echo and first
         delta = cursor.advance(key, choice, force=echo)
@@ -214,4 +224,6 @@ class _Response:
             if first:
                 chunk["prompt_token_ids"] = output.prompt_token_ids
             chunk["token_ids"] = choice.token_ids[start_tokens:]
+        if routed is not None and (rows := routed.delta(key, choice)) is not None:
+            chunk["routed_experts"] = rows  # the routing that came with these tokens
         return chunk

@@ -163,17 +163,25 @@ async def merge(
     iterators: list[AsyncIterator[RequestOutput]],
 ) -> AsyncIterator[tuple[int, RequestOutput]]:
     """(prompt index, output) from several requests as they come; cancelling it (or an
-    error) cancels them all, which aborts their engine requests."""
+    error) cancels them all, which aborts their engine requests. Outputs are cumulative: a
+    request's outputs that come while the consumer is busy are read as its newest only (as
+    AsyncLLM's mailbox does): nothing queues up behind a slow client, and no output is read
+    after a later step has grown the token ids it shares (out of step with its own text
+    and routed experts)."""
     if len(iterators) == 1:
         async for output in iterators[0]:
             yield 0, output
         return
+    # (index, None): the request has a newest output; (index, error or _DONE): it ended.
     queue: asyncio.Queue = asyncio.Queue()
+    newest: dict[int, RequestOutput] = {}
 
     async def pump(index: int, iterator: AsyncIterator[RequestOutput]) -> None:
         try:
             async for output in iterator:
-                queue.put_nowait((index, output))
+                if index not in newest:
+                    queue.put_nowait((index, None))
+                newest[index] = output
         except Exception as e:  # noqa: BLE001 - re-raised by the consumer
             queue.put_nowait((index, e))
         finally:
@@ -184,12 +192,12 @@ async def merge(
         remaining = len(tasks)
         while remaining:
             index, item = await queue.get()
-            if item is _DONE:
+            if item is None:
+                yield index, newest.pop(index)
+            elif item is _DONE:
                 remaining -= 1
-            elif isinstance(item, Exception):
-                raise item
             else:
-                yield index, item
+                raise item
     finally:
         for task in tasks:
             task.cancel()

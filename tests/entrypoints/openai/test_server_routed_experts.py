@@ -13,6 +13,7 @@ import numpy as np
 
 from minivllm.entrypoints.openai.chat.output import ChatOutputSpec
 from minivllm.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+from minivllm.entrypoints.openai.routed_experts import encode_routed_experts
 from minivllm.entrypoints.openai.serving_chat import ChatRun, _ChatResponse
 from minivllm.entrypoints.openai.serving_completion import _Response
 from minivllm.outputs import CompletionOutput, RequestOutput
@@ -46,3 +47,16 @@ def test_chat_choices() -> None:
     np.testing.assert_array_equal(decode(choice), ROUTED)
     [plain] = response.full(output(None))["choices"]
     assert "routed_experts" not in plain
+
+
+def test_encoding_is_np_save() -> None:
+    """Byte for byte what np.save writes, with the stream's cache of headers or without,
+    for the dtypes the engine records (uint8, int16), empty arrays and non-contiguous views."""
+    headers: dict = {}
+    wide = np.arange(5 * 48 * 8, dtype=np.int16).reshape(5, 48, 8)
+    for rows in [ROUTED, ROUTED[1:2], ROUTED[:0], wide, wide[::2], wide[3:], ROUTED[2:3]]:
+        buf = io.BytesIO()
+        np.save(buf, rows, allow_pickle=False)
+        expected = base64.b64encode(buf.getvalue()).decode("ascii")
+        assert encode_routed_experts(rows) == encode_routed_experts(rows, headers) == expected
+    assert len(headers) == 6  # ROUTED[1:2] and ROUTED[2:3] share one
