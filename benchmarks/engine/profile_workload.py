@@ -32,6 +32,8 @@ KINDS = (
     ("_matmul_kernel", "gemm"),
     ("sampl", "sampler"),
     ("_chunk_max", "sampler"),
+    ("_chunk_top", "sampler"),  # the filters' thresholds (kernels/filter_thresholds.py)
+    ("_threshold_kernel", "sampler"),
     ("topk", "sampler"),  # torch.topk's kernels (gatherTopK, radix select, bitonic sort)
     ("radix", "sampler"),
     ("bitonic", "sampler"),
