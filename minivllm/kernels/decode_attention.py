@@ -22,6 +22,7 @@ from minivllm.kernels.checks import (
     check_tensor,
 )
 from minivllm.kernels.e4m3_asm import check_e4m3_asm, e4m3_asm_unsupported, e4m3_to_f16_asm
+from minivllm.kernels.float32_dot import dot
 from minivllm.kernels.tiling import fit_attention_tiles
 
 MAX_SPLITS = 16
@@ -148,7 +149,7 @@ def _decode_kernel(
         k = tl.load(rows + offs_d[None, :], mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
         if KV_FP8:
             k = k.to(q.dtype)
-        s = tl.dot(q, tl.trans(k)) * scale_log2e  # [BLOCK_G, BLOCK_N]
+        s = dot(q, tl.trans(k)) * scale_log2e  # [BLOCK_G, BLOCK_N]
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
@@ -159,7 +160,7 @@ def _decode_kernel(
             v = e4m3_to_f16_asm(v)
         elif KV_FP8:
             v = v.to(q.dtype)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + dot(p.to(v.dtype), v)
         m_i = m_new
 
     # An empty partition (or seq_len 0) has l_i == 0: output 0, lse -inf (weight 0 in reduce).

@@ -20,6 +20,7 @@ from minivllm.kernels.checks import (
     check_same,
     check_tensor,
 )
+from minivllm.kernels.float32_dot import dot
 from minivllm.kernels.tiling import fit_attention_tiles
 
 # Below this many programs (about one wave of SMs on H100/H200) the few long causal tiles set
@@ -89,7 +90,7 @@ def _attend_tile(
     slots = block_ids.to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE
     offs = slots[:, None] * (NUM_KV_HEADS * HEAD_DIM) + offs_d[None, :]  # [BLOCK_N, BLOCK_D]
     k = _load_rows(k_base + offs, valid, offs_d, HEAD_DIM, BLOCK_D, MASKED).to(q.dtype)
-    s = tl.dot(q, tl.trans(k))  # [BLOCK_M, BLOCK_N], unscaled
+    s = dot(q, tl.trans(k))  # [BLOCK_M, BLOCK_N], unscaled
     if MASKED:
         visible = (pos[None, :] <= q_pos[:, None]) & valid[None, :]
         s = tl.where(visible, s, float("-inf"))
@@ -99,7 +100,7 @@ def _attend_tile(
     alpha = tl.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, 1)
     v = _load_rows(v_base + offs, valid, offs_d, HEAD_DIM, BLOCK_D, MASKED).to(q.dtype)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    acc = acc * alpha[:, None] + dot(p.to(v.dtype), v)
     return acc, m_new, l_i
 
 

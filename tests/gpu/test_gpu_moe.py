@@ -61,8 +61,9 @@ def test_rows_alone_equal_rows_batched(dtype: torch.dtype) -> None:
 def test_engine_on_tiny_moe_matches_hf(tmp_path, options: dict) -> None:
     """The tiny random Qwen3-MoE through the engine on CUDA in float32 (fused kernels with
     exact dots, CUDA graphs unless eager): greedy tokens are HF's float32 argmax under teacher
-    forcing, chosen-token logprobs HF's to 3e-3 (the attention kernels' dots take float32 inputs
-    as TF32 on the GPU: 1.2e-3 measured on an H200); batched equals alone."""
+    forcing, chosen-token logprobs HF's to 3e-3 (1.2e-3 measured on an H200 while the attention
+    kernels took float32 dots as TF32; the default ones now multiply float32 exactly,
+    kernels/float32_dot.py, the batch-invariant ones still as TF32); batched equals alone."""
     from transformers import AutoModelForCausalLM
 
     from minivllm import LLM, SamplingParams
