@@ -12,8 +12,8 @@ PROMPTS = [list(range(3 + i, 3 + i + n)) for i, n in enumerate((29, 7, 18, 41))]
 PARAMS = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, logprobs=2)
 
 
-def generate_deterministic(model_dir: str, prompts: list[list[int]], **options) -> list[tuple]:
-    llm = LLM(
+def _deterministic_llm(model_dir: str, **options) -> LLM:
+    return LLM(
         model_dir,
         dtype="float32",
         device=DEVICE,
@@ -22,11 +22,30 @@ def generate_deterministic(model_dir: str, prompts: list[list[int]], **options) 
         deterministic=True,
         **options,
     )
+
+
+def _results(llm: LLM, prompts: list[list[int]]) -> list[tuple]:
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], PARAMS, use_tqdm=False)
-    llm.shutdown()
     results = []
     for out in outs:
         c = out.outputs[0]
         logprobs = [sorted((t, lp.logprob) for t, lp in entry.items()) for entry in c.logprobs]
         results.append((c.token_ids, logprobs))
+    return results
+
+
+def generate_deterministic(model_dir: str, prompts: list[list[int]], **options) -> list[tuple]:
+    """The prompts batched in one engine: (token ids, top logprobs) of each."""
+    llm = _deterministic_llm(model_dir, **options)
+    results = _results(llm, prompts)
+    llm.shutdown()
+    return results
+
+
+def generate_each_alone(model_dir: str, prompts: list[list[int]], **options) -> list[tuple]:
+    """Each prompt alone in its step, one after another in one engine (the prompts share no
+    first block, so none hits another's prefix cache)."""
+    llm = _deterministic_llm(model_dir, **options)
+    results = [_results(llm, [prompt])[0] for prompt in prompts]
+    llm.shutdown()
     return results
