@@ -26,6 +26,10 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 
 from minivllm.tiny_model import build_tiny_model  # noqa: E402
+from tests import interpreter_patching  # noqa: E402
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    interpreter_patching.install()
 
 TINY_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM")
 

@@ -27,10 +27,23 @@ def deterministic_llm(model_dir: str, **options) -> LLM:
 def generate_deterministic(
     model_dir: str, prompts: list[list[int]], params: SamplingParams = PARAMS, **options
 ) -> list[tuple]:
+    """The prompts batched in one engine: (token ids, top logprobs) of each."""
     llm = deterministic_llm(model_dir, **options)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     llm.shutdown()
     return tokens_and_logprobs(outs)
+
+
+def generate_each_alone(model_dir: str, prompts: list[list[int]], **options) -> list[tuple]:
+    """Each prompt alone in its step, one after another in one engine (the prompts share no
+    first block, so none hits another's prefix cache)."""
+    llm = deterministic_llm(model_dir, **options)
+    results = []
+    for prompt in prompts:
+        outs = llm.generate([{"prompt_token_ids": prompt}], PARAMS, use_tqdm=False)
+        results += tokens_and_logprobs(outs)
+    llm.shutdown()
+    return results
 
 
 def tokens_and_logprobs(outs: list) -> list[tuple]:
@@ -41,3 +54,4 @@ def tokens_and_logprobs(outs: list) -> list[tuple]:
         logprobs = [sorted((t, lp.logprob) for t, lp in entry.items()) for entry in c.logprobs]
         results.append((c.token_ids, logprobs))
     return results
+

@@ -32,14 +32,16 @@ def install() -> None:
 def ordered_dot_in_workers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The ordered dot in the engine's worker processes too (tensor-parallel ranks > 0 run in
     subprocesses that inherit the environment): a sitecustomize on their PYTHONPATH installs
-    it when they start."""
+    it when they start, and the interpreter's shortened patching (tests/conftest.py's)."""
     if torch.cuda.is_available():
         return
     site = tmp_path / "ordered_dot_site"
     site.mkdir()
-    here = str(Path(__file__).parent)
+    here = Path(__file__).parent
     (site / "sitecustomize.py").write_text(
-        f"import sys\nsys.path.insert(0, {here!r})\nimport ordered_dot\nordered_dot.install()\n"
+        f"import sys\nsys.path.insert(0, {str(here)!r})\nsys.path.append({str(here.parent)!r})\n"
+        "import ordered_dot\nordered_dot.install()\n"
+        "import interpreter_patching\ninterpreter_patching.install()\n"
     )
     path = os.environ.get("PYTHONPATH")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(site), path) if p))

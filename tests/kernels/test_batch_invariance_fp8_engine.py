@@ -21,8 +21,9 @@ def tiny_fp8_ready_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture(scope="module")
 def tiny_fp8_ready_moe_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A sparse layer (0) and a dense one (1, mlp_only_layers): both FP8 MLP kinds."""
     out = str(tmp_path_factory.mktemp("tiny-fp8-ready-moe"))
-    return build_tiny_model(out, "Qwen3MoeForCausalLM", **FP8_MOE_SIZES)
+    return build_tiny_model(out, "Qwen3MoeForCausalLM", **FP8_MOE_SIZES, num_hidden_layers=2)
 
 
 @pytest.mark.usefixtures("ordered_dot")

@@ -4,7 +4,12 @@ interpreter): the same tokens alone and batched, and with speculative decoding o
 from __future__ import annotations
 
 import pytest
-from deterministic_engine import PROMPTS, deterministic_llm, tokens_and_logprobs
+from deterministic_engine import (
+    PROMPTS,
+    deterministic_llm,
+    generate_each_alone,
+    tokens_and_logprobs,
+)
 from deterministic_engine import generate_deterministic as _generate
 from ordered_dot import ordered_dot, ordered_dot_in_workers  # noqa: F401 (fixtures)
 
@@ -20,7 +25,7 @@ def test_deterministic_hybrid_engine_same_tokens_alone_and_batched(tiny_qwen3_5_
     (The MoE variant's experts are invariant as Qwen3-MoE's: test_batch_invariance_engine.py;
     on the GPU, tests/gpu/test_gpu_qwen3_5_moe.py runs it deterministic.)"""
     ref = _generate(tiny_qwen3_5_dir, PROMPTS)
-    alone = [_generate(tiny_qwen3_5_dir, [p])[0] for p in PROMPTS]
+    alone = generate_each_alone(tiny_qwen3_5_dir, PROMPTS)
     assert [tokens for tokens, _ in alone] == [tokens for tokens, _ in ref]
     for (_, ours), (_, expected) in zip(alone, ref, strict=True):
         for entry, ref_entry in zip(ours, expected, strict=True):

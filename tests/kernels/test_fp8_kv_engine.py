@@ -11,7 +11,7 @@ from minivllm import LLM, SamplingParams
 from minivllm.config import EngineConfig
 
 PROMPTS = [[5, 17, 42, 99, 3, 8, 1, 2], list(range(20, 57))]
-GEN = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+GEN = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
 
 
 def _run(model_dir: str, backend: str, kv_cache_dtype: str, **options) -> tuple[LLM, list]:

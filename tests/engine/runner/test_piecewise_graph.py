@@ -27,7 +27,7 @@ def test_sizes_cover_every_step_with_bounded_padding() -> None:
 
 def generate(llm: LLM) -> list[tuple[list[int], list[float]]]:
     prompts = [[(7 * i + 3 * j) % 200 + 1 for j in range(n)] for i, n in enumerate([5, 37, 61, 9])]
-    params = SamplingParams(temperature=0.0, max_tokens=12, logprobs=0)
+    params = SamplingParams(temperature=0.0, max_tokens=6, logprobs=0)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     result = []
     for out in outs:
