@@ -54,4 +54,3 @@ def tokens_and_logprobs(outs: list) -> list[tuple]:
         logprobs = [sorted((t, lp.logprob) for t, lp in entry.items()) for entry in c.logprobs]
         results.append((c.token_ids, logprobs))
     return results
-
