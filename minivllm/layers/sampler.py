@@ -212,14 +212,7 @@ class Sampler(nn.Module):
             and meta.filter_by_candidates
             and meta.max_top_k <= self.kernel_top_k_cap
         ):
-            return self._kernel_thresholds(
-                logits,
-                meta.temperature,
-                None if meta.no_top_k else meta.top_k,
-                None if meta.no_top_p else meta.top_p,
-                None if meta.no_min_p else meta.min_p,
-                meta.max_top_k,
-            )
+            return self._kernel_thresholds(logits, *_filter_args(meta))
         return filter_thresholds(logits, meta)
 
     def draw_kept(
@@ -242,14 +235,18 @@ class Sampler(nn.Module):
 
 def filter_thresholds(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
     """[N, 1]: the smallest logit each row keeps under its top-k, top-p and min-p."""
-    return keep_thresholds(
-        logits,
+    return keep_thresholds(logits, *_filter_args(meta), meta.filter_by_candidates)
+
+
+def _filter_args(meta: SamplingMetadata) -> tuple:
+    """The threshold functions' arguments after the logits: temperature, top_k, top_p and
+    min_p (None where no row uses it), max_top_k."""
+    return (
         meta.temperature,
         None if meta.no_top_k else meta.top_k,
         None if meta.no_top_p else meta.top_p,
         None if meta.no_min_p else meta.min_p,
         meta.max_top_k,
-        meta.filter_by_candidates,
     )
 
 
