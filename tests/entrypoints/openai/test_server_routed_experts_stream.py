@@ -62,9 +62,12 @@ def test_completions_stream_joins_to_the_full_array(moe_client, offline) -> None
     for chunk in stream:
         for choice in chunk.choices:
             num_tokens, part = len(choice.model_extra["token_ids"]), decode(choice)
-            # A choice's first tokens bring the prompt's rows, each later token its forward's.
+            # A choice's first chunk brings the prompt's rows (the last of them is its first
+            # token's forward), each later token its own forward's row; a loaded server may
+            # send several tokens in one chunk.
             first = not rows[choice.index]
-            assert len(part) == (len(PROMPTS[choice.index]) if first else num_tokens)
+            prompt_rows = len(PROMPTS[choice.index]) - 1 if first else 0
+            assert len(part) == prompt_rows + num_tokens
             rows[choice.index].append(part)
     for index, ref in enumerate(refs):
         np.testing.assert_array_equal(np.concatenate(rows[index]), ref)
