@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.gpu.test_gpu_qwen3_5 import PROMPTS, _generate, _hf_argmax, _mid_model_dir
+from tests.gpu.test_gpu_qwen3_5 import PROMPTS, _assert_matches_hf, _generate, _mid_model_dir
 
 pytestmark = [
     pytest.mark.gpu,
@@ -53,13 +53,7 @@ def test_tiny_float32_tp2_matches_hf_and_tp1(tmp_path, architecture: str, option
     assert cached == whole_cached and cached > 0
     assert [c.token_ids for c in split] == [c.token_ids for c in whole]
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).cuda().eval()
-    for prompt, completion in zip(prompts, split, strict=True):
-        tokens = list(completion.token_ids)
-        expected, logprobs = _hf_argmax(hf, prompt, tokens)
-        assert tokens == expected
-        for i, token in enumerate(tokens):
-            ours = completion.logprobs[i][token].logprob
-            assert ours == pytest.approx(logprobs[i, token].item(), abs=1e-3)
+    _assert_matches_hf(hf, prompts, split)
 
 
 def test_mid_size_bf16_tp2_agrees_with_tp1(tmp_path) -> None:

@@ -48,6 +48,17 @@ def _hf_argmax(hf, prompt: list[int], tokens: list[int]) -> tuple[list[int], tor
     return logits.argmax(-1).tolist(), logits.log_softmax(-1)
 
 
+def _assert_matches_hf(hf, prompts: list[list[int]], completions: list) -> None:
+    """Greedy tokens are HF's argmax under teacher forcing, chosen-token logprobs HF's to 1e-3."""
+    for prompt, completion in zip(prompts, completions, strict=True):
+        tokens = list(completion.token_ids)
+        expected, logprobs = _hf_argmax(hf, prompt, tokens)
+        assert tokens == expected
+        for i, token in enumerate(tokens):
+            ours = completion.logprobs[i][token].logprob
+            assert ours == pytest.approx(logprobs[i, token].item(), abs=1e-3)
+
+
 @pytest.mark.parametrize(
     "options",
     [{}, {"enforce_eager": True}, {"max_num_batched_tokens": 40}, {"deterministic": True}],
@@ -71,13 +82,7 @@ def test_tiny_float32_matches_hf(tmp_path, options: dict) -> None:
         llm.shutdown()
     assert [c.token_ids for c in alone] == [c.token_ids for c in batched]
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).cuda().eval()
-    for prompt, completion in zip(PROMPTS, batched, strict=True):
-        tokens = list(completion.token_ids)
-        expected, logprobs = _hf_argmax(hf, prompt, tokens)
-        assert tokens == expected
-        for i, token in enumerate(tokens):
-            ours = completion.logprobs[i][token].logprob
-            assert ours == pytest.approx(logprobs[i, token].item(), abs=1e-3)
+    _assert_matches_hf(hf, PROMPTS, batched)
 
 
 @pytest.mark.parametrize(
