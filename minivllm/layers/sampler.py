@@ -50,7 +50,7 @@ class SamplingMetadata:
     filter_by_candidates: bool = True
     max_num_logprobs: int | None = None
     # The rows whose logprobs are computed ([R] int64), where not every row asked; None: all.
-    # SamplerOutput's logprob tensors keep a row for every row (zeros for the others).
+    # SamplerOutput's logprob tensors hold those rows alone, in order.
     logprob_rows: torch.Tensor | None = None
     # Penalties (when not no_penalties): the penalized rows [P] int64 and their requests'
     # slots [P] int64 of the tables output_counts [S, W] int32 and prompt_mask [S, W] bool
@@ -84,10 +84,12 @@ class SamplingMetadata:
 @dataclass
 class SamplerOutput:
     sampled_token_ids: torch.Tensor  # [N] int64
-    # Set when max_num_logprobs is not None (k = max_num_logprobs), from the raw logits.
-    logprob_token_ids: torch.Tensor | None = None  # [N, k + 1] int64: sampled token, then top k
-    logprobs: torch.Tensor | None = None  # [N, k + 1] float32
-    ranks: torch.Tensor | None = None  # [N] int64, rank of the sampled token (1 = most likely)
+    # Set when max_num_logprobs is not None (k = max_num_logprobs), from the raw logits, for
+    # the R rows that asked: logprob_rows [R] int64 (ascending), or None where every row did.
+    logprob_token_ids: torch.Tensor | None = None  # [R, k + 1] int64: sampled token, then top k
+    logprobs: torch.Tensor | None = None  # [R, k + 1] float32
+    ranks: torch.Tensor | None = None  # [R] int64, rank of the sampled token (1 = most likely)
+    logprob_rows: torch.Tensor | None = None
 
 
 class Sampler(nn.Module):
@@ -177,16 +179,12 @@ class Sampler(nn.Module):
         out = SamplerOutput(sampled_token_ids=sampled)
         if raw_logprobs is not None:
             rows = meta.logprob_rows
-            found = gather_logprobs(
+            out.logprob_token_ids, out.logprobs, out.ranks = gather_logprobs(
                 raw_logprobs,
                 sampled if rows is None else sampled.index_select(0, rows),
                 meta.max_num_logprobs,
             )
-            if rows is not None:  # back to one row per sampled row
-                found = tuple(
-                    t.new_zeros((len(sampled), *t.shape[1:])).index_copy_(0, rows, t) for t in found
-                )
-            out.logprob_token_ids, out.logprobs, out.ranks = found
+            out.logprob_rows = rows
         return out
 
     def compile_kernels(self, logits: torch.Tensor) -> None:

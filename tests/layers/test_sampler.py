@@ -182,9 +182,10 @@ def test_logprobs_come_from_raw_logits():
     assert meta.max_num_logprobs == 3
     out = Sampler()(logits, meta)
     raw = torch.log_softmax(logits.float(), dim=-1)
-    # Only the three rows that asked are computed; row 3's entries stay unread.
-    assert meta.logprob_rows.tolist() == [0, 1, 2]
-    assert out.logprob_token_ids.shape == (4, 4) and out.logprobs.dtype == torch.float32
+    # Only the three rows that asked are computed: the tensors hold those rows alone.
+    assert meta.logprob_rows.tolist() == [0, 1, 2] and out.logprob_rows.tolist() == [0, 1, 2]
+    assert out.logprob_token_ids.shape == (3, 4) and out.logprobs.dtype == torch.float32
+    assert out.ranks.shape == (3,)
     asked = slice(0, 3)
     assert torch.equal(out.logprob_token_ids[asked, 0], out.sampled_token_ids[asked])
     torch.testing.assert_close(

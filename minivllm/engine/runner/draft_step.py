@@ -227,8 +227,11 @@ def _rescored(
     kept = verified.output_token_ids[request, position]
     is_kept = position <= verified.num_accepted[request]
     token_ids = torch.where(is_kept, kept, sampler_out.sampled_token_ids)
+    rows = sampler_out.logprob_rows  # the rows that asked ([R]), or None: all
+    if rows is not None:
+        logits, token_ids = logits.index_select(0, rows), token_ids.index_select(0, rows)
     logprobs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
-    ids, values, ranks = gather_logprobs(logprobs, token_ids, 0)  # [T, 1], [T, 1], [T]
+    ids, values, ranks = gather_logprobs(logprobs, token_ids, 0)  # [R, 1], [R, 1], [R]
     assert sampler_out.logprob_token_ids is not None and sampler_out.logprobs is not None
     return replace(
         sampler_out,

@@ -416,9 +416,9 @@ class SamplingState:
 
 
 def pack_logprobs(sampler_out: SamplerOutput) -> torch.Tensor:
-    """A step's logprobs as one float64 tensor [N, 2(k+1)+1] on the device (ids, logprobs,
-    rank a row), so that one copy brings them to the host: float64 holds int ids (< 2**53) and
-    float32 logprobs exactly."""
+    """A step's logprobs as one float64 tensor [R, 2(k+1)+1] on the device (ids, logprobs,
+    rank a row; one row for each row that asked), so that one copy brings them to the host:
+    float64 holds int ids (< 2**53) and float32 logprobs exactly."""
     assert sampler_out.logprobs is not None, "the step was built without logprobs"
     return _pack(sampler_out.logprob_token_ids, sampler_out.logprobs, sampler_out.ranks)
 
@@ -428,15 +428,17 @@ def to_runner_logprobs(
 ) -> list[LogprobsDict | None]:
     """Per row: {token_id: Logprob} (sampled token + top num_logprobs[row]), or None.
 
-    packed_rows: pack_logprobs' rows on the host. num_logprobs is taken when the step is
-    launched: the requests may have ended (and left the sampling state) by the time the
-    step's results are read.
+    packed_rows: pack_logprobs' rows on the host, one for each row that asked (num_logprobs
+    not None), in order. num_logprobs is taken when the step is launched: the requests may
+    have ended (and left the sampling state) by the time the step's results are read.
     """
-    rows = _unpack(packed_rows)
-    return [
-        None if k is None else _to_dict(ids, logprobs, rank, k)
-        for k, (ids, logprobs, rank) in zip(num_logprobs, rows, strict=True)
+    asked = iter(_unpack(packed_rows))
+    result: list[LogprobsDict | None] = [
+        None if k is None else _to_dict(*next(asked), k) for k in num_logprobs
     ]
+    if next(asked, None) is not None:
+        raise ValueError("more packed logprob rows than rows that asked for logprobs")
+    return result
 
 
 def pack_prompt_logprobs(

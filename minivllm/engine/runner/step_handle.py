@@ -96,7 +96,8 @@ class StepHandle:
         ids = sampler_out.sampled_token_ids.numel()
         if sampler_out.logprobs is None:
             return ids
-        return ids + ids * (2 * sampler_out.logprobs.shape[1] + 1)
+        rows, width = sampler_out.logprobs.shape
+        return ids + rows * (2 * width + 1)
 
     def result(self) -> RunnerOutput:
         """The step's RunnerOutput, read once: the runner may read it first, when the next

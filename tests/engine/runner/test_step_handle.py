@@ -26,7 +26,8 @@ def _step(buffer: torch.Tensor | None):
 def test_ids_and_logprobs_through_one_buffer_equal_the_direct_read():
     direct, out, logits = _step(None)
     numel = StepHandle.host_numel(out)
-    assert numel == 2 + 2 * (2 * 4 + 1)  # ids, then [N, 2(k+1)+1] packed logprobs
+    # ids, then [R, 2(k+1)+1] packed logprobs: only the row that asked comes to the host
+    assert numel == 2 + 1 * (2 * 4 + 1)
     buffer = torch.full((numel + 5,), -7, dtype=torch.int64)
     through, _, _ = _step(buffer)
     expected, got = direct.result(), through.result()
