@@ -5,7 +5,8 @@ one threshold); this finds the same thresholds where every row's top-k is at mos
 MAX_TOP_K:
 1. grid (rows, chunks): each CHUNK-wide slice of a row keeps its KB largest values
    (KB: the smallest of CANDIDATE_WIDTHS >= the largest top-k), sorted, in a [rows, chunks,
-   KB] workspace;
+   KB] workspace; for 16-bit logits it sorts only the KB groups of 16 with the largest
+   maxima (a quarter of the slice at KB 32: the sort is what this pass spends its time on);
 2. grid (rows,): a row's chunks' candidates are sorted together; the k-th largest is the
    top-k threshold, and top-p's mass is summed over the candidates at or above it. Tokens tied
    with the k-th past the candidates (kept by top-k, part of the mass) exist only in a chunk
@@ -31,19 +32,48 @@ CANDIDATE_WIDTHS = (32, MAX_TOP_K)
 # Vocab slice of one stage-1 program; grown so that a row's candidates stay within MAX_MERGE.
 CHUNK = 4096
 MAX_MERGE = 8192
+# Stage 1's groups for 16-bit logits: 256 groups of 16 in a chunk of 4,096 (group_width).
+GROUP_WIDTH = 16
 
 
 @triton.jit
 def _chunk_top_kernel(logits_ptr, cand_ptr, stride_logits, vocab_size, num_chunks,
-                      CHUNK: tl.constexpr, KB: tl.constexpr):  # fmt: skip
-    """Grid (num_rows, num_chunks): the KB largest values of one chunk, descending."""
+                      CHUNK: tl.constexpr, KB: tl.constexpr, GROUP: tl.constexpr):  # fmt: skip
+    """Grid (num_rows, num_chunks): the KB largest values of one chunk, descending.
+
+    GROUP > 0 (16-bit logits): the chunk's GROUP-wide groups' maxima pick the KB groups with
+    the largest, and only those KB * GROUP values are sorted: a value of the chunk's top KB
+    lies in such a group (else KB groups each hold a larger or equal one), so the KB largest
+    are the same. A group is found by its maximum's bits with the group's index in the low
+    byte, which 16-bit values leave zero in float32 (exact). GROUP 0: the whole chunk."""
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
+    row_ptr = logits_ptr + row * stride_logits
     ids = chunk * CHUNK + tl.arange(0, CHUNK)
-    x = tl.load(logits_ptr + row * stride_logits + ids, mask=ids < vocab_size,
-                other=-float("inf")).to(tl.float32)  # fmt: skip
-    top = tl.topk(x, KB)
+    x = tl.load(row_ptr + ids, mask=ids < vocab_size, other=-float("inf")).to(tl.float32)
+    if GROUP == 0:
+        top = tl.topk(x, KB)
+    else:
+        NUM_GROUPS: tl.constexpr = CHUNK // GROUP
+        group_max = tl.max(tl.reshape(x, [NUM_GROUPS, GROUP]), 1)
+        bits = group_max.to(tl.int32, bitcast=True)
+        ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # signed-int order = float order
+        keys = (ordered & ~(NUM_GROUPS - 1)) | tl.arange(0, NUM_GROUPS)
+        groups = tl.topk(keys, KB) & (NUM_GROUPS - 1)  # [KB] group indices
+        picked = chunk * CHUNK + groups[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+        values = tl.load(row_ptr + picked, mask=picked < vocab_size, other=-float("inf"))
+        top = tl.topk(tl.reshape(values.to(tl.float32), [KB * GROUP]), KB)
     tl.store(cand_ptr + (row * num_chunks + chunk) * KB + tl.arange(0, KB), top)
+
+
+def group_width(chunk: int, kb: int, dtype: torch.dtype, group: int | None = None) -> int:
+    """The stage-1 group width for a chunk: GROUP_WIDTH (or `group`) where the logits are 16-bit
+    and the chunk holds more than kb groups of it, of at most 256 (the low byte); else 0."""
+    group = GROUP_WIDTH if group is None else group
+    num_groups = chunk // group
+    if dtype == torch.float32 or not kb < num_groups <= 256:
+        return 0
+    return group
 
 
 @triton.jit
@@ -130,6 +160,7 @@ def filter_thresholds(
     min_p: torch.Tensor | None,
     max_top_k: int,
     chunk: int = CHUNK,
+    group: int | None = None,
 ) -> torch.Tensor:
     """[num_rows, 1] float32: each row keeps the logits >= its threshold (-inf: all).
 
@@ -137,7 +168,8 @@ def filter_thresholds(
     temperature [num_rows] fp32 (0 read as 1); top_k [num_rows] int64 (0 = off, each <=
     max_top_k <= MAX_TOP_K), top_p [num_rows] fp32 (1 = off; a row with top_p < 1 has a
     top_k), min_p [num_rows] fp32 (0 = off); each None when no row uses it. chunk: the
-    stage-1 slice (a power of two; small in Triton's interpreter). No host sync.
+    stage-1 slice (a power of two; small in Triton's interpreter); group: stage 1's group
+    width where it groups (group_width; a power of two). No host sync.
     """
     check_tensor("logits", logits, 2)
     num_rows, vocab_size = logits.shape
@@ -156,12 +188,14 @@ def filter_thresholds(
         return out.fill_(-torch.inf)
     if chunk < 16 or chunk & (chunk - 1):
         raise ValueError(f"chunk must be a power of two >= 16, got {chunk}")
+    if group is not None and (group < 1 or group & (group - 1)):
+        raise ValueError(f"group must be a power of two >= 1, got {group}")
     chunk, kb, merge = merge_shape(vocab_size, max_top_k, chunk)
     num_chunks = triton.cdiv(vocab_size, chunk)
     candidates = torch.empty(num_rows, num_chunks, kb, dtype=torch.float32, device=logits.device)
     _chunk_top_kernel[(num_rows, num_chunks)](
         logits, candidates, logits.stride(0), vocab_size, num_chunks, CHUNK=chunk, KB=kb,
-        num_warps=8,
+        GROUP=group_width(chunk, kb, logits.dtype, group), num_warps=8,
     )  # fmt: skip
     _threshold_kernel[(num_rows,)](
         logits, candidates, temperature, *(temperature if t is None else t for t in

@@ -65,6 +65,34 @@ def test_rows_over_several_chunks(dtype) -> None:
     check_kept(logits, got, cases)
 
 
+@pytest.mark.parametrize("group", [4, 8])
+def test_grouped_stage_one_keeps_each_chunks_largest(group) -> None:
+    # 16-bit logits sort only the groups with the largest maxima: chunks of 64 groups, the
+    # 32 candidates' groups picked. Row 0: coarse values (ties everywhere, negative ones
+    # too); row 1: the top 40 values crowded into a few groups of one chunk (a group holds
+    # several of the top 32); row 2: -inf tokens (banned) and a vocabulary past the last
+    # full chunk. group=chunk: the whole-chunk sort, the same thresholds.
+    chunk = 64 * group
+    gen = torch.Generator().manual_seed(4)
+    vocab = 2 * chunk + 37
+    logits = (torch.randn(3, vocab, generator=gen) * 12).round() / 4
+    logits[1, 40:80] = 10.0 + torch.arange(40) / 8
+    logits[2, ::3] = -torch.inf
+    logits = logits.to(torch.float16)
+    assert kernel.group_width(chunk, 32, torch.float16, group) == group
+    cases = [(0.7, 20, 0.8, 0.0), (1.0, 32, 0.95, 0.0), (0.5, 7, 1.0, 0.05)]
+    temperature, top_k, top_p, min_p = (list(c) for c in zip(*cases, strict=True))
+    args = [torch.tensor(temperature), torch.tensor(top_k), torch.tensor(top_p),
+            torch.tensor(min_p)]  # fmt: skip
+    got = kernel.filter_thresholds(logits.to(DEVICE), *(a.to(DEVICE) for a in args), 32,
+                                   chunk=chunk, group=group).cpu().flatten()  # fmt: skip
+    whole = kernel.filter_thresholds(logits.to(DEVICE), *(a.to(DEVICE) for a in args), 32,
+                                     chunk=chunk, group=chunk).cpu().flatten()  # fmt: skip
+    expected = keep_thresholds(logits.float(), *args, 32, True).flatten()
+    assert torch.equal(got, expected) and torch.equal(whole, expected)
+    check_kept(logits, got, cases)
+
+
 def test_ties_past_every_chunks_candidates_share_the_mass() -> None:
     # 3 x CHUNK // 2 tokens tied for first over two chunks (more than a chunk's 16
     # candidates), top_k 2: top-k keeps them all; top_p 0.5 keeps them all too. With one
