@@ -1,5 +1,7 @@
 """Tile configs of the fused-MoE GEMMs, in one place: per model shape (experts, hidden,
 intermediate, top_k), one config per bucket of step tokens, where measured; a rule otherwise.
+`step_config` is the one rule for a step's path: the GEMVs of `gemv.py` for a few pairs, the
+aligned grouped GEMMs otherwise and always in deterministic mode.
 
 BLOCK_M (the row block an expert's pairs are padded to) is shared by both GEMMs, since the
 pairs are aligned once. BLOCK_K depends on the dtype only, never on the tokens: each output
@@ -11,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from minivllm.kernels.fp8_gemm_configs import BLOCK_K as FP8_BLOCK_K
 
 
 @dataclass(frozen=True)
@@ -26,6 +30,21 @@ class MoeTileConfig:
     block_m: int
     gate_up: GemmTile  # x @ w13[e].T with SiLU-and-mul: N = intermediate, K = hidden
     down: GemmTile  # act @ w2[e].T, weighted: N = hidden, K = intermediate
+
+
+@dataclass(frozen=True)
+class GemvTile:
+    block_n: int  # output rows of a program
+    block_k: int  # the K chunk of a step
+    num_warps: int
+
+
+@dataclass(frozen=True)
+class MoeGemvConfig:
+    """The small-step path (gemv.py): one program per (pair, N tile), no alignment."""
+
+    gate_up: GemvTile
+    down: GemvTile
 
 
 MoeShape = tuple[int, int, int, int]  # (num_experts, hidden, intermediate per rank, top_k)
@@ -72,3 +91,40 @@ def moe_config(dtype: torch.dtype, shape: MoeShape, num_tokens: int) -> MoeTileC
         if num_tokens <= max_tokens:
             return config
     return buckets[-1][1]
+
+
+# A step of at most this many (token, expert) pairs takes the GEMV path. Up to it a step's
+# pairs land on nearly as many distinct experts (64 pairs of random top-8 routes over 128
+# experts hit ~50: each expert's rows read 1.27 times, the repeats mostly from L2 since a
+# grid runs the pairs of a tile together), while the grouped path pads each expert's run to
+# 16 rows and takes four launches. benchmarks/kernels/bench_moe.py --decode times both.
+GEMV_MAX_PAIRS = 64
+
+
+def gemv_config(dtype: torch.dtype, fp8: bool) -> MoeGemvConfig:
+    """Tiles of 8 rows: a batch-1 decode at Qwen3-30B-A3B's shape runs 768 gate/up and 256
+    down programs, several per SM. FP8 steps are one quantization group (128) wide."""
+    if fp8:
+        block_k = FP8_BLOCK_K
+    else:
+        block_k = 128 if dtype == torch.float32 else 256
+    tile = GemvTile(8, block_k, 4)
+    return MoeGemvConfig(tile, tile)
+
+
+def step_config(
+    dtype: torch.dtype,
+    shape: MoeShape,
+    num_tokens: int,
+    fp8: bool = False,
+    batch_invariant: bool = False,
+) -> MoeTileConfig | MoeGemvConfig:
+    """The path and tiles of a step. batch_invariant (deterministic mode): always the grouped
+    GEMMs, whose per-element sums do not depend on the step (a GEMV's tl.sum adds in another
+    order: a token decoded alone would differ from the same token in a prefill step). Block
+    FP8 takes the GEMVs where each rank's intermediate is whole 128-blocks (FusedMoE's rule)."""
+    _, _, inter, top_k = shape
+    small = num_tokens * top_k <= GEMV_MAX_PAIRS
+    if small and not batch_invariant and (not fp8 or inter % FP8_BLOCK_K == 0):
+        return gemv_config(dtype, fp8)
+    return moe_config(dtype, shape, num_tokens)
