@@ -75,8 +75,8 @@ def test_gemv_ragged_tiles(block_n: int, block_k: int) -> None:
     top-3 of 6 experts."""
     shape = (6, 48, 40, 3)
     x, w13, w2, weights, ids = case(7, "random", torch.float32, shape)
-    tile = GemvTile(block_n, block_k, 4)
-    out = fused_moe(x, w13, w2, weights, ids, MoeGemvConfig(tile, GemvTile(block_n, 16, 2)))
+    tile = GemvTile(block_n, block_k, 4, 2)
+    out = fused_moe(x, w13, w2, weights, ids, MoeGemvConfig(tile, GemvTile(block_n, 16, 2, 1)))
     ref = experts_torch(x, w13, w2, weights, ids)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
@@ -106,7 +106,7 @@ def test_gemv_block_fp8_matches_the_grouped_path() -> None:
     grouped = fused_moe(x, w13, w2, weights, ids, moe_config(torch.float32, shape, 3), w13_scale,
                         w2_scale)  # fmt: skip
     torch.testing.assert_close(out, grouped, atol=1e-5, rtol=1e-5)
-    bad = MoeGemvConfig(GemvTile(8, 256, 4), config.down)
+    bad = MoeGemvConfig(GemvTile(8, 256, 4, 3), config.down)
     with pytest.raises(ValueError, match="block_k"):
         fused_moe(x, w13, w2, weights, ids, bad, w13_scale, w2_scale)
 

@@ -37,6 +37,7 @@ class GemvTile:
     block_n: int  # output rows of a program
     block_k: int  # the K chunk of a step
     num_warps: int
+    num_stages: int  # K chunks in flight (a GEMV's loads are its whole cost)
 
 
 @dataclass(frozen=True)
@@ -103,12 +104,11 @@ GEMV_MAX_PAIRS = 64
 
 def gemv_config(dtype: torch.dtype, fp8: bool) -> MoeGemvConfig:
     """Tiles of 8 rows: a batch-1 decode at Qwen3-30B-A3B's shape runs 768 gate/up and 256
-    down programs, several per SM. FP8 steps are one quantization group (128) wide."""
+    down programs, several per SM. FP8 steps are one quantization group (128) wide, and the
+    gate/up tile takes 16 rows of it (16-byte loads)."""
     if fp8:
-        block_k = FP8_BLOCK_K
-    else:
-        block_k = 128 if dtype == torch.float32 else 256
-    tile = GemvTile(8, block_k, 4)
+        return MoeGemvConfig(GemvTile(16, FP8_BLOCK_K, 4, 3), GemvTile(8, FP8_BLOCK_K, 4, 3))
+    tile = GemvTile(8, 128 if dtype == torch.float32 else 256, 4, 3)
     return MoeGemvConfig(tile, tile)
 
 

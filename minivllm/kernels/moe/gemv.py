@@ -44,13 +44,14 @@ def _gate_up_gemv_kernel(
     x_ptr, w_ptr, ids_ptr, out_ptr, ws_ptr, N, K,
     stride_xm, stride_we, stride_wn, stride_om, stride_wse, stride_wsn,
     TOP_K: tl.constexpr, EVEN_K: tl.constexpr, FP8: tl.constexpr, FP8_MAX: tl.constexpr,
-    EPS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    EPS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr,
 ):  # fmt: skip
     """Grid (num_pairs, cdiv(N, BLOCK_N)), pairs fastest: the pairs on one expert read its
     tile at about the same time, and L2 serves the repeats. Pair p: token p // TOP_K, expert
     e = ids[p]; out[p, n] = silu(g) * u with g = w[e, n] . x[t] and u = w[e, N + n] . x[t],
-    float32 over K in BLOCK_K steps. FP8 (BLOCK_K 128, BLOCK_N dividing 128, N a multiple of
-    128): each step's weights times their block's scale ws[e, n // 128, k // 128]."""
+    float32 over K in BLOCK_K steps, NUM_STAGES of them loading ahead. FP8 (BLOCK_K 128,
+    BLOCK_N dividing 128, N a multiple of 128): each step's weights times their block's scale
+    ws[e, n // 128, k // 128]."""
     pair = tl.program_id(0)
     expert = tl.load(ids_ptr + pair).to(tl.int64)
     token = (pair // TOP_K).to(tl.int64)
@@ -66,7 +67,7 @@ def _gate_up_gemv_kernel(
     ws_up_ptr = ws_ptr + (N // 128) * stride_wsn
     acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     acc_up = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
         k_mask = offs_k < K - k0
         x = _load_row_chunk(x_ptrs, k_mask, EVEN_K, FP8, FP8_MAX, EPS)
         x_up = x
@@ -88,7 +89,7 @@ def _down_gemv_kernel(
     a_ptr, w_ptr, ids_ptr, weights_ptr, out_ptr, ws_ptr, N, K,
     stride_am, stride_we, stride_wn, stride_om, stride_wse, stride_wsn,
     TOP_K: tl.constexpr, EVEN_K: tl.constexpr, FP8: tl.constexpr, FP8_MAX: tl.constexpr,
-    EPS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    EPS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr,
 ):  # fmt: skip
     """Grid (num_tokens, cdiv(N, BLOCK_N)), tokens fastest. For k = 0, 1, ... in order, pair
     p = t * TOP_K + k, e = ids[p]: y = weights[p] * (w[e, n] . a[p]) (float32 over K in
@@ -108,7 +109,7 @@ def _down_gemv_kernel(
         w_ptrs = w_ptr + expert * stride_we + w_rows
         ws_row = ws_ptr + expert * stride_wse + (n0 // 128) * stride_wsn
         acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-        for k0 in range(0, K, BLOCK_K):
+        for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
             k_mask = offs_k < K - k0
             a = _load_row_chunk(a_ptrs, k_mask, EVEN_K, FP8, FP8_MAX, EPS)
             if FP8:
@@ -153,7 +154,7 @@ def moe_gemv(
         x.stride(0), w13.stride(0), w13.stride(1), act.stride(0),
         w13_scale.stride(0), w13_scale.stride(1), **constants,
         EVEN_K=hidden % up.block_k == 0, BLOCK_N=up.block_n, BLOCK_K=up.block_k,
-        num_warps=up.num_warps,
+        NUM_STAGES=up.num_stages, num_warps=up.num_warps,
     )  # fmt: skip
     down = config.down
     _down_gemv_kernel[(num_tokens, triton.cdiv(hidden, down.block_n))](
@@ -161,7 +162,7 @@ def moe_gemv(
         act.stride(0), w2.stride(0), w2.stride(1), out.stride(0),
         w2_scale.stride(0), w2_scale.stride(1), **constants,
         EVEN_K=inter % down.block_k == 0, BLOCK_N=down.block_n, BLOCK_K=down.block_k,
-        num_warps=down.num_warps,
+        NUM_STAGES=down.num_stages, num_warps=down.num_warps,
     )  # fmt: skip
     return out
 
