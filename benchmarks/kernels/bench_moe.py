@@ -3,19 +3,16 @@ top-8, hidden 2048, intermediate 768; --tp 2 halves the intermediate), bf16, at 
 prefill step sizes: median time of the experts (the path configs.step_config picks: alignment,
 two GEMMs, sum; at a few tokens two GEMVs; the router's top-k apart), TFLOP/s (6 * pairs * H *
 I flops), bandwidth (the touched experts' weights once, plus the activations), the launches
-from the profiler, and beside
-them cuBLAS per expert (the pairs' indices prepared outside the timing: the loop's floor) and,
-with --vllm, vLLM's fused_experts from the same process. --tune sweeps tiles per step size and
-prints a TABLE entry for kernels/moe/configs.py. --fp8: block-FP8 experts (e4m3, 128 x 128
-scales, activations per token-group of 128) beside the bf16 experts of the same step, and with
---vllm vLLM's fused_experts with its block-FP8 quant config. --decode: one line, the small-step
-GEMVs (kernels/moe/gemv.py) against the grouped GEMMs at each step size, bf16 and block FP8,
-each with the touched experts' bytes over its time; with --tune also the fastest GEMV tiles.
+from the profiler, and beside them cuBLAS per expert (the pairs' indices prepared outside the
+timing: the loop's floor) and, with --vllm, vLLM's fused_experts from the same process. --tune
+sweeps tiles per step size and prints a TABLE entry for kernels/moe/configs.py. --fp8:
+block-FP8 experts (e4m3, 128 x 128 scales, activations per token-group of 128) beside the bf16
+experts of the same step, and with --vllm vLLM's fused_experts with its block-FP8 quant config.
+The small-step GEMVs against the grouped GEMMs under CUDA graphs: bench_moe_decode.py.
 
 Prints one JSON line per case. Usage:
   python -m benchmarks.kernels.bench_moe [--tokens 1,8,64,512,4096,16384] [--tp 2] [--vllm] [--tune]
                                           [--fp8]
-  python -m benchmarks.kernels.bench_moe --decode [--tokens 1,2,4,8,16] [--tune]
 """
 
 from __future__ import annotations
@@ -24,21 +21,13 @@ import argparse
 import itertools
 import json
 from collections import defaultdict
-from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
 import triton
 from torch.profiler import ProfilerActivity, profile
 
-from minivllm.kernels.moe.configs import (
-    GemmTile,
-    GemvTile,
-    MoeTileConfig,
-    gemv_config,
-    moe_config,
-    step_config,
-)
+from minivllm.kernels.moe.configs import GemmTile, MoeTileConfig, moe_config, step_config
 from minivllm.kernels.moe.fused_moe import fused_moe
 from minivllm.kernels.moe.router import topk_softmax
 from minivllm.layers.moe_router import route
@@ -216,78 +205,17 @@ def tune(num_tokens: int, inter: int, block_k: int) -> dict:
     }  # fmt: skip
 
 
-def decode_row(num_tokens: int, inter: int, fp8: bool) -> dict:
-    """The GEMVs and the grouped GEMMs at one step size: times, the touched experts' bytes
-    (weights and scales, read once) over each time, the largest difference between them."""
-    x, w13, w2, topk_weights, topk_ids = make_case(num_tokens, inter)
-    scales, weight_bytes = (None, None), 2
-    if fp8:
-        (w13, w13s), (w2, w2s) = expert_blocks(w13), expert_blocks(w2)
-        scales, weight_bytes = (w13s, w2s), 1 + 4 / 128**2
-    gemv = gemv_config(x.dtype, fp8)
-    grouped = moe_config(x.dtype, (E, H, inter, TOP_K), num_tokens)
-    runs = {name: (lambda c=c: fused_moe(x, w13, w2, topk_weights, topk_ids, c, *scales))
-            for name, c in (("gemv", gemv), ("grouped", grouped))}  # fmt: skip
-    used = int(torch.unique(topk_ids).numel())
-    expert_bytes = used * 3 * H * inter * weight_bytes
-    row = {"tokens": num_tokens, "experts_used": used, "expert_mb": round(expert_bytes / 1e6, 1)}
-    for name, run in runs.items():
-        ms = bench_ms(run)
-        row[f"{name}_ms"] = round(ms, 4)
-        row[f"{name}_gb_per_s"] = round(expert_bytes / ms / 1e6, 1)
-    row["speedup"] = round(row["grouped_ms"] / row["gemv_ms"], 3)
-    diff = (runs["gemv"]().float() - runs["grouped"]().float()).abs().max().item()
-    row["max_abs_diff"] = round(diff, 5)
-    return row
-
-
-def tune_gemv(num_tokens: int, inter: int, fp8: bool) -> dict:
-    """The fastest GEMV tiles at a step size: gate/up's with down at the rule's, then down's."""
-    x, w13, w2, topk_weights, topk_ids = make_case(num_tokens, inter)
-    scales = (None, None)
-    if fp8:
-        (w13, w13s), (w2, w2s) = expert_blocks(w13), expert_blocks(w2)
-        scales = (w13s, w2s)
-    best = gemv_config(x.dtype, fp8)
-    for part in ("gate_up", "down"):
-        timed = []
-        for n, k, warps, stages in itertools.product(
-            (4, 8, 16, 32), (128,) if fp8 else (128, 256, 512), (2, 4, 8), (2, 3, 4)
-        ):
-            config = replace(best, **{part: GemvTile(n, k, warps, stages)})
-            run = lambda c=config: fused_moe(x, w13, w2, topk_weights, topk_ids, c, *scales)  # noqa: E731
-            timed.append((triton.testing.do_bench(run, warmup=5, rep=25), config))
-        best = min(timed, key=lambda t: t[0])[1]
-    ms = bench_ms(lambda: fused_moe(x, w13, w2, topk_weights, topk_ids, best, *scales))
-    return {"tokens": num_tokens, "ms": round(ms, 4), "config": repr(best)}
-
-
-def decode(tokens: list[int], inter: int, with_tune: bool) -> dict:
-    """--decode's one line: per dtype, a row per step size (and the tuned tiles)."""
-    result = {"case": "moe_decode", "experts": E, "top_k": TOP_K, "hidden": H, "inter": inter}
-    for name, fp8 in (("bf16", False), ("fp8", True)):
-        result[name] = [decode_row(t, inter, fp8) for t in tokens]
-        if with_tune:
-            result[f"{name}_tuned"] = [tune_gemv(t, inter, fp8) for t in tokens]
-    return result
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokens", default=None, help="(default 1,8,...,16384; --decode 1,...,16)")
+    parser.add_argument("--tokens", default="1,8,32,64,256,1024,4096,16384")
     parser.add_argument("--tp", type=int, default=1, help="intermediate split over this many ranks")
     parser.add_argument("--vllm", action="store_true", help="time vLLM's fused_experts too")
     parser.add_argument("--tune", action="store_true", help="sweep tiles instead")
     parser.add_argument("--block-k", type=int, default=64, help="--tune's fixed BLOCK_K")
     parser.add_argument("--fp8", action="store_true", help="block-FP8 experts beside bf16")
-    parser.add_argument("--decode", action="store_true", help="the GEMVs vs the grouped GEMMs")
     args = parser.parse_args()
     inter = INTER // args.tp
-    if args.decode:
-        tokens = [int(t) for t in (args.tokens or "1,2,4,8,16").split(",")]
-        print(json.dumps(decode(tokens, inter, args.tune)), flush=True)
-        return
-    for num_tokens in (int(t) for t in (args.tokens or "1,8,32,64,256,1024,4096,16384").split(",")):
+    for num_tokens in (int(t) for t in args.tokens.split(",")):
         if args.fp8:
             print(json.dumps(fp8_case(num_tokens, inter, args.vllm)), flush=True)
         elif args.tune:
