@@ -148,3 +148,15 @@ def test_deterministic_layer_token_alone_equals_batched() -> None:
     for t in (0, 23):
         rows = slice(t, t + 1)
         assert torch.equal(layer(x[rows], weights[rows], ids[rows])[0], batched[t])
+
+
+def test_an_out_of_range_id_stays_inside_the_weights() -> None:
+    """A NaN row's router can give an id past the experts: that row's reads stay inside w
+    (clamped to the last expert), the other tokens' rows are untouched."""
+    x, w13, w2, weights, ids = case(3, "random", torch.float32)
+    ids[0, 1] = E
+    out = fused_moe(x, w13, w2, weights, ids)
+    ref = experts_torch(x[1:], w13, w2, weights[1:], ids[1:])
+    torch.testing.assert_close(out[1:], ref, atol=1e-5, rtol=1e-5)
+    clamped = ids[:1].clamp(max=E - 1)
+    torch.testing.assert_close(out[:1], experts_torch(x[:1], w13, w2, weights[:1], clamped))

@@ -43,8 +43,9 @@ def _load_tile(ptrs, n_mask, k_mask, EVEN_K: tl.constexpr):
 def _gate_up_gemv_kernel(
     x_ptr, w_ptr, ids_ptr, out_ptr, ws_ptr, N, K,
     stride_xm, stride_we, stride_wn, stride_om, stride_wse, stride_wsn,
-    TOP_K: tl.constexpr, EVEN_K: tl.constexpr, FP8: tl.constexpr, FP8_MAX: tl.constexpr,
-    EPS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr,
+    NUM_EXPERTS: tl.constexpr, TOP_K: tl.constexpr, EVEN_K: tl.constexpr, FP8: tl.constexpr,
+    FP8_MAX: tl.constexpr, EPS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
 ):  # fmt: skip
     """Grid (num_pairs, cdiv(N, BLOCK_N)), pairs fastest: the pairs on one expert read its
     tile at about the same time, and L2 serves the repeats. Pair p: token p // TOP_K, expert
@@ -53,7 +54,8 @@ def _gate_up_gemv_kernel(
     BLOCK_N dividing 128, N a multiple of 128): each step's weights times their block's scale
     ws[e, n // 128, k // 128]."""
     pair = tl.program_id(0)
-    expert = tl.load(ids_ptr + pair).to(tl.int64)
+    # A NaN row's router ids can be out of range: its reads stay inside w.
+    expert = tl.minimum(tl.load(ids_ptr + pair), NUM_EXPERTS - 1).to(tl.int64)
     token = (pair // TOP_K).to(tl.int64)
     n0 = tl.program_id(1) * BLOCK_N
     offs_n = n0 + tl.arange(0, BLOCK_N)
@@ -88,8 +90,9 @@ def _gate_up_gemv_kernel(
 def _down_gemv_kernel(
     a_ptr, w_ptr, ids_ptr, weights_ptr, out_ptr, ws_ptr, N, K,
     stride_am, stride_we, stride_wn, stride_om, stride_wse, stride_wsn,
-    TOP_K: tl.constexpr, EVEN_K: tl.constexpr, FP8: tl.constexpr, FP8_MAX: tl.constexpr,
-    EPS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr,
+    NUM_EXPERTS: tl.constexpr, TOP_K: tl.constexpr, EVEN_K: tl.constexpr, FP8: tl.constexpr,
+    FP8_MAX: tl.constexpr, EPS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
 ):  # fmt: skip
     """Grid (num_tokens, cdiv(N, BLOCK_N)), tokens fastest. For k = 0, 1, ... in order, pair
     p = t * TOP_K + k, e = ids[p]: y = weights[p] * (w[e, n] . a[p]) (float32 over K in
@@ -104,7 +107,7 @@ def _down_gemv_kernel(
     total = tl.zeros([BLOCK_N], tl.float32)
     for k in range(TOP_K):
         pair = token * TOP_K + k
-        expert = tl.load(ids_ptr + pair).to(tl.int64)
+        expert = tl.minimum(tl.load(ids_ptr + pair), NUM_EXPERTS - 1).to(tl.int64)
         a_ptrs = a_ptr + pair * stride_am + offs_k
         w_ptrs = w_ptr + expert * stride_we + w_rows
         ws_row = ws_ptr + expert * stride_wse + (n0 // 128) * stride_wsn
@@ -147,7 +150,8 @@ def moe_gemv(
         return out
     if not (w13.is_contiguous() and w2.is_contiguous()):
         raise ValueError("w13 and w2 must be contiguous: [num_experts, N, K]")
-    constants = {"TOP_K": top_k, "FP8": fp8, "FP8_MAX": FP8_MAX, "EPS": SCALE_EPS}
+    constants = {"NUM_EXPERTS": num_experts, "TOP_K": top_k, "FP8": fp8, "FP8_MAX": FP8_MAX,
+                 "EPS": SCALE_EPS}  # fmt: skip
     up = config.gate_up
     _gate_up_gemv_kernel[(num_tokens * top_k, triton.cdiv(inter, up.block_n))](
         x, w13, ids, act, w13_scale, inter, hidden,
