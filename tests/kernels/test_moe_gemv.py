@@ -15,6 +15,8 @@ from minivllm.kernels.moe.configs import (
     GemvTile,
     MoeGemvConfig,
     MoeTileConfig,
+    gemv_config,
+    gemv_max_pairs,
     moe_config,
     step_config,
 )
@@ -58,9 +60,7 @@ def case(num_tokens: int, kind: str, dtype: torch.dtype, shape=(E, H, INTER, TOP
 )
 def test_gemv_matches_torch_and_the_grouped_path(dtype, num_tokens: int, kind: str) -> None:
     x, w13, w2, weights, ids = case(num_tokens, kind, dtype)
-    config = step_config(dtype, (E, H, INTER, TOP_K), num_tokens)
-    assert isinstance(config, MoeGemvConfig)  # the default at these steps
-    out = fused_moe(x, w13, w2, weights, ids)
+    out = fused_moe(x, w13, w2, weights, ids, gemv_config(dtype, False))
     assert out.shape == (num_tokens, H) and out.dtype == dtype
     ref = experts_torch(x.float(), w13.float(), w2.float(), weights, ids)
     tol = 1e-5 if dtype == torch.float32 else 2e-3
@@ -100,9 +100,9 @@ def test_gemv_block_fp8_matches_the_grouped_path() -> None:
     ids = routes("random", 3, num_experts, TOP_K).to(DEVICE)
     weights = torch.rand(3, TOP_K, generator=g).to(DEVICE)
     shape = (num_experts, hidden, inter, TOP_K)
-    config = step_config(torch.float32, shape, 3, fp8=True)
+    config = step_config(torch.float32, shape, 1, fp8=True)
     assert isinstance(config, MoeGemvConfig)
-    out = fused_moe(x, w13, w2, weights, ids, None, w13_scale, w2_scale)
+    out = fused_moe(x, w13, w2, weights, ids, config, w13_scale, w2_scale)
     grouped = fused_moe(x, w13, w2, weights, ids, moe_config(torch.float32, shape, 3), w13_scale,
                         w2_scale)  # fmt: skip
     torch.testing.assert_close(out, grouped, atol=1e-5, rtol=1e-5)
@@ -112,24 +112,30 @@ def test_gemv_block_fp8_matches_the_grouped_path() -> None:
 
 
 def test_the_rule_and_its_boundary() -> None:
-    """Up to GEMV_MAX_PAIRS pairs: the GEMVs; one token more: the grouped GEMMs; in
-    deterministic mode (batch_invariant) always the grouped ones; block FP8 only where the
-    intermediate is whole 128-blocks."""
-    top_k = 4
-    shape = (16, H, INTER, top_k)
+    """Up to gemv_max_pairs pairs (GEMV_MAX_PAIRS, at most half the experts): the GEMVs; one
+    token more: the grouped GEMMs; in deterministic mode (batch_invariant) always the grouped
+    ones; block FP8 only where the intermediate is whole 128-blocks."""
+    assert (gemv_max_pairs(128), gemv_max_pairs(256), gemv_max_pairs(8)) == (GEMV_MAX_PAIRS, 64, 4)
+    top_k = 8
+    shape = (128, H, INTER, top_k)  # Qwen3-30B-A3B's experts and top-k
     last = GEMV_MAX_PAIRS // top_k
     assert isinstance(step_config(torch.float16, shape, last), MoeGemvConfig)
     assert isinstance(step_config(torch.float16, shape, last + 1), MoeTileConfig)
     for num_tokens in (1, last):
         config = step_config(torch.float16, shape, num_tokens, batch_invariant=True)
         assert config == moe_config(torch.float16, shape, num_tokens)
-    assert isinstance(step_config(torch.bfloat16, (16, H, 256, top_k), 1, fp8=True), MoeGemvConfig)
-    assert isinstance(step_config(torch.bfloat16, (16, H, 96, top_k), 1, fp8=True), MoeTileConfig)
+    assert isinstance(step_config(torch.float16, (16, H, INTER, 2), 5), MoeTileConfig)
+    assert isinstance(step_config(torch.bfloat16, (128, H, 256, 8), 1, fp8=True), MoeGemvConfig)
+    assert isinstance(step_config(torch.bfloat16, (128, H, 96, 8), 1, fp8=True), MoeTileConfig)
 
 
-@pytest.mark.parametrize("num_tokens", [GEMV_MAX_PAIRS // TOP_K, GEMV_MAX_PAIRS // TOP_K + 1])
+@pytest.mark.parametrize("num_tokens", [1, 2, 3])  # 2 x top-2 = gemv_max_pairs(8): the last
 def test_both_sides_of_the_boundary_match_torch(num_tokens: int) -> None:
+    """The default path at the tiny shape's boundary (8 experts: GEMVs up to 4 pairs)."""
     x, w13, w2, weights, ids = case(num_tokens, "random", torch.float32)
+    gemv = num_tokens * TOP_K <= gemv_max_pairs(E)
+    assert isinstance(step_config(torch.float32, (E, H, INTER, TOP_K), num_tokens),
+                      MoeGemvConfig if gemv else MoeTileConfig)  # fmt: skip
     out = fused_moe(x, w13, w2, weights, ids)
     ref = experts_torch(x, w13, w2, weights, ids)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
@@ -155,7 +161,7 @@ def test_an_out_of_range_id_stays_inside_the_weights() -> None:
     (clamped to the last expert), the other tokens' rows are untouched."""
     x, w13, w2, weights, ids = case(3, "random", torch.float32)
     ids[0, 1] = E
-    out = fused_moe(x, w13, w2, weights, ids)
+    out = fused_moe(x, w13, w2, weights, ids, gemv_config(torch.float32, False))
     ref = experts_torch(x[1:], w13, w2, weights[1:], ids[1:])
     torch.testing.assert_close(out[1:], ref, atol=1e-5, rtol=1e-5)
     clamped = ids[:1].clamp(max=E - 1)

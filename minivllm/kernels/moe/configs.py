@@ -94,12 +94,17 @@ def moe_config(dtype: torch.dtype, shape: MoeShape, num_tokens: int) -> MoeTileC
     return buckets[-1][1]
 
 
-# A step of at most this many (token, expert) pairs takes the GEMV path. Up to it a step's
-# pairs land on nearly as many distinct experts (64 pairs of random top-8 routes over 128
-# experts hit ~50: each expert's rows read 1.27 times, the repeats mostly from L2 since a
-# grid runs the pairs of a tile together), while the grouped path pads each expert's run to
-# 16 rows and takes four launches. benchmarks/kernels/bench_moe.py --decode times both.
+# A step of at most gemv_max_pairs (token, expert) pairs takes the GEMV path. Up to half as
+# many pairs as experts, random routes land on nearly as many distinct experts (64 pairs of
+# top-8 routes over 128 experts hit ~50: each expert's rows read 1.27 times; 4 pairs over 8
+# experts ~3.3), the repeats mostly from L2 since a grid runs the pairs of a tile together,
+# while the grouped path pads each expert's run to 16 rows and takes four launches.
+# benchmarks/kernels/bench_moe_decode.py times both paths.
 GEMV_MAX_PAIRS = 64
+
+
+def gemv_max_pairs(num_experts: int) -> int:
+    return min(GEMV_MAX_PAIRS, num_experts // 2)
 
 
 def gemv_config(dtype: torch.dtype, fp8: bool) -> MoeGemvConfig:
@@ -123,8 +128,8 @@ def step_config(
     GEMMs, whose per-element sums do not depend on the step (a GEMV's tl.sum adds in another
     order: a token decoded alone would differ from the same token in a prefill step). Block
     FP8 takes the GEMVs where each rank's intermediate is whole 128-blocks (FusedMoE's rule)."""
-    _, _, inter, top_k = shape
-    small = num_tokens * top_k <= GEMV_MAX_PAIRS
+    num_experts, _, inter, top_k = shape
+    small = num_tokens * top_k <= gemv_max_pairs(num_experts)
     if small and not batch_invariant and (not fp8 or inter % FP8_BLOCK_K == 0):
         return gemv_config(dtype, fp8)
     return moe_config(dtype, shape, num_tokens)
