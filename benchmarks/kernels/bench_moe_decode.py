@@ -77,7 +77,7 @@ def tune(num_tokens: int, inter: int, fp8: bool) -> dict:
     for part in ("gate_up", "down"):
         timed = []
         for n, k, warps, stages in itertools.product(
-            (4, 8, 16, 32), (128,) if fp8 else (128, 256, 512), (2, 4, 8), (2, 3, 4)
+            (4, 8, 16, 32), (128,) if fp8 else (128, 256, 512), (4, 8), (2, 3)
         ):
             config = replace(best, **{part: GemvTile(n, k, warps, stages)})
             timed.append((step_ms(x, weights, scales, routes, config, rep=20), config))
