@@ -108,13 +108,13 @@ def gemv_max_pairs(num_experts: int) -> int:
 
 
 def gemv_config(dtype: torch.dtype, fp8: bool) -> MoeGemvConfig:
-    """Tiles of 8 rows: a batch-1 decode at Qwen3-30B-A3B's shape runs 768 gate/up and 256
-    down programs, several per SM. FP8 steps are one quantization group (128) wide, and the
-    gate/up tile takes 16 rows of it (16-byte loads)."""
+    """Small row tiles, so that a batch-1 decode at Qwen3-30B-A3B's shape runs several
+    programs an SM (768 gate/up programs of 8 rows of I, 512 down programs of 4 rows of H),
+    each thread's loads 16 bytes wide. FP8 steps are one quantization group (128) wide."""
     if fp8:
-        return MoeGemvConfig(GemvTile(16, FP8_BLOCK_K, 4, 3), GemvTile(8, FP8_BLOCK_K, 4, 3))
-    tile = GemvTile(8, 128 if dtype == torch.float32 else 256, 4, 3)
-    return MoeGemvConfig(tile, tile)
+        return MoeGemvConfig(GemvTile(16, FP8_BLOCK_K, 4, 3), GemvTile(8, FP8_BLOCK_K, 2, 3))
+    block_k = 128 if dtype == torch.float32 else 256
+    return MoeGemvConfig(GemvTile(8, block_k, 4, 3), GemvTile(4, block_k, 4, 3))
 
 
 def step_config(
