@@ -97,31 +97,33 @@ def _down_gemv_kernel(
     """Grid (num_tokens, cdiv(N, BLOCK_N)), tokens fastest. For k = 0, 1, ... in order, pair
     p = t * TOP_K + k, e = ids[p]: y = weights[p] * (w[e, n] . a[p]) (float32 over K in
     BLOCK_K steps), rounded to out's dtype as the grouped path stores it, and added in float32
-    to the token's sum. FP8: as the gate/up kernel, a's groups quantized in registers."""
+    to the token's sum. One loop over the top-k's K steps, NUM_STAGES loading ahead across
+    experts (a loop per expert would drain its loads at each one). FP8: as the gate/up kernel,
+    a's groups quantized in registers."""
     token = tl.program_id(0).to(tl.int64)
     n0 = tl.program_id(1) * BLOCK_N
     offs_n = n0 + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     offs_k = tl.arange(0, BLOCK_K)
     w_rows = offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
+    num_steps = tl.cdiv(K, BLOCK_K)
+    acc = tl.zeros([BLOCK_N], tl.float32)  # the current expert's dot products so far
     total = tl.zeros([BLOCK_N], tl.float32)
-    for k in range(TOP_K):
-        pair = token * TOP_K + k
+    for i in tl.range(0, TOP_K * num_steps, num_stages=NUM_STAGES):
+        pair = token * TOP_K + i // num_steps
+        k0 = (i % num_steps) * BLOCK_K
         expert = tl.minimum(tl.load(ids_ptr + pair), NUM_EXPERTS - 1).to(tl.int64)
-        a_ptrs = a_ptr + pair * stride_am + offs_k
-        w_ptrs = w_ptr + expert * stride_we + w_rows
-        ws_row = ws_ptr + expert * stride_wse + (n0 // 128) * stride_wsn
-        acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-        for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
-            k_mask = offs_k < K - k0
-            a = _load_row_chunk(a_ptrs, k_mask, EVEN_K, FP8, FP8_MAX, EPS)
-            if FP8:
-                a = a * tl.load(ws_row + k0 // BLOCK_K)
-            acc += _load_tile(w_ptrs, n_mask, k_mask, EVEN_K) * a[None, :]
-            a_ptrs += BLOCK_K
-            w_ptrs += BLOCK_K
-        y = tl.sum(acc, 1) * tl.load(weights_ptr + pair)
-        total += y.to(out_ptr.dtype.element_ty).to(tl.float32)
+        k_mask = offs_k < K - k0
+        a = _load_row_chunk(a_ptr + pair * stride_am + k0 + offs_k, k_mask, EVEN_K, FP8, FP8_MAX,
+                            EPS)  # fmt: skip
+        if FP8:
+            a = a * tl.load(ws_ptr + expert * stride_wse + (n0 // 128) * stride_wsn + k0 // 128)
+        w = _load_tile(w_ptr + expert * stride_we + w_rows + k0, n_mask, k_mask, EVEN_K)
+        acc += tl.sum(w * a[None, :], 1)
+        y = (acc * tl.load(weights_ptr + pair)).to(out_ptr.dtype.element_ty).to(tl.float32)
+        last = k0 + BLOCK_K >= K  # the expert's last step: its output joins the sum
+        total = tl.where(last, total + y, total)
+        acc = tl.where(last, 0.0, acc)
     dst = out_ptr + token * stride_om + offs_n
     tl.store(dst, total.to(out_ptr.dtype.element_ty), mask=n_mask)
 
