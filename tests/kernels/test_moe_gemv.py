@@ -109,6 +109,17 @@ def test_gemv_block_fp8_matches_the_grouped_path() -> None:
     bad = MoeGemvConfig(GemvTile(8, 256, 4, 3), config.down)
     with pytest.raises(ValueError, match="block_k"):
         fused_moe(x, w13, w2, weights, ids, bad, w13_scale, w2_scale)
+    with pytest.raises(ValueError, match="w2_scale shape"):
+        fused_moe(x, w13, w2, weights, ids, config, w13_scale, w2_scale[:, :1])
+
+
+def test_gemv_bad_inputs_name_the_tensor() -> None:
+    x, w13, w2, weights, ids = case(2, "random", torch.float32)
+    config = gemv_config(torch.float32, False)
+    with pytest.raises(ValueError, match="x.dtype"):
+        fused_moe(x.half(), w13, w2, weights, ids, config)
+    with pytest.raises(ValueError, match="contiguous"):
+        fused_moe(x, w13, w2.transpose(1, 2).contiguous().transpose(1, 2), weights, ids, config)
 
 
 def test_the_rule_and_its_boundary() -> None:

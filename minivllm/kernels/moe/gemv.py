@@ -144,14 +144,17 @@ def moe_gemv(
     fp8 = scales is not None
     if fp8:
         _check_fp8(config, w13, w2, scales)
+    else:
+        check_same("x.dtype", x.dtype, "w13.dtype", w13.dtype)
+        check_same("w2.dtype", w2.dtype, "w13.dtype", w13.dtype)
+    if not (w13.is_contiguous() and w2.is_contiguous()):
+        raise ValueError("w13 and w2 must be contiguous: [num_experts, N, K]")
     w13_scale, w2_scale = scales if fp8 else (w13, w2)  # (placeholders the kernels skip)
     ids = topk_ids.reshape(-1).contiguous()
     act = torch.empty(num_tokens * top_k, inter, dtype=x.dtype, device=x.device)
     out = torch.empty(num_tokens, hidden, dtype=x.dtype, device=x.device)
     if num_tokens == 0:
         return out
-    if not (w13.is_contiguous() and w2.is_contiguous()):
-        raise ValueError("w13 and w2 must be contiguous: [num_experts, N, K]")
     constants = {"NUM_EXPERTS": num_experts, "TOP_K": top_k, "FP8": fp8, "FP8_MAX": FP8_MAX,
                  "EPS": SCALE_EPS}  # fmt: skip
     up = config.gate_up
