@@ -1,13 +1,14 @@
 """The fused-MoE kernels (kernels/moe/) on one GPU at Qwen3-30B-A3B's expert shapes (128 experts,
 top-8, hidden 2048, intermediate 768; --tp 2 halves the intermediate), bf16, at decode and
-prefill step sizes: median time of the experts (alignment, two GEMMs, sum; the router's top-k
-apart), TFLOP/s (6 * pairs * H * I flops), bandwidth (the touched
-experts' weights once, plus the activations), the four launches from the profiler, and beside
-them cuBLAS per expert (the pairs' indices prepared outside the timing: the loop's floor) and,
-with --vllm, vLLM's fused_experts from the same process. --tune sweeps tiles per step size and
-prints a TABLE entry for kernels/moe/configs.py. --fp8: block-FP8 experts (e4m3, 128 x 128
-scales, activations per token-group of 128) beside the bf16 experts of the same step, and with
---vllm vLLM's fused_experts with its block-FP8 quant config.
+prefill step sizes: median time of the experts (the path configs.step_config picks: alignment,
+two GEMMs, sum; at a few tokens two GEMVs; the router's top-k apart), TFLOP/s (6 * pairs * H *
+I flops), bandwidth (the touched experts' weights once, plus the activations), the launches
+from the profiler, and beside them cuBLAS per expert (the pairs' indices prepared outside the
+timing: the loop's floor) and, with --vllm, vLLM's fused_experts from the same process. --tune
+sweeps tiles per step size and prints a TABLE entry for kernels/moe/configs.py. --fp8:
+block-FP8 experts (e4m3, 128 x 128 scales, activations per token-group of 128) beside the bf16
+experts of the same step, and with --vllm vLLM's fused_experts with its block-FP8 quant config.
+The small-step GEMVs against the grouped GEMMs under CUDA graphs: bench_moe_decode.py.
 
 Prints one JSON line per case. Usage:
   python -m benchmarks.kernels.bench_moe [--tokens 1,8,64,512,4096,16384] [--tp 2] [--vllm] [--tune]
@@ -26,7 +27,7 @@ import torch.nn.functional as F
 import triton
 from torch.profiler import ProfilerActivity, profile
 
-from minivllm.kernels.moe.configs import GemmTile, MoeTileConfig, moe_config
+from minivllm.kernels.moe.configs import GemmTile, MoeTileConfig, moe_config, step_config
 from minivllm.kernels.moe.fused_moe import fused_moe
 from minivllm.kernels.moe.router import topk_softmax
 from minivllm.layers.moe_router import route
@@ -106,7 +107,7 @@ def figures(num_tokens: int, inter: int, topk_ids: torch.Tensor, ms: float) -> d
 def case(num_tokens: int, inter: int, with_vllm: bool) -> dict:
     x, w13, w2, topk_weights, topk_ids = make_case(num_tokens, inter)
     ours = lambda: fused_moe(x, w13, w2, topk_weights, topk_ids)  # noqa: E731
-    config = moe_config(x.dtype, (E, H, inter, TOP_K), num_tokens)
+    config = step_config(x.dtype, (E, H, inter, TOP_K), num_tokens)
     ms = bench_ms(ours)
     logits = torch.randn(num_tokens, E, device="cuda", dtype=x.dtype)
     router_ms = bench_ms(lambda: topk_softmax(logits, TOP_K, True))
@@ -114,7 +115,8 @@ def case(num_tokens: int, inter: int, with_vllm: bool) -> dict:
     loop_ms = bench_ms(loop)
     result = {
         "case": "fused_moe", "tokens": num_tokens, "experts": E, "top_k": TOP_K, "hidden": H,
-        "inter": inter, "dtype": "bfloat16", "block_m": config.block_m, "ms": round(ms, 4),
+        "inter": inter, "dtype": "bfloat16", "block_m": getattr(config, "block_m", "gemv"),
+        "ms": round(ms, 4),
         **figures(num_tokens, inter, topk_ids, ms), "kernels_ms": per_kernel_ms(ours),
         "router_ms": round(router_ms, 4),
         "cublas_per_expert_ms": round(loop_ms, 4), "speedup_vs_cublas_loop": round(loop_ms / ms, 2),
@@ -183,7 +185,7 @@ def fp8_case(num_tokens: int, inter: int, with_vllm: bool) -> dict:
 def tune(num_tokens: int, inter: int, block_k: int) -> dict:
     """The fastest tiles at this step size, BLOCK_K fixed (one per shape: batch invariance)."""
     x, w13, w2, topk_weights, topk_ids = make_case(num_tokens, inter)
-    best = None
+    rule, best = moe_config(x.dtype, (E, H, inter, TOP_K), num_tokens), None
     for block_m, n_up, n_down, warps, stages in itertools.product(
         (16, 32, 64, 128), (32, 64, 128), (64, 128, 256), (4, 8), (3, 4)
     ):
@@ -198,7 +200,7 @@ def tune(num_tokens: int, inter: int, block_k: int) -> dict:
     ms, config = best
     return {
         "case": "tune", "tokens": num_tokens, "inter": inter, "ms": round(ms, 4),
-        "rule_ms": round(bench_ms(lambda: fused_moe(x, w13, w2, topk_weights, topk_ids)), 4),
+        "rule_ms": round(bench_ms(lambda: fused_moe(x, w13, w2, topk_weights, topk_ids, rule)), 4),
         "config": repr(config),
     }  # fmt: skip
 

@@ -24,7 +24,8 @@ FP8_BLOCK = 128
 class FusedMoE(nn.Module):
     """gate_up_proj: [E, 2 * I / tp, H] (this rank's gate rows, then its up rows);
     down_proj: [E, H, I / tp]. use_triton: the fused kernels (kernels/moe/), else the torch
-    definition (layers/moe_experts.py)."""
+    definition (layers/moe_experts.py); in deterministic mode (ops.batch_invariant) the fused
+    kernels' batch-invariant path."""
 
     def __init__(
         self,
@@ -57,6 +58,7 @@ class FusedMoE(nn.Module):
         self.expert_gemm = ops.gemm if self.quant is None else ops.block_fp8_gemm
         self.reduce = ops.row_reduce
         self.use_triton = use_triton
+        self.batch_invariant = ops.batch_invariant
         if use_triton:
             from minivllm.kernels.moe.fused_moe import fused_moe  # Triton: only when it runs
 
@@ -133,7 +135,8 @@ class FusedMoE(nn.Module):
             )
         if self.use_triton:
             w13_scale, w2_scale = scales or (None, None)
-            out = self._fused_moe(x, w13, w2, topk_weights, topk_ids, None, w13_scale, w2_scale)
+            out = self._fused_moe(x, w13, w2, topk_weights, topk_ids, None, w13_scale, w2_scale,
+                                  self.batch_invariant)  # fmt: skip
         else:
             out = experts_torch(x, w13, w2, topk_weights, topk_ids, self.expert_gemm, scales)
         return self.reduce(out, self.tp_size)

@@ -50,6 +50,9 @@ class LayerOps:
     # `ops.tp or get_tp_rank_size()`). (0, 1) builds a whole model beside a sharded one: a
     # draft model on rank 0 (engine/runner/draft_model.py).
     tp: tuple[int, int] | None = None
+    # Deterministic mode: kernels that pick their path by the step's size keep the one whose
+    # bits do not depend on it (the fused MoE's grouped GEMMs, never its small-step GEMVs).
+    batch_invariant: bool = False
 
 
 def layer_ops(
@@ -87,6 +90,7 @@ def layer_ops(
         row_reduce=tp_all_reduce(symm, ordered=deterministic),
         block_fp8_gemm=fp8_gemm,
         tp=(0, 1) if single_rank else None,
+        batch_invariant=deterministic,
     )
 
 

@@ -1,13 +1,14 @@
 """GPU: the fused-MoE kernels at Qwen3-30B-A3B's shapes (128 experts, top-8, hidden 2048,
 intermediate 768) in bf16 against the torch definition in float32, from one token to a
-prefill step; a token's output alone equals its output batched, bit for bit."""
+prefill step; the small-step GEMVs against the grouped GEMMs (bf16, block FP8); a token's
+output alone equals its output batched, bit for bit, in deterministic mode."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from minivllm.kernels.moe.configs import MoeTileConfig, moe_config
+from minivllm.kernels.moe.configs import MoeGemvConfig, MoeTileConfig, moe_config, step_config
 from minivllm.kernels.moe.fused_moe import fused_moe
 from minivllm.layers.moe_experts import experts_torch
 from minivllm.layers.moe_router import route
@@ -41,6 +42,35 @@ def test_bf16_close_to_float32_reference(num_tokens: int) -> None:
     assert (err.max() / ref.abs().max()).item() < 5e-2
 
 
+def _fp8_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[E, N, K] -> (e4m3 [E, N, K], float32 scales [E, N / 128, K / 128])."""
+    from minivllm.layers.quantization.fp8_math import quantize_weight_blocks
+
+    parts = [quantize_weight_blocks(w[e]) for e in range(w.shape[0])]
+    return torch.stack([q for q, _ in parts]), torch.stack([s for _, s in parts])
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("num_tokens", [1, 2, 8])
+def test_decode_gemv_matches_the_grouped_path(num_tokens: int, fp8: bool) -> None:
+    """Both paths at a decode step: each pair's output rounded to bf16 as the other rounds it,
+    the per-token sums in the same order; only each dot product's order differs."""
+    x, w13, w2, topk_weights, topk_ids = _case(num_tokens, torch.bfloat16)
+    scales = (None, None)
+    if fp8:
+        (w13, w13_scale), (w2, w2_scale) = _fp8_blocks(w13), _fp8_blocks(w2)
+        scales = (w13_scale, w2_scale)
+    shape = (E, H, INTER, TOP_K)
+    assert isinstance(step_config(torch.bfloat16, shape, num_tokens, fp8), MoeGemvConfig)
+    gemv = fused_moe(x, w13, w2, topk_weights, topk_ids, None, *scales)
+    grouped_config = moe_config(torch.bfloat16, shape, num_tokens)
+    grouped = fused_moe(x, w13, w2, topk_weights, topk_ids, grouped_config, *scales)
+    assert gemv.dtype == torch.bfloat16 and gemv.shape == (num_tokens, H)
+    err = (gemv.float() - grouped.float()).abs()
+    assert (err.max() / grouped.float().abs().max()).item() < 2e-2
+    assert (err.mean() / grouped.float().abs().mean()).item() < 5e-3
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_rows_alone_equal_rows_batched(dtype: torch.dtype) -> None:
     x, w13, w2, topk_weights, topk_ids = _case(2048, dtype)
@@ -53,7 +83,8 @@ def test_rows_alone_equal_rows_batched(dtype: torch.dtype) -> None:
     assert torch.equal(forced, batched)
     for t in (0, 1000, 2047):
         rows = slice(t, t + 1)
-        alone = fused_moe(x[rows], w13, w2, topk_weights[rows], topk_ids[rows])
+        alone = fused_moe(x[rows], w13, w2, topk_weights[rows], topk_ids[rows],
+                          batch_invariant=True)  # fmt: skip
         assert torch.equal(alone[0], batched[t])
 
 

@@ -2,8 +2,8 @@
 kernel compiled for sm_90 through its launcher on meta tensors, with
 benchmarks/kernels/kernel_resources.py's stub driver (nothing runs): the GEMMs in the tiles
 `configs.py` gives a decode step (1 token) and a prefill step (8,192 tokens), the router,
-alignment and sum, at Qwen3-30B-A3B's shapes (128 experts, top-8, hidden 2048, intermediate
-768), bf16. One JSON line.
+alignment and sum, the small-step GEMVs at one token (bf16 and block FP8), at Qwen3-30B-A3B's
+shapes (128 experts, top-8, hidden 2048, intermediate 768), bf16. One JSON line.
 
     python -m tests.kernels.moe_resources      (from the repository root)
 """
@@ -21,9 +21,9 @@ import torch  # noqa: E402
 from triton.runtime.driver import driver  # noqa: E402
 
 from benchmarks.kernels.kernel_resources import _Capture, _StubDriver, meta, resources  # noqa: E402
-from minivllm.kernels.moe import align, grouped_gemm, router, topk_sum  # noqa: E402
+from minivllm.kernels.moe import align, gemv, grouped_gemm, router, topk_sum  # noqa: E402
 from minivllm.kernels.moe.align import ExpertBlocks, max_padded_rows  # noqa: E402
-from minivllm.kernels.moe.configs import moe_config  # noqa: E402
+from minivllm.kernels.moe.configs import moe_config, step_config  # noqa: E402
 
 E, H, INTER, TOP_K = 128, 2048, 768, 8
 KEEP = ("n_regs", "n_spills", "spill_bytes", "shared", "ctas_per_sm", "num_warps", "sass_insts")
@@ -61,6 +61,29 @@ def step(num_tokens: int) -> dict:
     }  # fmt: skip
 
 
+def gemv_step(fp8: bool) -> dict:
+    """The two GEMV kernels of a one-token step (one launch runs both: both compile in it)."""
+    config = step_config(torch.bfloat16, (E, H, INTER, TOP_K), 1, fp8)
+    dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
+    w13, w2 = meta(E, 2 * INTER, H, dtype=dtype), meta(E, H, INTER, dtype=dtype)
+    f32 = torch.float32
+    scales = (meta(E, 2 * INTER // 128, H // 128, dtype=f32),
+              meta(E, H // 128, INTER // 128, dtype=f32)) if fp8 else None  # fmt: skip
+    args = (meta(1, H), w13, w2, meta(1, TOP_K, dtype=f32), meta(1, TOP_K, dtype=torch.int32))
+    names = {"gate_up": "_gate_up_gemv_kernel", "down": "_down_gemv_kernel"}
+    kernels = {name: getattr(gemv, name) for name in names.values()}
+    captures = {name: _Capture(kernel) for name, kernel in kernels.items()}
+    vars(gemv).update(captures)
+    try:
+        with redirect_stdout(io.StringIO()) as log:  # the ptxas log is printed
+            gemv.moe_gemv(*args, config, scales)
+    finally:
+        vars(gemv).update(kernels)
+    figures = {part: resources(captures[name].compiled, log.getvalue())
+               for part, name in names.items()}  # fmt: skip
+    return {part: {key: every[key] for key in KEEP} for part, every in figures.items()}
+
+
 def main() -> None:
     driver.set_active(_StubDriver())
     # These kernels' variants do not depend on the step (a second compile would be a cache hit).
@@ -68,6 +91,7 @@ def main() -> None:
     ids = meta(64, TOP_K, dtype=torch.int32)
     print(json.dumps({
         "decode": step(1), "prefill": step(8192),
+        "gemv": gemv_step(False), "gemv_fp8": gemv_step(True),
         "topk_sum": compiled(topk_sum, "_topk_sum_kernel", lambda: topk_sum.topk_sum(y, TOP_K)),
         "router": compiled(router, "_topk_softmax_kernel",
                            lambda: router.topk_softmax(logits, TOP_K, True)),

@@ -1,6 +1,7 @@
 """MoE in deterministic mode: a token's bits do not depend on the tokens beside it. The fused
 kernels (the interpreter's dot replaced by a per-element ordered one, as a GPU MMA computes it:
-ordered_dot.py) alone vs batched, with a batch that changes BLOCK_M and the blocks' make-up.
+ordered_dot.py) alone vs batched, with a batch that changes BLOCK_M and the blocks' make-up
+(batch_invariant: a one-token step keeps the grouped GEMMs, not the small-step GEMVs).
 The deterministic engine on the tiny Qwen3-MoE: test_batch_invariance_engine.py."""
 
 from __future__ import annotations
@@ -30,5 +31,6 @@ def test_fused_moe_rows_alone_equal_rows_batched(dtype: torch.dtype) -> None:
     batched = fused_moe(x, w13, w2, topk_weights, topk_ids, large)
     for t in (0, 17, 39):
         rows = slice(t, t + 1)
-        alone = fused_moe(x[rows], w13, w2, topk_weights[rows], topk_ids[rows])
+        alone = fused_moe(x[rows], w13, w2, topk_weights[rows], topk_ids[rows],
+                          batch_invariant=True)  # fmt: skip
         assert torch.equal(alone[0], batched[t])

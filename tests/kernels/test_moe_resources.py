@@ -16,7 +16,7 @@ def resources() -> dict:
 @pytest.mark.parametrize(
     "path",
     ["decode/gate_up", "decode/down", "prefill/gate_up", "prefill/down", "topk_sum", "router",
-     "align"],
+     "align", "gemv/gate_up", "gemv/down", "gemv_fp8/gate_up", "gemv_fp8/down"],
 )  # fmt: skip
 def test_fits_and_does_not_spill(resources, path: str) -> None:
     figures = resources

@@ -1,5 +1,7 @@
 """Tile configs of the fused-MoE GEMMs, in one place: per model shape (experts, hidden,
 intermediate, top_k), one config per bucket of step tokens, where measured; a rule otherwise.
+`step_config` is the one rule for a step's path: the GEMVs of `gemv.py` for a few pairs, the
+aligned grouped GEMMs otherwise and always in deterministic mode.
 
 BLOCK_M (the row block an expert's pairs are padded to) is shared by both GEMMs, since the
 pairs are aligned once. BLOCK_K depends on the dtype only, never on the tokens: each output
@@ -11,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from minivllm.kernels.fp8_gemm_configs import BLOCK_K as FP8_BLOCK_K
 
 
 @dataclass(frozen=True)
@@ -26,6 +30,22 @@ class MoeTileConfig:
     block_m: int
     gate_up: GemmTile  # x @ w13[e].T with SiLU-and-mul: N = intermediate, K = hidden
     down: GemmTile  # act @ w2[e].T, weighted: N = hidden, K = intermediate
+
+
+@dataclass(frozen=True)
+class GemvTile:
+    block_n: int  # output rows of a program
+    block_k: int  # the K chunk of a step
+    num_warps: int
+    num_stages: int  # K chunks in flight (a GEMV's loads are its whole cost)
+
+
+@dataclass(frozen=True)
+class MoeGemvConfig:
+    """The small-step path (gemv.py): one program per (pair, N tile), no alignment."""
+
+    gate_up: GemvTile
+    down: GemvTile
 
 
 MoeShape = tuple[int, int, int, int]  # (num_experts, hidden, intermediate per rank, top_k)
@@ -72,3 +92,44 @@ def moe_config(dtype: torch.dtype, shape: MoeShape, num_tokens: int) -> MoeTileC
         if num_tokens <= max_tokens:
             return config
     return buckets[-1][1]
+
+
+# A step of at most gemv_max_pairs (token, expert) pairs takes the GEMV path. Up to half as
+# many pairs as experts, random routes land on nearly as many distinct experts (64 pairs of
+# top-8 routes over 128 experts hit ~50: each expert's rows read 1.27 times; 4 pairs over 8
+# experts ~3.3), the repeats mostly from L2 since a grid runs the pairs of a tile together,
+# while the grouped path pads each expert's run to 16 rows and takes four launches.
+# benchmarks/kernels/bench_moe_decode.py times both paths.
+GEMV_MAX_PAIRS = 64
+
+
+def gemv_max_pairs(num_experts: int) -> int:
+    return min(GEMV_MAX_PAIRS, num_experts // 2)
+
+
+def gemv_config(dtype: torch.dtype, fp8: bool) -> MoeGemvConfig:
+    """Small row tiles, so that a batch-1 decode at Qwen3-30B-A3B's shape runs several
+    programs an SM (768 gate/up programs of 8 rows of I, 512 down programs of 4 rows of H),
+    each thread's loads 16 bytes wide. FP8 steps are one quantization group (128) wide."""
+    if fp8:
+        return MoeGemvConfig(GemvTile(16, FP8_BLOCK_K, 4, 3), GemvTile(8, FP8_BLOCK_K, 2, 3))
+    block_k = 128 if dtype == torch.float32 else 256
+    return MoeGemvConfig(GemvTile(8, block_k, 4, 3), GemvTile(4, block_k, 4, 3))
+
+
+def step_config(
+    dtype: torch.dtype,
+    shape: MoeShape,
+    num_tokens: int,
+    fp8: bool = False,
+    batch_invariant: bool = False,
+) -> MoeTileConfig | MoeGemvConfig:
+    """The path and tiles of a step. batch_invariant (deterministic mode): always the grouped
+    GEMMs, whose per-element sums do not depend on the step (a GEMV's tl.sum adds in another
+    order: a token decoded alone would differ from the same token in a prefill step). Block
+    FP8 takes the GEMVs where each rank's intermediate is whole 128-blocks (FusedMoE's rule)."""
+    num_experts, _, inter, top_k = shape
+    small = num_tokens * top_k <= gemv_max_pairs(num_experts)
+    if small and not batch_invariant and (not fp8 or inter % FP8_BLOCK_K == 0):
+        return gemv_config(dtype, fp8)
+    return moe_config(dtype, shape, num_tokens)
