@@ -50,7 +50,8 @@ def add_chunk(
     request.block_ids += new_block_ids
     request.num_computed_tokens = end
     if sample:
-        drafting.ask(request, chunk)
+        if drafting.active:  # before the chunk's token counts as pending
+            drafting.ask(request, chunk)
         request.num_pending_tokens += 1
         request.num_pending_drafts += num_draft_tokens
     if (

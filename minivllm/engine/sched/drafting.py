@@ -44,11 +44,11 @@ class Drafting:
         return drafts
 
     def ask(self, request: Request, chunk: ScheduledChunk) -> None:
-        """Asks the runner for request's next drafts after its sampling chunk (draft_cap),
-        where the speculator allows them at this step's batch size. Called before the
-        chunk's token counts as pending."""
-        if self.speculator is not None and self.active:
-            chunk.draft_cap = self.speculator.ask(request)
+        """Asks the runner for request's next drafts after its sampling chunk (draft_cap);
+        called where this step's batch size lets requests draft (active), before the chunk's
+        token counts as pending."""
+        assert self.speculator is not None
+        chunk.draft_cap = self.speculator.ask(request)
 
     def receive(self, request: Request, chunk: ScheduledChunk, runner_out: RunnerOutput) -> None:
         """The drafts the runner proposed after chunk, which asked for them (its tokens are

@@ -20,6 +20,7 @@ from minivllm.engine.sched.grammar import (
     GrammarRows,
     advance_grammars,
     constrained_rows,
+    end_grammar,
     fill_masks,
     forced_drafts,
     wait_for_compiles,
@@ -29,11 +30,10 @@ from minivllm.engine.sched.request import Request, RequestStatus, engine_output,
 from minivllm.engine.sched.routed_experts import RoutedExpertsRecorder
 from minivllm.engine.sched.running import RunningBatch
 from minivllm.engine.sched.speculation import Speculator
-from minivllm.engine.sched.stop_checker import append_until_stop
+from minivllm.engine.sched.stop_checker import check_stop
 from minivllm.engine.types import (
     EngineOutput,
     GrammarOutput,
-    LogprobsDict,
     NewRequestData,
     PendingRunnerOutput,
     RunnerOutput,
@@ -227,8 +227,6 @@ class Scheduler(Admission, RunningBatch):
 
     def _apply(self, sched_out: SchedulerOutput, runner_out: RunnerOutput) -> list[EngineOutput]:
         outputs = self.take_failed_outputs()
-        all_prompt_logprobs = runner_out.prompt_logprobs
-        any_running_finished = False
         advanced = {}  # the batched grammar advance of the step's one-token constrained rows
         if self.num_constrained:
             assert self.structured_outputs is not None
@@ -236,6 +234,21 @@ class Scheduler(Admission, RunningBatch):
         routed = self.routed_experts
         if routed is not None and runner_out.routed_experts is not None:
             routed.record(sched_out, runner_out.routed_experts, self.requests)
+        return outputs + self._apply_chunks(sched_out, runner_out, advanced)
+
+    def _apply_chunks(
+        self,
+        sched_out: SchedulerOutput,
+        runner_out: RunnerOutput,
+        advanced: dict[str, AdvanceOutcome],
+    ) -> list[EngineOutput]:
+        """The step's chunks applied in order: each sampled chunk's tokens (its accepted drafts
+        first) appended up to a stop; one output per request that got a token or prompt
+        logprobs. One loop, no call per chunk: at a thousand chunks a step a call costs."""
+        outputs = []
+        all_logprobs, all_prompt_logprobs = runner_out.logprobs, runner_out.prompt_logprobs
+        any_running_finished = False
+        routed = self.routed_experts
         i = -1  # the runner samples one token per chunk with sample=True, in chunk order
         for chunk in sched_out.chunks:
             if chunk.sample:
@@ -248,51 +261,47 @@ class Scheduler(Admission, RunningBatch):
                 if prompt_logprobs is not None:
                     outputs.append(engine_output(request, [], None, prompt_logprobs))
                 continue
-            was_running = request.status == RequestStatus.RUNNING
-            output = self._apply_sampled(request, chunk, runner_out, i, advanced, prompt_logprobs)
-            any_running_finished |= was_running and request.is_finished
+            assert runner_out.req_ids[i] == chunk.req_id
+            token_ids = [runner_out.sampled_token_ids[i]]
+            new_logprobs = None
+            if all_logprobs is not None and all_logprobs[i] is not None:
+                new_logprobs = [all_logprobs[i]]
+            num_drafts = num_accepted = 0  # speculative ones (forced drafts do not count)
+            if chunk.num_draft_tokens:
+                token_ids, new_logprobs, num_drafts, num_accepted = self.drafting.accept(
+                    request, chunk, runner_out, i, token_ids, new_logprobs
+                )
+            request.num_pending_tokens -= 1
+            was_waiting = request.status == RequestStatus.WAITING
+            for n, token_id in enumerate(token_ids, 1):
+                request.append_output_token(token_id)
+                # The grammar's matcher follows every token; its end or failure ends the request.
+                grammar_ended = request.structured_output is not None and end_grammar(
+                    request, advanced
+                )
+                if grammar_ended or check_stop(request, self.max_model_len):
+                    if was_waiting:
+                        self.waiting.remove(request)  # preempted while this token was in flight
+                    else:
+                        any_running_finished = True
+                    self._finish(request)
+                    del token_ids[n:]  # tokens after the end are dropped
+                    if new_logprobs is not None:
+                        del new_logprobs[n:]
+                    break
+            if chunk.draft_cap and not request.is_finished:
+                self.drafting.receive(request, chunk, runner_out)
+            output = engine_output(request, token_ids, new_logprobs, prompt_logprobs)
+            if num_drafts:
+                output.num_draft_tokens, output.num_accepted_tokens = num_drafts, num_accepted
+            if runner_out.pooled:
+                output.pooled = runner_out.pooled.get(chunk.req_id)
+            if routed is not None:
+                output.routed_experts = routed.take(request)
             outputs.append(output)
         if any_running_finished:
             self.running = [r for r in self.running if not r.is_finished]
         return outputs
-
-    def _apply_sampled(
-        self,
-        request: Request,
-        chunk: ScheduledChunk,
-        runner_out: RunnerOutput,
-        i: int,
-        advanced: dict[str, AdvanceOutcome],
-        prompt_logprobs: list[LogprobsDict | None] | None,
-    ) -> EngineOutput:
-        """Applies sampled chunk i's tokens (its accepted drafts first) to request; its
-        output."""
-        assert runner_out.req_ids[i] == chunk.req_id
-        token_ids = [runner_out.sampled_token_ids[i]]
-        new_logprobs = None
-        if runner_out.logprobs is not None and runner_out.logprobs[i] is not None:
-            new_logprobs = [runner_out.logprobs[i]]
-        num_drafts = num_accepted = 0  # speculative ones (forced drafts do not count)
-        if chunk.num_draft_tokens:
-            token_ids, new_logprobs, num_drafts, num_accepted = self.drafting.accept(
-                request, chunk, runner_out, i, token_ids, new_logprobs
-            )
-        request.num_pending_tokens -= 1
-        was_waiting = request.status == RequestStatus.WAITING
-        if append_until_stop(request, token_ids, new_logprobs, advanced, self.max_model_len):
-            if was_waiting:
-                self.waiting.remove(request)  # preempted while this token was in flight
-            self._finish(request)
-        if chunk.draft_cap and not request.is_finished:
-            self.drafting.receive(request, chunk, runner_out)
-        output = engine_output(request, token_ids, new_logprobs, prompt_logprobs)
-        if num_drafts:
-            output.num_draft_tokens, output.num_accepted_tokens = num_drafts, num_accepted
-        if runner_out.pooled:
-            output.pooled = runner_out.pooled.get(chunk.req_id)
-        if self.routed_experts is not None:
-            output.routed_experts = self.routed_experts.take(request)
-        return output
 
     def _finish(self, request: Request) -> None:
         """Releases a request whose status is already final (it may still be in running)."""

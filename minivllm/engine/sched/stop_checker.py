@@ -1,34 +1,9 @@
-"""Stop conditions on token ids: stop tokens, EOS, max_tokens, max_model_len; and a step's new
-tokens appended up to the first that ends the request (a stop, or its grammar's end)."""
+"""Stop conditions on token ids: stop tokens, EOS, max_tokens, max_model_len."""
 
 from __future__ import annotations
 
-from minivllm.engine.sched.grammar import end_grammar
 from minivllm.engine.sched.request import Request, RequestStatus
-from minivllm.engine.types import FinishReason, LogprobsDict
-from minivllm.structured_output.request_state import AdvanceOutcome
-
-
-def append_until_stop(
-    request: Request,
-    token_ids: list[int],
-    logprobs: list[LogprobsDict] | None,
-    advanced: dict[str, AdvanceOutcome],
-    max_model_len: int,
-) -> bool:
-    """Appends token_ids to request's output up to the first that ends it, and drops those
-    after that one from token_ids (and logprobs); returns whether one ended it (finished, not
-    yet released). advanced: the step's batched grammar advance (grammar.advance_grammars)."""
-    for n, token_id in enumerate(token_ids, 1):
-        request.append_output_token(token_id)
-        # The grammar's matcher follows every token; its end or failure ends the request.
-        grammar_ended = request.structured_output is not None and end_grammar(request, advanced)
-        if grammar_ended or check_stop(request, max_model_len):
-            del token_ids[n:]  # tokens after the end are dropped
-            if logprobs is not None:
-                del logprobs[n:]
-            return True
-    return False
+from minivllm.engine.types import FinishReason
 
 
 def check_stop(request: Request, max_model_len: int) -> bool:
