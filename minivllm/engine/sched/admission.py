@@ -12,7 +12,7 @@ from typing import Literal
 from minivllm.engine.sched.block_manager import BlockManager
 from minivllm.engine.sched.chunks import add_chunk
 from minivllm.engine.sched.drafting import Drafting
-from minivllm.engine.sched.grammar import first_admissible
+from minivllm.engine.sched.grammar import first_admissible, wait_for_compiles
 from minivllm.engine.sched.kv_coordinator import HybridKVCoordinator
 from minivllm.engine.sched.request import Request, RequestStatus
 from minivllm.engine.types import NewRequestData, ScheduledChunk
@@ -90,6 +90,15 @@ class Admission:
             self._finish(r)
         self._failed += failed
         return request
+
+    def wait_for_grammars(self, timeout: float) -> None:
+        """Waits, at most timeout seconds, for a waiting request's grammar compile to end:
+        what an engine does instead of stepping again when a step ran nothing and returned
+        nothing, so that its unfinished requests all wait for their grammars. Stepping
+        meanwhile would hold the GIL that the compile threads, and the grammar backend's
+        first build (about a second), need."""
+        if self.num_constrained:
+            wait_for_compiles(self.waiting, timeout)
 
     def _enqueue(
         self, queue: deque[Request] | list[Request], request: Request, first: bool = False

@@ -23,7 +23,6 @@ from minivllm.engine.sched.grammar import (
     end_grammar,
     fill_masks,
     forced_drafts,
-    wait_for_compiles,
 )
 from minivllm.engine.sched.kv_coordinator import HybridKVCoordinator
 from minivllm.engine.sched.request import Request, RequestStatus, engine_output, needs_host_tokens
@@ -311,15 +310,6 @@ class Scheduler(Admission, RunningBatch):
         self.num_constrained -= request.structured_output is not None
         self.drafting.forget(request.req_id)
         self._finished_req_ids.append(request.req_id)
-
-    def wait_for_grammars(self, timeout: float) -> None:
-        """Waits, at most timeout seconds, for a waiting request's grammar compile to end:
-        what an engine does instead of stepping again when a step ran nothing and returned
-        nothing, so that its unfinished requests all wait for their grammars. Stepping
-        meanwhile would hold the GIL that the compile threads, and the grammar backend's
-        first build (about a second), need."""
-        if self.num_constrained:
-            wait_for_compiles(self.waiting, timeout)
 
     def take_failed_outputs(self) -> list[EngineOutput]:
         """The outputs of requests that failed before running (reported once)."""
