@@ -1,6 +1,6 @@
 """Host data to the device through pinned memory, so that copies are asynchronous: a step's
 arrays in one copy through a ring of pinned staging buffers (InputStaging), and small lists
-(penalty and min_tokens id lists); and a step's results back (HostCopy)."""
+(penalty and min_tokens id lists); and a step's results back (HostCopy, into HostBufferRing)."""
 
 from __future__ import annotations
 
@@ -126,3 +126,35 @@ class HostCopy:
         if self.event is not None:
             self.event.synchronize()
         return self.host.numpy().copy()
+
+
+class HostBufferRing:
+    """The pinned int64 buffers a step's sampled ids (and logprobs) are copied into (CUDA
+    only; HostCopy's buffer).
+
+    Steps in flight at once are at most two (launched, and being applied): a ring of three
+    is never overwritten before it is read. Steps allocate no pinned memory (cudaHostAlloc
+    synchronizes the device), but for a step larger than any before (drafts, or more than
+    20 logprobs a row), whose slot then grows to it (a step in flight keeps the buffer it
+    holds)."""
+
+    def __init__(self, device: torch.device, max_num_seqs: int) -> None:
+        self._buffers: list[torch.Tensor] = []
+        if device.type == "cuda":
+            # Sized for ids and up to 20 logprobs a row: a larger step grows its slot once.
+            numel = max_num_seqs * (1 + 2 * 21 + 1)
+            self._buffers = [
+                torch.empty(numel, dtype=torch.int64, pin_memory=True) for _ in range(3)
+            ]
+        self._num_steps = 0
+
+    def next(self, numel: int = 0) -> torch.Tensor | None:
+        """The next buffer, of at least numel elements; None off CUDA."""
+        if not self._buffers:
+            return None
+        self._num_steps += 1
+        slot = self._num_steps % len(self._buffers)
+        if self._buffers[slot].numel() < numel:
+            size = max(numel, 2 * self._buffers[slot].numel())
+            self._buffers[slot] = torch.empty(size, dtype=torch.int64, pin_memory=True)
+        return self._buffers[slot]

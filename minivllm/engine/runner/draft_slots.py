@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from minivllm.engine.runner.step_handle import StepHandle
 from minivllm.engine.types import (
     PLACEHOLDER_TOKEN_ID,
     GrammarOutput,
@@ -32,6 +33,33 @@ class FilledStep:
     read_previous: bool = False  # whether filling read the step before (its result())
     # The scheduler's sampled rows -> the filled step's (sampled_row_map); None: the same.
     row_map: list[int] | None = None
+
+
+class DraftSlotFiller:
+    """The runner's memory of the step before, which a step's chunks may wait for: its draft
+    slots as scheduled and its handle (kept only where the next step may wait for it)."""
+
+    def __init__(self) -> None:
+        self._last_handle: StepHandle | None = None
+        self._last_draft_slots: dict[str, int] = {}
+
+    def fill(self, sched_out: SchedulerOutput) -> FilledStep:
+        """The step with the chunks that wait for the step before filled from its output,
+        read now. Called once per step, before its launch."""
+        prev_slots, self._last_draft_slots = self._last_draft_slots, draft_slots(sched_out)
+        if not prev_slots and not any(c.num_draft_tokens for c in sched_out.chunks):
+            return FilledStep(sched_out)  # the common step: nothing to fill
+        if not needs_filling(sched_out, prev_slots):
+            return FilledStep(sched_out)
+        assert self._last_handle is not None
+        filled = fill_draft_slots(sched_out, prev_slots, self._last_handle.result())
+        return FilledStep(filled, True, sampled_row_map(sched_out, filled))
+
+    def sampled(self, handle: StepHandle) -> None:
+        """The step just filled was sampled: `handle` reads its output."""
+        # Kept only where the next step's chunks may wait for it: it had draft slots (as
+        # scheduled) or asked for drafts.
+        self._last_handle = handle if handle.asked or self._last_draft_slots else None
 
 
 def draft_slots(sched_out: SchedulerOutput) -> dict[str, int]:

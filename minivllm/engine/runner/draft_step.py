@@ -19,7 +19,8 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from minivllm.engine.runner.device_inputs import HostCopy
+from minivllm.engine.runner.device_inputs import HostBufferRing, HostCopy, InputStaging
+from minivllm.engine.runner.input_prep import StepInputs
 from minivllm.engine.runner.sampling_state import (
     SamplingState,
     pack_logprobs,
@@ -48,6 +49,35 @@ def draft_token_ids(sched_out: SchedulerOutput, num_draft_tokens: np.ndarray) ->
         if n:
             drafts[row, :n] = chunk.token_ids[-n:]
     return drafts
+
+
+def sample_drafted(
+    sampling_state: SamplingState,
+    sampler: Sampler,
+    logits: torch.Tensor,
+    inputs: StepInputs,
+    sched_out: SchedulerOutput,
+    staging: InputStaging,
+    synthetic: SyntheticAcceptance | None,
+    host_buffers: HostBufferRing,
+) -> DraftedStep:
+    """Samples every drafted position of a step with drafts and verifies the drafts (its
+    drafts go to the device through staging; its ids come back into a host_buffers one)."""
+    num_draft_tokens = inputs.num_draft_tokens
+    assert num_draft_tokens is not None
+    drafts = draft_token_ids(sched_out, num_draft_tokens)
+    dev = staging.upload({"drafts": drafts, "num": num_draft_tokens})
+    return DraftedStep(
+        sampling_state,
+        sampler,
+        logits,
+        inputs.sample_req_ids,
+        num_draft_tokens,
+        (dev["drafts"], dev["num"]),
+        synthetic,
+        drafts,
+        host_buffers.next(drafts.shape[0] * (drafts.shape[1] + 2)),
+    )
 
 
 class SyntheticAcceptance:

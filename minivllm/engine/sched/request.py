@@ -1,10 +1,11 @@
-"""Request: the scheduler's record of one generation (tokens, progress, blocks, status)."""
+"""Request: the scheduler's record of one generation (tokens, progress, blocks, status), and the
+EngineOutput it gives a step."""
 
 from __future__ import annotations
 
 import enum
 
-from minivllm.engine.types import FinishReason
+from minivllm.engine.types import EngineOutput, FinishReason, LogprobsDict
 from minivllm.sampling_params import SamplingParams
 from minivllm.structured_output.request_state import StructuredOutputRequest
 
@@ -100,6 +101,27 @@ class Request:
             f"Request({self.req_id!r}, status={self.status.name}, num_tokens={self.num_tokens}, "
             f"num_computed_tokens={self.num_computed_tokens}, block_ids={self.block_ids})"
         )
+
+
+def engine_output(
+    request: Request,
+    new_token_ids: list[int],
+    new_logprobs: list[LogprobsDict] | None,
+    prompt_logprobs: list[LogprobsDict | None] | None,
+) -> EngineOutput:
+    """request's output of a step: its new tokens (and logprobs), and where it stands."""
+    # Positional: at a thousand outputs a step, keyword arguments cost twice the time.
+    return EngineOutput(
+        request.req_id,
+        new_token_ids,
+        request.finish_reason is not None,
+        request.finish_reason,
+        new_logprobs,
+        prompt_logprobs,
+        request.num_cached_tokens,  # set at first admission, before any chunk
+        request.first_scheduled_time,
+        request.error,
+    )
 
 
 def needs_host_tokens(request: Request) -> bool:

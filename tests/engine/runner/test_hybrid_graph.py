@@ -50,7 +50,7 @@ def test_decode_graphs_read_the_state_slots(
     monkeypatch.setattr(cuda_graph, "capture_graph", fake_capture)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *args: None)
     runner = llm.engine.executor.runner
-    graphs = runner._capture_graphs()
+    graphs = runner.graph_capture.decode_graphs()
     assert isinstance(graphs, HybridCUDAGraphRunner) and graphs.sizes == [1, 2, 4]
     replays = []
     run = graphs.run
