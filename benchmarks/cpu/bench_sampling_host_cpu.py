@@ -6,8 +6,9 @@ is the part that can bound it.
 
 python -m benchmarks.cpu.bench_sampling_host_cpu [--num-seqs 512] [--steps 200] [--churn 2]
 
-Prints one JSON line: milliseconds per build (median) for each sampling mix, in the building
-thread's CPU time (what the build costs, whatever else runs on the box).
+Prints one JSON line: milliseconds per build (median) for each sampling mix, and per read of a
+step's logprobs on the host (StepHandle's), in the thread's CPU time (what they cost, whatever
+else runs on the box).
 """
 
 from __future__ import annotations
@@ -21,16 +22,20 @@ import time
 import torch
 
 from benchmarks.workloads import CHAT_BASE, chat_sampling
-from minivllm.engine.runner.sampling_state import SamplingState
+from minivllm.engine.runner.sampling_state import SamplingState, to_runner_logprobs
 from minivllm.engine.types import NewRequestData
 from minivllm.sampling_params import SamplingParams
 
 VOCAB = 151936
 
 
-def build_times(options: list[dict], num_seqs: int, steps: int, churn: int) -> list[float]:
+def build_times(
+    options: list[dict], num_seqs: int, steps: int, churn: int
+) -> tuple[list[float], list[float]]:
     """Seconds of each build_metadata, churn requests replaced before each, and each row's
-    sampled token counted as the runner counts it (record, then the host append)."""
+    sampled token counted as the runner counts it (record, then the host append); and of
+    each step's logprobs read on the host (the packed rows of the rows that asked, to
+    per-row dicts, as StepHandle reads them; zeros where no row asked)."""
     rng = random.Random(0)
     state = SamplingState("cpu", max_num_seqs=num_seqs, vocab_size=VOCAB)
     state.keyed_draws = True  # as on CUDA: every random batch gets draw keys
@@ -47,7 +52,7 @@ def build_times(options: list[dict], num_seqs: int, steps: int, churn: int) -> l
 
     for _ in range(num_seqs):
         add()
-    times = []
+    times, reads = [], []
     for _ in range(steps):
         for _ in range(churn):
             state.remove(live.pop(rng.randrange(len(live))))
@@ -55,11 +60,25 @@ def build_times(options: list[dict], num_seqs: int, steps: int, churn: int) -> l
         start = time.thread_time()
         meta = state.build_metadata(live)
         times.append(time.thread_time() - start)
+        reads.append(logprobs_read_time(state, live, meta))
         sampled = [rng.randrange(VOCAB) for _ in live]
         if meta.penalty_rows is not None:
             state.record_sampled(meta, torch.tensor(sampled))
         state.append_tokens(live, sampled)
-    return times
+    return times, reads
+
+
+def logprobs_read_time(state: SamplingState, live: list[str], meta) -> float:
+    """Seconds to read a step's logprobs on the host: its packed rows (one for each row that
+    asked) to per-row dicts (StepHandle's read); 0 where no row asked."""
+    if meta.max_num_logprobs is None:
+        return 0.0
+    rows = len(live) if meta.logprob_rows is None else len(meta.logprob_rows)
+    packed = torch.zeros(rows, 2 * (meta.max_num_logprobs + 1) + 1, dtype=torch.float64)
+    num_logprobs = state.num_logprobs(live)
+    start = time.thread_time()
+    to_runner_logprobs(packed.tolist(), num_logprobs)
+    return time.thread_time() - start
 
 
 def main() -> None:
@@ -75,8 +94,9 @@ def main() -> None:
     }
     result = {"num_seqs": args.num_seqs, "churn": args.churn}
     for name, options in mixes.items():
-        times = build_times(options, args.num_seqs, args.steps, args.churn)
+        times, reads = build_times(options, args.num_seqs, args.steps, args.churn)
         result[f"{name}_ms"] = round(statistics.median(times) * 1e3, 3)
+        result[f"{name}_logprobs_read_ms"] = round(statistics.median(reads) * 1e3, 3)
     print(json.dumps(result))
 
 
