@@ -6,7 +6,7 @@ MAX_TOP_K:
 1. grid (rows, chunks): each CHUNK-wide slice of a row keeps its KB largest values
    (KB: the smallest of CANDIDATE_WIDTHS >= the largest top-k), sorted, in a [rows, chunks,
    KB] workspace; for 16-bit logits it sorts only the KB groups of 16 with the largest
-   maxima (a quarter of the slice at KB 32: the sort is what this pass spends its time on);
+   maxima (an eighth of the slice at KB 32: the sort is what this pass spends its time on);
 2. grid (rows,): a row's chunks' candidates are sorted together; the k-th largest is the
    top-k threshold, and top-p's mass is summed over the candidates at or above it. Tokens tied
    with the k-th past the candidates (kept by top-k, part of the mass) exist only in a chunk
