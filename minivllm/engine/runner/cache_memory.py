@@ -15,7 +15,8 @@ import torch
 def cache_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A zeroed tensor of shape and dtype on device (any dtype: the bytes are viewed as it)."""
     device = torch.device(device)
-    if device.type != "cpu":
+    nbytes = math.prod(shape) * dtype.itemsize
+    if device.type != "cpu" or nbytes == 0:
         return torch.zeros(shape, dtype=dtype, device=device)
-    raw = torch.from_numpy(np.zeros(math.prod(shape) * dtype.itemsize, dtype=np.uint8))
+    raw = torch.from_numpy(np.zeros(nbytes, dtype=np.uint8))
     return raw.view(dtype).view(shape)
