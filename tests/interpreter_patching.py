@@ -1,11 +1,16 @@
 """Triton's interpreter re-patches triton.language on every call of a nested @triton.jit function
 (tile_origin, tl.cdiv, tl.zeros, ...: a scan of each module's members, a few ms a call, about a
 third of an engine step in the interpreter). Within one launch the patches it would make are
-already in place, so those calls skip it; a launch still patches and restores as before. The
-kernels compute what they computed: only the interpreter's bookkeeping is shortened."""
+already in place, so those calls skip it; a launch still patches and restores as before.
+It also computes an overflow check for every integer add, sub and mul (int64 copies, bounds,
+a device_assert), then drops it: its device_assert asserts only under debug, which the
+interpreter never sets (about half of an engine step in the interpreter). Without debug those
+checks are not computed. The kernels compute what they computed: only the interpreter's
+bookkeeping is shortened."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 
 
@@ -62,4 +67,15 @@ def install() -> bool:
 
     interpreter._patch_builtin = patch_builtin
     interpreter._patch_lang = patch_lang_once
+    skip_dropped_overflow_checks(interpreter)
     return True
+
+
+def skip_dropped_overflow_checks(interpreter) -> None:
+    """The interpreter's integer-overflow checks off where its device_assert drops them."""
+    builder = getattr(interpreter, "interpreter_builder", None)
+    options = getattr(builder, "options", None)
+    if options is None or getattr(options, "debug", True):
+        return
+    if getattr(options, "sanitize_overflow", False):
+        builder.options = dataclasses.replace(options, sanitize_overflow=False)

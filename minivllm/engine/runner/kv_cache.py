@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from minivllm.engine.runner.cache_memory import cache_zeros
 from minivllm.layers.attention import Attention
 from minivllm.models.model_config import ModelConfig
 
@@ -64,7 +65,7 @@ class KVCacheSpec:
             self.head_dim,
         )
         # Zeros, not empty: padded decode rows of a CUDA graph read block 0 and must not see NaN.
-        cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        cache = cache_zeros(shape, self.dtype, self.device)
         return list(cache.unbind(0))
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from minivllm.distributed.parallel_state import divide
+from minivllm.engine.runner.cache_memory import cache_zeros
 from minivllm.layers.gated_delta_net import StatefulGatedDeltaNet
 from minivllm.models.model_config import ModelConfig
 
@@ -59,13 +60,10 @@ class RecurrentStateSpec:
 
     def allocate(self, num_slots: int) -> RecurrentStatePool:
         """A pool of num_slots slots, zeros."""
-        conv = torch.zeros(
-            (self.num_layers, num_slots, *self.conv_shape), dtype=self.conv_dtype,
-            device=self.device,
-        )  # fmt: skip
-        ssm = torch.zeros(
-            (self.num_layers, num_slots, *self.ssm_shape), dtype=torch.float32, device=self.device
+        conv = cache_zeros(
+            (self.num_layers, num_slots, *self.conv_shape), self.conv_dtype, self.device
         )
+        ssm = cache_zeros((self.num_layers, num_slots, *self.ssm_shape), torch.float32, self.device)
         return RecurrentStatePool(conv, ssm)
 
 
