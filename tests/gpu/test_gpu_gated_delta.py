@@ -108,3 +108,27 @@ def test_conv1d_prefill_then_update(dtype):
     out = conv1d.causal_conv1d_update(step.cuda(), weight.cuda(), None, got_state, slots.cuda())
     _close(out, expected, dtype)
     assert torch.equal(got_state.cpu(), expected_state)
+
+
+@pytest.mark.parametrize("channels", [96, 8192])
+def test_conv1d_prefill_shorter_than_the_state(channels):
+    """Sequences of 1 and 2 tokens continuing from a conv state (a prompt's last tokens after a
+    chunk that ended on a prefix-cache snapshot): the new state takes rows of the old one, read
+    by the program's threads before any of them writes it."""
+    gen = torch.Generator().manual_seed(2)
+    lens = [1, 2, 2, 1, 2, 3] * 20
+    x = torch.randn(sum(lens), channels, generator=gen)
+    weight = torch.randn(channels, 4, generator=gen)
+    conv_state = torch.randn(len(lens), 3, channels, generator=gen)
+    slots = torch.randperm(len(lens), generator=gen).to(torch.int32)
+    has_init = torch.ones(len(lens), dtype=torch.bool)
+    expected_state = conv_state.clone()
+    expected = conv_ref.causal_conv1d_prefill(
+        x, weight, None, _cu(lens), expected_state, slots, has_init
+    )
+    got_state = conv_state.cuda()
+    out = conv1d.causal_conv1d_prefill(
+        x.cuda(), weight.cuda(), None, _cu(lens).cuda(), got_state, slots.cuda(), has_init.cuda()
+    )
+    _close(out, expected, torch.float32)
+    assert torch.equal(got_state.cpu(), expected_state)

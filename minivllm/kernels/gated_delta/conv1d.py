@@ -43,7 +43,8 @@ def _conv1d_prefill_kernel(
 ):  # fmt: skip
     """Grid (num_chunks, cdiv(C, BC)): one program convolves BT tokens of one sequence over
     BC channels. The first chunk's program also writes the sequence's new conv state: it is
-    the only one that reads the old state, so it can overwrite it after its own reads."""
+    the only one that reads the old state, so it can overwrite it once all its threads have
+    read (a barrier: on the GPU a thread's store can overtake another thread's load)."""
     chunk = tl.program_id(0)
     cols = tl.program_id(1) * BC + tl.arange(0, BC)
     cmask = cols < num_channels
@@ -70,10 +71,12 @@ def _conv1d_prefill_kernel(
              mask=rows_ok[:, None] & cmask[None, :])  # fmt: skip
     if first == seq_start:
         # The new state: the last width - 1 inputs, reaching into the old state if the
-        # sequence is shorter than that.
+        # sequence is shorter than that. The program's threads share the old state's rows:
+        # every read of them (the taps above, `new` here) ends before any thread writes.
         j = tl.arange(0, BW)
         new = _tap_input(x_ptr, state_ptr, seq_end - (WIDTH - 1) + j, seq_start, j < WIDTH - 1,
                          has_init, stride_xt, stride_sw, cols, cmask, WIDTH)  # fmt: skip
+        tl.debug_barrier()
         tl.store(state_ptr + j[:, None] * stride_sw + cols[None, :],
                  new.to(state_ptr.dtype.element_ty),
                  mask=(j < WIDTH - 1)[:, None] & cmask[None, :])  # fmt: skip
