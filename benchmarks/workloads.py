@@ -7,6 +7,7 @@ chat: chat-like lengths with the sampling options real checkpoints and clients s
 chat-temperature the same requests with temperature alone; headline-qwen3 the headline with
 Qwen3's generation_config (top-k 20, top-p 0.95).
 random_prompts: the serving and batch-1 benchmarks' prompts (one length, random ids).
+shifted: a workload's prompts with other ids, for runs on one engine that must not share a cache.
 measure_batch1: batch-1 latency (TTFT and TPOT) through any engine's generate.
 """
 
@@ -164,6 +165,16 @@ WORKLOADS = {
     "chat-temperature": chat_temperature,
     "headline-qwen3": headline_qwen3,
 }
+
+
+def shifted(workload: Workload, shift: int) -> Workload:
+    """The workload with every prompt id moved by `shift` (mod MAX_TOKEN_ID + 1): the same
+    lengths, and prefixes shared within it stay shared, but none with the original. Workloads
+    run one after another on one engine take distinct shifts, so that a later one does not find
+    an earlier one's prompts in the prefix cache (chat and chat-temperature share prompts)."""
+    prompts = [[(t + shift) % (MAX_TOKEN_ID + 1) for t in p] for p in workload.prompts]
+    return Workload(workload.name, prompts, workload.output_lens, workload.max_model_len,
+                    workload.sampling)  # fmt: skip
 
 
 def make_workload(name: str, num_requests: int | None = None, seed: int = 0) -> Workload:

@@ -108,19 +108,33 @@ def profile_workload():
     return profile_workload_module
 
 
-def test_profile_runs_never_share_a_prompt(workloads, profile_workload) -> None:
-    """Its warm-up, timed and profiled runs take the workload with shifted ids: a run must not
-    find the previous run's prompts in the prefix cache, and prefixes shared within a run stay
-    shared (the prefix workload is about them)."""
+def test_shifted_runs_never_share_a_prompt(workloads) -> None:
+    """Runs on one engine (profile_workload's warm-up, timed and profiled runs; the workloads of
+    one peer_workload_bench call) take shifted ids: a run must not find the previous run's
+    prompts in the prefix cache, and prefixes shared within a run stay shared (the prefix
+    workload is about them)."""
     w = workloads.make_workload("prefix", 64)
-    runs = [profile_workload.shifted(w.prompts, s) for s in (1, 2, 3)]
-    ids = [[r["prompt_token_ids"] for r in run] for run in runs]
+    runs = [workloads.shifted(w, s) for s in (1, 2, 3)]
+    assert all(r.output_lens == w.output_lens and r.sampling == w.sampling for r in runs)
+    ids = [r.prompts for r in runs]
     for a, b in ((0, 1), (1, 2), (0, 2)):
         assert all(x[0] != y[0] for x, y in zip(ids[a], ids[b]))  # not even the first block
     for run in ids:
         assert [len(p) for p in run] == [len(p) for p in w.prompts]
         assert all(0 <= t <= workloads.MAX_TOKEN_ID for p in run for t in p)
         assert len({tuple(p[:2048]) for p in run}) == len({tuple(p[:2048]) for p in w.prompts})
+
+
+def test_peer_bench_workloads_on_one_engine_share_no_prompt() -> None:
+    """chat and chat-temperature have the same prompts: in one peer_workload_bench call the
+    second must not hit the first's prefix cache."""
+    from benchmarks.peer.peer_workload_bench import make_workloads
+
+    made = make_workloads(["chat", "latency", "chat-temperature"], 8)
+    assert list(made) == ["chat", "chat-temperature"]
+    assert made["chat"].prompts == workloads_module.make_workload("chat", 8).prompts
+    first = {tuple(p[:16]) for p in made["chat"].prompts}
+    assert not first & {tuple(p[:16]) for p in made["chat-temperature"].prompts}
 
 
 @pytest.mark.parametrize(

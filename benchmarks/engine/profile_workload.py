@@ -15,7 +15,7 @@ import time
 from collections import defaultdict
 
 from benchmarks.common import dummy_model_dir
-from benchmarks.workloads import MAX_TOKEN_ID, WORKLOADS, make_workload
+from benchmarks.workloads import WORKLOADS, make_workload, shifted
 
 # Kernel name fragment -> kind; the first match wins (cuBLAS / CUTLASS GEMMs go by many names).
 KINDS = (
@@ -55,11 +55,6 @@ def kind_of(name: str) -> str:
     return "other"
 
 
-def shifted(prompts: list[list[int]], shift: int) -> list[dict]:
-    """The prompts with every id moved by `shift` (prefixes shared within a run stay shared)."""
-    return [{"prompt_token_ids": [(t + shift) % (MAX_TOKEN_ID + 1) for t in p]} for p in prompts]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("workload", choices=WORKLOADS)
@@ -91,7 +86,9 @@ def main() -> None:
     ]
     # Three runs of the same shape (warm-up, timed, profiled) on shifted token ids, so that no
     # run finds the previous run's prompts in the prefix cache.
-    runs = [shifted(workload.prompts, shift) for shift in (1, 2, 3)]
+    runs = [
+        [{"prompt_token_ids": p} for p in shifted(workload, shift).prompts] for shift in (1, 2, 3)
+    ]
     llm.generate(runs[0], params, use_tqdm=False)
     torch.cuda.synchronize()
     start = time.perf_counter()

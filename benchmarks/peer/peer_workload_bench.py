@@ -10,7 +10,8 @@ Usage: [TP=N] [GPU_UTIL=0.9] [KV_CACHE_DTYPE=fp8] [DETERMINISTIC=1] [SPEC='{"met
             [NUM_REQUESTS]
             ENGINE: minivllm | vllm; WORKLOAD: one of workloads.WORKLOADS, latency (batch 1,
             greedy) or latency-penalty (the same with a repetition penalty of 1.05); several,
-            comma-separated, run on one engine, a JSON line each
+            comma-separated, run on one engine, a JSON line each (each later workload's
+            prompt ids shifted: workloads.shifted)
 Needs only benchmarks/workloads.py (run from the repository's root); vLLM keeps its defaults
 except what the workload needs (max_model_len, temperature 0.6, ignore_eos). DETERMINISTIC=1
 turns on minivllm's deterministic mode; vLLM's counterpart is its own environment variable,
@@ -27,7 +28,14 @@ import os
 import sys
 import time
 
-from benchmarks.workloads import WORKLOADS, Workload, make_workload, measure_batch1, result_fields
+from benchmarks.workloads import (
+    WORKLOADS,
+    Workload,
+    make_workload,
+    measure_batch1,
+    result_fields,
+    shifted,
+)
 
 ENGINES = ("minivllm", "vllm")
 
@@ -113,6 +121,15 @@ def latency(llm, params, options: dict) -> dict:
     return measure_batch1(generate).fields()
 
 
+def make_workloads(names: list[str], num_requests: int | None) -> dict[str, Workload]:
+    """The named throughput workloads (latency names skipped), each one's ids shifted by its
+    place in the list: none finds an earlier one's prompts in the prefix cache (the first keeps
+    its ids)."""
+    return {
+        n: shifted(make_workload(n, num_requests), i) for i, n in enumerate(names) if n in WORKLOADS
+    }
+
+
 def main(argv: list[str]) -> int:
     names = argv[2].split(",") if len(argv) >= 3 else []
     known = (*WORKLOADS, *LATENCY_OPTIONS)
@@ -121,7 +138,7 @@ def main(argv: list[str]) -> int:
         return 2
     engine, model_dir = argv[:2]
     num_requests = int(argv[3]) if len(argv) == 4 else None
-    workloads = {n: make_workload(n, num_requests) for n in names if n in WORKLOADS}
+    workloads = make_workloads(names, num_requests)
     max_model_len = max([w.max_model_len for w in workloads.values()], default=4096)
     llm, params = build(engine, model_dir, max_model_len)
     llm.generate([{"prompt_token_ids": [1, 2, 3, 4]}], params(8), use_tqdm=False)  # warm-up
