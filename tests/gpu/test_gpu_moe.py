@@ -8,7 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minivllm.kernels.moe.configs import MoeGemvConfig, MoeTileConfig, moe_config, step_config
+from minivllm.kernels.moe.configs import (
+    MoeTileConfig,
+    gemv_config,
+    gemv_max_pairs,
+    moe_config,
+    step_config,
+)
 from minivllm.kernels.moe.fused_moe import fused_moe
 from minivllm.layers.moe_experts import experts_torch
 from minivllm.layers.moe_router import route
@@ -53,7 +59,8 @@ def _fp8_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.mark.parametrize("fp8", [False, True])
 @pytest.mark.parametrize("num_tokens", [1, 2, 8])
 def test_decode_gemv_matches_the_grouped_path(num_tokens: int, fp8: bool) -> None:
-    """Both paths at a decode step: each pair's output rounded to bf16 as the other rounds it,
+    """Both paths at a decode step (the GEMVs named, also where the rule takes the grouped
+    path): each pair's output rounded to bf16 as the other rounds it,
     the per-token sums in the same order; only each dot product's order differs."""
     x, w13, w2, topk_weights, topk_ids = _case(num_tokens, torch.bfloat16)
     scales = (None, None)
@@ -61,8 +68,10 @@ def test_decode_gemv_matches_the_grouped_path(num_tokens: int, fp8: bool) -> Non
         (w13, w13_scale), (w2, w2_scale) = _fp8_blocks(w13), _fp8_blocks(w2)
         scales = (w13_scale, w2_scale)
     shape = (E, H, INTER, TOP_K)
-    assert isinstance(step_config(torch.bfloat16, shape, num_tokens, fp8), MoeGemvConfig)
-    gemv = fused_moe(x, w13, w2, topk_weights, topk_ids, None, *scales)
+    gemv_tiles = gemv_config(torch.bfloat16, fp8)
+    if num_tokens * TOP_K <= gemv_max_pairs(E) and not fp8:  # where the rule takes them
+        assert step_config(torch.bfloat16, shape, num_tokens, fp8) == gemv_tiles
+    gemv = fused_moe(x, w13, w2, topk_weights, topk_ids, gemv_tiles, *scales)
     grouped_config = moe_config(torch.bfloat16, shape, num_tokens)
     grouped = fused_moe(x, w13, w2, topk_weights, topk_ids, grouped_config, *scales)
     assert gemv.dtype == torch.bfloat16 and gemv.shape == (num_tokens, H)

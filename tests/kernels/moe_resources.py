@@ -23,7 +23,7 @@ from triton.runtime.driver import driver  # noqa: E402
 from benchmarks.kernels.kernel_resources import _Capture, _StubDriver, meta, resources  # noqa: E402
 from minivllm.kernels.moe import align, gemv, grouped_gemm, router, topk_sum  # noqa: E402
 from minivllm.kernels.moe.align import ExpertBlocks, max_padded_rows  # noqa: E402
-from minivllm.kernels.moe.configs import moe_config, step_config  # noqa: E402
+from minivllm.kernels.moe.configs import gemv_config, moe_config  # noqa: E402
 
 E, H, INTER, TOP_K = 128, 2048, 768, 8
 KEEP = ("n_regs", "n_spills", "spill_bytes", "shared", "ctas_per_sm", "num_warps", "sass_insts")
@@ -62,8 +62,9 @@ def step(num_tokens: int) -> dict:
 
 
 def gemv_step(fp8: bool) -> dict:
-    """The two GEMV kernels of a one-token step (one launch runs both: both compile in it)."""
-    config = step_config(torch.bfloat16, (E, H, INTER, TOP_K), 1, fp8)
+    """The two GEMV kernels of a one-token step (one launch runs both: both compile in it);
+    block FP8's as a config names them (the rule keeps FP8 grouped)."""
+    config = gemv_config(torch.bfloat16, fp8)
     dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
     w13, w2 = meta(E, 2 * INTER, H, dtype=dtype), meta(E, H, INTER, dtype=dtype)
     f32 = torch.float32

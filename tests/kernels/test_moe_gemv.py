@@ -100,8 +100,7 @@ def test_gemv_block_fp8_matches_the_grouped_path() -> None:
     ids = routes("random", 3, num_experts, TOP_K).to(DEVICE)
     weights = torch.rand(3, TOP_K, generator=g).to(DEVICE)
     shape = (num_experts, hidden, inter, TOP_K)
-    config = step_config(torch.float32, shape, 1, fp8=True)
-    assert isinstance(config, MoeGemvConfig)
+    config = gemv_config(torch.float32, fp8=True)
     out = fused_moe(x, w13, w2, weights, ids, config, w13_scale, w2_scale)
     grouped = fused_moe(x, w13, w2, weights, ids, moe_config(torch.float32, shape, 3), w13_scale,
                         w2_scale)  # fmt: skip
@@ -124,9 +123,9 @@ def test_gemv_bad_inputs_name_the_tensor() -> None:
 
 def test_the_rule_and_its_boundary() -> None:
     """Up to gemv_max_pairs pairs (GEMV_MAX_PAIRS, at most half the experts): the GEMVs; one
-    token more: the grouped GEMMs; in deterministic mode (batch_invariant) always the grouped
-    ones; block FP8 only where the intermediate is whole 128-blocks."""
-    assert (gemv_max_pairs(128), gemv_max_pairs(256), gemv_max_pairs(8)) == (GEMV_MAX_PAIRS, 64, 4)
+    token more: the grouped GEMMs; in deterministic mode (batch_invariant) and for block FP8
+    always the grouped ones."""
+    assert (gemv_max_pairs(128), gemv_max_pairs(256), gemv_max_pairs(8)) == (16, 16, 4)
     top_k = 8
     shape = (128, H, INTER, top_k)  # Qwen3-30B-A3B's experts and top-k
     last = GEMV_MAX_PAIRS // top_k
@@ -136,8 +135,7 @@ def test_the_rule_and_its_boundary() -> None:
         config = step_config(torch.float16, shape, num_tokens, batch_invariant=True)
         assert config == moe_config(torch.float16, shape, num_tokens)
     assert isinstance(step_config(torch.float16, (16, H, INTER, 2), 5), MoeTileConfig)
-    assert isinstance(step_config(torch.bfloat16, (128, H, 256, 8), 1, fp8=True), MoeGemvConfig)
-    assert isinstance(step_config(torch.bfloat16, (128, H, 96, 8), 1, fp8=True), MoeTileConfig)
+    assert isinstance(step_config(torch.bfloat16, (128, H, 256, 8), 1, fp8=True), MoeTileConfig)
 
 
 @pytest.mark.parametrize("num_tokens", [1, 2, 3])  # 2 x top-2 = gemv_max_pairs(8): the last

@@ -94,13 +94,13 @@ def moe_config(dtype: torch.dtype, shape: MoeShape, num_tokens: int) -> MoeTileC
     return buckets[-1][1]
 
 
-# A step of at most gemv_max_pairs (token, expert) pairs takes the GEMV path. Up to half as
-# many pairs as experts, random routes land on nearly as many distinct experts (64 pairs of
-# top-8 routes over 128 experts hit ~50: each expert's rows read 1.27 times; 4 pairs over 8
-# experts ~3.3), the repeats mostly from L2 since a grid runs the pairs of a tile together,
-# while the grouped path pads each expert's run to 16 rows and takes four launches.
-# benchmarks/kernels/bench_moe_decode.py times both paths.
-GEMV_MAX_PAIRS = 64
+# A step of at most gemv_max_pairs (token, expert) pairs takes the GEMV path, where the grouped
+# path pads each expert's run to 16 rows and takes four launches. Measured on one H100
+# (benchmarks/kernels/bench_moe_decode.py, Qwen3-30B-A3B's experts, top-8 of 128, bf16, CUDA
+# graphs): the GEMVs take 0.78x of the grouped path's time at one token, 0.95x at two, 1.01x at
+# four and 1.19x at sixteen, so the GEMVs stop at two tokens of top-8. Block FP8 stays grouped:
+# its GEMVs took 1.7-2.6x the grouped FP8 time at 1-16 tokens (the bench times both).
+GEMV_MAX_PAIRS = 16
 
 
 def gemv_max_pairs(num_experts: int) -> int:
@@ -127,9 +127,9 @@ def step_config(
     """The path and tiles of a step. batch_invariant (deterministic mode): always the grouped
     GEMMs, whose per-element sums do not depend on the step (a GEMV's tl.sum adds in another
     order: a token decoded alone would differ from the same token in a prefill step). Block
-    FP8 takes the GEMVs where each rank's intermediate is whole 128-blocks (FusedMoE's rule)."""
-    num_experts, _, inter, top_k = shape
+    FP8 always takes the grouped GEMMs (faster at every size measured: see GEMV_MAX_PAIRS)."""
+    num_experts, _, _, top_k = shape
     small = num_tokens * top_k <= gemv_max_pairs(num_experts)
-    if small and not batch_invariant and (not fp8 or inter % FP8_BLOCK_K == 0):
+    if small and not batch_invariant and not fp8:
         return gemv_config(dtype, fp8)
     return moe_config(dtype, shape, num_tokens)
