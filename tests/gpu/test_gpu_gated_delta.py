@@ -84,6 +84,20 @@ def test_rule_prefill_then_decode(dtype):
     _close(got_state.cpu(), expected_state, dtype)
 
 
+def _conv_prefill_both(x, weight, conv_state, lens, slots, has_init):
+    """The conv prefill by the torch definition (on CPU copies) and by the kernel (on the GPU):
+    (expected, expected_state, out, got_state)."""
+    expected_state = conv_state.clone()
+    expected = conv_ref.causal_conv1d_prefill(
+        x, weight, None, _cu(lens), expected_state, slots, has_init
+    )
+    got_state = conv_state.cuda()
+    out = conv1d.causal_conv1d_prefill(
+        x.cuda(), weight.cuda(), None, _cu(lens).cuda(), got_state, slots.cuda(), has_init.cuda()
+    )
+    return expected, expected_state, out, got_state
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_conv1d_prefill_then_update(dtype):
     gen = torch.Generator().manual_seed(1)
@@ -93,13 +107,8 @@ def test_conv1d_prefill_then_update(dtype):
     conv_state = torch.randn(8, 3, channels, generator=gen).to(dtype)
     slots = torch.tensor([5, 0, 7, 2, 3], dtype=torch.int32)
     has_init = torch.tensor([True, False, True, False, True])
-    expected_state = conv_state.clone()
-    expected = conv_ref.causal_conv1d_prefill(
-        x, weight, None, _cu(LENS), expected_state, slots, has_init
-    )
-    got_state = conv_state.cuda()
-    out = conv1d.causal_conv1d_prefill(
-        x.cuda(), weight.cuda(), None, _cu(LENS).cuda(), got_state, slots.cuda(), has_init.cuda()
+    expected, expected_state, out, got_state = _conv_prefill_both(
+        x, weight, conv_state, LENS, slots, has_init
     )
     _close(out, expected, dtype)
     assert torch.equal(got_state.cpu(), expected_state)
@@ -122,13 +131,8 @@ def test_conv1d_prefill_shorter_than_the_state(channels):
     conv_state = torch.randn(len(lens), 3, channels, generator=gen)
     slots = torch.randperm(len(lens), generator=gen).to(torch.int32)
     has_init = torch.ones(len(lens), dtype=torch.bool)
-    expected_state = conv_state.clone()
-    expected = conv_ref.causal_conv1d_prefill(
-        x, weight, None, _cu(lens), expected_state, slots, has_init
-    )
-    got_state = conv_state.cuda()
-    out = conv1d.causal_conv1d_prefill(
-        x.cuda(), weight.cuda(), None, _cu(lens).cuda(), got_state, slots.cuda(), has_init.cuda()
+    expected, expected_state, out, got_state = _conv_prefill_both(
+        x, weight, conv_state, lens, slots, has_init
     )
     _close(out, expected, torch.float32)
     assert torch.equal(got_state.cpu(), expected_state)
