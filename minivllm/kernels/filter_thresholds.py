@@ -5,8 +5,8 @@ one threshold); this finds the same thresholds where every row's top-k is at mos
 MAX_TOP_K:
 1. grid (rows, chunks): each CHUNK-wide slice of a row keeps its KB largest values
    (KB: the smallest of CANDIDATE_WIDTHS >= the largest top-k), sorted, in a [rows, chunks,
-   KB] workspace; for 16-bit logits it sorts only the KB groups of 16 with the largest
-   maxima (an eighth of the slice at KB 32: the sort is what this pass spends its time on);
+   KB] workspace; at KB 32 it sorts only the KB groups of 16 with the largest maxima (an
+   eighth of the slice: the sort is what this pass spends its time on);
 2. grid (rows,): a row's chunks' candidates are sorted together; the k-th largest is the
    top-k threshold, and top-p's mass is summed over the candidates at or above it. Tokens tied
    with the k-th past the candidates (kept by top-k, part of the mass) exist only in a chunk
@@ -38,14 +38,17 @@ GROUP_WIDTH = 16
 
 @triton.jit
 def _chunk_top_kernel(logits_ptr, cand_ptr, stride_logits, vocab_size, num_chunks,
-                      CHUNK: tl.constexpr, KB: tl.constexpr, GROUP: tl.constexpr):  # fmt: skip
+                      CHUNK: tl.constexpr, KB: tl.constexpr, GROUP: tl.constexpr,
+                      BIT_KEYS: tl.constexpr):  # fmt: skip
     """Grid (num_rows, num_chunks): the KB largest values of one chunk, descending.
 
-    GROUP > 0 (16-bit logits): the chunk's GROUP-wide groups' maxima pick the KB groups with
-    the largest, and only those KB * GROUP values are sorted: a value of the chunk's top KB
-    lies in such a group (else KB groups each hold a larger or equal one), so the KB largest
-    are the same. A group is found by its maximum's bits with the group's index in the low
-    byte, which 16-bit values leave zero in float32 (exact). GROUP 0: the whole chunk."""
+    GROUP > 0: the chunk's GROUP-wide groups' maxima pick KB groups with the largest, and only
+    those KB * GROUP values are sorted: a value of the chunk's top KB lies in such a group (else
+    KB groups each hold a larger or equal one), so the KB largest values are the same (among
+    groups tied at the KB-th maximum any will do: each brings that value). BIT_KEYS (16-bit
+    logits): one sort of the maxima's bits with the group's index in the low byte, which
+    16-bit values leave zero in float32. Float32: the KB-th largest maximum first, then one
+    sort of (above it, tied with it, below) with the index. GROUP 0: the whole chunk."""
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     row_ptr = logits_ptr + row * stride_logits
@@ -56,9 +59,15 @@ def _chunk_top_kernel(logits_ptr, cand_ptr, stride_logits, vocab_size, num_chunk
     else:
         NUM_GROUPS: tl.constexpr = CHUNK // GROUP
         group_max = tl.max(tl.reshape(x, [NUM_GROUPS, GROUP]), 1)
-        bits = group_max.to(tl.int32, bitcast=True)
-        ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # signed-int order = float order
-        keys = (ordered & ~(NUM_GROUPS - 1)) | tl.arange(0, NUM_GROUPS)
+        index = tl.arange(0, NUM_GROUPS)
+        if BIT_KEYS:
+            bits = group_max.to(tl.int32, bitcast=True)
+            ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # signed-int order = float order
+            keys = (ordered & ~(NUM_GROUPS - 1)) | index
+        else:
+            kth_max = tl.min(tl.topk(group_max, KB), 0)
+            rank = tl.where(group_max > kth_max, 2, tl.where(group_max == kth_max, 1, 0))
+            keys = rank * NUM_GROUPS + index
         groups = tl.topk(keys, KB) & (NUM_GROUPS - 1)  # [KB] group indices
         picked = chunk * CHUNK + groups[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
         values = tl.load(row_ptr + picked, mask=picked < vocab_size, other=-float("inf"))
@@ -66,14 +75,12 @@ def _chunk_top_kernel(logits_ptr, cand_ptr, stride_logits, vocab_size, num_chunk
     tl.store(cand_ptr + (row * num_chunks + chunk) * KB + tl.arange(0, KB), top)
 
 
-def group_width(chunk: int, kb: int, dtype: torch.dtype, group: int | None = None) -> int:
-    """The stage-1 group width for a chunk: GROUP_WIDTH (or `group`) where the logits are 16-bit
-    and the chunk holds more than kb groups of it, of at most 256 (the low byte); else 0."""
+def group_width(chunk: int, kb: int, group: int | None = None) -> int:
+    """The stage-1 group width for a chunk: GROUP_WIDTH (or `group`) where the chunk holds more
+    than kb groups of it, of at most 256 (the low byte of a key); else 0 (the whole chunk)."""
     group = GROUP_WIDTH if group is None else group
     num_groups = chunk // group
-    if dtype == torch.float32 or not kb < num_groups <= 256:
-        return 0
-    return group
+    return group if kb < num_groups <= 256 else 0
 
 
 @triton.jit
@@ -195,7 +202,8 @@ def filter_thresholds(
     candidates = torch.empty(num_rows, num_chunks, kb, dtype=torch.float32, device=logits.device)
     _chunk_top_kernel[(num_rows, num_chunks)](
         logits, candidates, logits.stride(0), vocab_size, num_chunks, CHUNK=chunk, KB=kb,
-        GROUP=group_width(chunk, kb, logits.dtype, group), num_warps=8,
+        GROUP=group_width(chunk, kb, group), BIT_KEYS=logits.dtype != torch.float32,
+        num_warps=8,
     )  # fmt: skip
     _threshold_kernel[(num_rows,)](
         logits, candidates, temperature, *(temperature if t is None else t for t in

@@ -65,22 +65,30 @@ def test_rows_over_several_chunks(dtype) -> None:
     check_kept(logits, got, cases)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 @pytest.mark.parametrize("group", [4, 8])
-def test_grouped_stage_one_keeps_each_chunks_largest(group) -> None:
-    # 16-bit logits sort only the groups with the largest maxima: chunks of 64 groups, the
-    # 32 candidates' groups picked. Row 0: coarse values (ties everywhere, negative ones
-    # too); row 1: the top 40 values crowded into a few groups of one chunk (a group holds
-    # several of the top 32); row 2: -inf tokens (banned) and a vocabulary past the last
-    # full chunk. group=chunk: the whole-chunk sort, the same thresholds.
+def test_grouped_stage_one_keeps_each_chunks_largest(group, dtype) -> None:
+    # Stage 1 sorts only the groups with the largest maxima: chunks of 64 groups, the 32
+    # candidates' groups picked. Row 0: coarse values (ties everywhere, negative ones too,
+    # groups tied at the 32nd maximum); row 1: the top 40 values crowded into a few groups of
+    # one chunk (a group holds several of the top 32); row 2: -inf tokens (banned) and a
+    # vocabulary past the last full chunk; row 3: maxima a few float32 ulps apart (float32
+    # groups are ranked by their whole maxima: 16-bit keys would tie them, the index decide).
+    # group=chunk: the whole-chunk sort, the same thresholds.
     chunk = 64 * group
     gen = torch.Generator().manual_seed(4)
     vocab = 2 * chunk + 37
-    logits = (torch.randn(3, vocab, generator=gen) * 12).round() / 4
+    logits = (torch.randn(4, vocab, generator=gen) * 12).round() / 4
     logits[1, 40:80] = 10.0 + torch.arange(40) / 8
     logits[2, ::3] = -torch.inf
-    logits = logits.to(torch.float16)
-    assert kernel.group_width(chunk, 32, torch.float16, group) == group
-    cases = [(0.7, 20, 0.8, 0.0), (1.0, 32, 0.95, 0.0), (0.5, 7, 1.0, 0.05)]
+    # Row 3: the first chunk's 64 group maxima 63..0 float32 ulps above 5.0, falling with
+    # the group's index, every other token 4.0: the top 32 are groups 0-31's maxima.
+    ulps = torch.tensor(5.0).view(torch.int32) + torch.arange(63, -1, -1, dtype=torch.int32)
+    logits[3] = 4.0
+    logits[3, :chunk:group] = ulps.view(torch.float32)
+    logits = logits.to(dtype)
+    assert kernel.group_width(chunk, 32, group) == group
+    cases = [(0.7, 20, 0.8, 0.0), (1.0, 32, 0.95, 0.0), (0.5, 7, 1.0, 0.05), (1.0, 32, 1.0, 0.0)]
     temperature, top_k, top_p, min_p = (list(c) for c in zip(*cases, strict=True))
     args = [torch.tensor(temperature), torch.tensor(top_k), torch.tensor(top_p),
             torch.tensor(min_p)]  # fmt: skip
