@@ -87,7 +87,7 @@ class Drafting:
         # KV is valid through the last accepted draft; the target's token is computed next.
         # (Preempted while the step ran, it has no KV left: it is recomputed.) A step
         # scheduled meanwhile went on from where all the slots would be accepted: the runner
-        # moved it back as far (runner/draft_slots.py).
+        # moved it back as far (runner/drafts/draft_slots.py).
         if request.status == RequestStatus.RUNNING:
             request.num_computed_tokens -= num_slots - num_accepted
             self.block_manager.trim(request, request.num_computed_tokens + 1)

@@ -43,8 +43,8 @@ class RunningBatch:
         preempted = False
         running = self.running
         allocate = self.block_manager.allocate_slots
-        # Each draft is one more decode row (draft_step.py); decode rows fit max_num_seqs (and,
-        # on a hybrid model, each draft's recurrent state takes a draft slot).
+        # Each draft is one more decode row (runner/drafts/draft_step.py); decode rows fit
+        # max_num_seqs (and, on a hybrid model, each draft's recurrent state takes a draft slot).
         draft_rows = min(
             self.max_num_seqs - len(running), self.block_manager.num_free_draft_state_slots
         )

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from minivllm.engine.runner.kv_cache import KVCacheSpec
-from minivllm.engine.runner.state_cache import RecurrentStateSpec
+from minivllm.engine.runner.cache.kv_cache import KVCacheSpec
+from minivllm.engine.runner.cache.state_cache import RecurrentStateSpec
 from minivllm.engine.setup import EngineSetup
 
 # Snapshots take at most 1 / SNAPSHOT_SHARE of the KV's bytes, running slots 1 / RUNNING_SHARE.
