@@ -5,8 +5,8 @@ and the back-off are the Speculator's (speculation.py); the proposers run in the
 
 from __future__ import annotations
 
-from minivllm.engine.sched.block_manager import BlockManager
-from minivllm.engine.sched.kv_coordinator import HybridKVCoordinator
+from minivllm.engine.sched.kv.block_manager import BlockManager
+from minivllm.engine.sched.kv.kv_coordinator import HybridKVCoordinator
 from minivllm.engine.sched.request import Request, RequestStatus
 from minivllm.engine.sched.speculation import Speculator
 from minivllm.engine.types import LogprobsDict, RunnerOutput, ScheduledChunk

@@ -11,7 +11,7 @@ up to an eighth of the KV's bytes more. A snapshot costs as much as many tokens 
 long prompt's snapshots every snapshot_interval tokens are as far apart as the tokens whose KV
 takes eight snapshots' bytes: kept for every prefix the KV holds, they would fill that eighth.
 With speculative decoding, draft-state slots hold the states after each draft of a verify step
-(engine/sched/draft_states.py): k for each request that may draft at once (the running slots,
+(engine/sched/kv/draft_states.py): k for each request that may draft at once (the running slots,
 at most disable_by_batch_size of them: no step speculates with more), within the running
 slots' share of the KV's bytes again; a step's drafts are as many as free draft-state slots.
 """

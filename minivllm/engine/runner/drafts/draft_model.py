@@ -27,7 +27,7 @@ import torch
 from minivllm.config import EngineConfig
 from minivllm.engine.runner.model_runner import ModelRunner
 from minivllm.engine.runner.step_handle import StepHandle
-from minivllm.engine.sched.block_manager import BlockManager
+from minivllm.engine.sched.kv.block_manager import BlockManager
 from minivllm.engine.setup import resolve_setup
 from minivllm.engine.types import (
     PLACEHOLDER_TOKEN_ID,
