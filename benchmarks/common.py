@@ -10,7 +10,7 @@ from typing import NamedTuple
 import torch
 
 from minivllm.attention.torch_sdpa import TorchSDPABackend
-from minivllm.engine.runner.state_cache import RecurrentStateSpec
+from minivllm.engine.runner.cache.state_cache import RecurrentStateSpec
 from minivllm.layers.fused_moe import FusedMoE
 from minivllm.models.model_config import ModelConfig
 from minivllm.models.registry import get_model_class

@@ -60,8 +60,8 @@ class EngineConfig:
     async_scheduling: bool = True
     # Largest decode batch captured in a CUDA graph.
     max_cuda_graph_batch_size: int = 512
-    # Mixed steps (prefill chunks) of up to this many tokens replay piecewise CUDA graphs:
-    # the model between two attentions is one graph (engine/runner/piecewise_graph.py); 0: eager.
+    # Mixed steps (prefill chunks) of up to this many tokens replay piecewise CUDA graphs: the
+    # model between two attentions is one graph (engine/runner/graphs/piecewise_graph.py); 0: eager.
     # 8,192: a served step whole (docs/performance.md, "What bounds each shape").
     max_mixed_graph_tokens: int = 8192
     # Batch-invariant numerics: a request's tokens and logprobs do not depend on its

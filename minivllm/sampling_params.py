@@ -74,7 +74,7 @@ class SamplingParams:
     # bad_words_token_ids, which the frontend fills).
     bad_words: list[str] | None = None
     # Most tokens inside a <think> block (vLLM's thinking_token_budget): past them the block's
-    # end marker is forced (engine/runner/thinking_budget.py).
+    # end marker is forced (engine/runner/sampling/thinking_budget.py).
     thinking_token_budget: int | None = None
     # The output matches a JSON schema, regex, choice or grammar (vLLM's name and type;
     # docs/structured_outputs.md).

@@ -30,7 +30,7 @@ import torch
 
 from benchmarks.engine.bench_structured import SCHEMA
 from minivllm.demo_model import demo_gguf_file
-from minivllm.engine.sched.block_manager import BlockManager
+from minivllm.engine.sched.kv.block_manager import BlockManager
 from minivllm.engine.sched.request import Request
 from minivllm.engine.sched.scheduler import Scheduler
 from minivllm.engine.types import RunnerOutput

@@ -18,7 +18,7 @@ import json
 import random
 import time
 
-from minivllm.engine.runner.drafter import Drafter
+from minivllm.engine.runner.drafts.drafter import Drafter
 from minivllm.engine.types import NewRequestData, SchedulerOutput
 from minivllm.sampling_params import SamplingParams
 from minivllm.spec_decode.config import SpeculativeConfig

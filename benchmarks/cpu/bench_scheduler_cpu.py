@@ -22,7 +22,7 @@ import random
 import time
 
 from minivllm.engine.sched.async_scheduler import AsyncScheduler
-from minivllm.engine.sched.block_manager import BlockManager
+from minivllm.engine.sched.kv.block_manager import BlockManager
 from minivllm.engine.sched.request import Request
 from minivllm.engine.sched.scheduler import Scheduler
 from minivllm.engine.types import RunnerOutput

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from minivllm.engine.runner.sampling_state import SamplingState
+from minivllm.engine.runner.sampling.sampling_state import SamplingState
 from minivllm.engine.types import NewRequestData
 from minivllm.kernels.activation import silu_and_mul
 from minivllm.kernels.decode_attention import MAX_SPLITS, choose_num_splits, decode_attention

@@ -21,7 +21,7 @@ import json
 import math
 
 from benchmarks.workloads import WORKLOADS, make_workload
-from minivllm.engine.sched.block_manager import BlockManager
+from minivllm.engine.sched.kv.block_manager import BlockManager
 from minivllm.engine.sched.limits import LARGE_GPU_BYTES, auto_scheduler_limits
 from minivllm.engine.sched.request import Request
 from minivllm.engine.sched.scheduler import Scheduler

@@ -16,9 +16,9 @@ from minivllm.config import EngineConfig
 from minivllm.cpu_threads import set_torch_threads
 from minivllm.engine.executor.build import build_executor
 from minivllm.engine.executor.torchrun import torchrun_rank
-from minivllm.engine.runner.state_budget import state_budget_for
+from minivllm.engine.runner.cache.state_budget import state_budget_for
 from minivllm.engine.sched.async_scheduler import AsyncScheduler
-from minivllm.engine.sched.kv_coordinator import make_kv_coordinator
+from minivllm.engine.sched.kv.kv_coordinator import make_kv_coordinator
 from minivllm.engine.sched.request import Request
 from minivllm.engine.sched.routed_experts import RoutedExpertsRecorder
 from minivllm.engine.sched.scheduler import Scheduler

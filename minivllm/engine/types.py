@@ -63,7 +63,7 @@ class ScheduledChunk:
     num_draft_tokens + 1 positions and keeps the drafts its own samples confirm. Under async
     scheduling they may be placeholders (draft slots of a request whose drafts the step in
     flight proposes), and the chunk's positions may assume that every draft in flight is
-    accepted: the runner fills and shifts them at launch (engine/runner/draft_slots.py).
+    accepted: the runner fills and shifts them at launch (engine/runner/drafts/draft_slots.py).
     draft_cap: after the step, the runner's proposer drafts up to draft_cap tokens for the
     request's next step (0: none), returned in RunnerOutput.draft_token_ids.
     """
@@ -155,7 +155,7 @@ class RunnerOutput:
     num_accepted_drafts: list[int] | None = None
     # Per sampled request, when the step had drafts: the drafts it verified and those it
     # accepted (a chunk's draft slots may have held placeholders the runner filled, fewer
-    # where its proposer found fewer: engine/runner/draft_slots.py).
+    # where its proposer found fewer: engine/runner/drafts/draft_slots.py).
     num_draft_tokens: list[int] | None = None
     accepted_draft_ids: list[list[int]] | None = None
     draft_logprobs: list[list[LogprobsDict]] | None = None

@@ -5,7 +5,7 @@ the bits, of decoding them one a step), each row reading the state where the row
 left it and writing the state after it to the slot of its position: a draft-state slot after each of
 the first d rows, the request's own slot after the last. Once the step's drafts are verified,
 the scheduler copies the state after the last accepted position into the request's slot
-(engine/sched/draft_states.py): a rejected draft never reaches it."""
+(engine/sched/kv/draft_states.py): a rejected draft never reaches it."""
 
 from __future__ import annotations
 

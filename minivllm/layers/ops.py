@@ -48,7 +48,7 @@ class LayerOps:
     linear_method: LinearMethod | None = None
     # The layers' (tp_rank, tp_size); None: torch.distributed's (each layer reads
     # `ops.tp or get_tp_rank_size()`). (0, 1) builds a whole model beside a sharded one: a
-    # draft model on rank 0 (engine/runner/draft_model.py).
+    # draft model on rank 0 (engine/runner/drafts/draft_model.py).
     tp: tuple[int, int] | None = None
     # Deterministic mode: kernels that pick their path by the step's size keep the one whose
     # bits do not depend on it (the fused MoE's grouped GEMMs, never its small-step GEMVs).

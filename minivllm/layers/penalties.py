@@ -1,5 +1,5 @@
 """Repetition (prompt + output), frequency and presence (output) penalties, as vLLM applies
-them, from per-request tables on the device (engine/runner/penalty_state.py keeps them).
+them, from per-request tables on the device (engine/runner/sampling/penalty_state.py keeps them).
 
 The Triton kernel (kernels/penalties.py) on CUDA; this torch definition on the CPU, the same
 arithmetic in the same order.

@@ -54,7 +54,7 @@ class SamplingMetadata:
     logprob_rows: torch.Tensor | None = None
     # Penalties (when not no_penalties): the penalized rows [P] int64 and their requests'
     # slots [P] int64 of the tables output_counts [S, W] int32 and prompt_mask [S, W] bool
-    # (engine/runner/penalty_state.py); in a drafted step each row's drafts before it
+    # (engine/runner/sampling/penalty_state.py); in a drafted step each row's drafts before it
     # [P, K] int64 (padded with -1), counted as output. penalty_req_ids: the rows' requests,
     # whose sampled tokens the runner records in the tables (None in a drafted step).
     penalty_rows: torch.Tensor | None = None

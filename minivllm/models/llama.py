@@ -145,7 +145,7 @@ class DecoderLayer(nn.Module):
         return self.after_attention(self.self_attn.attn(q, k, v, attn_meta), residual)
 
     # The layer in two halves around attention, so that the runner can replay each stretch
-    # between two attentions as one CUDA graph (engine/runner/piecewise_graph.py).
+    # between two attentions as one CUDA graph (engine/runner/graphs/piecewise_graph.py).
 
     def before_attention(
         self,

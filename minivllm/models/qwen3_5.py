@@ -172,8 +172,8 @@ class Qwen3_5ForCausalLM(nn.Module):
     ignored_checkpoint_prefixes: tuple[str, ...] = ("mtp.", "model.visual.")
     # Checkpoint prefix -> ours (conditional-generation checkpoints nest the decoder).
     checkpoint_prefix_map: dict[str, str] = {}
-    # The piecewise graphs of mixed steps split a model at its attention layers, which this
-    # one does not offer (its decode steps replay full graphs: engine/runner/hybrid_graph.py).
+    # The piecewise graphs of mixed steps split a model at its attention layers, which this one
+    # does not offer (its decode steps replay full graphs: engine/runner/graphs/hybrid_graph.py).
     supports_piecewise_graphs = False
 
     @classmethod

@@ -81,7 +81,7 @@ class Proposer(Protocol):
     """Drafts tokens for a batch. A proposer may keep per-request state (ngram: an index of
     the history's n-grams; a draft model or an EAGLE head: its own KV cache), released by
     remove_requests. The engine's runner calls it after a step's tokens are read
-    (engine/runner/drafter.py)."""
+    (engine/runner/drafts/drafter.py)."""
 
     num_speculative_tokens: int
 

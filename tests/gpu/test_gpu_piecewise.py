@@ -1,6 +1,6 @@
-"""GPU: mixed steps replayed as piecewise CUDA graphs (engine/runner/piecewise_graph.py) against the
-same steps run eagerly, on a random-weight Qwen3-0.6B-shaped model in float32 (so that the
-padded GEMM shapes of a bucket cannot flip a near-tie)."""
+"""GPU: mixed steps replayed as piecewise CUDA graphs (engine/runner/graphs/piecewise_graph.py)
+against the same steps run eagerly, on a random-weight Qwen3-0.6B-shaped model in float32 (so that
+the padded GEMM shapes of a bucket cannot flip a near-tie)."""
 
 from __future__ import annotations
 

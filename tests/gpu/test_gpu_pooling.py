@@ -103,7 +103,7 @@ def test_mean_pooling_and_its_reserve(mean_dir: str, caplog) -> None:
 
     from minivllm.engine.runner.pooling import pooling_reserve_bytes
 
-    with caplog.at_level(logging.INFO, logger="minivllm.engine.runner.profiling"):
+    with caplog.at_level(logging.INFO, logger="minivllm.engine.runner.cache.profiling"):
         batched, alone = _embed(mean_dir, PROMPTS, deterministic=True, max_num_seqs=1024,
                                 max_num_batched_tokens=512)  # fmt: skip
     hidden_size = AutoConfig.from_pretrained(mean_dir).hidden_size

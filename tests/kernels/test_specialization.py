@@ -44,7 +44,7 @@ VARYING = {
     batch_invariant_attention._fold_kernel: (set(), {"seq_lens_ptr"}),
     kv_store._store_kv_kernel: (set(), {"slot_ptr"}),
     rope._rope_kernel: (set(), {"positions_ptr", "slot_ptr"}),
-    # Views into one per-step staging tensor (engine/runner/sampling_state.py).
+    # Views into one per-step staging tensor (engine/runner/sampling/sampling_state.py).
     sampling._chunk_max_kernel: (set(), {"temperature_ptr", "seeds_ptr", "offsets_ptr"}),
     # The penalized rows' views into the step's upload; drafts_ptr is rows_ptr without drafts.
     penalties._penalties_kernel: (

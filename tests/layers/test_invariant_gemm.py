@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from minivllm.attention.torch_sdpa import TorchSDPABackend
-from minivllm.engine.runner.cuda_graph import graph_batch_sizes
-from minivllm.engine.runner.piecewise_graph import mixed_graph_sizes
+from minivllm.engine.runner.graphs.cuda_graph import graph_batch_sizes
+from minivllm.engine.runner.graphs.piecewise_graph import mixed_graph_sizes
 from minivllm.layers import invariant_gemm
 from minivllm.layers.invariant_gemm import (
     FASTER,

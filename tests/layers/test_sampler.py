@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from minivllm.engine.runner.sampling_state import SamplingState
+from minivllm.engine.runner.sampling.sampling_state import SamplingState
 from minivllm.engine.types import NewRequestData
 from minivllm.layers.sampler import Sampler, SamplingMetadata, apply_penalties
 from minivllm.layers.sampling_filters import apply_top_k_top_p

@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM
 
 from minivllm import LLM, SamplingParams
 from minivllm.engine.runner import model_runner
-from minivllm.engine.sched.rolling_snapshots import RollingSnapshots
+from minivllm.engine.sched.kv.rolling_snapshots import RollingSnapshots
 from tests.models.hf_greedy import assert_greedy_matches_hf, cpu_llm
 
 BASE = list(range(20, 90))  # 70 tokens (past a 64-token chunk of the rule): snapshot at 68

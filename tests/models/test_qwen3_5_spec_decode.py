@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from minivllm import SamplingParams, model_loader
-from minivllm.engine.sched import draft_states
+from minivllm.engine.sched.kv import draft_states
 from tests.models.hf_greedy import assert_greedy_matches_hf, cpu_llm
 
 SPEC = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,

@@ -6,7 +6,7 @@ and seeded."""
 from __future__ import annotations
 
 from minivllm import LLM, SamplingParams
-from minivllm.engine.runner.draft_slots import grammar_for_step
+from minivllm.engine.runner.drafts.draft_slots import grammar_for_step
 
 PROMPTS = [([5, 6, 7, 8, 9] * 8)[: 10 + 3 * i] for i in range(3)]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)

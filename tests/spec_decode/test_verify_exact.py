@@ -7,7 +7,7 @@ import dataclasses
 
 import torch
 
-from minivllm.engine.runner.sampling_state import SamplingState
+from minivllm.engine.runner.sampling.sampling_state import SamplingState
 from minivllm.engine.types import NewRequestData
 from minivllm.layers.sampler import DRAW_SHIFT, Sampler
 from minivllm.sampling_params import SamplingParams

@@ -8,7 +8,7 @@ from concurrent.futures import Future
 
 import torch
 
-from minivllm.engine.sched.block_manager import BlockManager
+from minivllm.engine.sched.kv.block_manager import BlockManager
 from minivllm.engine.sched.request import Request
 from minivllm.engine.sched.scheduler import Scheduler
 from minivllm.engine.types import RunnerOutput

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from minivllm.engine.sched.async_scheduler import AsyncScheduler
-from minivllm.engine.sched.block_manager import BlockManager
 from minivllm.engine.sched.grammar import forced_drafts
+from minivllm.engine.sched.kv.block_manager import BlockManager
 from minivllm.engine.sched.request import Request
 from minivllm.engine.sched.scheduler import Scheduler
 from minivllm.engine.types import PLACEHOLDER_TOKEN_ID, GrammarOutput, RunnerOutput, SchedulerOutput

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from minivllm.engine.runner.drafts.proposers import build_proposer
 from minivllm.engine.runner.model_runner import ModelRunner
-from minivllm.engine.runner.proposers import build_proposer
 from minivllm.engine.runner.step_handle import ForwardStep, StepHandle
 from minivllm.engine.setup import EngineSetup
 from minivllm.engine.types import GrammarOutput, SchedulerOutput

@@ -24,7 +24,7 @@ class Op(IntEnum):
     SAMPLE_ASYNC = 2  # sample it; its tokens are collected at the next sample
     SHUTDOWN = 3
     # FORWARD after collecting the step in flight: rank 0 read it to fill the step's draft
-    # slots (engine/runner/draft_slots.py), and its sampling state must be every rank's
+    # slots (engine/runner/drafts/draft_slots.py), and its sampling state must be every rank's
     FORWARD_AFTER_READ = 4
 
 

@@ -16,7 +16,7 @@ from minivllm.distributed.teardown import release_process_group
 from minivllm.engine.executor.local import LocalExecutor
 from minivllm.engine.executor.tp_executor import _abort_process_group, check_shardable
 from minivllm.engine.executor.tp_worker import init_rank
-from minivllm.engine.runner.proposers import build_proposer
+from minivllm.engine.runner.drafts.proposers import build_proposer
 from minivllm.engine.runner.step_handle import ForwardStep, StepHandle
 from minivllm.engine.setup import EngineSetup
 from minivllm.engine.types import GrammarOutput, SchedulerOutput

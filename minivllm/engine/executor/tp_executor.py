@@ -37,8 +37,8 @@ from minivllm.engine.executor.tp_worker import (
     join_process_group,
 )
 from minivllm.engine.executor.worker_group import WorkerGroup
-from minivllm.engine.runner.draft_slots import grammar_for_step
-from minivllm.engine.runner.proposers import build_proposer
+from minivllm.engine.runner.drafts.draft_slots import grammar_for_step
+from minivllm.engine.runner.drafts.proposers import build_proposer
 from minivllm.engine.runner.step_handle import ForwardStep, StepHandle
 from minivllm.engine.setup import EngineSetup
 from minivllm.engine.types import GrammarOutput, SchedulerOutput

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from minivllm.engine.runner.cache.state_cache import RecurrentStatePool
 from minivllm.engine.runner.input_prep import StepInputs
-from minivllm.engine.runner.state_cache import RecurrentStatePool
 from minivllm.engine.types import SchedulerOutput
 from minivllm.layers.gated_delta_net import GatedDeltaMeta
 from minivllm.layers.gated_delta_verify import VerifyRows

@@ -3,8 +3,8 @@
 Its interface to the engine core, one step in two calls: `forward(SchedulerOutput) ->
 ForwardStep` launches the forward, `sample(ForwardStep, GrammarOutput | None) -> StepHandle`
 masks and samples its logits; the handle's result() waits for the tokens. Built once: the
-model (model_setup.py), the KV cache sized by a memory profile (profiling.py), then the CUDA
-graphs (graph_capture.py).
+model (model_setup.py), the KV cache sized by a memory profile (cache/profiling.py), then the
+CUDA graphs (graphs/graph_capture.py).
 """
 
 from __future__ import annotations
@@ -16,35 +16,38 @@ import torch
 
 from minivllm.attention.base import AttnMetadata
 from minivllm.engine.runner.block_table import BlockTable
-from minivllm.engine.runner.cuda_graph import CUDAGraphRunner
+from minivllm.engine.runner.cache.kv_cache import KVCacheSpec, bind_kv_caches
+from minivllm.engine.runner.cache.profiling import (
+    memory_baseline,
+    profile_kv_budget,
+    sample_worst_case,
+)
+from minivllm.engine.runner.cache.state_budget import blocks_for_budget, state_budget_for
+from minivllm.engine.runner.cache.state_cache import (
+    RecurrentStatePool,
+    RecurrentStateSpec,
+    bind_recurrent_states,
+)
 from minivllm.engine.runner.device_inputs import HostBufferRing, InputStaging
-from minivllm.engine.runner.draft_slots import DraftSlotFiller, FilledStep, grammar_for_step
-from minivllm.engine.runner.draft_step import SyntheticAcceptance, sample_drafted
-from minivllm.engine.runner.drafter import Drafter
-from minivllm.engine.runner.graph_capture import GraphCapture, compile_masking_and_filters
+from minivllm.engine.runner.drafts.draft_slots import DraftSlotFiller, FilledStep, grammar_for_step
+from minivllm.engine.runner.drafts.draft_step import SyntheticAcceptance, sample_drafted
+from minivllm.engine.runner.drafts.drafter import Drafter
+from minivllm.engine.runner.graphs.cuda_graph import CUDAGraphRunner
+from minivllm.engine.runner.graphs.graph_capture import GraphCapture, compile_masking_and_filters
+from minivllm.engine.runner.graphs.piecewise_graph import PiecewiseGraphRunner
 from minivllm.engine.runner.hybrid_inputs import (
     gated_delta_meta,
     restore_snapshots,
     save_snapshots,
 )
 from minivllm.engine.runner.input_prep import StepInputs, prepare_inputs
-from minivllm.engine.runner.kv_cache import KVCacheSpec, bind_kv_caches
 from minivllm.engine.runner.model_setup import load_model, routed_experts_capture
-from minivllm.engine.runner.piecewise_graph import PiecewiseGraphRunner
 from minivllm.engine.runner.pooling import PoolingRunner, pooling_reserve_bytes
-from minivllm.engine.runner.profiling import (
-    memory_baseline,
-    profile_kv_budget,
-    sample_worst_case,
+from minivllm.engine.runner.sampling.prompt_logprobs import (
+    PROMPT_ROWS_PER_PASS,
+    PromptLogprobsTracker,
 )
-from minivllm.engine.runner.prompt_logprobs import PROMPT_ROWS_PER_PASS, PromptLogprobsTracker
-from minivllm.engine.runner.sampling_state import SamplingState
-from minivllm.engine.runner.state_budget import blocks_for_budget, state_budget_for
-from minivllm.engine.runner.state_cache import (
-    RecurrentStatePool,
-    RecurrentStateSpec,
-    bind_recurrent_states,
-)
+from minivllm.engine.runner.sampling.sampling_state import SamplingState
 from minivllm.engine.runner.step_handle import ForwardStep, StepHandle
 from minivllm.engine.runner.step_upload import LastSampled, upload_step
 from minivllm.engine.setup import EngineSetup
@@ -171,7 +174,7 @@ class ModelRunner:
 
     def attach_proposer(self, proposer: Proposer) -> None:
         """Speculative decoding: after each step, `proposer` drafts the next step's tokens
-        of the chunks that ask (runner/drafter.py). Rank 0's runner only: its RunnerOutput
+        of the chunks that ask (runner/drafts/drafter.py). Rank 0's runner only: its RunnerOutput
         is the one the scheduler reads."""
         self.drafter = Drafter(proposer)
 
@@ -225,7 +228,7 @@ class ModelRunner:
             rows = self._staging.upload({"rows": np.asarray(grammar.rows, np.int64)})["rows"]
             apply_bitmask(logits, torch.from_numpy(grammar.bitmask), rows)
         req_ids = inputs.sample_req_ids
-        if inputs.num_draft_tokens is not None:  # verifies the drafts (draft_step.py)
+        if inputs.num_draft_tokens is not None:  # verifies the drafts (drafts/draft_step.py)
             drafted = sample_drafted(
                 self.sampling_state,
                 self.sampler,
@@ -266,7 +269,7 @@ class ModelRunner:
     def fill_draft_slots(self, sched_out: SchedulerOutput) -> FilledStep:
         """The step with the chunks that wait for the step before filled from its output,
         read now (a drafting request scheduled while the step that drafts for it ran:
-        runner/draft_slots.py). Called once per step, before launch()."""
+        runner/drafts/draft_slots.py). Called once per step, before launch()."""
         return self._draft_slots.fill(sched_out)
 
     def _update_requests(self, sched_out: SchedulerOutput) -> None:

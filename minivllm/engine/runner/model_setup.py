@@ -10,7 +10,7 @@ from torch import nn
 from minivllm.attention.base import AttentionBackend
 from minivllm.attention.selector import get_attn_backend
 from minivllm.distributed.all_reduce import create_symm_buffer
-from minivllm.engine.runner.piecewise_graph import mixed_graph_sizes
+from minivllm.engine.runner.graphs.piecewise_graph import mixed_graph_sizes
 from minivllm.engine.runner.routed_experts import RoutedExpertsCapture
 from minivllm.engine.setup import EngineSetup
 from minivllm.layers.invariant_gemm import InvariantGemm

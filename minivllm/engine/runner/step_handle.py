@@ -10,12 +10,12 @@ import numpy as np
 import torch
 
 from minivllm.engine.runner.device_inputs import HostCopy
-from minivllm.engine.runner.drafter import Drafter
+from minivllm.engine.runner.drafts.drafter import Drafter
 from minivllm.engine.runner.input_prep import StepInputs
 from minivllm.engine.runner.pooling import pooled_to_host
-from minivllm.engine.runner.prompt_logprobs import PromptLogprobsJob, PromptLogprobsTracker
 from minivllm.engine.runner.routed_experts import step_routing
-from minivllm.engine.runner.sampling_state import (
+from minivllm.engine.runner.sampling.prompt_logprobs import PromptLogprobsJob, PromptLogprobsTracker
+from minivllm.engine.runner.sampling.sampling_state import (
     SamplingState,
     pack_logprobs,
     to_runner_logprobs,
@@ -37,13 +37,13 @@ class ForwardStep:
     # The final hidden states of the jobs' rows (prompt logprobs), in order.
     prompt_hidden: torch.Tensor | None = None
     # The scheduler's sampled rows -> this step's, where draft slots were left empty
-    # (runner/draft_slots.py); None: the same rows.
+    # (runner/drafts/draft_slots.py); None: the same rows.
     row_map: list[int] | None = None
 
 
 class StepHandle:
     """A launched step, the runner's one return type for it (a step with drafts is a
-    DraftedStep, runner/draft_step.py). result() waits for its sampled ids (copied into a
+    DraftedStep, runner/drafts/draft_step.py). result() waits for its sampled ids (copied into a
     pinned host buffer behind the step's kernels: HostCopy), records them in the sampling
     state and makes the host copies of the step's logprobs.
 
@@ -101,7 +101,7 @@ class StepHandle:
 
     def result(self) -> RunnerOutput:
         """The step's RunnerOutput, read once: the runner may read it first, when the next
-        step's draft slots wait for it (runner/draft_slots.py), and the scheduler again."""
+        step's draft slots wait for it (runner/drafts/draft_slots.py), and the scheduler again."""
         if self._result is None:
             self._result = self._read()
         return self._result

@@ -9,11 +9,11 @@ from collections import deque
 from collections.abc import Callable
 from typing import Literal
 
-from minivllm.engine.sched.block_manager import BlockManager
 from minivllm.engine.sched.chunks import add_chunk
 from minivllm.engine.sched.drafting import Drafting
 from minivllm.engine.sched.grammar import first_admissible, wait_for_compiles
-from minivllm.engine.sched.kv_coordinator import HybridKVCoordinator
+from minivllm.engine.sched.kv.block_manager import BlockManager
+from minivllm.engine.sched.kv.kv_coordinator import HybridKVCoordinator
 from minivllm.engine.sched.request import Request, RequestStatus
 from minivllm.engine.types import NewRequestData, ScheduledChunk
 

@@ -24,15 +24,15 @@ class AsyncScheduler(Scheduler):
     update.
 
     A drafting request stays in the next step too: it gets draft slots (placeholders the runner
-    fills with the proposals once it has read the step in flight) at positions that assume
-    its drafts in flight are all accepted, which the runner and update() correct
-    (speculation.py, engine/runner/draft_slots.py). While some request reads sampled tokens on
-    the host (bad words, a thinking budget), or the step in flight asked drafts that the next
-    step must know (a constrained request's), can_schedule_ahead is False: catch_up() (the
-    engine calls it before schedule(); schedule() calls it too) applies the step in flight,
-    so that the next step starts from every token and the drafts, as a synchronous step does.
-    A grammar needs the tokens only for the step's masks: grammar_output() applies the step in
-    flight first (its forward is launched by then), as vLLM defers the bitmask.
+    fills with the proposals once it has read the step in flight) at positions that assume its
+    drafts in flight are all accepted, which the runner and update() correct (speculation.py,
+    engine/runner/drafts/draft_slots.py). While some request reads sampled tokens on the host (bad
+    words, a thinking budget), or the step in flight asked drafts that the next step must know (a
+    constrained request's), can_schedule_ahead is False: catch_up() (the engine calls it before
+    schedule(); schedule() calls it too) applies the step in flight, so that the next step starts
+    from every token and the drafts, as a synchronous step does. A grammar needs the tokens only for
+    the step's masks: grammar_output() applies the step in flight first (its forward is launched by
+    then), as vLLM defers the bitmask.
     """
 
     def __init__(self, *args, **kwargs) -> None:

@@ -5,8 +5,8 @@ and the back-off are the Speculator's (speculation.py); the proposers run in the
 
 from __future__ import annotations
 
-from minivllm.engine.sched.block_manager import BlockManager
-from minivllm.engine.sched.kv_coordinator import HybridKVCoordinator
+from minivllm.engine.sched.kv.block_manager import BlockManager
+from minivllm.engine.sched.kv.kv_coordinator import HybridKVCoordinator
 from minivllm.engine.sched.request import Request, RequestStatus
 from minivllm.engine.sched.speculation import Speculator
 from minivllm.engine.types import LogprobsDict, RunnerOutput, ScheduledChunk
@@ -87,7 +87,7 @@ class Drafting:
         # KV is valid through the last accepted draft; the target's token is computed next.
         # (Preempted while the step ran, it has no KV left: it is recomputed.) A step
         # scheduled meanwhile went on from where all the slots would be accepted: the runner
-        # moved it back as far (runner/draft_slots.py).
+        # moved it back as far (runner/drafts/draft_slots.py).
         if request.status == RequestStatus.RUNNING:
             request.num_computed_tokens -= num_slots - num_accepted
             self.block_manager.trim(request, request.num_computed_tokens + 1)

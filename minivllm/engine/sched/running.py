@@ -8,10 +8,10 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
-from minivllm.engine.sched.block_manager import BlockManager
 from minivllm.engine.sched.chunks import add_chunk
 from minivllm.engine.sched.drafting import Drafting
-from minivllm.engine.sched.kv_coordinator import HybridKVCoordinator
+from minivllm.engine.sched.kv.block_manager import BlockManager
+from minivllm.engine.sched.kv.kv_coordinator import HybridKVCoordinator
 from minivllm.engine.sched.request import Request, RequestStatus
 from minivllm.engine.types import ScheduledChunk
 
@@ -43,8 +43,8 @@ class RunningBatch:
         preempted = False
         running = self.running
         allocate = self.block_manager.allocate_slots
-        # Each draft is one more decode row (draft_step.py); decode rows fit max_num_seqs (and,
-        # on a hybrid model, each draft's recurrent state takes a draft slot).
+        # Each draft is one more decode row (runner/drafts/draft_step.py); decode rows fit
+        # max_num_seqs (and, on a hybrid model, each draft's recurrent state takes a draft slot).
         draft_rows = min(
             self.max_num_seqs - len(running), self.block_manager.num_free_draft_state_slots
         )

@@ -13,7 +13,6 @@ from collections import deque
 from collections.abc import Iterable
 
 from minivllm.engine.sched.admission import Admission, check_policy
-from minivllm.engine.sched.block_manager import BlockManager
 from minivllm.engine.sched.drafting import Drafting
 from minivllm.engine.sched.grammar import (
     GrammarMasks,
@@ -24,7 +23,8 @@ from minivllm.engine.sched.grammar import (
     fill_masks,
     forced_drafts,
 )
-from minivllm.engine.sched.kv_coordinator import HybridKVCoordinator
+from minivllm.engine.sched.kv.block_manager import BlockManager
+from minivllm.engine.sched.kv.kv_coordinator import HybridKVCoordinator
 from minivllm.engine.sched.request import Request, RequestStatus, engine_output, needs_host_tokens
 from minivllm.engine.sched.routed_experts import RoutedExpertsRecorder
 from minivllm.engine.sched.running import RunningBatch

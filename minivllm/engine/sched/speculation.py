@@ -1,23 +1,23 @@
 """Speculation in the scheduler, the policy only: which requests the runner drafts for after a
 step (ScheduledChunk.draft_cap), which drafts a request uses the step after (they come back as
 data, RunnerOutput.draft_token_ids), and the acceptance counters. The proposers run in the
-runner (engine/runner/drafter.py), after sampling, where the tokens are.
+runner (engine/runner/drafts/drafter.py), after sampling, where the tokens are.
 
 A request drafts when its next step would be a plain decode with every token known. Each draft
-position is sampled as if the drafts before it were output: penalties count them and
-min_tokens counts them (runner/draft_step.py), and a constrained request's draft positions get
-a grammar mask each; where its grammar forces the next tokens, those are its drafts instead
-(jump-forward, engine/sched/grammar.py). Drafts never run past max_tokens or max_model_len.
+position is sampled as if the drafts before it were output: penalties count them and min_tokens
+counts them (runner/drafts/draft_step.py), and a constrained request's draft positions get a grammar
+mask each; where its grammar forces the next tokens, those are its drafts instead (jump-forward,
+engine/sched/grammar.py). Drafts never run past max_tokens or max_model_len.
 
 A request whose drafting fails (no match, or none of its drafts accepted) backs off: it tries
 again after 1, 2, 4, ... up to MAX_BACKOFF_TOKENS more tokens, and succeeding resets it.
 
-Async scheduling stays on while requests draft: a request whose step in flight asked for
-drafts gets *draft slots* in the next step, placeholders the runner fills with the proposals
-once it has read that step (engine/runner/draft_slots.py), at positions that assume the drafts
-in flight are all accepted; update() corrects them. A constrained request's draft positions
-need their masks before the step is launched, so its drafts must be known: a step that asked
-drafts for one is applied before the next is scheduled (Scheduler.can_schedule_ahead).
+Async scheduling stays on while requests draft: a request whose step in flight asked for drafts gets
+*draft slots* in the next step, placeholders the runner fills with the proposals once it has read
+that step (engine/runner/drafts/draft_slots.py), at positions that assume the drafts in flight are
+all accepted; update() corrects them. A constrained request's draft positions need their masks
+before the step is launched, so its drafts must be known: a step that asked drafts for one is
+applied before the next is scheduled (Scheduler.can_schedule_ahead).
 """
 
 from __future__ import annotations

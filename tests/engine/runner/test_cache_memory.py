@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minivllm.engine.runner.cache_memory import cache_zeros
+from minivllm.engine.runner.cache.cache_memory import cache_zeros
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float8_e4m3fn])

@@ -1,11 +1,11 @@
-"""Draft slots filled at launch (engine/runner/draft_slots.py): a chunk scheduled while the step
-that drafts for it was in flight gets that step's token, the proposals in its slots (fewer
-where fewer were proposed) and positions moved back by the step's rejected drafts; the
-grammar's mask rows follow the rows that remain."""
+"""Draft slots filled at launch (engine/runner/drafts/draft_slots.py): a chunk scheduled while the
+step that drafts for it was in flight gets that step's token, the proposals in its slots (fewer
+where fewer were proposed) and positions moved back by the step's rejected drafts; the grammar's
+mask rows follow the rows that remain."""
 
 from __future__ import annotations
 
-from minivllm.engine.runner.draft_slots import (
+from minivllm.engine.runner.drafts.draft_slots import (
     draft_slots,
     fill_draft_slots,
     needs_filling,

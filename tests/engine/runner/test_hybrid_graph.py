@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from minivllm import LLM, SamplingParams
-from minivllm.engine.runner import cuda_graph
-from minivllm.engine.runner.hybrid_graph import HybridCUDAGraphRunner
+from minivllm.engine.runner.graphs import cuda_graph
+from minivllm.engine.runner.graphs.hybrid_graph import HybridCUDAGraphRunner
 
 PROMPTS = [[5, 17, 42, 99, 3], list(range(20, 90)), [11]]
 PARAMS = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=1)

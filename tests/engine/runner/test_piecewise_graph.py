@@ -1,5 +1,5 @@
-"""Piecewise graphs for mixed steps (engine/runner/piecewise_graph.py): the pieces run over static,
-padded buffers with attention between them must give what the plain forward gives. On the
+"""Piecewise graphs for mixed steps (engine/runner/graphs/piecewise_graph.py): the pieces run over
+static, padded buffers with attention between them must give what the plain forward gives. On the
 CPU the pieces run as plain calls (use_graphs=False): everything but the capture itself
 (tests/gpu/test_gpu_engine.py covers the replayed graphs)."""
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from minivllm import LLM, SamplingParams
-from minivllm.engine.runner.piecewise_graph import PiecewiseGraphRunner, mixed_graph_sizes
+from minivllm.engine.runner.graphs.piecewise_graph import PiecewiseGraphRunner, mixed_graph_sizes
 
 
 def test_sizes_cover_every_step_with_bounded_padding() -> None:

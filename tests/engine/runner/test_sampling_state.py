@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from minivllm.engine.runner.prompt_logprobs import PromptLogprobsJob, PromptLogprobsTracker
-from minivllm.engine.runner.sampling_state import (
+from minivllm.engine.runner.sampling.prompt_logprobs import PromptLogprobsJob, PromptLogprobsTracker
+from minivllm.engine.runner.sampling.sampling_state import (
     SamplingState,
     pack_logprobs,
     pack_prompt_logprobs,
@@ -251,7 +251,7 @@ def test_step_generator_moves_only_for_unseeded_rows():
 def test_worst_case_sampling_of_the_memory_profile_leaves_nothing_behind(use_triton) -> None:
     # The memory profile samples every row with the largest workspaces (penalties, logprobs,
     # both top-k / top-p paths); the engine's state is as before afterwards.
-    from minivllm.engine.runner.profiling import sample_worst_case
+    from minivllm.engine.runner.cache.profiling import sample_worst_case
 
     state = SamplingState("cpu", max_num_seqs=4, vocab_size=50)
     state.keyed_draws = use_triton  # as on CUDA, where the Triton sampler draws keyed noise

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from minivllm.engine.runner.sampling_state import SamplingState
+from minivllm.engine.runner.sampling.sampling_state import SamplingState
 from minivllm.engine.runner.step_handle import StepHandle
 from minivllm.engine.types import NewRequestData
 from minivllm.layers.sampler import Sampler

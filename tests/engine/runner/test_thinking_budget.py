@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from minivllm.engine.runner.sampling_state import SamplingState
-from minivllm.engine.runner.thinking_budget import ThinkingBudget
+from minivllm.engine.runner.sampling.sampling_state import SamplingState
+from minivllm.engine.runner.sampling.thinking_budget import ThinkingBudget
 from minivllm.engine.types import NewRequestData
 from minivllm.layers.sampler import Sampler
 from minivllm.sampling_params import SamplingParams

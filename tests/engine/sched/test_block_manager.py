@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from minivllm.engine.sched import block_manager as block_manager_module
-from minivllm.engine.sched.block_manager import BlockManager, hash_block_tokens
+from minivllm.engine.sched.kv import block_manager as block_manager_module
+from minivllm.engine.sched.kv.block_manager import BlockManager, hash_block_tokens
 from minivllm.engine.sched.request import Request
 from minivllm.sampling_params import SamplingParams
 

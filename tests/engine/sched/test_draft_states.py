@@ -7,7 +7,7 @@ slots are free again (on free, too)."""
 
 from __future__ import annotations
 
-from minivllm.engine.sched.kv_coordinator import HybridKVCoordinator
+from minivllm.engine.sched.kv.kv_coordinator import HybridKVCoordinator
 from minivllm.engine.sched.request import Request
 from minivllm.sampling_params import SamplingParams
 

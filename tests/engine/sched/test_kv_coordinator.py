@@ -8,10 +8,10 @@ from __future__ import annotations
 import dataclasses
 
 from minivllm import LLM
-from minivllm.engine.runner.kv_cache import KVCacheSpec
-from minivllm.engine.runner.state_budget import SNAPSHOT_SHARE, state_budget_for
-from minivllm.engine.runner.state_cache import RecurrentStateSpec
-from minivllm.engine.sched.kv_coordinator import HybridKVCoordinator
+from minivllm.engine.runner.cache.kv_cache import KVCacheSpec
+from minivllm.engine.runner.cache.state_budget import SNAPSHOT_SHARE, state_budget_for
+from minivllm.engine.runner.cache.state_cache import RecurrentStateSpec
+from minivllm.engine.sched.kv.kv_coordinator import HybridKVCoordinator
 from minivllm.engine.sched.request import Request
 from minivllm.models.model_config import ModelConfig
 from minivllm.sampling_params import SamplingParams

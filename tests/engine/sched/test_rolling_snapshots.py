@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from minivllm.engine.sched import rolling_snapshots
 from minivllm.engine.sched.async_scheduler import AsyncScheduler
-from minivllm.engine.sched.kv_coordinator import HybridKVCoordinator
+from minivllm.engine.sched.kv import rolling_snapshots
+from minivllm.engine.sched.kv.kv_coordinator import HybridKVCoordinator
 from minivllm.engine.sched.request import Request
 from minivllm.engine.sched.scheduler import Scheduler
 from minivllm.engine.types import RunnerOutput, SchedulerOutput

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from minivllm.engine.sched.block_manager import BlockManager
+from minivllm.engine.sched.kv.block_manager import BlockManager
 from minivllm.engine.sched.request import Request, RequestStatus
 from minivllm.engine.sched.scheduler import Scheduler
 from minivllm.engine.types import RunnerOutput, SchedulerOutput

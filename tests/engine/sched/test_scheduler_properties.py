@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from minivllm.engine.sched.async_scheduler import AsyncScheduler
-from minivllm.engine.sched.block_manager import BlockManager
+from minivllm.engine.sched.kv.block_manager import BlockManager
 from minivllm.engine.sched.request import Request, RequestStatus
 from minivllm.engine.sched.scheduler import Scheduler
 from minivllm.engine.types import RunnerOutput, SchedulerOutput

@@ -3,7 +3,7 @@ and a request preempted while its token is in flight that this token finishes.""
 
 from __future__ import annotations
 
-from minivllm.engine.sched.block_manager import BlockManager
+from minivllm.engine.sched.kv.block_manager import BlockManager
 from minivllm.engine.sched.request import Request, RequestStatus
 from minivllm.engine.sched.scheduler import Scheduler
 from minivllm.engine.types import RunnerOutput

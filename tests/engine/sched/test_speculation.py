@@ -5,7 +5,7 @@ calls it after a step) and the speculator decides which of them a request uses."
 from __future__ import annotations
 
 from minivllm.engine.sched.async_scheduler import AsyncScheduler
-from minivllm.engine.sched.block_manager import BlockManager
+from minivllm.engine.sched.kv.block_manager import BlockManager
 from minivllm.engine.sched.request import Request
 from minivllm.engine.sched.scheduler import Scheduler
 from minivllm.engine.sched.speculation import MAX_BACKOFF_TOKENS, Speculator

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from minivllm.engine.sched.async_scheduler import AsyncScheduler
-from minivllm.engine.sched.kv_coordinator import HybridKVCoordinator
+from minivllm.engine.sched.kv.kv_coordinator import HybridKVCoordinator
 from minivllm.engine.sched.request import Request
 from minivllm.engine.sched.scheduler import Scheduler
 from minivllm.sampling_params import SamplingParams

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from minivllm.engine.sched.kv_coordinator import HybridKVCoordinator
+from minivllm.engine.sched.kv.kv_coordinator import HybridKVCoordinator
 from minivllm.engine.sched.request import Request
 from minivllm.engine.types import StateCopies
 from minivllm.sampling_params import SamplingParams

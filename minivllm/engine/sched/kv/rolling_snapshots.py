@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from minivllm.engine.sched.block_manager import BlockManager
+from minivllm.engine.sched.kv.block_manager import BlockManager
+from minivllm.engine.sched.kv.state_snapshots import SnapshotCache
 from minivllm.engine.sched.request import Request
-from minivllm.engine.sched.state_snapshots import SnapshotCache
 from minivllm.engine.types import StateCopies
 
 # Running requests' rolling snapshots take at most 1 / ROLLING_SHARE of the snapshot slots.

@@ -21,7 +21,7 @@ import torch
 
 from minivllm.engine.runner.device_inputs import HostBufferRing, HostCopy, InputStaging
 from minivllm.engine.runner.input_prep import StepInputs
-from minivllm.engine.runner.sampling_state import (
+from minivllm.engine.runner.sampling.sampling_state import (
     SamplingState,
     pack_logprobs,
     to_runner_logprobs,
@@ -181,7 +181,7 @@ class DraftedStep(StepHandle):
         # Requests without drafts may run in the next step before this one is read (async
         # scheduling): their penalties count this token on the device now, as a plain step's
         # do. Those with drafts run in the next step only once it has read this one (their
-        # draft slots wait for it: runner/draft_slots.py); result() counts their tokens.
+        # draft slots wait for it: runner/drafts/draft_slots.py); result() counts their tokens.
         undrafted = [i for i, n in enumerate(self.num_draft_tokens) if not n]
         if undrafted:
             sampling_state.record_rows(

@@ -10,9 +10,9 @@ import torch
 from torch import nn
 
 from minivllm.attention.base import AttentionBackend
-from minivllm.engine.runner.cuda_graph import CUDAGraphRunner
-from minivllm.engine.runner.hybrid_graph import HybridCUDAGraphRunner
-from minivllm.engine.runner.piecewise_graph import PiecewiseGraphRunner
+from minivllm.engine.runner.graphs.cuda_graph import CUDAGraphRunner
+from minivllm.engine.runner.graphs.hybrid_graph import HybridCUDAGraphRunner
+from minivllm.engine.runner.graphs.piecewise_graph import PiecewiseGraphRunner
 from minivllm.engine.setup import EngineSetup
 from minivllm.layers.sampler import Sampler
 from minivllm.structured_output.bitmask import allocate_bitmask, apply_bitmask

@@ -25,11 +25,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from minivllm.engine.sched.block_manager import BlockManager
-from minivllm.engine.sched.draft_states import DraftStates
+from minivllm.engine.sched.kv.block_manager import BlockManager
+from minivllm.engine.sched.kv.draft_states import DraftStates
+from minivllm.engine.sched.kv.rolling_snapshots import RollingSnapshots
+from minivllm.engine.sched.kv.state_snapshots import SnapshotCache
 from minivllm.engine.sched.request import Request
-from minivllm.engine.sched.rolling_snapshots import RollingSnapshots
-from minivllm.engine.sched.state_snapshots import SnapshotCache
 from minivllm.engine.types import StateCopies
 
 logger = logging.getLogger(__name__)

@@ -11,9 +11,9 @@ from collections.abc import Callable, Sequence
 import torch
 
 from minivllm.engine.runner.block_table import BlockTable
+from minivllm.engine.runner.cache.kv_cache import KVCacheSpec, bind_kv_caches
 from minivllm.engine.runner.input_prep import StepInputs, prepare_inputs
-from minivllm.engine.runner.kv_cache import KVCacheSpec, bind_kv_caches
-from minivllm.engine.runner.sampling_state import SamplingState
+from minivllm.engine.runner.sampling.sampling_state import SamplingState
 from minivllm.engine.types import NewRequestData, ScheduledChunk, SchedulerOutput
 from minivllm.layers.attention import Attention
 from minivllm.layers.sampler import Sampler

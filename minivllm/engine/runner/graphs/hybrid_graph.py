@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from minivllm.attention.base import AttnMetadata, CUDAGraphBackend
-from minivllm.engine.runner.cuda_graph import CUDAGraphRunner
+from minivllm.engine.runner.graphs.cuda_graph import CUDAGraphRunner
 from minivllm.layers.gated_delta_net import GatedDeltaMeta
 
 

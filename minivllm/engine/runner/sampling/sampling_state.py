@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from minivllm.engine.runner.device_inputs import InputStaging, list_to_device
-from minivllm.engine.runner.penalty_state import PenaltyState
-from minivllm.engine.runner.thinking_budget import ThinkingBudget
+from minivllm.engine.runner.sampling.penalty_state import PenaltyState
+from minivllm.engine.runner.sampling.thinking_budget import ThinkingBudget
 from minivllm.engine.types import NewRequestData
 from minivllm.layers.dispatch import use_triton_kernels
 from minivllm.layers.sampler import DRAW_SHIFT, SamplerOutput, SamplingMetadata, gather_logprobs

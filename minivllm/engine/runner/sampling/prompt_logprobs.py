@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from minivllm.engine.runner.sampling_state import (
+from minivllm.engine.runner.sampling.sampling_state import (
     SamplingState,
     pack_prompt_logprobs,
     prompt_logprob_dicts,

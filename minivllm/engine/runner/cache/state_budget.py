@@ -11,7 +11,7 @@ up to an eighth of the KV's bytes more. A snapshot costs as much as many tokens 
 long prompt's snapshots every snapshot_interval tokens are as far apart as the tokens whose KV
 takes eight snapshots' bytes: kept for every prefix the KV holds, they would fill that eighth.
 With speculative decoding, draft-state slots hold the states after each draft of a verify step
-(engine/sched/draft_states.py): k for each request that may draft at once (the running slots,
+(engine/sched/kv/draft_states.py): k for each request that may draft at once (the running slots,
 at most disable_by_batch_size of them: no step speculates with more), within the running
 slots' share of the KV's bytes again; a step's drafts are as many as free draft-state slots.
 """
@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from minivllm.engine.runner.kv_cache import KVCacheSpec
-from minivllm.engine.runner.state_cache import RecurrentStateSpec
+from minivllm.engine.runner.cache.kv_cache import KVCacheSpec
+from minivllm.engine.runner.cache.state_cache import RecurrentStateSpec
 from minivllm.engine.setup import EngineSetup
 
 # Snapshots take at most 1 / SNAPSHOT_SHARE of the KV's bytes, running slots 1 / RUNNING_SHARE.

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from minivllm.distributed.parallel_state import divide
-from minivllm.engine.runner.cache_memory import cache_zeros
+from minivllm.engine.runner.cache.cache_memory import cache_zeros
 from minivllm.layers.gated_delta_net import StatefulGatedDeltaNet
 from minivllm.models.model_config import ModelConfig
 

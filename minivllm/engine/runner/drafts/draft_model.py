@@ -1,6 +1,6 @@
 """DraftModelProposer: speculative drafts from a smaller model with the target's vocabulary, run
 by our own ModelRunner (its own KV cache and CUDA graphs), greedily. The target's runner calls
-it after a step's tokens are read (runner/drafter.py).
+it after a step's tokens are read (runner/drafts/drafter.py).
 
 Each call catches the draft model's KV up with every request's history (the prompt the first
 time, then the tokens the last step added), samples the first draft from the last position,
@@ -27,7 +27,7 @@ import torch
 from minivllm.config import EngineConfig
 from minivllm.engine.runner.model_runner import ModelRunner
 from minivllm.engine.runner.step_handle import StepHandle
-from minivllm.engine.sched.block_manager import BlockManager
+from minivllm.engine.sched.kv.block_manager import BlockManager
 from minivllm.engine.setup import resolve_setup
 from minivllm.engine.types import (
     PLACEHOLDER_TOKEN_ID,

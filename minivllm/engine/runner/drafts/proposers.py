@@ -1,9 +1,9 @@
 """The proposer a runner drafts with, from the engine's speculative config: n-gram lookup, or a
-draft model (runner/draft_model.py) in the memory the target's KV cache left."""
+draft model (runner/drafts/draft_model.py) in the memory the target's KV cache left."""
 
 from __future__ import annotations
 
-from minivllm.engine.runner.draft_model import DRAFT_MODEL_MAX_REQUESTS, DraftModelProposer
+from minivllm.engine.runner.drafts.draft_model import DRAFT_MODEL_MAX_REQUESTS, DraftModelProposer
 from minivllm.engine.setup import EngineSetup
 from minivllm.spec_decode.ngram import NgramProposer
 from minivllm.spec_decode.proposer import Proposer

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from minivllm.attention.base import AttnMetadata
-from minivllm.engine.runner.cuda_graph import capture_graph, padded_size
+from minivllm.engine.runner.graphs.cuda_graph import capture_graph, padded_size
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from minivllm.engine.runner.cache_memory import cache_zeros
+from minivllm.engine.runner.cache.cache_memory import cache_zeros
 from minivllm.layers.attention import Attention
 from minivllm.models.model_config import ModelConfig
 

@@ -1,5 +1,5 @@
 """Drafter: the runner's side of speculative decoding. After a step's tokens are read, its
-proposer (n-gram, or the draft model of runner/draft_model.py) drafts the next step's tokens
+proposer (n-gram, or the draft model of runner/drafts/draft_model.py) drafts the next step's tokens
 for the chunks the scheduler asked (ScheduledChunk.draft_cap); they go back as plain data in
 RunnerOutput.draft_token_ids. The scheduler decides who drafts and how many it uses
 (engine/sched/speculation.py); the drafter only proposes.

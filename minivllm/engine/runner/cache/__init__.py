@@ -1,0 +1,1 @@
+"""The device caches (paged KV, recurrent-state pool), their memory and their sizing."""

@@ -1,0 +1,1 @@
+"""Speculative decoding in the runner: proposers, draft slots, a drafted step's sampling."""

@@ -1,0 +1,1 @@
+"""CUDA graphs: decode steps (full, hybrid), mixed steps (piecewise), and their capture."""

@@ -1,0 +1,1 @@
+"""The runner's sampling state: params, penalty tables, thinking budgets, prompt logprobs."""
