@@ -131,5 +131,5 @@ def step_config(
     num_experts, _, _, top_k = shape
     small = num_tokens * top_k <= gemv_max_pairs(num_experts)
     if small and not batch_invariant and not fp8:
-        return gemv_config(dtype, fp8)
+        return gemv_config(dtype, fp8=False)
     return moe_config(dtype, shape, num_tokens)
