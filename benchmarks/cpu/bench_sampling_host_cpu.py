@@ -22,7 +22,8 @@ import time
 import torch
 
 from benchmarks.workloads import CHAT_BASE, chat_sampling
-from minivllm.engine.runner.sampling.sampling_state import SamplingState, to_runner_logprobs
+from minivllm.engine.runner.sampling.logprob_packing import to_runner_logprobs
+from minivllm.engine.runner.sampling.sampling_state import SamplingState
 from minivllm.engine.types import NewRequestData
 from minivllm.sampling_params import SamplingParams
 

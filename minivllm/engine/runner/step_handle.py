@@ -14,12 +14,9 @@ from minivllm.engine.runner.drafts.drafter import Drafter
 from minivllm.engine.runner.input_prep import StepInputs
 from minivllm.engine.runner.pooling import pooled_to_host
 from minivllm.engine.runner.routed_experts import step_routing
+from minivllm.engine.runner.sampling.logprob_packing import pack_logprobs, to_runner_logprobs
 from minivllm.engine.runner.sampling.prompt_logprobs import PromptLogprobsJob, PromptLogprobsTracker
-from minivllm.engine.runner.sampling.sampling_state import (
-    SamplingState,
-    pack_logprobs,
-    to_runner_logprobs,
-)
+from minivllm.engine.runner.sampling.sampling_state import SamplingState
 from minivllm.engine.types import RunnerOutput, SchedulerOutput
 from minivllm.layers.sampler import SamplerOutput
 

@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-from minivllm.engine.runner.sampling.prompt_logprobs import PromptLogprobsJob, PromptLogprobsTracker
-from minivllm.engine.runner.sampling.sampling_state import (
-    SamplingState,
+from minivllm.engine.runner.sampling.logprob_packing import (
     pack_logprobs,
     pack_prompt_logprobs,
     prompt_logprob_dicts,
     to_runner_logprobs,
 )
+from minivllm.engine.runner.sampling.prompt_logprobs import PromptLogprobsJob, PromptLogprobsTracker
+from minivllm.engine.runner.sampling.sampling_state import SamplingState
 from minivllm.engine.types import NewRequestData
 from minivllm.layers.sampler import DRAW_SHIFT, Sampler
 from minivllm.outputs import Logprob

@@ -21,11 +21,8 @@ import torch
 
 from minivllm.engine.runner.device_inputs import HostBufferRing, HostCopy, InputStaging
 from minivllm.engine.runner.input_prep import StepInputs
-from minivllm.engine.runner.sampling.sampling_state import (
-    SamplingState,
-    pack_logprobs,
-    to_runner_logprobs,
-)
+from minivllm.engine.runner.sampling.logprob_packing import pack_logprobs, to_runner_logprobs
+from minivllm.engine.runner.sampling.sampling_state import SamplingState
 from minivllm.engine.runner.step_handle import StepHandle
 from minivllm.engine.types import RunnerOutput, SchedulerOutput
 from minivllm.layers.sampler import Sampler, SamplerOutput, gather_logprobs

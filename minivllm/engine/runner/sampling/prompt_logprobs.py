@@ -13,11 +13,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from minivllm.engine.runner.sampling.sampling_state import (
-    SamplingState,
+from minivllm.engine.runner.sampling.logprob_packing import (
     pack_prompt_logprobs,
     prompt_logprob_dicts,
 )
+from minivllm.engine.runner.sampling.sampling_state import SamplingState
 from minivllm.engine.types import SchedulerOutput
 from minivllm.outputs import LogprobsDict
 
