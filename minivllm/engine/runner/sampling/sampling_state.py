@@ -54,6 +54,36 @@ _FLOAT_PARAMS = {
 }
 
 
+@dataclass
+class _RowSummary:
+    """One pass over a step's rows for what every step needs (a batch changes most steps)."""
+
+    floats: list[tuple[float, ...]]  # per row, _FLOAT_PARAMS' values
+    top_k: list[int]  # per row
+    random_top: list[tuple[int, float, float]]  # per random row: top_k, top_p, min_p
+    penalized: list[int]  # the rows with penalties
+    logprob_rows: list[int]  # the rows that ask for logprobs
+    num_logprobs: list[int]  # per such row, how many
+    early: bool  # some row may still be under its min_tokens
+
+    @classmethod
+    def of(cls, states: list[_RequestState]) -> _RowSummary:
+        rows = cls([], [], [], [], [], [], False)
+        for row, s in enumerate(states):
+            p = s.params
+            rows.floats.append(s.floats)
+            rows.top_k.append(p.top_k)
+            if s.is_random:
+                rows.random_top.append((p.top_k, p.top_p, p.min_p))
+            if s.has_penalties:
+                rows.penalized.append(row)
+            if p.logprobs is not None:
+                rows.logprob_rows.append(row)
+                rows.num_logprobs.append(p.logprobs)
+            rows.early = rows.early or bool(s.banned_early)
+        return rows
+
+
 def _new_state(new: NewRequestData, generator: torch.Generator | None) -> _RequestState:
     params = new.sampling_params
     banned: tuple[int, ...] = ()
@@ -249,78 +279,48 @@ class SamplingState:
     ) -> SamplingMetadata:
         device = self.device
         params = [s.params for s in states]
-        # One pass over the rows for what every step needs (a batch changes most steps).
-        floats, top_k, random_top, penalized, logprob_rows, num_logprobs = [], [], [], [], [], []
-        early = False  # some row may still be under its min_tokens
-        for row, s in enumerate(states):
-            p = s.params
-            floats.append(s.floats)
-            top_k.append(p.top_k)
-            if s.is_random:
-                random_top.append((p.top_k, p.top_p, p.min_p))
-            if s.has_penalties:
-                penalized.append(row)
-            if p.logprobs is not None:
-                logprob_rows.append(row)
-                num_logprobs.append(p.logprobs)
-            early = early or bool(s.banned_early)
-        following = self._num_following_output > 0
-        outputs = None  # per row, the output before it: only bad words read it
-        if following:
-            outputs = [s.output_token_ids for s in states]
-            if drafted is not None:
-                outputs = [out + before for out, before in zip(outputs, drafted, strict=True)]
-        forced = _forced_token_ids(states, drafted) if following else None
+        rows = _RowSummary.of(states)
+        forced = _forced_token_ids(states, drafted) if self._num_following_output else None
         suppressed_ids = None
-        if early or following:
-            # Output tokens before each row: rows built so far (the tokens of steps still in
-            # flight included) or, where more, the recorded output and the drafts before it.
-            num_before = [
-                max(index, len(s.output_token_ids) + (len(drafted[row]) if drafted else 0))
-                for row, (index, s) in enumerate(zip(draw_index, states, strict=True))
-            ]
-            suppressed_ids = _suppressed_token_ids(states, num_before, outputs, device, forced)
+        if rows.early or self._num_following_output:
+            suppressed_ids = self._suppressed(states, draw_index, drafted, forced)
         bias_ids, bias_values = _logit_bias(params, device)
         allowed_ids, allowed_rows = _allowed_token_ids(params, device, forced)
-        float_rows = np.array(floats, np.float32).reshape(len(states), len(_FLOAT_PARAMS))
+        float_rows = np.array(rows.floats, np.float32).reshape(len(states), len(_FLOAT_PARAMS))
         arrays = {
             "floats": float_rows.T.copy(),  # [6, N]: a row a parameter
-            "top_k": np.array(top_k, np.int64),
+            "top_k": np.array(rows.top_k, np.int64),
         }
         # The rows that asked for logprobs, where not all did: only they take a log_softmax.
-        if logprob_rows and len(logprob_rows) < len(states):
-            arrays["logprob_rows"] = np.array(logprob_rows, np.int64)
-        penalties = self._penalty_arrays(req_ids, penalized, drafted, arrays)
+        if rows.logprob_rows and len(rows.logprob_rows) < len(states):
+            arrays["logprob_rows"] = np.array(rows.logprob_rows, np.int64)
+        penalties = self._penalty_arrays(req_ids, rows.penalized, drafted, arrays)
         dev = self._staging.upload(arrays)
         tensors = dict(zip(_FLOAT_PARAMS, dev["floats"].unbind(0), strict=True))
         tensors["top_k"] = dev["top_k"]
-        if penalized:
+        if rows.penalized:
             penalties |= {
                 "penalty_rows": dev["penalty_rows"],
                 "penalty_slots": dev["penalty_slots"],
                 "penalty_drafts": dev.get("penalty_drafts"),
             }
-        no_filters = {
-            "no_top_k": all(k == 0 for k, _, _ in random_top),
-            "no_top_p": all(p == 1.0 for _, p, _ in random_top),
-            "no_min_p": all(m == 0.0 for _, _, m in random_top),
-        }
+        filters = _filter_fields(rows.random_top)
         is_plain = (
             penalties["no_penalties"]
             and suppressed_ids is None
             and bias_ids is None
             and allowed_ids is None
-            and not num_logprobs
-            and all(no_filters.values())
-        )
+            and not rows.num_logprobs
+            and filters["no_top_k"] and filters["no_top_p"] and filters["no_min_p"]
+        )  # fmt: skip
         # Greedy rows never draw, so an all-greedy batch keeps zeros; for the others
         # build_metadata puts in each step's seeds and offsets.
         draws = None
-        if is_plain and not random_top:
+        if is_plain and not rows.random_top:
             draws = torch.zeros(2, len(states), dtype=torch.int64, device=device)
         return SamplingMetadata(
             **tensors,
-            **no_filters,
+            **filters,
             **penalties,
             suppressed_token_ids=suppressed_ids,
             generators={
@@ -328,13 +328,9 @@ class SamplingState:
                 for row, s in enumerate(states)
                 if s.generator is not None and s.is_random
             },
-            all_greedy=not random_top,
-            all_random=len(random_top) == len(states),
-            max_top_k=max((k for k, _, _ in random_top), default=0),
-            filter_by_candidates=can_filter_by_candidates(
-                [k for k, _, _ in random_top], [p for _, p, _ in random_top]
-            ),
-            max_num_logprobs=max(num_logprobs) if num_logprobs else None,
+            all_greedy=not rows.random_top,
+            all_random=len(rows.random_top) == len(states),
+            max_num_logprobs=max(rows.num_logprobs, default=None),
             logprob_rows=dev.get("logprob_rows"),
             logit_bias_ids=bias_ids,
             logit_bias_values=bias_values,
@@ -344,6 +340,28 @@ class SamplingState:
             seeds=None if draws is None else draws[0],
             offsets=None if draws is None else draws[1],
         )
+
+    def _suppressed(
+        self,
+        states: list[_RequestState],
+        draw_index: list[int],
+        drafted: list[list[int]] | None,
+        forced: list[int | None] | None,
+    ) -> torch.Tensor | None:
+        """_suppressed_token_ids of the step's rows: min_tokens' bans by each row's output
+        tokens before it (the rows built so far, the tokens of steps still in flight included,
+        or, where more, the recorded output and the drafts before it), and bad words' bans by
+        those tokens where some request has bad words."""
+        num_before = [
+            max(index, len(s.output_token_ids) + (len(drafted[row]) if drafted else 0))
+            for row, (index, s) in enumerate(zip(draw_index, states, strict=True))
+        ]
+        outputs = None  # per row, the output before it: only bad words read it
+        if self._num_following_output:
+            outputs = [s.output_token_ids for s in states]
+            if drafted is not None:
+                outputs = [out + before for out, before in zip(outputs, drafted, strict=True)]
+        return _suppressed_token_ids(states, num_before, outputs, self.device, forced)
 
     def _penalty_arrays(
         self,
@@ -412,6 +430,19 @@ class SamplingState:
     def num_logprobs(self, req_ids: list[str]) -> list[int | None]:
         """Per row: how many top logprobs the request asked for (None: no logprobs)."""
         return [self.requests[req_id].params.logprobs for req_id in req_ids]
+
+
+def _filter_fields(random_top: list[tuple[int, float, float]]) -> dict:
+    """SamplingMetadata's filter flags from the random rows' (top_k, top_p, min_p)."""
+    return {
+        "no_top_k": all(k == 0 for k, _, _ in random_top),
+        "no_top_p": all(p == 1.0 for _, p, _ in random_top),
+        "no_min_p": all(m == 0.0 for _, _, m in random_top),
+        "max_top_k": max((k for k, _, _ in random_top), default=0),
+        "filter_by_candidates": can_filter_by_candidates(
+            [k for k, _, _ in random_top], [p for _, p, _ in random_top]
+        ),
+    }
 
 
 def _suppressed_token_ids(
