@@ -134,24 +134,7 @@ class Sampler(nn.Module):
             rows = meta.logprob_rows
             asked = logits if rows is None else logits.index_select(0, rows)
             raw_logprobs = torch.log_softmax(asked, dim=-1, dtype=torch.float32)
-        needs_edit = (
-            meta.suppressed_token_ids is not None
-            or meta.logit_bias_ids is not None
-            or meta.allowed_token_ids is not None
-            or not meta.no_penalties
-            # The torch draw scales and masks in place; the Triton kernels read any dtype.
-            or not (meta.all_greedy or self.use_triton)
-        )
-        # One float32 copy where logits are edited, then everything below works in place on it.
-        logits = logits.to(torch.float32, copy=needs_edit)
-        if meta.logit_bias_ids is not None:
-            logits.scatter_add_(1, meta.logit_bias_ids, meta.logit_bias_values)
-        if meta.suppressed_token_ids is not None:
-            ban_tokens(logits, meta.suppressed_token_ids)
-        if meta.allowed_token_ids is not None:
-            logits.masked_fill_(disallowed_mask(meta, logits.shape[1]), -torch.inf)
-        if not meta.no_penalties:
-            logits = self._penalize(logits, *_penalty_args(meta))
+        logits = self.edited(logits, meta)
         if meta.all_greedy:
             sampled = logits.argmax(dim=-1)
         else:
@@ -186,6 +169,29 @@ class Sampler(nn.Module):
             )
             out.logprob_rows = rows
         return out
+
+    def edited(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+        """logits with the rows' edits applied: logit bias, banned tokens (min_tokens, bad
+        words), allowed tokens, penalties. One float32 copy where any row is edited (or the
+        torch draw, which scales and masks in place, follows); else logits themselves (the
+        Triton kernels read any dtype)."""
+        needs_edit = (
+            meta.suppressed_token_ids is not None
+            or meta.logit_bias_ids is not None
+            or meta.allowed_token_ids is not None
+            or not meta.no_penalties
+            or not (meta.all_greedy or self.use_triton)
+        )
+        logits = logits.to(torch.float32, copy=needs_edit)
+        if meta.logit_bias_ids is not None:
+            logits.scatter_add_(1, meta.logit_bias_ids, meta.logit_bias_values)
+        if meta.suppressed_token_ids is not None:
+            ban_tokens(logits, meta.suppressed_token_ids)
+        if meta.allowed_token_ids is not None:
+            logits.masked_fill_(disallowed_mask(meta, logits.shape[1]), -torch.inf)
+        if not meta.no_penalties:
+            logits = self._penalize(logits, *_penalty_args(meta))
+        return logits
 
     def compile_kernels(self, logits: torch.Tensor) -> None:
         """Compiles the Triton variants a step's filtered draw can take, now (engine start):
