@@ -68,20 +68,21 @@ class _RowSummary:
 
     @classmethod
     def of(cls, states: list[_RequestState]) -> _RowSummary:
-        rows = cls([], [], [], [], [], [], False)
+        floats, top_k, random_top, penalized, logprob_rows, num_logprobs = [], [], [], [], [], []
+        early = False
         for row, s in enumerate(states):
             p = s.params
-            rows.floats.append(s.floats)
-            rows.top_k.append(p.top_k)
+            floats.append(s.floats)
+            top_k.append(p.top_k)
             if s.is_random:
-                rows.random_top.append((p.top_k, p.top_p, p.min_p))
+                random_top.append((p.top_k, p.top_p, p.min_p))
             if s.has_penalties:
-                rows.penalized.append(row)
+                penalized.append(row)
             if p.logprobs is not None:
-                rows.logprob_rows.append(row)
-                rows.num_logprobs.append(p.logprobs)
-            rows.early = rows.early or bool(s.banned_early)
-        return rows
+                logprob_rows.append(row)
+                num_logprobs.append(p.logprobs)
+            early = early or bool(s.banned_early)
+        return cls(floats, top_k, random_top, penalized, logprob_rows, num_logprobs, early)
 
 
 def _new_state(new: NewRequestData, generator: torch.Generator | None) -> _RequestState:
