@@ -15,50 +15,32 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from minivllm.engine.runner.device_inputs import InputStaging, list_to_device
+from minivllm.engine.runner.device_inputs import InputStaging
 from minivllm.engine.runner.sampling.penalty_state import PenaltyState
+from minivllm.engine.runner.sampling.request_state import (
+    FLOAT_PARAMS,
+    RequestState,
+    follows_output,
+    new_state,
+)
+from minivllm.engine.runner.sampling.row_edits import (
+    allowed_token_ids,
+    forced_token_ids,
+    logit_bias,
+    suppressed_token_ids,
+)
 from minivllm.engine.runner.sampling.thinking_budget import ThinkingBudget
 from minivllm.engine.types import NewRequestData
 from minivllm.layers.dispatch import use_triton_kernels
 from minivllm.layers.sampler import DRAW_SHIFT, SamplingMetadata
 from minivllm.layers.sampling_filters import can_filter_by_candidates
-from minivllm.sampling_params import SamplingParams
-
-
-@dataclass
-class _RequestState:
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    output_token_ids: list[int]
-    generator: torch.Generator | None
-    # Rows built for it so far (= tokens sampled). Counted at build time: with async
-    # scheduling, output_token_ids can lag a step behind.
-    num_sampled: int = 0
-    thinking: ThinkingBudget | None = None  # with a thinking_token_budget
-    # Read from params once, at add_request: a step's metadata gathers these per row.
-    floats: tuple[float, ...] = ()  # _FLOAT_PARAMS' values
-    is_random: bool = False
-    has_penalties: bool = False
-    # The ids min_tokens bans (stop ids, and EOS ids unless ignore_eos); empty without it.
-    banned_early: tuple[int, ...] = ()
-
-
-# The float parameters every row carries to the device, in SamplingMetadata's names.
-_FLOAT_PARAMS = {
-    "temperature": "temperature",
-    "top_p": "top_p",
-    "min_p": "min_p",
-    "presence_penalties": "presence_penalty",
-    "frequency_penalties": "frequency_penalty",
-    "repetition_penalties": "repetition_penalty",
-}
 
 
 @dataclass
 class _RowSummary:
     """One pass over a step's rows for what every step needs (a batch changes most steps)."""
 
-    floats: list[tuple[float, ...]]  # per row, _FLOAT_PARAMS' values
+    floats: list[tuple[float, ...]]  # per row, FLOAT_PARAMS' values
     top_k: list[int]  # per row
     random_top: list[tuple[int, float, float]]  # per random row: top_k, top_p, min_p
     penalized: list[int]  # the rows with penalties
@@ -67,7 +49,7 @@ class _RowSummary:
     early: bool  # some row may still be under its min_tokens
 
     @classmethod
-    def of(cls, states: list[_RequestState]) -> _RowSummary:
+    def of(cls, states: list[RequestState]) -> _RowSummary:
         floats, top_k, random_top, penalized, logprob_rows, num_logprobs = [], [], [], [], [], []
         early = False
         for row, s in enumerate(states):
@@ -83,25 +65,6 @@ class _RowSummary:
                 num_logprobs.append(p.logprobs)
             early = early or bool(s.banned_early)
         return cls(floats, top_k, random_top, penalized, logprob_rows, num_logprobs, early)
-
-
-def _new_state(new: NewRequestData, generator: torch.Generator | None) -> _RequestState:
-    params = new.sampling_params
-    banned: tuple[int, ...] = ()
-    if params.min_tokens:
-        banned = tuple(params.stop_token_ids)
-        if not params.ignore_eos:
-            banned += tuple(params.eos_token_ids)
-    return _RequestState(
-        list(new.prompt_token_ids),
-        params,
-        [],
-        generator,
-        floats=tuple(getattr(params, name) for name in _FLOAT_PARAMS.values()),
-        is_random=not params.is_greedy,
-        has_penalties=params.has_penalties,
-        banned_early=banned,
-    )
 
 
 class SamplingState:
@@ -126,7 +89,7 @@ class SamplingState:
         None: grown as requests need (the sampler's tests)."""
         self.device = torch.device(device)
         self.keyed_draws = use_triton_kernels(self.device)
-        self.requests: dict[str, _RequestState] = {}
+        self.requests: dict[str, RequestState] = {}
         self.penalties = PenaltyState(self.device, max_num_seqs, vocab_size)
         self._step_generator = torch.Generator().manual_seed(seed)
         # (req_ids, metadata) of the last step, when it can be reused as is.
@@ -147,19 +110,19 @@ class SamplingState:
         if params.seed is not None:
             generator = torch.Generator(device=self.device)
             generator.manual_seed(params.seed)
-        state = _new_state(new, generator)
+        state = new_state(new, generator)
         if params.thinking_token_budget is not None:
             start_ids, end_ids = params.think_marker_ids
             state.thinking = ThinkingBudget.after_prompt(
                 params.thinking_token_budget, start_ids, end_ids, state.prompt_token_ids
             )
         self.requests[new.req_id] = state
-        self._num_following_output += _follows_output(state)
+        self._num_following_output += follows_output(state)
 
     def remove(self, req_id: str) -> None:
         state = self.requests.pop(req_id, None)
         if state is not None:
-            self._num_following_output -= _follows_output(state)
+            self._num_following_output -= follows_output(state)
             self.penalties.release(req_id)
 
     def append_tokens(self, req_ids: list[str], token_ids: list[int]) -> None:
@@ -243,7 +206,7 @@ class SamplingState:
             scratch.exponential_(generator=generator)
 
     def _draw_tensors(
-        self, states: list[_RequestState], draw_index: list[int]
+        self, states: list[RequestState], draw_index: list[int]
     ) -> dict[str, torch.Tensor]:
         """This step's draw keys: seeds and offsets [N] int64 (one transfer)."""
         # Drawn only when a row needs it: a step of seeded requests leaves the generator as it
@@ -268,26 +231,26 @@ class SamplingState:
         return (
             s.params.has_penalties
             or len(s.output_token_ids) < s.params.min_tokens
-            or _follows_output(s)
+            or follows_output(s)
         )
 
     def _build_metadata(
         self,
         req_ids: list[str],
-        states: list[_RequestState],
+        states: list[RequestState],
         draw_index: list[int],
         drafted: list[list[int]] | None = None,
     ) -> SamplingMetadata:
         device = self.device
         params = [s.params for s in states]
         rows = _RowSummary.of(states)
-        forced = _forced_token_ids(states, drafted) if self._num_following_output else None
+        forced = forced_token_ids(states, drafted) if self._num_following_output else None
         suppressed_ids = None
         if rows.early or self._num_following_output:
             suppressed_ids = self._suppressed(states, draw_index, drafted, forced)
-        bias_ids, bias_values = _logit_bias(params, device)
-        allowed_ids, allowed_rows = _allowed_token_ids(params, device, forced)
-        float_rows = np.array(rows.floats, np.float32).reshape(len(states), len(_FLOAT_PARAMS))
+        bias_ids, bias_values = logit_bias(params, device)
+        allowed_ids, allowed_rows = allowed_token_ids(params, device, forced)
+        float_rows = np.array(rows.floats, np.float32).reshape(len(states), len(FLOAT_PARAMS))
         arrays = {
             "floats": float_rows.T.copy(),  # [6, N]: a row a parameter
             "top_k": np.array(rows.top_k, np.int64),
@@ -297,7 +260,7 @@ class SamplingState:
             arrays["logprob_rows"] = np.array(rows.logprob_rows, np.int64)
         penalties = self._penalty_arrays(req_ids, rows.penalized, drafted, arrays)
         dev = self._staging.upload(arrays)
-        tensors = dict(zip(_FLOAT_PARAMS, dev["floats"].unbind(0), strict=True))
+        tensors = dict(zip(FLOAT_PARAMS, dev["floats"].unbind(0), strict=True))
         tensors["top_k"] = dev["top_k"]
         if rows.penalized:
             penalties |= {
@@ -344,12 +307,12 @@ class SamplingState:
 
     def _suppressed(
         self,
-        states: list[_RequestState],
+        states: list[RequestState],
         draw_index: list[int],
         drafted: list[list[int]] | None,
         forced: list[int | None] | None,
     ) -> torch.Tensor | None:
-        """_suppressed_token_ids of the step's rows: min_tokens' bans by each row's output
+        """suppressed_token_ids of the step's rows: min_tokens' bans by each row's output
         tokens before it (the rows built so far, the tokens of steps still in flight included,
         or, where more, the recorded output and the drafts before it), and bad words' bans by
         those tokens where some request has bad words."""
@@ -362,7 +325,7 @@ class SamplingState:
             outputs = [s.output_token_ids for s in states]
             if drafted is not None:
                 outputs = [out + before for out, before in zip(outputs, drafted, strict=True)]
-        return _suppressed_token_ids(states, num_before, outputs, self.device, forced)
+        return suppressed_token_ids(states, num_before, outputs, self.device, forced)
 
     def _penalty_arrays(
         self,
@@ -444,96 +407,3 @@ def _filter_fields(random_top: list[tuple[int, float, float]]) -> dict:
             [k for k, _, _ in random_top], [p for _, p, _ in random_top]
         ),
     }
-
-
-def _suppressed_token_ids(
-    states: list[_RequestState],
-    num_before: list[int],
-    outputs: list[list[int]] | None,
-    device: torch.device,
-    forced: list[int | None] | None = None,
-) -> torch.Tensor | None:
-    """[N, max_num_suppressed] ids banned this step by min_tokens and (where outputs: some
-    request has bad words) bad words, or None when none are. num_before: per row, the output
-    tokens before it (drafts before its position too); outputs: per row, those tokens. A row
-    with a forced token (forced: per row) bans nothing: its one token must stay possible."""
-    rows: list[list[int]] = []
-    for row, s in enumerate(states):
-        banned: list[int] = []
-        if forced is not None and forced[row] is not None:
-            rows.append(banned)
-            continue
-        if num_before[row] < s.params.min_tokens:
-            banned = list(s.banned_early)
-        if outputs is not None:
-            banned += _banned_by_bad_words(s.params.bad_words_token_ids, outputs[row])
-        rows.append(banned)
-    return _padded(rows, device) if any(rows) else None
-
-
-def _banned_by_bad_words(words: list[list[int]], output: list[int]) -> list[int]:
-    """Each bad word's last token where the output ends in the tokens before it (a one-token
-    word always)."""
-    banned = []
-    for word in words:
-        before = len(word) - 1
-        if before <= len(output) and output[len(output) - before :] == word[:-1]:
-            banned.append(word[-1])
-    return banned
-
-
-def _logit_bias(
-    params: list[SamplingParams], device: torch.device
-) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """[N, max_num_biased] ids (int64) and values (float32) of the rows' logit_bias, padded
-    with id 0 and value 0.0 (adding 0 changes nothing); (None, None) when no row has one."""
-    if not any(p.logit_bias for p in params):
-        return None, None
-    width = max(len(p.logit_bias or {}) for p in params)
-    rows = [list((p.logit_bias or {}).items()) for p in params]
-    rows = [r + [(0, 0.0)] * (width - len(r)) for r in rows]
-    ids = list_to_device([[t for t, _ in r] for r in rows], torch.int64, device)
-    values = list_to_device([[b for _, b in r] for r in rows], torch.float32, device)
-    return ids, values
-
-
-def _allowed_token_ids(
-    params: list[SamplingParams], device: torch.device, forced: list[int | None] | None = None
-) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """[N, max_num_allowed] ids padded with -1 and [N] bool (the rows with a list) of the rows'
-    allowed_token_ids, or their one forced token (forced: per row, or None); (None, None) when
-    no row has either."""
-    lists = [p.allowed_token_ids for p in params]
-    if forced is not None:
-        lists = [a if f is None else [f] for a, f in zip(lists, forced, strict=True)]
-    if not any(lists):
-        return None, None
-    ids = _padded([a or [] for a in lists], device)
-    rows = list_to_device([a is not None for a in lists], torch.bool, device)
-    return ids, rows
-
-
-def _forced_token_ids(
-    states: list[_RequestState], drafted: list[list[int]] | None
-) -> list[int | None] | None:
-    """Per row, the token its thinking budget forces (None: free), or None when none is."""
-    forced: list[int | None] = []
-    for row, s in enumerate(states):
-        token_id = None
-        if s.thinking is not None:
-            s.thinking.read(s.output_token_ids)
-            token_id = s.thinking.forced_after(drafted[row] if drafted is not None else [])
-        forced.append(token_id)
-    return forced if any(t is not None for t in forced) else None
-
-
-def _follows_output(state: _RequestState) -> bool:
-    """Whether the request's banned or forced tokens follow its output (bad words, a thinking
-    budget)."""
-    return bool(state.params.bad_words_token_ids) or state.thinking is not None
-
-
-def _padded(rows: list[list[int]], device: torch.device) -> torch.Tensor:
-    """Ragged id lists -> [N, max_len] int64 padded with -1."""
-    width = max((len(r) for r in rows), default=0)
-    return list_to_device([r + [-1] * (width - len(r)) for r in rows], torch.int64, device)
