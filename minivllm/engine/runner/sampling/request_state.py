@@ -42,6 +42,7 @@ FLOAT_PARAMS = {
 
 
 def new_state(new: NewRequestData, generator: torch.Generator | None) -> RequestState:
+    """The state of a request as it arrives (generator: its seeded one, or None)."""
     params = new.sampling_params
     banned: tuple[int, ...] = ()
     if params.min_tokens:
