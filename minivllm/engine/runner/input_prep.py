@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from minivllm.engine.runner.block_table import BlockTable
-from minivllm.engine.types import SchedulerOutput
+from minivllm.engine.types import ScheduledChunk, SchedulerOutput
 
 
 @dataclass
@@ -60,22 +60,9 @@ def prepare_inputs(
     rows = block_table.update(sched_out)
     num_decodes = sched_out.num_decode_chunks
     num_decode_rows = int(chunk_start_loc[num_decodes])
-    if num_decode_rows > num_decodes:  # some decode chunk has drafts
-        decode_lens = chunk_lens[:num_decodes]
-        seq_chunk = np.concatenate(
-            [np.repeat(np.arange(num_decodes), decode_lens), np.arange(num_decodes, num_chunks)]
-        )
-        query_lens = np.ones(len(seq_chunk), np.int32)
-        query_lens[num_decode_rows:] = chunk_lens[num_decodes:]
-        starts = chunk_starts[seq_chunk]
-        starts[:num_decode_rows] += np.arange(num_decode_rows) - np.repeat(
-            chunk_start_loc[:num_decodes], decode_lens
-        )
-        rows = np.asarray(rows)[seq_chunk]
-        query_start_loc = np.zeros(len(seq_chunk) + 1, np.int32)
-        np.cumsum(query_lens, out=query_start_loc[1:])
-    else:
-        query_lens, starts, query_start_loc = chunk_lens, chunk_starts, chunk_start_loc
+    query_lens, starts, query_start_loc, rows = _attention_sequences(
+        chunk_lens, chunk_starts, chunk_start_loc, num_decodes, rows
+    )
     num_seqs = len(query_lens)
     seq_lens = (starts + query_lens).astype(np.int32)
     max_num_blocks = -(-int(seq_lens.max()) // block_size)
@@ -93,15 +80,7 @@ def prepare_inputs(
         itertools.chain.from_iterable(c.token_ids for c in chunks), np.int64, num_tokens
     )
     decode_order = np.argsort(-seq_lens[:num_decode_rows], kind="stable").astype(np.int32)
-    sampled = [i for i, c in enumerate(chunks) if c.sample]
-    ends = chunk_start_loc[1:][sampled].astype(np.int64)
-    num_draft_tokens = np.fromiter(
-        (chunks[i].num_draft_tokens for i in sampled), np.int64, len(sampled)
-    )
-    if num_draft_tokens.any():
-        logits_indices = _last_rows(ends, num_draft_tokens + 1)
-    else:
-        logits_indices, num_draft_tokens = ends - 1, None
+    sample_req_ids, logits_indices, num_draft_tokens = _sampled_rows(chunks, chunk_start_loc)
     return StepInputs(
         input_ids=input_ids,
         positions=positions,
@@ -110,13 +89,59 @@ def prepare_inputs(
         seq_lens=seq_lens,
         block_tables=block_tables,
         logits_indices=logits_indices,
-        sample_req_ids=[chunks[i].req_id for i in sampled],
+        sample_req_ids=sample_req_ids,
         max_seq_len=int(seq_lens.max()),
         num_decode_tokens=num_decode_rows,
         decode_order=decode_order,
         num_draft_tokens=num_draft_tokens,
         chunk_start_loc=chunk_start_loc,
     )
+
+
+def _attention_sequences(
+    chunk_lens: np.ndarray,
+    chunk_starts: np.ndarray,
+    chunk_start_loc: np.ndarray,
+    num_decodes: int,
+    rows: list[int],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | list[int]]:
+    """Each attention sequence's (query_lens, starts, query_start_loc, block-table rows).
+
+    One sequence per chunk, except that a decode chunk with drafts becomes one decode row per
+    token, each starting one position after the one before.
+    """
+    num_decode_rows = int(chunk_start_loc[num_decodes])
+    if num_decode_rows == num_decodes:  # no decode chunk has drafts
+        return chunk_lens, chunk_starts, chunk_start_loc, rows
+    num_chunks = len(chunk_lens)
+    decode_lens = chunk_lens[:num_decodes]
+    seq_chunk = np.concatenate(
+        [np.repeat(np.arange(num_decodes), decode_lens), np.arange(num_decodes, num_chunks)]
+    )
+    query_lens = np.ones(len(seq_chunk), np.int32)
+    query_lens[num_decode_rows:] = chunk_lens[num_decodes:]
+    starts = chunk_starts[seq_chunk]
+    starts[:num_decode_rows] += np.arange(num_decode_rows) - np.repeat(
+        chunk_start_loc[:num_decodes], decode_lens
+    )
+    query_start_loc = np.zeros(len(seq_chunk) + 1, np.int32)
+    np.cumsum(query_lens, out=query_start_loc[1:])
+    return query_lens, starts, query_start_loc, np.asarray(rows)[seq_chunk]
+
+
+def _sampled_rows(
+    chunks: list[ScheduledChunk], chunk_start_loc: np.ndarray
+) -> tuple[list[str], np.ndarray, np.ndarray | None]:
+    """(sample_req_ids, logits_indices, num_draft_tokens) of the chunks that sample."""
+    sampled = [i for i, c in enumerate(chunks) if c.sample]
+    ends = chunk_start_loc[1:][sampled].astype(np.int64)
+    num_draft_tokens = np.fromiter(
+        (chunks[i].num_draft_tokens for i in sampled), np.int64, len(sampled)
+    )
+    req_ids = [chunks[i].req_id for i in sampled]
+    if num_draft_tokens.any():
+        return req_ids, _last_rows(ends, num_draft_tokens + 1), num_draft_tokens
+    return req_ids, ends - 1, None
 
 
 def _last_rows(ends: np.ndarray, counts: np.ndarray) -> np.ndarray:
