@@ -126,6 +126,7 @@ class EngineCore:
         gc.freeze()
         if config.usage_context == "server":
             self.structured_outputs.prebuild()
+        self.is_shut_down = False
 
     def new_scheduler(self) -> Scheduler:
         """A scheduler over an empty KV cache. Async scheduling is a Scheduler that keeps the
@@ -163,7 +164,10 @@ class EngineCore:
 
     def add_requests(self, requests: list[EngineRequest]) -> None:
         """Queues requests its frontend has validated (request_checks.check_request).
-        ValueError for an id in use (a finished request's id is free after the next step)."""
+        ValueError for an id in use (a finished request's id is free after the next step);
+        RuntimeError after shutdown()."""
+        if self.is_shut_down:
+            raise RuntimeError("the engine was shut down: it takes no requests (start a new one)")
         for r in requests:
             request = Request(
                 r.req_id,
@@ -223,6 +227,9 @@ class EngineCore:
         return sched_out, outputs
 
     def shutdown(self) -> None:
+        """Stops the executor, which lets go of the model, the KV cache and the graphs: their
+        device memory goes back once this process collects (the next engine's start does)."""
+        self.is_shut_down = True
         self.executor.shutdown()
         gc.unfreeze()
 

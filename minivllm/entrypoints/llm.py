@@ -270,7 +270,8 @@ class LLM:
                 self.engine.abort_requests(core_ids)
 
     def shutdown(self) -> None:
-        """Stops tensor-parallel workers; the LLM cannot generate afterwards."""
+        """Stops tensor-parallel workers and lets go of the model and its KV cache (another LLM
+        can start in their device memory); the LLM cannot generate afterwards."""
         self.engine.shutdown()
 
     def __del__(self) -> None:

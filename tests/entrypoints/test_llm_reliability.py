@@ -252,3 +252,24 @@ def test_create_and_destroy_llm_10_times(tiny_qwen3_dir: str) -> None:
     assert num_os_threads() <= threads0
     assert child_pids() == children0
     assert growth < 64, f"RSS grew {growth:.0f} MB over 10 LLMs"
+
+
+def test_shutdown_lets_go_of_the_model_while_the_llm_is_still_referenced(
+    tiny_qwen3_dir: str,
+) -> None:
+    """`llm = LLM(a); ...; llm.shutdown(); llm = LLM(b)` builds b while the name still holds a:
+    after shutdown() a's weights and KV cache must already be unreferenced (on a GPU, b's
+    memory check would otherwise find a's share in use). Generating afterwards is a clear
+    error, not an AttributeError from inside the engine."""
+    llm = LLM(tiny_qwen3_dir, dtype="float32", device="cpu", kv_cache_memory=16 << 20)
+    llm.generate([1, 2, 3], GREEDY, use_tqdm=False)
+    runner = llm.engine.executor.runner
+    weight = weakref.ref(next(runner.model.parameters()))
+    kv_cache = weakref.ref(runner.kv_caches[0])
+    del runner
+    llm.shutdown()
+    llm.shutdown()  # idempotent
+    gc.collect()
+    assert weight() is None and kv_cache() is None
+    with pytest.raises(RuntimeError, match="shut down"):
+        llm.generate([1, 2, 3], GREEDY, use_tqdm=False)

@@ -31,4 +31,6 @@ class LocalExecutor:
         return self.runner.sample(step, grammar)
 
     def shutdown(self) -> None:
-        pass
+        # The runner holds the weights, the KV cache and the graphs: dropped, its device memory
+        # can go back (the next engine's memory_baseline collects and empties the cache).
+        self.__dict__.pop("runner", None)

@@ -298,3 +298,4 @@ class TPExecutor:
 
     def shutdown(self) -> None:
         self._finalizer()
+        self.__dict__.pop("runner", None)  # rank 0's model and KV cache (local.py says why)
