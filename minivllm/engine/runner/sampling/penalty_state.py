@@ -12,6 +12,8 @@ own slot from the host when it needs one again.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
@@ -50,18 +52,18 @@ class PenaltyState:
         return self.output_counts.nbytes + self.prompt_mask.nbytes
 
     def slots_for(
-        self, req_ids: list[str], prompts: list[list[int]], outputs: list[list[int]]
+        self, req_ids: list[str], tokens_of: Callable[[str], tuple[list[int], list[int]]]
     ) -> list[int]:
-        """The slot of each request (distinct ids), filling the ones that have none."""
+        """The slot of each request (distinct ids), filling the ones that have none from
+        tokens_of(req_id): its (prompt, output) token ids, read only for those."""
         self._step += 1
         slots = self.slots
         result = [slots.get(req_id, -1) for req_id in req_ids]
         if -1 in result:
             step = set(req_ids)
-            for i, (req_id, prompt, output) in enumerate(
-                zip(req_ids, prompts, outputs, strict=True)
-            ):
+            for i, req_id in enumerate(req_ids):
                 if result[i] == -1:
+                    prompt, output = tokens_of(req_id)
                     slot = result[i] = self._take_slot(step)
                     self._fill(slot, prompt, output)
                     self.num_counted[req_id] = len(output)

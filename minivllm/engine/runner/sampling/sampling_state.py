@@ -343,17 +343,11 @@ class SamplingState:
         row_req_ids = [req_ids[row] for row in rows]
         unique = list(dict.fromkeys(row_req_ids))
         requests = self.requests
-        slot_of = dict(
-            zip(
-                unique,
-                self.penalties.slots_for(
-                    unique,
-                    [requests[r].prompt_token_ids for r in unique],
-                    [requests[r].output_token_ids for r in unique],
-                ),
-                strict=True,
-            )
-        )
+
+        def tokens_of(req_id: str) -> tuple[list[int], list[int]]:
+            return requests[req_id].prompt_token_ids, requests[req_id].output_token_ids
+
+        slot_of = dict(zip(unique, self.penalties.slots_for(unique, tokens_of), strict=True))
         arrays["penalty_rows"] = np.array(rows, np.int64)
         arrays["penalty_slots"] = np.array([slot_of[r] for r in row_req_ids], np.int64)
         if drafted is not None:
