@@ -89,7 +89,7 @@ class TorchrunExecutor(LocalExecutor):
             self._monitor.stop()
             self._heartbeat.stop()
             release_process_group()
-            self.__dict__.pop("runner", None)  # this rank's model and KV cache (local.py says why)
+            super().shutdown()  # lets go of this rank's runner
 
 
 def _watch_peers(timeout_s: float, rank: int, world_size: int) -> tuple[StoreThread, NodeMonitor]:

@@ -342,12 +342,7 @@ class SamplingState:
             return {"no_penalties": True}
         row_req_ids = [req_ids[row] for row in rows]
         unique = list(dict.fromkeys(row_req_ids))
-        requests = self.requests
-
-        def tokens_of(req_id: str) -> tuple[list[int], list[int]]:
-            return requests[req_id].prompt_token_ids, requests[req_id].output_token_ids
-
-        slot_of = dict(zip(unique, self.penalties.slots_for(unique, tokens_of), strict=True))
+        slot_of = dict(zip(unique, self.penalties.slots_for(unique, self._tokens_of), strict=True))
         arrays["penalty_rows"] = np.array(rows, np.int64)
         arrays["penalty_slots"] = np.array([slot_of[r] for r in row_req_ids], np.int64)
         if drafted is not None:
@@ -361,6 +356,11 @@ class SamplingState:
             "output_counts": self.penalties.output_counts,
             "prompt_mask": self.penalties.prompt_mask,
         }
+
+    def _tokens_of(self, req_id: str) -> tuple[list[int], list[int]]:
+        """A request's (prompt, output) token ids: what a new penalty slot is filled from."""
+        state = self.requests[req_id]
+        return state.prompt_token_ids, state.output_token_ids
 
     def record_sampled(self, meta: SamplingMetadata, sampled_token_ids: torch.Tensor) -> None:
         """Counts a plain step's sampled ids [N] (on the device) in its penalized rows' slots,
