@@ -156,9 +156,12 @@ def test_tiny_fp8_qwen3_next_kernels_equal_torch_inside_the_engine(tmp_path) -> 
     # Every quantized projection: attention's q (with its gate), k, v, o; the gated delta's
     # split qkv and z and its out; the shared expert's gate_up and down; the routed experts.
     assert {kind for kind, _ in errors} == {"linear", "experts"} and len(errors) >= 8
-    # A GEMM's inputs are quantized alike in both (equal e4m3 bytes on CUDA): only float32 sums
-    # in another order differ. The experts quantize their SiLU-mul activations again inside each
-    # path, so a last-bit difference in the gate/up sums can flip one e4m3 rounding (2.4e-5 in
-    # the interpreter's run); a wrong scale, tile or expert gives errors of order one.
-    assert max(v for (kind, _), v in errors.items() if kind == "linear") < 1e-4
-    assert max(v for (kind, _), v in errors.items() if kind == "experts") < 1e-2
+    # A GEMM's inputs are quantized alike in both (equal e4m3 bytes); the sums differ. Hopper's
+    # FP8 tensor cores add each 128-deep block's products with fewer bits than float32 (about
+    # 14, as DeepSeek-V3's report measured) before the kernel scales the block into its
+    # float32 total: 4-6e-4 of the largest value on an H200. The experts quantize their
+    # SiLU-mul activations again inside each path, so a difference in the gate/up sums can flip
+    # an e4m3 rounding (a step of 1/8): 1.6e-2 there. A wrong scale, tile or expert gives
+    # errors of order one.
+    assert max(v for (kind, _), v in errors.items() if kind == "linear") < 3e-3
+    assert max(v for (kind, _), v in errors.items() if kind == "experts") < 5e-2
