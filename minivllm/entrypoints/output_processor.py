@@ -133,6 +133,10 @@ class OutputProcessor:
         now = time.time()
         to_abort: list[str] = []
         changed: dict[str, _Parent] = {}
+        self.token_texts.learn(
+            token_id for out in engine_outputs if out.new_logprobs
+            for d in out.new_logprobs for token_id in d
+        )  # fmt: skip
         for out in engine_outputs:
             parent_id = self.child_to_parent.get(out.req_id)
             if parent_id is None:

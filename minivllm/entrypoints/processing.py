@@ -6,7 +6,7 @@ Pure Python over a HF tokenizer; never touches tensors.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Any
 
@@ -177,11 +177,15 @@ class IncrementalDetokenizer:
 class TokenTexts:
     """The text of single token ids, as logprobs show them: each id decoded once, then read
     from a dict (at most one entry per vocabulary id), not once per logprob entry: a step of
-    a thousand rows asking for 5 logprobs would otherwise decode thousands of ids."""
+    a thousand rows asking for 5 logprobs would otherwise decode thousands of ids. The ids
+    not yet known are decoded together, by the fast tokenizer's own batch decode where there
+    is one (`learn`: a third of the cost of decode's Python call per id)."""
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
         self._texts: dict[int, str] = {}
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        self._decode_batch = getattr(backend, "decode_batch", None)
 
     def __call__(self, token_id: int) -> str:
         text = self._texts.get(token_id)
@@ -189,6 +193,15 @@ class TokenTexts:
             text = self.tokenizer.decode([token_id], clean_up_tokenization_spaces=False)
             self._texts[token_id] = text
         return text
+
+    def learn(self, token_ids: Iterable[int]) -> None:
+        """Decodes the ids among token_ids not decoded before, in one batch call where the
+        tokenizer has one (a step's logprobs, whose ids are mostly new at first)."""
+        texts = self._texts
+        missing = {t for t in token_ids if t not in texts}
+        if len(missing) > 1 and self._decode_batch is not None:
+            missing_list = list(missing)
+            texts.update(zip(missing_list, self._decode_batch([[t] for t in missing_list], False)))
 
 
 def decode_logprobs(token_texts: TokenTexts, logprobs: LogprobsDict) -> LogprobsDict:

@@ -177,3 +177,17 @@ def test_output_ending_mid_character_keeps_its_text(tokenizer, text):
         # Before the end an incomplete character is withheld, at the end it is flushed.
         assert all("\ufffd" not in d for d in deltas[:-1])
         assert "".join(deltas) == streamed.text == expected
+
+
+def test_token_texts_learn_decodes_new_ids_in_one_batch_as_decode_would(tokenizer):
+    token_ids = list(range(len(tokenizer)))
+    texts = TokenTexts(tokenizer)
+    texts.learn(token_ids[:5])  # a few ids first: learn decodes only the rest below
+    batches = []
+    batch_decode = texts._decode_batch
+    texts._decode_batch = lambda ids, skip: batches.append(len(ids)) or batch_decode(ids, skip)
+    texts.learn(token_ids + token_ids)
+    assert batches == [len(token_ids) - 5]
+    expected = [tokenizer.decode([t], clean_up_tokenization_spaces=False) for t in token_ids]
+    texts.tokenizer = None  # every text now comes from what learn decoded
+    assert [texts(t) for t in token_ids] == expected

@@ -28,9 +28,10 @@ def to_runner_logprobs(
     not None), in order. num_logprobs is taken when the step is launched: the requests may
     have ended (and left the sampling state) by the time the step's results are read.
     """
-    asked = iter(_unpack(packed_rows))
+    width = (len(packed_rows[0]) - 1) // 2 if packed_rows else 0
+    asked = iter(packed_rows)
     result: list[LogprobsDict | None] = [
-        None if k is None else _to_dict(*next(asked), k) for k in num_logprobs
+        None if k is None else _to_dict(next(asked), width, k) for k in num_logprobs
     ]
     if next(asked, None) is not None:
         raise ValueError("more packed logprob rows than rows that asked for logprobs")
@@ -49,7 +50,8 @@ def pack_prompt_logprobs(
 def prompt_logprob_dicts(packed_rows: list[list[float]], num_logprobs: int) -> list[LogprobsDict]:
     """pack_prompt_logprobs' rows on the host -> one LogprobsDict a row: the scored token
     (with its rank) plus the top num_logprobs tokens."""
-    return [_to_dict(ids, values, rank, num_logprobs) for ids, values, rank in _unpack(packed_rows)]
+    width = (len(packed_rows[0]) - 1) // 2 if packed_rows else 0
+    return [_to_dict(row, width, num_logprobs) for row in packed_rows]
 
 
 def _pack(token_ids: torch.Tensor, logprobs: torch.Tensor, ranks: torch.Tensor) -> torch.Tensor:
@@ -57,16 +59,12 @@ def _pack(token_ids: torch.Tensor, logprobs: torch.Tensor, ranks: torch.Tensor) 
     return torch.cat([token_ids.double(), logprobs.double(), ranks.double().unsqueeze(1)], 1)
 
 
-def _unpack(rows: list[list[float]]) -> list[tuple[list[int], list[float], int]]:
-    """_pack's rows (as lists) -> per row (ids, logprobs, rank)."""
-    width = (len(rows[0]) - 1) // 2 if rows else 0
-    return [([int(t) for t in row[:width]], row[width : 2 * width], int(row[-1])) for row in rows]
-
-
-def _to_dict(ids: list[int], logprobs: list[float], rank: int, num_logprobs: int) -> LogprobsDict:
+def _to_dict(row: list[float], width: int, num_logprobs: int) -> LogprobsDict:
+    """One of _pack's rows (as a list: width ids, width logprobs, the rank) -> its dict. One
+    pass, no intermediate lists: a step reads a few hundred of these on the host."""
     # The sampled/scored token first; if it is also in the top k, that entry (same logprob)
     # replaces it, as in vLLM.
-    entry = {ids[0]: Logprob(logprobs[0], rank)}
-    for j in range(1, min(num_logprobs, len(ids) - 1) + 1):
-        entry[ids[j]] = Logprob(logprobs[j], j)
+    entry = {int(row[0]): Logprob(row[width], int(row[-1]), None)}
+    for j in range(1, min(num_logprobs, width - 1) + 1):
+        entry[int(row[j])] = Logprob(row[width + j], j, None)
     return entry
