@@ -20,6 +20,7 @@ from minivllm.engine.client.dp_engine import make_engine
 from minivllm.engine.request_checks import check_cache_salt, check_priority, check_request
 from minivllm.engine.types import EngineRequest
 from minivllm.entrypoints.chat_messages import render_conversation, template_conversation
+from minivllm.entrypoints.gc_pauses import fewer_full_collections
 from minivllm.entrypoints.generation_config import read_generation_defaults
 from minivllm.entrypoints.output_processor import OutputProcessor
 from minivllm.entrypoints.pooling import offline as pooling_offline
@@ -111,7 +112,8 @@ class LLM:
                         requests, params_list, priorities
                     )
                 ]
-                outputs = self._run_engine(request_ids, use_tqdm)
+                with fewer_full_collections():
+                    outputs = self._run_engine(request_ids, use_tqdm)
                 completed = True
             finally:
                 if not completed:

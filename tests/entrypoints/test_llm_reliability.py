@@ -273,3 +273,27 @@ def test_shutdown_lets_go_of_the_model_while_the_llm_is_still_referenced(
     assert weight() is None and kv_cache() is None
     with pytest.raises(RuntimeError, match="shut down"):
         llm.generate([1, 2, 3], GREEDY, use_tqdm=False)
+
+
+def test_generate_makes_full_collections_rarer_while_it_runs_then_restores(llm: LLM) -> None:
+    from minivllm.entrypoints.gc_pauses import FULL_COLLECTION_EVERY
+
+    before = gc.get_threshold()
+    seen: set[tuple[int, int, int]] = set()
+
+    def record(phase: str, info: dict) -> None:
+        if phase == "start":
+            seen.add(gc.get_threshold())
+
+    gc.callbacks.append(record)
+    try:
+        params = SamplingParams(max_tokens=40, ignore_eos=True, logprobs=3)
+        llm.generate([[1, 2, 3 + i] for i in range(8)], params, use_tqdm=False)
+    finally:
+        gc.callbacks.remove(record)
+    # Collections ran inside the loop, all under the raised full-collection threshold.
+    assert seen == {(before[0], before[1], max(before[2], FULL_COLLECTION_EVERY))}
+    assert gc.get_threshold() == before
+    with pytest.raises(ValueError):
+        llm.generate([[1, 2, 3]], SamplingParams(max_tokens=0))
+    assert gc.get_threshold() == before
