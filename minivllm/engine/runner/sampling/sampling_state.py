@@ -127,11 +127,13 @@ class SamplingState:
 
     def append_tokens(self, req_ids: list[str], token_ids: list[int]) -> None:
         """Records a step's tokens; requests removed meanwhile (async scheduling) are skipped."""
+        requests, penalties = self.requests, self.penalties
         for req_id, token_id in zip(req_ids, token_ids, strict=True):
-            state = self.requests.get(req_id)
+            state = requests.get(req_id)
             if state is not None:
                 state.output_token_ids.append(token_id)
-                self.penalties.count_appended(req_id, len(state.output_token_ids), token_id)
+                if state.has_penalties:  # only these hold a penalty slot
+                    penalties.count_appended(req_id, len(state.output_token_ids), token_id)
 
     def build_metadata(
         self, req_ids: list[str], drafted: list[list[int]] | None = None
