@@ -28,7 +28,7 @@ def to_runner_logprobs(
     not None), in order. num_logprobs is taken when the step is launched: the requests may
     have ended (and left the sampling state) by the time the step's results are read.
     """
-    width = (len(packed_rows[0]) - 1) // 2 if packed_rows else 0
+    width = _width(packed_rows)
     asked = iter(packed_rows)
     result: list[LogprobsDict | None] = [
         None if k is None else _to_dict(next(asked), width, k) for k in num_logprobs
@@ -50,13 +50,18 @@ def pack_prompt_logprobs(
 def prompt_logprob_dicts(packed_rows: list[list[float]], num_logprobs: int) -> list[LogprobsDict]:
     """pack_prompt_logprobs' rows on the host -> one LogprobsDict a row: the scored token
     (with its rank) plus the top num_logprobs tokens."""
-    width = (len(packed_rows[0]) - 1) // 2 if packed_rows else 0
+    width = _width(packed_rows)
     return [_to_dict(row, width, num_logprobs) for row in packed_rows]
 
 
 def _pack(token_ids: torch.Tensor, logprobs: torch.Tensor, ranks: torch.Tensor) -> torch.Tensor:
     """[N, k+1] ids, [N, k+1] logprobs, [N] ranks -> [N, 2(k+1)+1] float64."""
     return torch.cat([token_ids.double(), logprobs.double(), ranks.double().unsqueeze(1)], 1)
+
+
+def _width(rows: list[list[float]]) -> int:
+    """k + 1 of _pack's rows: the ids (and the logprobs) each row holds."""
+    return (len(rows[0]) - 1) // 2 if rows else 0
 
 
 def _to_dict(row: list[float], width: int, num_logprobs: int) -> LogprobsDict:
