@@ -1,6 +1,6 @@
 """benchmarks/workloads.py: the throughput workload shapes are seeded, sized as documented, and
 the headline is exactly docs/performance.md's; batch-1 latency's procedure;
-benchmarks/engine/profile_workload.py's runs and kernel kinds."""
+benchmarks/engine/profile_workload.py's runs and kernel kinds; agent_trace's ceiling."""
 
 from __future__ import annotations
 
@@ -190,3 +190,34 @@ def test_dispatch_model_a_long_tile_started_last_runs_alone(dispatch_model) -> N
     assert bound == same_bound and early < 1.01 * bound
     assert late > early + 100  # most of a 129-block tile
     assert dispatch_model.tile_costs([(129, 0)]) == [1.5, 2.5]
+
+
+def test_agent_trace_ceiling_is_what_an_ideal_prefix_cache_serves() -> None:
+    """benchmarks/peer/agent_trace.py: through a stand-in engine whose cache serves each prompt's
+    longest prefix of any sequence it has seen (prompts and answers), the hit rate equals the
+    ceiling the trace reports."""
+    import random
+    from types import SimpleNamespace
+
+    from benchmarks.peer.agent_trace import run_trace
+
+    seen: list[list[int]] = []
+    rng = random.Random(0)
+
+    def common(a: list[int], b: list[int]) -> int:
+        return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+    def generate(prompts, max_tokens, use_tqdm):
+        outputs = []
+        for prompt, n in zip((p["prompt_token_ids"] for p in prompts), max_tokens):
+            cached = max((common(prompt, s) for s in seen), default=0)
+            answer = [rng.randint(10, 10_000) for _ in range(n)]
+            seen.append(prompt + answer)
+            sample = SimpleNamespace(token_ids=answer)
+            outputs.append(SimpleNamespace(num_cached_tokens=cached, outputs=[sample]))
+        return outputs
+
+    llm = SimpleNamespace(generate=generate)
+    result = run_trace(llm, lambda n, temperature: n, conversations=3, turns=3)
+    assert result["hit_rate"] == result["hit_rate_ceiling"]
+    assert 0.5 < result["hit_rate_ceiling"] < 1.0
