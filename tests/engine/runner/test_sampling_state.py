@@ -301,3 +301,27 @@ def test_prompt_logprobs_scored_a_few_rows_at_a_time_equal_one_pass():
     assert chunked["a"][0] is None and len(chunked["a"]) == 8 and len(chunked["b"]) == 4
     raw = torch.log_softmax(hidden[7:] @ head.T, dim=-1)
     assert chunked["b"][1][9].logprob == pytest.approx(raw[1, 9].item())
+
+
+@pytest.mark.parametrize("tokens_first", [False, True])
+def test_min_tokens_bans_until_reached_and_then_no_row_is_looked_at(tokens_first, monkeypatch):
+    """A row bans its stop ids while fewer than min_tokens rows were built before it (its
+    output, the steps in flight included); after that the step skips the per-row ban pass."""
+    from minivllm.engine.runner.sampling import sampling_state as module
+
+    params = SamplingParams(min_tokens=3, stop_token_ids=[5], temperature=0.0)
+    state = new_state(("a", [1], params), ("b", [1], SamplingParams(temperature=0.0)))
+    passes = []
+    real = module.suppressed_token_ids
+    monkeypatch.setattr(
+        module, "suppressed_token_ids", lambda *a, **k: passes.append(1) or real(*a, **k)
+    )
+    banned = []
+    for step in range(5):
+        meta = state.build_metadata(["a", "b"])
+        ids = meta.suppressed_token_ids
+        banned.append(None if ids is None else ids[0].tolist())
+        if tokens_first or step % 2:  # async scheduling: the output may lag a step behind
+            state.append_tokens(["a", "b"], [7, 7])
+    assert banned[:3] == [[5], [5], [5]] and banned[3:] == [None, None]
+    assert len(passes) == 3

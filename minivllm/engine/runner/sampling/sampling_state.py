@@ -46,13 +46,14 @@ class _RowSummary:
     penalized: list[int]  # the rows with penalties
     logprob_rows: list[int]  # the rows that ask for logprobs
     num_logprobs: list[int]  # per such row, how many
-    early: bool  # some row may still be under its min_tokens
+    early: bool  # some row may still be under its min_tokens (else no row bans for it)
 
     @classmethod
-    def of(cls, states: list[RequestState]) -> _RowSummary:
+    def of(cls, states: list[RequestState], draw_index: list[int]) -> _RowSummary:
+        """draw_index: per row, the rows its request had built before it."""
         floats, top_k, random_top, penalized, logprob_rows, num_logprobs = [], [], [], [], [], []
         early = False
-        for row, s in enumerate(states):
+        for row, (s, index) in enumerate(zip(states, draw_index, strict=True)):
             p = s.params
             floats.append(s.floats)
             top_k.append(p.top_k)
@@ -63,7 +64,9 @@ class _RowSummary:
             if p.logprobs is not None:
                 logprob_rows.append(row)
                 num_logprobs.append(p.logprobs)
-            early = early or bool(s.banned_early)
+            # A row's output before it is at least the rows built before it (drafts only
+            # add): past min_tokens of those, it bans nothing.
+            early = early or (bool(s.banned_early) and index < p.min_tokens)
         return cls(floats, top_k, random_top, penalized, logprob_rows, num_logprobs, early)
 
 
@@ -245,7 +248,7 @@ class SamplingState:
     ) -> SamplingMetadata:
         device = self.device
         params = [s.params for s in states]
-        rows = _RowSummary.of(states)
+        rows = _RowSummary.of(states, draw_index)
         forced = forced_token_ids(states, drafted) if self._num_following_output else None
         suppressed_ids = None
         if rows.early or self._num_following_output:
