@@ -248,7 +248,8 @@ def test_create_and_destroy_llm_10_times(tiny_qwen3_dir: str) -> None:
             "children": (len(children0), len(child_pids())),
         },
     )
-    assert threading.active_count() == py_threads0
+    # At most as many: a thread an earlier test left behind may end meanwhile.
+    assert threading.active_count() <= py_threads0
     assert num_os_threads() <= threads0
     assert child_pids() == children0
     assert growth < 64, f"RSS grew {growth:.0f} MB over 10 LLMs"
