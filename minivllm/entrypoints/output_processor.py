@@ -17,7 +17,6 @@ from minivllm.entrypoints.processing import (
     IncrementalDetokenizer,
     TokenTexts,
     bad_words_token_ids,
-    decode_logprobs,
     think_marker_ids,
 )
 from minivllm.entrypoints.routed_rows import RoutedRows
@@ -133,10 +132,7 @@ class OutputProcessor:
         now = time.time()
         to_abort: list[str] = []
         changed: dict[str, _Parent] = {}
-        self.token_texts.learn(
-            token_id for out in engine_outputs if out.new_logprobs
-            for d in out.new_logprobs for token_id in d
-        )  # fmt: skip
+        new_logprobs: list[LogprobsDict] = []  # the step's, their texts filled after the loop
         for out in engine_outputs:
             parent_id = self.child_to_parent.get(out.req_id)
             if parent_id is None:
@@ -145,12 +141,14 @@ class OutputProcessor:
             child = parent.children[out.req_id]
             if child.finish_reason is not None:
                 continue
-            self._apply(parent, child, out, now)
+            self._apply(parent, child, out, now, new_logprobs)
             if child.finish_reason is not None:
                 parent.num_unfinished -= 1
             if child.detokenizer.stopped and not out.finished:
                 to_abort.append(out.req_id)
             changed[parent_id] = parent
+        if new_logprobs:
+            self.token_texts.fill(new_logprobs)
         results = []
         for parent in changed.values():
             finished = parent.finished
@@ -180,7 +178,16 @@ class OutputProcessor:
         self.child_to_parent.clear()
         return core_ids
 
-    def _apply(self, parent: _Parent, child: _Child, out: EngineOutput, now: float) -> None:
+    def _apply(
+        self,
+        parent: _Parent,
+        child: _Child,
+        out: EngineOutput,
+        now: float,
+        new_logprobs: list[LogprobsDict],
+    ) -> None:
+        """Applies out to its sample; the logprob dicts it adds (their texts still to fill)
+        go to new_logprobs too."""
         if parent.metrics.first_scheduled_time is None:
             parent.metrics.first_scheduled_time = out.first_scheduled_time
         if parent.metrics.first_token_time is None and out.new_token_ids:
@@ -191,17 +198,16 @@ class OutputProcessor:
             parent.metrics.num_cached_tokens, out.num_cached_tokens
         )
         if out.prompt_logprobs is not None:
-            parent.prompt_logprobs = (parent.prompt_logprobs or []) + [
-                None if d is None else decode_logprobs(self.token_texts, d)
-                for d in out.prompt_logprobs
-            ]
+            parent.prompt_logprobs = (parent.prompt_logprobs or []) + out.prompt_logprobs
+            new_logprobs.extend(d for d in out.prompt_logprobs if d is not None)
         if out.pooled is not None:
             parent.pooled = out.pooled
         child.token_ids.extend(out.new_token_ids)
         if out.routed_experts is not None:
             child.routed_experts.append(out.routed_experts)
         if child.logprobs is not None and out.new_logprobs:
-            child.logprobs.extend(decode_logprobs(self.token_texts, d) for d in out.new_logprobs)
+            child.logprobs.extend(out.new_logprobs)
+            new_logprobs.extend(out.new_logprobs)
             child.cumulative_logprob += sum(
                 d[t].logprob for t, d in zip(out.new_token_ids, out.new_logprobs)
             )

@@ -203,6 +203,13 @@ class TokenTexts:
             missing_list = list(missing)
             texts.update(zip(missing_list, self._decode_batch([[t] for t in missing_list], False)))
 
+    def fill(self, logprobs: list[LogprobsDict]) -> None:
+        """Sets decoded_token in every entry of logprobs (a step's dicts), the ids new to it
+        decoded in one batch."""
+        self.learn(token_id for entry in logprobs for token_id in entry)
+        for entry in logprobs:
+            decode_logprobs(self, entry)
+
 
 def decode_logprobs(token_texts: TokenTexts, logprobs: LogprobsDict) -> LogprobsDict:
     """Fills decoded_token of every entry with the text of its single token id; returns it."""
