@@ -13,12 +13,13 @@ Usage: [TP=N] [GPU_UTIL=0.9] [KV_CACHE_DTYPE=fp8] [DETERMINISTIC=1] [SPEC='{"met
             comma-separated, run on one engine, a JSON line each (each later workload's
             prompt ids shifted: workloads.shifted)
 Needs only benchmarks/workloads.py (run from the repository's root); vLLM keeps its defaults
-except what the workload needs (max_model_len, temperature 0.6, ignore_eos). DETERMINISTIC=1
-turns on minivllm's deterministic mode; vLLM's counterpart is its own environment variable,
-VLLM_BATCH_INVARIANT=1. SPEC: a speculative_config (JSON) for either engine. PREFILL_KERNEL:
-minivllm's prefill_attention_kernel. SAMPLING: SamplingParams options (JSON) for every request,
-on top of the workload's own (latency: on top of greedy). ENGINE_OPTIONS: more LLM(...) options
-(JSON) for the engine.
+except what the workload needs (max_model_len, temperature 0.6, ignore_eos) and, for a
+vision-language config (Qwen3.5's), language_model_only: the text path minivllm runs.
+DETERMINISTIC=1 turns on minivllm's deterministic mode; vLLM's counterpart is its own
+environment variable, VLLM_BATCH_INVARIANT=1. SPEC: a speculative_config (JSON) for either
+engine. PREFILL_KERNEL: minivllm's prefill_attention_kernel. SAMPLING: SamplingParams options
+(JSON) for every request, on top of the workload's own (latency: on top of greedy).
+ENGINE_OPTIONS: more LLM(...) options (JSON) for the engine.
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ def build(engine: str, model_dir: str, max_model_len: int):
     if engine == "vllm":
         from vllm import LLM, SamplingParams
 
+        if _is_vision_language(model_dir):  # the text path alone, as minivllm runs it
+            common.setdefault("language_model_only", True)
         llm = LLM(
             model=model_dir,
             load_format="dummy",
@@ -72,6 +75,12 @@ def build(engine: str, model_dir: str, max_model_len: int):
     return llm, lambda n, **options: SamplingParams(
         ignore_eos=True, max_tokens=n, **_options(options)
     )
+
+
+def _is_vision_language(model_dir: str) -> bool:
+    """Whether model_dir's config is a vision-language model's (a text_config inside)."""
+    with open(os.path.join(model_dir, "config.json")) as f:
+        return "text_config" in json.load(f)
 
 
 def _options(options: dict) -> dict:
