@@ -3,7 +3,7 @@ recurrent-state snapshot at its end resumes there (num_cached_tokens > 0), and i
 tokens and logprobs are still HF's float32 ones (1e-4) and the engine's without prefix
 caching: the next turns of a chat (hitting after the turn before's answer, with and without
 async scheduling), prefixes diverging mid-block, a shared prefix first seen without a
-snapshot, eviction under a small cache, preemption and chunked prefill across the snapshot's
+snapshot, alone and by a batch in one step, eviction under a small cache, preemption and chunked prefill across the snapshot's
 boundary. Skipping the restore, and an answer's snapshot saved at the wrong position, are
 caught."""
 
@@ -114,6 +114,19 @@ def test_partial_hits(tiny_qwen3_5_dir: str, hf_model) -> None:
     assert [o.num_cached_tokens for o in outputs] == [0, 68, 0, 64]
     assert_matches_hf(hf_model, prompts, outputs)
     assert_matches_no_caching(tiny_qwen3_5_dir, prompts, outputs)
+
+
+def test_a_prefix_shared_in_one_batch_is_computed_twice_not_each_time(
+    tiny_qwen3_5_dir: str, hf_model
+) -> None:
+    """Four prompts of BASE and tails of their own, in one step's budget: the first computes
+    BASE's blocks, the second computes them again to save a snapshot at their end (68); the
+    others wait a step for it and hit there instead of computing BASE too."""
+    llm = cpu_llm(tiny_qwen3_5_dir)
+    prompts = [BASE + [100 * i + j for j in range(20)] for i in range(1, 5)]
+    outputs = generate(llm, prompts)
+    assert [o.num_cached_tokens for o in outputs] == [0, 0, 68, 68]
+    assert_matches_hf(hf_model, prompts, outputs)
 
 
 def test_eviction_under_a_small_cache(tiny_qwen3_5_dir: str, hf_model) -> None:

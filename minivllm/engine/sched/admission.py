@@ -58,7 +58,10 @@ class Admission:
                 request = self._first_admissible()
                 if request is None:
                     return
-            computed_blocks, num_cached_tokens = self.block_manager.get_computed_blocks(request)
+            hit = self.block_manager.get_computed_blocks(request)
+            if hit is None:
+                return  # a longer hit is saved this step: admitted from the next one
+            computed_blocks, num_cached_tokens = hit
             request.num_computed_tokens = num_cached_tokens
             num_new_tokens = self.block_manager.clip_chunk(
                 request, min(request.num_tokens - num_cached_tokens, budget)

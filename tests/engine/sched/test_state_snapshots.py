@@ -69,9 +69,9 @@ def test_a_hit_needs_a_snapshot_and_is_found_the_step_after() -> None:
     kv = coordinator()
     a = make_request("a", PROMPT)
     admit(kv, a)
-    # Same step: the snapshot is written by this step's forward, not found yet.
+    # Same step: the snapshot is written by this step's forward, not found yet: b waits.
     b = make_request("b", PROMPT + [99])
-    assert kv.get_computed_blocks(b)[1] == 0
+    assert kv.get_computed_blocks(b) is None
     kv.take_state_copies()
     computed, num_cached = kv.get_computed_blocks(b)
     assert num_cached == 16 and computed == a.block_ids[:4]
@@ -106,6 +106,24 @@ def test_cached_blocks_without_a_snapshot_save_one_at_their_end() -> None:
     assert copies.save_src == [b.state_slot] and copies.restore_src == []
     c = make_request("c", PROMPT[:14] + [70] * 3)
     assert kv.get_computed_blocks(c)[1] == 12
+
+
+def test_a_request_waits_a_step_for_a_snapshot_saved_past_its_hit() -> None:
+    """b computes a's shared prefix again to save a snapshot at its end (12); c, looking up in
+    the same step, waits (None) instead of computing it a third time, and hits 12 a step
+    later. d, whose cached blocks end before the snapshot being saved, does not wait."""
+    kv = coordinator()
+    a = make_request("a", PROMPT)
+    admit(kv, a)
+    kv.take_state_copies()
+    b = make_request("b", PROMPT[:13] + [80] * 8)
+    assert admit(kv, b) == 12
+    c = make_request("c", PROMPT[:14] + [70] * 3)
+    assert kv.get_computed_blocks(c) is None
+    d = make_request("d", PROMPT[:9] + [60] * 3)  # 2 cached blocks, a snapshot-free prefix
+    assert kv.get_computed_blocks(d) == ([], 0)
+    kv.take_state_copies()
+    assert kv.get_computed_blocks(c) == (a.block_ids[:3], 12)
 
 
 def test_snapshot_interval_cuts_long_prompts() -> None:

@@ -11,7 +11,8 @@ the request's slot is restored from it before the step's forward. Snapshots are 
 chunk ends on a snapshot point of its request: the last block boundary of the tokens known at
 admission (a longer prompt, the next turn of a chat, starts with them), the end of the cached
 blocks where no snapshot was found (a prefix another request has shared: the next one hits
-there) and every snapshot_interval tokens. clip_chunk ends a chunk at the next such point.
+there) and every snapshot_interval tokens. clip_chunk ends a chunk at the next such point. A
+request whose cached blocks have a snapshot being saved past its hit waits for it a step.
 Past the tokens known at admission (the output), each block boundary a decode reaches is saved
 in the request's rolling snapshot (rolling_snapshots.py): the next turn hits after the answer.
 
@@ -109,13 +110,18 @@ class HybridKVCoordinator:
     def usage(self) -> float:
         return self.blocks.usage
 
-    def get_computed_blocks(self, request: Request) -> tuple[list[int], int]:
+    def get_computed_blocks(self, request: Request) -> tuple[list[int], int] | None:
         """The longest cached prefix of full blocks whose end has a state snapshot:
-        (block_ids, num_cached_tokens); ([], 0) without prefix caching."""
+        (block_ids, num_cached_tokens); ([], 0) without prefix caching. None where this step
+        saves a snapshot further into request's cached blocks (another request computes
+        through their shared prefix): admitted a step later, request hits there instead of
+        computing that prefix once more."""
         if self.snapshots is None:
             return [], 0
         block_ids, _ = self.blocks.get_computed_blocks(request)
         num_hit, slot = self.snapshots.longest_hit(request.block_hashes, block_ids)
+        if self.snapshots.saving_after(request.block_hashes, num_hit, len(block_ids)):
+            return None
         junction = len(block_ids) * self.block_size if len(block_ids) > num_hit else 0
         known_end = request.num_tokens // self.block_size * self.block_size
         self._plans[request.req_id] = _Plan(junction, known_end, slot)

@@ -55,6 +55,15 @@ class SnapshotCache:
                 return n, entry.slot
         return 0, -1
 
+    def saving_after(self, block_hashes: Sequence[int], first: int, end: int) -> bool:
+        """Whether this step saves a snapshot of a prefix ending at one of blocks first..end - 1
+        (block_hashes' indices): found from the next step on."""
+        for block_hash in block_hashes[first:end]:
+            entry = self._entries.get(block_hash)
+            if entry is not None and not entry.ready:
+                return True
+        return False
+
     def reserve(self, block_hash: int, block_id: int) -> int:
         """The slot a new snapshot of the prefix ending at cached block block_id (hash
         block_hash) is saved into this step, or -1: one lives already, or every slot holds a
