@@ -11,6 +11,9 @@ chunks of rows whose workspace stays under SORT_WORKSPACE_BYTES.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import numpy as np
 import torch
 
 # Top-k up to this many tokens filters over torch.topk candidates instead of a sort.
@@ -22,10 +25,13 @@ SORT_WORKSPACE_BYTES = 256 << 20
 SORT_BYTES_PER_ELEMENT = 24
 
 
-def can_filter_by_candidates(top_k: list[int], top_p: list[float]) -> bool:
+def can_filter_by_candidates(top_k: Sequence[int], top_p: Sequence[float]) -> bool:
     """Whether rows with these (random rows') top_k and top_p filter over topk candidates:
     every top_k within TOP_K_CAP, and every row with a top_p also with a top_k."""
-    return all(k <= TOP_K_CAP and (k > 0 or p >= 1.0) for k, p in zip(top_k, top_p, strict=True))
+    k, p = np.asarray(top_k), np.asarray(top_p)
+    if k.shape != p.shape:
+        raise ValueError(f"{len(k)} top_k values for {len(p)} top_p values")
+    return bool(np.all((k <= TOP_K_CAP) & ((k > 0) | (p >= 1.0))))
 
 
 def keep_thresholds(

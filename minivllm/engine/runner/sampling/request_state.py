@@ -21,6 +21,7 @@ class RequestState:
     # Rows built for it so far (= tokens sampled). Counted at build time: with async
     # scheduling, output_token_ids can lag a step behind.
     num_sampled: int = 0
+    slot: int = -1  # its row of the sampling state's RowTable
     thinking: ThinkingBudget | None = None  # with a thinking_token_budget
     # Read from params once, at add_request: a step's metadata gathers these per row.
     floats: tuple[float, ...] = ()  # FLOAT_PARAMS' values

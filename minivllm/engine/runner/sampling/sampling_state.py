@@ -2,7 +2,8 @@
 penalties' tables on the device (penalty_state.py).
 
 It turns a step's rows into SamplingMetadata for the Sampler (with the per-step keys of the
-Triton sampler's draws); logprob_packing.py reads the sampler's logprobs back.
+Triton sampler's draws), their parameters gathered from the requests' slots of a RowTable
+(row_table.py); logprob_packing.py reads the sampler's logprobs back.
 Nothing it builds for a step needs the step before's tokens on the host, but for bad words
 and thinking budgets (reads_output): penalties count sampled tokens on the device (record),
 min_tokens counts rows built.
@@ -10,7 +11,7 @@ min_tokens counts rows built.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -29,45 +30,12 @@ from minivllm.engine.runner.sampling.row_edits import (
     logit_bias,
     suppressed_token_ids,
 )
+from minivllm.engine.runner.sampling.row_table import RowTable, StepRows
 from minivllm.engine.runner.sampling.thinking_budget import ThinkingBudget
 from minivllm.engine.types import NewRequestData
 from minivllm.layers.dispatch import use_triton_kernels
 from minivllm.layers.sampler import DRAW_SHIFT, SamplingMetadata
 from minivllm.layers.sampling_filters import can_filter_by_candidates
-
-
-@dataclass
-class _RowSummary:
-    """One pass over a step's rows for what every step needs (a batch changes most steps)."""
-
-    floats: list[tuple[float, ...]]  # per row, FLOAT_PARAMS' values
-    top_k: list[int]  # per row
-    random_top: list[tuple[int, float, float]]  # per random row: top_k, top_p, min_p
-    penalized: list[int]  # the rows with penalties
-    logprob_rows: list[int]  # the rows that ask for logprobs
-    num_logprobs: list[int]  # per such row, how many
-    early: bool  # some row may still be under its min_tokens (else no row bans for it)
-
-    @classmethod
-    def of(cls, states: list[RequestState], draw_index: list[int]) -> _RowSummary:
-        """draw_index: per row, the rows its request had built before it."""
-        floats, top_k, random_top, penalized, logprob_rows, num_logprobs = [], [], [], [], [], []
-        early = False
-        for row, (s, index) in enumerate(zip(states, draw_index, strict=True)):
-            p = s.params
-            floats.append(s.floats)
-            top_k.append(p.top_k)
-            if s.is_random:
-                random_top.append((p.top_k, p.top_p, p.min_p))
-            if s.has_penalties:
-                penalized.append(row)
-            if p.logprobs is not None:
-                logprob_rows.append(row)
-                num_logprobs.append(p.logprobs)
-            # A row's output before it is at least the rows built before it (drafts only
-            # add): past min_tokens of those, it bans nothing.
-            early = early or (bool(s.banned_early) and index < p.min_tokens)
-        return cls(floats, top_k, random_top, penalized, logprob_rows, num_logprobs, early)
 
 
 class SamplingState:
@@ -93,6 +61,9 @@ class SamplingState:
         self.device = torch.device(device)
         self.keyed_draws = use_triton_kernels(self.device)
         self.requests: dict[str, RequestState] = {}
+        # Their parameters by slot (RequestState.slot), gathered a step at a time.
+        self.table = RowTable(max_num_seqs or 64)
+        self._num_seeded = 0  # requests with a seeded generator (random rows draw from it)
         self.penalties = PenaltyState(self.device, max_num_seqs, vocab_size)
         self._step_generator = torch.Generator().manual_seed(seed)
         # (req_ids, metadata) of the last step, when it can be reused as is.
@@ -119,13 +90,17 @@ class SamplingState:
             state.thinking = ThinkingBudget.after_prompt(
                 params.thinking_token_budget, start_ids, end_ids, state.prompt_token_ids
             )
+        state.slot = self.table.add(state)
         self.requests[new.req_id] = state
         self._num_following_output += follows_output(state)
+        self._num_seeded += generator is not None
 
     def remove(self, req_id: str) -> None:
         state = self.requests.pop(req_id, None)
         if state is not None:
             self._num_following_output -= follows_output(state)
+            self._num_seeded -= state.generator is not None
+            self.table.remove(state.slot)
             self.penalties.release(req_id)
 
     def append_tokens(self, req_ids: list[str], token_ids: list[int]) -> None:
@@ -162,18 +137,20 @@ class SamplingState:
             and drafted is None
             and reusable[1].output_counts in (None, self.penalties.output_counts)
         ):
-            meta = reusable[1]
+            _, meta, rows = reusable
         else:
-            meta = self._build_metadata(req_ids, states, draw_index, drafted)
+            slots = np.fromiter((s.slot for s in states), np.int64, len(states))
+            rows = self.table.gather(slots)
+            meta = self._build_metadata(req_ids, states, rows, draw_index, drafted)
             # Without suppressed tokens, bad words or thinking budgets nothing in it changes
             # while the batch stays, except the draw keys (replaced below): penalties read
             # tables that the device keeps up to date.
             static = meta.suppressed_token_ids is None and not self._num_following_output
-            self._reusable = (key, meta) if static else None
+            self._reusable = (key, meta, rows) if static else None
         # The Triton sampler draws every batch with keyed noise (plain or not), so that a
         # seeded request's tokens do not depend on its neighbours' sampling options.
         if (meta.is_plain or self.keyed_draws) and not meta.all_greedy:
-            meta = replace(meta, **self._draw_tensors(states, draw_index))
+            meta = replace(meta, **self._draw_tensors(rows, draw_index))
         return meta
 
     def unsample(self, req_id: str, num_rows: int) -> None:
@@ -210,23 +187,19 @@ class SamplingState:
         for _ in range(num_draws):
             scratch.exponential_(generator=generator)
 
-    def _draw_tensors(
-        self, states: list[RequestState], draw_index: list[int]
-    ) -> dict[str, torch.Tensor]:
+    def _draw_tensors(self, rows: StepRows, draw_index: list[int]) -> dict[str, torch.Tensor]:
         """This step's draw keys: seeds and offsets [N] int64 (one transfer)."""
         # Drawn only when a row needs it: a step of seeded requests leaves the generator as it
         # was (the engine's warm-up relies on it; engine/warm_up.py).
         step_seed = 0
-        if any(s.params.seed is None for s in states):
+        if not rows.seeded.all():
             step_seed = int(torch.randint(2**63 - 1, (), generator=self._step_generator))
-        n = len(states)
-        seeds = np.full(n, step_seed, np.int64)
-        offsets = np.arange(n, dtype=np.int64) << DRAW_SHIFT
-        for row, s in enumerate(states):
-            if s.params.seed is not None:
-                seeds[row] = s.params.seed  # SamplingParams keeps it in int64
-                offsets[row] = draw_index[row] << DRAW_SHIFT
-        return self._staging.upload({"seeds": seeds, "offsets": offsets})
+        seeded = rows.seeded
+        seeds = np.where(seeded, rows.seed, step_seed)  # SamplingParams keeps seeds in int64
+        offsets = np.arange(len(seeded), dtype=np.int64)
+        if seeded.any():
+            offsets = np.where(seeded, np.asarray(draw_index, np.int64), offsets)
+        return self._staging.upload({"seeds": seeds, "offsets": offsets << DRAW_SHIFT})
 
     def reads_output(self, req_id: str) -> bool:
         """Whether req_id's sampling depends on its output so far: penalties, min_tokens not
@@ -243,63 +216,69 @@ class SamplingState:
         self,
         req_ids: list[str],
         states: list[RequestState],
+        rows: StepRows,
         draw_index: list[int],
         drafted: list[list[int]] | None = None,
     ) -> SamplingMetadata:
-        device = self.device
-        params = [s.params for s in states]
-        rows = _RowSummary.of(states, draw_index)
+        device, num_rows = self.device, len(states)
         forced = forced_token_ids(states, drafted) if self._num_following_output else None
         suppressed_ids = None
-        if rows.early or self._num_following_output:
+        # A row's output before it is at least the rows built before it (drafts only add):
+        # past min_tokens of those, it bans nothing.
+        early = rows.banned_until.any() and (np.asarray(draw_index) < rows.banned_until).any()
+        if early or self._num_following_output:
             suppressed_ids = self._suppressed(states, draw_index, drafted, forced)
-        bias_ids, bias_values = logit_bias(params, device)
-        allowed_ids, allowed_rows = allowed_token_ids(params, device, forced)
-        float_rows = np.array(rows.floats, np.float32).reshape(len(states), len(FLOAT_PARAMS))
-        arrays = {
-            "floats": float_rows.T.copy(),  # [6, N]: a row a parameter
-            "top_k": np.array(rows.top_k, np.int64),
-        }
+        bias_ids = bias_values = allowed_ids = allowed_rows = None
+        if rows.edited or forced is not None:
+            params = [s.params for s in states]
+            bias_ids, bias_values = logit_bias(params, device)
+            allowed_ids, allowed_rows = allowed_token_ids(params, device, forced)
+        arrays = {"floats": rows.floats.T.copy(), "top_k": rows.top_k}  # floats [6, N]
         # The rows that asked for logprobs, where not all did: only they take a log_softmax.
-        if rows.logprob_rows and len(rows.logprob_rows) < len(states):
-            arrays["logprob_rows"] = np.array(rows.logprob_rows, np.int64)
-        penalties = self._penalty_arrays(req_ids, rows.penalized, drafted, arrays)
+        if 0 < len(rows.logprob_rows) < num_rows:
+            arrays["logprob_rows"] = rows.logprob_rows
+        penalized = rows.penalized.tolist()
+        penalties = self._penalty_arrays(req_ids, penalized, drafted, arrays)
         dev = self._staging.upload(arrays)
         tensors = dict(zip(FLOAT_PARAMS, dev["floats"].unbind(0), strict=True))
         tensors["top_k"] = dev["top_k"]
-        if rows.penalized:
+        if penalized:
             penalties |= {
                 "penalty_rows": dev["penalty_rows"],
                 "penalty_slots": dev["penalty_slots"],
                 "penalty_drafts": dev.get("penalty_drafts"),
             }
-        filters = _filter_fields(rows.random_top)
+        filters = _filter_fields(rows)
+        num_random = int(rows.random.sum())
         is_plain = (
             penalties["no_penalties"]
             and suppressed_ids is None
             and bias_ids is None
             and allowed_ids is None
-            and not rows.num_logprobs
+            and not len(rows.logprob_rows)
             and filters["no_top_k"] and filters["no_top_p"] and filters["no_min_p"]
         )  # fmt: skip
         # Greedy rows never draw, so an all-greedy batch keeps zeros; for the others
         # build_metadata puts in each step's seeds and offsets.
         draws = None
-        if is_plain and not rows.random_top:
-            draws = torch.zeros(2, len(states), dtype=torch.int64, device=device)
+        if is_plain and not num_random:
+            draws = torch.zeros(2, num_rows, dtype=torch.int64, device=device)
+        generators = {}
+        if self._num_seeded:
+            generators = {
+                row: s.generator
+                for row, s in enumerate(states)
+                if s.generator is not None and s.is_random
+            }
         return SamplingMetadata(
             **tensors,
             **filters,
             **penalties,
             suppressed_token_ids=suppressed_ids,
-            generators={
-                row: s.generator
-                for row, s in enumerate(states)
-                if s.generator is not None and s.is_random
-            },
-            all_greedy=not rows.random_top,
-            all_random=len(rows.random_top) == len(states),
-            max_num_logprobs=max(rows.num_logprobs, default=None),
+            generators=generators,
+            all_greedy=not num_random,
+            all_random=num_random == num_rows,
+            max_num_logprobs=int(rows.num_logprobs.max()) if len(rows.num_logprobs) else None,
             logprob_rows=dev.get("logprob_rows"),
             logit_bias_ids=bias_ids,
             logit_bias_values=bias_values,
@@ -395,14 +374,14 @@ class SamplingState:
         return [self.requests[req_id].params.logprobs for req_id in req_ids]
 
 
-def _filter_fields(random_top: list[tuple[int, float, float]]) -> dict:
-    """SamplingMetadata's filter flags from the random rows' (top_k, top_p, min_p)."""
+def _filter_fields(rows: StepRows) -> dict:
+    """SamplingMetadata's filter flags from the random rows' top_k, top_p and min_p."""
+    random = rows.random
+    top_k, top_p, min_p = rows.top_k[random], rows.top_p[random], rows.min_p[random]
     return {
-        "no_top_k": all(k == 0 for k, _, _ in random_top),
-        "no_top_p": all(p == 1.0 for _, p, _ in random_top),
-        "no_min_p": all(m == 0.0 for _, _, m in random_top),
-        "max_top_k": max((k for k, _, _ in random_top), default=0),
-        "filter_by_candidates": can_filter_by_candidates(
-            [k for k, _, _ in random_top], [p for _, p, _ in random_top]
-        ),
+        "no_top_k": not top_k.any(),
+        "no_top_p": bool((top_p == 1.0).all()),
+        "no_min_p": bool((min_p == 0.0).all()),
+        "max_top_k": int(top_k.max()) if len(top_k) else 0,
+        "filter_by_candidates": can_filter_by_candidates(top_k, top_p),
     }
