@@ -3,9 +3,9 @@ recurrent-state snapshot at its end resumes there (num_cached_tokens > 0), and i
 tokens and logprobs are still HF's float32 ones (1e-4) and the engine's without prefix
 caching: the next turns of a chat (hitting after the turn before's answer, with and without
 async scheduling), prefixes diverging mid-block, a shared prefix first seen without a
-snapshot, alone and by a batch in one step, eviction under a small cache, preemption and chunked prefill across the snapshot's
-boundary. Skipping the restore, and an answer's snapshot saved at the wrong position, are
-caught."""
+snapshot, alone and by a batch in one step, eviction under a small cache, preemption and
+chunked prefill across the snapshot's boundary. Skipping the restore, and an answer's
+snapshot saved at the wrong position, are caught."""
 
 from __future__ import annotations
 
