@@ -325,10 +325,15 @@ class SamplingState:
         if not rows:
             return {"no_penalties": True}
         row_req_ids = [req_ids[row] for row in rows]
-        unique = list(dict.fromkeys(row_req_ids))
-        slot_of = dict(zip(unique, self.penalties.slots_for(unique, self._tokens_of), strict=True))
+        if drafted is None:  # one row a request
+            slots = self.penalties.slots_for(row_req_ids, self._tokens_of)
+        else:  # a request's rows are its positions
+            unique = list(dict.fromkeys(row_req_ids))
+            unique_slots = self.penalties.slots_for(unique, self._tokens_of)
+            slot_of = dict(zip(unique, unique_slots, strict=True))
+            slots = [slot_of[r] for r in row_req_ids]
         arrays["penalty_rows"] = np.array(rows, np.int64)
-        arrays["penalty_slots"] = np.array([slot_of[r] for r in row_req_ids], np.int64)
+        arrays["penalty_slots"] = np.array(slots, np.int64)
         if drafted is not None:
             width = max(1, max(len(drafted[row]) for row in rows))
             arrays["penalty_drafts"] = np.array(
