@@ -23,15 +23,15 @@ class RequestState:
     num_sampled: int = 0
     slot: int = -1  # its row of the sampling state's RowTable
     thinking: ThinkingBudget | None = None  # with a thinking_token_budget
-    # Read from params once, at add_request: a step's metadata gathers these per row.
-    floats: tuple[float, ...] = ()  # FLOAT_PARAMS' values
+    # Read from params once, at add_request, for the paths that look at a row's request
+    # (a step's parameters are gathered from the RowTable instead).
     is_random: bool = False
     has_penalties: bool = False
     # The ids min_tokens bans (stop ids, and EOS ids unless ignore_eos); empty without it.
     banned_early: tuple[int, ...] = ()
 
 
-# The float parameters every row carries to the device, in SamplingMetadata's names.
+# The float parameters every row carries to the device: SamplingMetadata's name -> params'.
 FLOAT_PARAMS = {
     "temperature": "temperature",
     "top_p": "top_p",
@@ -55,7 +55,6 @@ def new_state(new: NewRequestData, generator: torch.Generator | None) -> Request
         params,
         [],
         generator,
-        floats=tuple(getattr(params, name) for name in FLOAT_PARAMS.values()),
         is_random=not params.is_greedy,
         has_penalties=params.has_penalties,
         banned_early=banned,

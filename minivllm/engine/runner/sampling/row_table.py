@@ -70,7 +70,7 @@ class RowTable:
             if slot == len(self._columns["top_k"]):
                 self._grow(2 * slot)
         p, c = state.params, self._columns
-        c["floats"][slot] = state.floats
+        c["floats"][slot] = [getattr(p, name) for name in FLOAT_PARAMS.values()]
         c["top_k"][slot] = p.top_k
         c["top_p"][slot] = p.top_p
         c["min_p"][slot] = p.min_p

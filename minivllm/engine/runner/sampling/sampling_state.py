@@ -66,8 +66,8 @@ class SamplingState:
         self._num_seeded = 0  # requests with a seeded generator (random rows draw from it)
         self.penalties = PenaltyState(self.device, max_num_seqs, vocab_size)
         self._step_generator = torch.Generator().manual_seed(seed)
-        # (req_ids, metadata) of the last step, when it can be reused as is.
-        self._reusable: tuple[tuple[str, ...], SamplingMetadata] | None = None
+        # (req_ids, metadata, gathered rows) of the last step, when it can be reused as is.
+        self._reusable: tuple[tuple[str, ...], SamplingMetadata, StepRows] | None = None
         # Up to three uploads a step (parameters and penalty rows when the batch changes,
         # draw keys).
         self._staging = InputStaging(self.device, num_slots=8, capacity=1 << 14)
