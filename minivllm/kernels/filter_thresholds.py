@@ -24,6 +24,12 @@ import triton
 import triton.language as tl
 
 from minivllm.kernels.checks import check_same, check_tensor
+from minivllm.kernels.penalties import (
+    RowPenalties,
+    penalized_on_read,
+    row_penalty_args,
+    row_slot,
+)
 
 # The largest top-k these kernels take (the merge sorts chunks x KB candidates in one program).
 MAX_TOP_K = 256
@@ -37,7 +43,43 @@ GROUP_WIDTH = 16
 
 
 @triton.jit
+def _read(row_ptr, ids, vocab_size, row, slot, counts_ptr, prompt_ptr, rep_ptr, freq_ptr,
+          pres_ptr, stride_table, table_width):  # fmt: skip
+    """The row's logits at ids as float32 (-inf past the vocabulary), penalized where the row
+    has a table slot (slot >= 0)."""
+    x = tl.load(row_ptr + ids, mask=ids < vocab_size, other=-float("inf")).to(tl.float32)
+    if slot >= 0:
+        x = penalized_on_read(x, ids, row, slot, counts_ptr, prompt_ptr, rep_ptr, freq_ptr,
+                              pres_ptr, stride_table, table_width)  # fmt: skip
+    return x
+
+
+@triton.jit
+def _group_keys(group_max, KB: tl.constexpr, NUM_GROUPS: tl.constexpr, BIT_KEYS: tl.constexpr):
+    """[NUM_GROUPS] int32 keys whose KB largest are groups with the KB largest maxima, the
+    group's index in the low bits. BIT_KEYS (16-bit values, which leave float32's low byte
+    zero): the maxima's bits with the index in the low byte, one sort. Else the KB-th largest
+    maximum first, then (above it, tied with it, below) with the index."""
+    index = tl.arange(0, NUM_GROUPS)
+    if BIT_KEYS:
+        bits = group_max.to(tl.int32, bitcast=True)
+        ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # signed-int order = float order
+        keys = (ordered & ~(NUM_GROUPS - 1)) | index
+    else:
+        kth_max = tl.min(tl.topk(group_max, KB), 0)
+        rank = tl.where(group_max > kth_max, 2, tl.where(group_max == kth_max, 1, 0))
+        keys = rank * NUM_GROUPS + index
+    return keys
+
+
+# A step's penalty tables and rows (kernels/penalties.py's RowPenalties) sit at any offset of
+# its upload or are stand-ins where no row is penalized: neither specialized on.
+@triton.jit(do_not_specialize=["stride_table", "table_width", "has_penalties"],
+            do_not_specialize_on_alignment=["row_slots_ptr", "counts_ptr", "prompt_ptr",
+                                            "rep_ptr", "freq_ptr", "pres_ptr"])  # fmt: skip
 def _chunk_top_kernel(logits_ptr, cand_ptr, stride_logits, vocab_size, num_chunks,
+                      row_slots_ptr, counts_ptr, prompt_ptr, rep_ptr, freq_ptr, pres_ptr,
+                      stride_table, table_width, has_penalties,
                       CHUNK: tl.constexpr, KB: tl.constexpr, GROUP: tl.constexpr,
                       BIT_KEYS: tl.constexpr):  # fmt: skip
     """Grid (num_rows, num_chunks): the KB largest values of one chunk, descending.
@@ -46,32 +88,32 @@ def _chunk_top_kernel(logits_ptr, cand_ptr, stride_logits, vocab_size, num_chunk
     those KB * GROUP values are sorted: a value of the chunk's top KB lies in such a group (else
     KB groups each hold a larger or equal one), so the KB largest values are the same (among
     groups tied at the KB-th maximum any will do: each brings that value). BIT_KEYS (16-bit
-    logits): one sort of the maxima's bits with the group's index in the low byte, which
-    16-bit values leave zero in float32. Float32: the KB-th largest maximum first, then one
-    sort of (above it, tied with it, below) with the index. GROUP 0: the whole chunk."""
+    logits): _group_keys' one sort, but for a penalized row, whose values are float32's.
+    GROUP 0: the whole chunk."""
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     row_ptr = logits_ptr + row * stride_logits
+    slot = row_slot(row_slots_ptr, row, has_penalties)
     ids = chunk * CHUNK + tl.arange(0, CHUNK)
-    x = tl.load(row_ptr + ids, mask=ids < vocab_size, other=-float("inf")).to(tl.float32)
+    x = _read(row_ptr, ids, vocab_size, row, slot, counts_ptr, prompt_ptr, rep_ptr, freq_ptr,
+              pres_ptr, stride_table, table_width)  # fmt: skip
     if GROUP == 0:
         top = tl.topk(x, KB)
     else:
         NUM_GROUPS: tl.constexpr = CHUNK // GROUP
         group_max = tl.max(tl.reshape(x, [NUM_GROUPS, GROUP]), 1)
-        index = tl.arange(0, NUM_GROUPS)
         if BIT_KEYS:
-            bits = group_max.to(tl.int32, bitcast=True)
-            ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # signed-int order = float order
-            keys = (ordered & ~(NUM_GROUPS - 1)) | index
+            if slot >= 0:
+                keys = _group_keys(group_max, KB, NUM_GROUPS, False)
+            else:
+                keys = _group_keys(group_max, KB, NUM_GROUPS, True)
         else:
-            kth_max = tl.min(tl.topk(group_max, KB), 0)
-            rank = tl.where(group_max > kth_max, 2, tl.where(group_max == kth_max, 1, 0))
-            keys = rank * NUM_GROUPS + index
+            keys = _group_keys(group_max, KB, NUM_GROUPS, False)
         groups = tl.topk(keys, KB) & (NUM_GROUPS - 1)  # [KB] group indices
         picked = chunk * CHUNK + groups[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
-        values = tl.load(row_ptr + picked, mask=picked < vocab_size, other=-float("inf"))
-        top = tl.topk(tl.reshape(values.to(tl.float32), [KB * GROUP]), KB)
+        values = _read(row_ptr, picked, vocab_size, row, slot, counts_ptr, prompt_ptr, rep_ptr,
+                       freq_ptr, pres_ptr, stride_table, table_width)  # fmt: skip
+        top = tl.topk(tl.reshape(values, [KB * GROUP]), KB)
     tl.store(cand_ptr + (row * num_chunks + chunk) * KB + tl.arange(0, KB), top)
 
 
@@ -84,8 +126,9 @@ def group_width(chunk: int, kb: int, group: int | None = None) -> int:
 
 
 @triton.jit
-def _ties_past_candidates(logits_row, cand_row, vocab_size, num_chunks, kth,
-                          CHUNK: tl.constexpr, KB: tl.constexpr):  # fmt: skip
+def _ties_past_candidates(logits_row, cand_row, vocab_size, num_chunks, kth, row, slot,
+                          counts_ptr, prompt_ptr, rep_ptr, freq_ptr, pres_ptr, stride_table,
+                          table_width, CHUNK: tl.constexpr, KB: tl.constexpr):  # fmt: skip
     """How many logits equal to kth no chunk's candidates hold: only a chunk whose KB-th
     candidate is >= kth can hold more (then they are all == kth, as at most k - 1 <= KB - 1
     logits are > kth)."""
@@ -93,19 +136,25 @@ def _ties_past_candidates(logits_row, cand_row, vocab_size, num_chunks, kth,
     for chunk in range(num_chunks):
         if tl.load(cand_row + chunk * KB + KB - 1) >= kth:
             ids = chunk * CHUNK + tl.arange(0, CHUNK)
-            x = tl.load(logits_row + ids, mask=ids < vocab_size, other=-float("inf"))
-            extra += tl.sum((x.to(tl.float32) >= kth).to(tl.int32), 0) - KB
+            x = _read(logits_row, ids, vocab_size, row, slot, counts_ptr, prompt_ptr, rep_ptr,
+                      freq_ptr, pres_ptr, stride_table, table_width)  # fmt: skip
+            extra += tl.sum((x >= kth).to(tl.int32), 0) - KB
     return extra
 
 
 # The per-row parameters are views into one staging transfer (any alignment), and the has_*
 # flags are plain ints: neither is specialized on, so no batch compiles a variant mid-run.
-@triton.jit(do_not_specialize=["has_top_k", "has_top_p", "has_min_p"],
+@triton.jit(do_not_specialize=["has_top_k", "has_top_p", "has_min_p", "stride_table",
+                                "table_width", "has_penalties"],
             do_not_specialize_on_alignment=["temperature_ptr", "top_k_ptr", "top_p_ptr",
-                                            "min_p_ptr"])  # fmt: skip
+                                            "min_p_ptr", "row_slots_ptr", "counts_ptr",
+                                            "prompt_ptr", "rep_ptr", "freq_ptr",
+                                            "pres_ptr"])  # fmt: skip
 def _threshold_kernel(
     logits_ptr, cand_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, out_ptr,
     stride_logits, vocab_size, num_chunks, has_top_k, has_top_p, has_min_p,
+    row_slots_ptr, counts_ptr, prompt_ptr, rep_ptr, freq_ptr, pres_ptr, stride_table,
+    table_width, has_penalties,
     CHUNK: tl.constexpr, KB: tl.constexpr, MERGE: tl.constexpr,
 ):  # fmt: skip
     """Grid (num_rows,): the row's threshold from its num_chunks x KB candidates; a has_*
@@ -133,8 +182,11 @@ def _threshold_kernel(
         weights = tl.where(in_top_k, tl.exp(scaled - top / temperature), 0.0)
         total = tl.sum(weights, 0)
         if (top_p < 1.0) & (kth > -float("inf")):
+            slot = row_slot(row_slots_ptr, row, has_penalties)
             ties = _ties_past_candidates(logits_ptr + row * stride_logits, cand_row, vocab_size,
-                                         num_chunks, kth, CHUNK, KB)  # fmt: skip
+                                         num_chunks, kth, row, slot, counts_ptr, prompt_ptr,
+                                         rep_ptr, freq_ptr, pres_ptr, stride_table, table_width,
+                                         CHUNK, KB)  # fmt: skip
             total += ties.to(tl.float32) * tl.exp(kth / temperature - top / temperature)
         # A token stays while the more likely ones before it hold < top_p of the mass; the
         # kept candidates are a prefix, the threshold its last value.
@@ -168,10 +220,12 @@ def filter_thresholds(
     max_top_k: int,
     chunk: int = CHUNK,
     group: int | None = None,
+    penalties: RowPenalties | None = None,
 ) -> torch.Tensor:
     """[num_rows, 1] float32: each row keeps the logits >= its threshold (-inf: all).
 
-    logits: [num_rows, vocab_size] fp32/fp16/bf16 (penalized, not divided by temperature);
+    logits: [num_rows, vocab_size] fp32/fp16/bf16 (not divided by temperature; penalized, or
+    penalized as read: penalties, kernels/penalties.py's RowPenalties, or None);
     temperature [num_rows] fp32 (0 read as 1); top_k [num_rows] int64 (0 = off, each <=
     max_top_k <= MAX_TOP_K), top_p [num_rows] fp32 (1 = off; a row with top_p < 1 has a
     top_k), min_p [num_rows] fp32 (0 = off); each None when no row uses it. chunk: the
@@ -200,8 +254,9 @@ def filter_thresholds(
     chunk, kb, merge = merge_shape(vocab_size, max_top_k, chunk)
     num_chunks = triton.cdiv(vocab_size, chunk)
     candidates = torch.empty(num_rows, num_chunks, kb, dtype=torch.float32, device=logits.device)
+    pen = (*row_penalty_args(penalties, num_rows, temperature), int(penalties is not None))
     _chunk_top_kernel[(num_rows, num_chunks)](
-        logits, candidates, logits.stride(0), vocab_size, num_chunks, CHUNK=chunk, KB=kb,
+        logits, candidates, logits.stride(0), vocab_size, num_chunks, *pen, CHUNK=chunk, KB=kb,
         GROUP=group_width(chunk, kb, group), BIT_KEYS=logits.dtype != torch.float32,
         num_warps=8,
     )  # fmt: skip
@@ -209,7 +264,7 @@ def filter_thresholds(
         logits, candidates, temperature, *(temperature if t is None else t for t in
                                            (top_k, top_p, min_p)),
         out, logits.stride(0), vocab_size, num_chunks,
-        int(top_k is not None), int(top_p is not None), int(min_p is not None),
+        int(top_k is not None), int(top_p is not None), int(min_p is not None), *pen,
         CHUNK=chunk, KB=kb, MERGE=merge, num_warps=4 if merge <= 2048 else 8,
     )  # fmt: skip
     return out

@@ -1,6 +1,7 @@
 """Fused sampling for plain batches (greedy or temperature-only rows): one Gumbel-max pass.
 With per-row thresholds (the filters' top-k / top-p / min-p, layers/sampling_filters.py), ids
-whose logit is below the row's threshold are dropped in the same pass.
+whose logit is below the row's threshold are dropped in the same pass; with penalties
+(kernels/penalties.py's RowPenalties), each logit is penalized as it is read.
 
 token = argmax_i(logits_i / T + g_i), g_i = -log(-log(u_i)), u_i = word i % 4 of
 philox(seed, counter offset + i // 4); greedy rows (T = 0) take argmax_i(logits_i).
@@ -14,6 +15,12 @@ import triton
 import triton.language as tl
 
 from minivllm.kernels.checks import check_same, check_tensor, runs_inline_ptx
+from minivllm.kernels.penalties import (
+    RowPenalties,
+    penalized_on_read,
+    row_penalty_args,
+    row_slot,
+)
 
 # 1024-2048 measured best on an H200 (batch 256, vocab 151,936), greedy and random rows alike.
 DEFAULT_BLOCK = 2048
@@ -35,12 +42,18 @@ def _fast_log2(x, FAST: tl.constexpr):
 
 
 @triton.jit
-def _word_scores(logits_row, ids, vocab_size, scale, u, threshold, RANDOM: tl.constexpr,
-                 U_MIN: tl.constexpr, U_MAX: tl.constexpr, FAST_LOG: tl.constexpr):  # fmt: skip
+def _word_scores(logits_row, ids, vocab_size, scale, u, threshold, row, slot, counts_ptr,
+                 prompt_ptr, rep_ptr, freq_ptr, pres_ptr, stride_table, table_width,
+                 RANDOM: tl.constexpr, U_MIN: tl.constexpr, U_MAX: tl.constexpr,
+                 FAST_LOG: tl.constexpr, PENALTIES: tl.constexpr):  # fmt: skip
     """Scores of one philox word's ids [BLOCK // 4] (u: their uniforms); -inf past the vocab
-    and below threshold. In log2 units: x * log2(e) / T - log2(-log2(u)) is log2(e) * (x / T +
-    g) minus a constant, so its argmax is the Gumbel-max token."""
+    and below threshold; penalized first where the row has a table slot (slot >= 0). In log2
+    units: x * log2(e) / T - log2(-log2(u)) is log2(e) * (x / T + g) minus a constant, so its
+    argmax is the Gumbel-max token."""
     score = tl.load(logits_row + ids, mask=ids < vocab_size, other=-float("inf")).to(tl.float32)
+    if PENALTIES and slot >= 0:
+        score = penalized_on_read(score, ids, row, slot, counts_ptr, prompt_ptr, rep_ptr,
+                                  freq_ptr, pres_ptr, stride_table, table_width)  # fmt: skip
     score = tl.where(score >= threshold, score, -float("inf"))
     if RANDOM:
         u = tl.minimum(tl.maximum(u, U_MIN), U_MAX)
@@ -49,18 +62,22 @@ def _word_scores(logits_row, ids, vocab_size, scale, u, threshold, RANDOM: tl.co
 
 
 @triton.jit
-def _chunk_best(logits_row, ids, vocab_size, scale, u0, u1, u2, u3, threshold,
+def _chunk_best(logits_row, ids, vocab_size, scale, u0, u1, u2, u3, threshold, row, slot,
+                counts_ptr, prompt_ptr, rep_ptr, freq_ptr, pres_ptr, stride_table, table_width,
                 RANDOM: tl.constexpr, U_MIN: tl.constexpr, U_MAX: tl.constexpr,
-                FAST_LOG: tl.constexpr):  # fmt: skip
+                FAST_LOG: tl.constexpr, PENALTIES: tl.constexpr):  # fmt: skip
     """The best (score, lowest id) of the chunk: ids 4k + j take word j (u_j). The four words'
     scores are merged elementwise, then reduced once."""
-    best = _word_scores(logits_row, ids, vocab_size, scale, u0, threshold, RANDOM, U_MIN, U_MAX,
-                        FAST_LOG)  # fmt: skip
+    best = _word_scores(logits_row, ids, vocab_size, scale, u0, threshold, row, slot, counts_ptr,
+                        prompt_ptr, rep_ptr, freq_ptr, pres_ptr, stride_table, table_width,
+                        RANDOM, U_MIN, U_MAX, FAST_LOG, PENALTIES)  # fmt: skip
     best_id = ids
     for j in tl.static_range(1, 4):
         u = u1 if j == 1 else (u2 if j == 2 else u3)
-        score = _word_scores(logits_row, ids + j, vocab_size, scale, u, threshold, RANDOM, U_MIN,
-                             U_MAX, FAST_LOG)  # fmt: skip
+        score = _word_scores(logits_row, ids + j, vocab_size, scale, u, threshold, row, slot,
+                             counts_ptr, prompt_ptr, rep_ptr, freq_ptr, pres_ptr, stride_table,
+                             table_width, RANDOM, U_MIN, U_MAX, FAST_LOG,
+                             PENALTIES)  # fmt: skip
         take = score > best  # on a tie the earlier word keeps it: its id is lower
         best = tl.where(take, score, best)
         best_id = tl.where(take, ids + j, best_id)
@@ -74,11 +91,17 @@ def _chunk_best(logits_row, ids, vocab_size, scale, u0, u1, u2, u3, threshold,
 # rows of one [2, N] tensor), so their alignment changes with the batch size: not specialized
 # on it, or an odd batch would compile a second variant mid-run (a fresh server's first
 # request would wait for that compile).
-@triton.jit(do_not_specialize_on_alignment=["temperature_ptr", "seeds_ptr", "offsets_ptr",
-                                            "thresholds_ptr"])  # fmt: skip
+# So are the penalty tables' pointers. PENALTIES: a variant of its own, so that a batch without
+# penalties runs the kernel without their code.
+@triton.jit(do_not_specialize=["stride_table", "table_width"],
+            do_not_specialize_on_alignment=["temperature_ptr", "seeds_ptr", "offsets_ptr",
+                                            "thresholds_ptr", "row_slots_ptr", "counts_ptr",
+                                            "prompt_ptr", "rep_ptr", "freq_ptr",
+                                            "pres_ptr"])  # fmt: skip
 def _chunk_max_kernel(
     logits_ptr, temperature_ptr, seeds_ptr, offsets_ptr, thresholds_ptr, chunk_scores_ptr,
-    chunk_ids_ptr, stride_logits, vocab_size, num_chunks,
+    chunk_ids_ptr, stride_logits, vocab_size, num_chunks, row_slots_ptr, counts_ptr, prompt_ptr,
+    rep_ptr, freq_ptr, pres_ptr, stride_table, table_width, PENALTIES: tl.constexpr,
     BLOCK: tl.constexpr, U_MIN: tl.constexpr, U_MAX: tl.constexpr, FAST_LOG: tl.constexpr,
     HAS_THRESHOLDS: tl.constexpr,
 ):  # fmt: skip
@@ -97,6 +120,7 @@ def _chunk_max_kernel(
     threshold = -float("inf")
     if HAS_THRESHOLDS:
         threshold = tl.load(thresholds_ptr + row)
+    slot = row_slot(row_slots_ptr, row, PENALTIES)
     if temperature > 0.0:
         scale = 1.4426950408889634 / temperature  # log2(e) / T
         seed = tl.load(seeds_ptr + row)
@@ -104,10 +128,14 @@ def _chunk_max_kernel(
         counters = tl.load(offsets_ptr + row) + chunk * QUARTER + k
         u0, u1, u2, u3 = tl.rand4x(seed, counters)
         best, best_id = _chunk_best(logits_row, ids, vocab_size, scale, u0, u1, u2, u3,
-                                    threshold, True, U_MIN, U_MAX, FAST_LOG)  # fmt: skip
+                                    threshold, row, slot, counts_ptr, prompt_ptr, rep_ptr,
+                                    freq_ptr, pres_ptr, stride_table, table_width, True, U_MIN,
+                                    U_MAX, FAST_LOG, PENALTIES)  # fmt: skip
     else:
-        best, best_id = _chunk_best(logits_row, ids, vocab_size, 1.0, k, k, k, k, threshold,
-                                    False, U_MIN, U_MAX, FAST_LOG)  # fmt: skip
+        best, best_id = _chunk_best(logits_row, ids, vocab_size, 1.0, k, k, k, k, threshold, row,
+                                    slot, counts_ptr, prompt_ptr, rep_ptr, freq_ptr, pres_ptr,
+                                    stride_table, table_width, False, U_MIN, U_MAX,
+                                    FAST_LOG, PENALTIES)  # fmt: skip
     tl.store(chunk_scores_ptr + row * num_chunks + chunk, best)
     tl.store(chunk_ids_ptr + row * num_chunks + chunk, best_id)
 
@@ -136,6 +164,7 @@ def sample_plain(
     out: torch.Tensor | None = None,
     block: int = DEFAULT_BLOCK,
     thresholds: torch.Tensor | None = None,
+    penalties: RowPenalties | None = None,
 ) -> torch.Tensor:
     """Samples one token id per row of logits; returns out [num_rows] int64.
 
@@ -146,7 +175,8 @@ def sample_plain(
     batch or block. The caller keeps the counter ranges [offset, offset + cdiv(vocab_size, 4))
     of rows sharing a seed disjoint. thresholds: [num_rows] or [num_rows, 1] fp32, each row
     drawn among the ids whose logit is >= its threshold (the same draw as with the others set
-    to -inf), or None.
+    to -inf), or None. penalties: kernels/penalties.py's RowPenalties, applied to each logit as
+    it is read (before the thresholds), or None.
     Grids: (num_rows, cdiv(vocab_size, block)) over vocab chunks, then (num_rows,); no host sync.
     """
     check_tensor("logits", logits, 2)
@@ -178,7 +208,9 @@ def sample_plain(
     _chunk_max_kernel[(num_rows, num_chunks)](
         logits, temperature, seeds, offsets, temperature if thresholds is None else thresholds,
         chunk_scores, chunk_ids, logits.stride(0), vocab_size, num_chunks,
-        BLOCK=block, U_MIN=U_MIN, U_MAX=U_MAX, FAST_LOG=runs_inline_ptx(logits),
+        *row_penalty_args(penalties, num_rows, temperature),
+        PENALTIES=penalties is not None, BLOCK=block, U_MIN=U_MIN, U_MAX=U_MAX,
+        FAST_LOG=runs_inline_ptx(logits),
         HAS_THRESHOLDS=thresholds is not None,
         num_warps=min(max(block // 512, 1), 8),
     )  # fmt: skip

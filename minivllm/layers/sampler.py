@@ -6,12 +6,16 @@ One call per step over all rows (greedy and random together); no host sync insid
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from minivllm.layers.penalties import penalize, token_mask
 from minivllm.layers.sampling_filters import keep_thresholds
+
+if TYPE_CHECKING:
+    from minivllm.kernels.penalties import RowPenalties  # Triton: imported where it runs
 
 # A keyed draw d of a row uses philox counters [d << DRAW_SHIFT, (d << DRAW_SHIFT) + vocab_size):
 # a stride of 2**32 > any vocab size keeps draws disjoint without knowing the vocab size.
@@ -63,6 +67,9 @@ class SamplingMetadata:
     penalty_drafts: torch.Tensor | None = None
     output_counts: torch.Tensor | None = None
     prompt_mask: torch.Tensor | None = None
+    # [N] int64: each row's slot of the tables, -1 where the row is not penalized; set in a
+    # step without drafts on the Triton path, whose filters and draw penalize as they read.
+    penalty_row_slots: torch.Tensor | None = None
     # logit_bias: [N, max_num_biased] int64 ids and float32 values added to their logits (padded
     # with id 0 and value 0.0); None when no row has one.
     logit_bias_ids: torch.Tensor | None = None
@@ -97,8 +104,10 @@ class Sampler(nn.Module):
 
     use_triton: a plain batch takes one fused pass (kernels/sampling.py) instead of ~6 full
     [N, V] passes, every other batch with random rows draws with the same keyed noise
-    (draw_kept), so that a seeded request's tokens do not depend on its neighbours, and
-    penalties run as one kernel over the penalized rows (kernels/penalties.py).
+    (draw_kept), so that a seeded request's tokens do not depend on its neighbours. Where
+    penalties are a step's only edit, the filter and draw kernels penalize each logit as they
+    read it (penalties_on_read); else penalties run as one kernel over the penalized rows of a
+    float32 copy (kernels/penalties.py).
 
     Workspace: one float32 copy of the logits (two with logprobs: their log_softmax), [N, V]
     masks of one byte, and the filters' candidates (layers/sampling_filters.py, or
@@ -114,10 +123,11 @@ class Sampler(nn.Module):
         self.kernel_top_k_cap = 0
         if use_triton:
             from minivllm.kernels import filter_thresholds
-            from minivllm.kernels.penalties import apply_penalties_from_tables
+            from minivllm.kernels.penalties import RowPenalties, apply_penalties_from_tables
             from minivllm.kernels.sampling import sample_plain
 
             self._sample_plain = sample_plain
+            self._row_penalties = RowPenalties
             self._penalize = apply_penalties_from_tables
             self._kernel_thresholds = filter_thresholds.filter_thresholds
             self._candidate_widths = filter_thresholds.CANDIDATE_WIDTHS
@@ -134,7 +144,9 @@ class Sampler(nn.Module):
             rows = meta.logprob_rows
             asked = logits if rows is None else logits.index_select(0, rows)
             raw_logprobs = torch.log_softmax(asked, dim=-1, dtype=torch.float32)
-        logits = self.edited(logits, meta)
+        on_read = self.penalties_on_read(meta)
+        if on_read is None:
+            logits = self.edited(logits, meta)
         if meta.all_greedy:
             sampled = logits.argmax(dim=-1)
         else:
@@ -146,13 +158,13 @@ class Sampler(nn.Module):
             # Each row keeps the logits at or above its threshold: greedy rows keep their
             # argmax.
             thresholds = None
-            if not (meta.no_top_k and meta.no_top_p and meta.no_min_p):
-                thresholds = self.thresholds(logits, meta)
+            if _filters(meta):
+                thresholds = self.thresholds(logits, meta, on_read)
             if self.use_triton:
                 # Drawn from the unscaled logits with the fused kernel's keyed noise (the
                 # same draw a plain batch makes for a row without filters), the dropped
                 # tokens left out in the same pass.
-                sampled = self.draw_kept(logits, meta, thresholds)
+                sampled = self.draw_kept(logits, meta, thresholds, on_read)
             else:
                 if thresholds is not None:
                     logits.masked_fill_(logits < thresholds, -torch.inf)
@@ -169,6 +181,30 @@ class Sampler(nn.Module):
             )
             out.logprob_rows = rows
         return out
+
+    def penalties_on_read(self, meta: SamplingMetadata) -> RowPenalties | None:
+        """The step's penalties for the Triton filters and draw to apply as they read the
+        logits (no float32 copy, no penalty pass), where they are its only edit, its rows
+        draw (an all-greedy step takes the argmax of an edited copy) and its thresholds come
+        from the Triton kernels; else None."""
+        if (
+            not self.use_triton
+            or meta.penalty_row_slots is None
+            or meta.all_greedy
+            or meta.suppressed_token_ids is not None
+            or meta.logit_bias_ids is not None
+            or meta.allowed_token_ids is not None
+            or (_filters(meta) and not self._kernel_thresholds_apply(meta))
+        ):
+            return None
+        return self._row_penalties(
+            meta.penalty_row_slots,
+            meta.output_counts,
+            meta.prompt_mask,
+            meta.repetition_penalties,
+            meta.frequency_penalties,
+            meta.presence_penalties,
+        )
 
     def edited(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
         """logits with the rows' edits applied: logit bias, banned tokens (min_tokens, bad
@@ -199,35 +235,54 @@ class Sampler(nn.Module):
         at each candidate width. logits: [1, V] as the model computes them."""
         if not self.use_triton:
             return
-        ones = torch.ones(1, device=logits.device)
-        keys = torch.zeros(1, dtype=torch.int64, device=logits.device)
+        device = logits.device
+        ones = torch.ones(1, device=device)
+        keys = torch.zeros(1, dtype=torch.int64, device=device)
+        counts = torch.zeros(1, 1, dtype=torch.int32, device=device)
+        penalties = self._row_penalties(keys, counts, counts.bool(), ones, ones * 0, ones * 0)
         for x in (logits, logits.float()):
             for width in self._candidate_widths:
-                top_k = torch.full((1,), width, dtype=torch.int64, device=logits.device)
+                top_k = torch.full((1,), width, dtype=torch.int64, device=device)
                 thresholds = self._kernel_thresholds(x, ones, top_k, ones, ones * 0, width)
                 self._sample_plain(x, ones, keys, keys, thresholds=thresholds)
+        # Penalties read with the logits (penalties_on_read): the draw's variants of their
+        # own, filtered or not, on the model's logits.
+        for kept in (thresholds, None):
+            self._sample_plain(logits, ones, keys, keys, thresholds=kept, penalties=penalties)
 
-    def thresholds(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+    def thresholds(
+        self, logits: torch.Tensor, meta: SamplingMetadata, on_read: RowPenalties | None = None
+    ) -> torch.Tensor:
         """[N, 1]: the smallest logit each row keeps under its top-k, top-p and min-p; the
-        Triton kernels' two passes where every filtering row's top-k is within their cap,
-        else torch.topk candidates or the sort (layers/sampling_filters.py)."""
-        if (
+        Triton kernels' two passes where every filtering row's top-k is within their cap
+        (penalizing as they read, with on_read), else torch.topk candidates or the sort
+        (layers/sampling_filters.py)."""
+        if self._kernel_thresholds_apply(meta):
+            return self._kernel_thresholds(logits, *_filter_args(meta), penalties=on_read)
+        assert on_read is None, "penalties on read need the Triton thresholds"
+        return filter_thresholds(logits, meta)
+
+    def _kernel_thresholds_apply(self, meta: SamplingMetadata) -> bool:
+        return (
             self.use_triton
             and meta.filter_by_candidates
             and meta.max_top_k <= self.kernel_top_k_cap
-        ):
-            return self._kernel_thresholds(logits, *_filter_args(meta))
-        return filter_thresholds(logits, meta)
+        )
 
     def draw_kept(
-        self, logits: torch.Tensor, meta: SamplingMetadata, thresholds: torch.Tensor | None = None
+        self,
+        logits: torch.Tensor,
+        meta: SamplingMetadata,
+        thresholds: torch.Tensor | None = None,
+        on_read: RowPenalties | None = None,
     ) -> torch.Tensor:
         """Gumbel-max draw (the Triton sampler's keyed noise) from logits [N, V] (penalized,
-        unscaled, dropped tokens -inf or below thresholds [N, 1]); greedy rows take the
-        argmax of what they keep."""
+        or penalized as read with on_read; unscaled, dropped tokens -inf or below thresholds
+        [N, 1]); greedy rows take the argmax of what they keep."""
         return self._sample_plain(
-            logits, meta.temperature, meta.seeds, meta.offsets, thresholds=thresholds
-        )
+            logits, meta.temperature, meta.seeds, meta.offsets, thresholds=thresholds,
+            penalties=on_read,
+        )  # fmt: skip
 
     @staticmethod
     def _sample(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
@@ -235,6 +290,11 @@ class Sampler(nn.Module):
         temperature = torch.where(meta.temperature == 0.0, 1.0, meta.temperature)
         probs = logits.div_(temperature.unsqueeze(1)).softmax(dim=-1)
         return exponential_race(probs, meta.generators)
+
+
+def _filters(meta: SamplingMetadata) -> bool:
+    """Whether a random row of the step has top-k, top-p or min-p."""
+    return not (meta.no_top_k and meta.no_top_p and meta.no_min_p)
 
 
 def filter_thresholds(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:

@@ -8,6 +8,7 @@ import pytest
 from minivllm.kernels import (
     batch_invariant_attention,
     decode_attention,
+    filter_thresholds,
     kv_store,
     penalties,
     prefill_attention,
@@ -25,6 +26,8 @@ def _option(kernel, name: str) -> list[str]:
         value = getattr(kernel, "kwargs", {}).get(name)
     return list(value or [])
 
+
+PENALTY_PTRS = ("row_slots_ptr", "counts_ptr", "prompt_ptr", "rep_ptr", "freq_ptr", "pres_ptr")
 
 # kernel -> (batch-dependent integers, batch-dependent pointers that may be slices)
 VARYING = {
@@ -44,8 +47,20 @@ VARYING = {
     batch_invariant_attention._fold_kernel: (set(), {"seq_lens_ptr"}),
     kv_store._store_kv_kernel: (set(), {"slot_ptr"}),
     rope._rope_kernel: (set(), {"positions_ptr", "slot_ptr"}),
-    # Views into one per-step staging tensor (engine/runner/sampling/sampling_state.py).
-    sampling._chunk_max_kernel: (set(), {"temperature_ptr", "seeds_ptr", "offsets_ptr"}),
+    # Views into one per-step staging tensor (engine/runner/sampling/sampling_state.py), and
+    # the penalties' tables and rows (stand-ins where no row is penalized).
+    sampling._chunk_max_kernel: (
+        {"stride_table", "table_width"},
+        {"temperature_ptr", "seeds_ptr", "offsets_ptr", *PENALTY_PTRS},
+    ),
+    filter_thresholds._chunk_top_kernel: (
+        {"stride_table", "table_width", "has_penalties"},
+        set(PENALTY_PTRS),
+    ),
+    filter_thresholds._threshold_kernel: (
+        {"has_top_k", "has_top_p", "has_min_p", "stride_table", "table_width", "has_penalties"},
+        {"temperature_ptr", "top_k_ptr", "top_p_ptr", "min_p_ptr", *PENALTY_PTRS},
+    ),
     # The penalized rows' views into the step's upload; drafts_ptr is rows_ptr without drafts.
     penalties._penalties_kernel: (
         set(),

@@ -51,3 +51,52 @@ def test_filtered_rows_stay_in_support() -> None:
     )
     assert set(drawn.tolist()) <= {2, 5, 7}
     assert len(set(drawn.tolist())) == 3
+
+
+def test_penalties_read_by_the_kernels_sample_as_the_penalized_copy() -> None:
+    # A step whose only edit is penalties (a quarter of the rows penalized, every row
+    # filtered, some with logprobs): the filters and draw penalize as they read, without a
+    # float32 copy, and give the tokens and logprobs the copy gives. Later steps count the
+    # sampled tokens on the device first.
+    from dataclasses import replace
+
+    from minivllm.engine.runner.sampling.sampling_state import SamplingState
+    from minivllm.engine.types import NewRequestData
+    from minivllm.sampling_params import SamplingParams
+
+    vocab = 300
+    state = SamplingState(DEVICE, max_num_seqs=8, vocab_size=vocab)
+    state.keyed_draws = True  # as on CUDA, where the Triton sampler draws keyed noise
+    gen = torch.Generator().manual_seed(5)
+    req_ids = [f"r{i}" for i in range(8)]
+    for i, req_id in enumerate(req_ids):
+        penalties = {"repetition_penalty": 1.5, "frequency_penalty": 0.5} if i % 4 == 0 else {}
+        if i == 5:
+            penalties = {"presence_penalty": 2.0}
+        params = SamplingParams(temperature=[0.7, 1.0][i % 2], top_k=20, top_p=0.9,
+                                logprobs=2 if i % 3 == 0 else None, **penalties)  # fmt: skip
+        prompt = torch.randint(vocab, (40,), generator=gen).tolist()
+        state.add_request(NewRequestData(req_id, prompt, params))
+    sampler = Sampler(use_triton=True)
+    for _ in range(2):
+        meta = state.build_metadata(req_ids)
+        # Logits whose top tokens are the prompts' (the penalties decide among them).
+        logits = torch.randn(8, vocab, generator=gen).to(DEVICE) * 2
+        for row, req_id in enumerate(req_ids):
+            logits[row, state.requests[req_id].prompt_token_ids] += 3
+        on_read = sampler.penalties_on_read(meta)
+        assert on_read is not None
+        assert on_read.row_slots.tolist().count(-1) == 5
+        got = sampler(logits.clone(), meta)
+        copy = replace(meta, penalty_row_slots=None)
+        assert sampler.penalties_on_read(copy) is None
+        expected = sampler(logits.clone(), copy)
+        assert got.sampled_token_ids.tolist() == expected.sampled_token_ids.tolist()
+        assert torch.equal(got.logprobs, expected.logprobs)
+        unpenalized = replace(copy, no_penalties=True)
+        state.record_sampled(meta, got.sampled_token_ids)
+        state.append_tokens(req_ids, got.sampled_token_ids.tolist())
+    # The penalties changed some penalized row's token (the case is not trivial).
+    assert sampler(logits.clone(), unpenalized).sampled_token_ids.tolist() != (
+        got.sampled_token_ids.tolist()
+    )

@@ -45,8 +45,9 @@ def sample_worst_case(
     """Samples logits' rows as the options with the largest workspaces would: every row with
     the three penalties, min_tokens and the most logprobs allowed, once with top-p alone (the
     sort fallback), once with top-k at the Triton thresholds' cap (where the sampler has them)
-    and once at the torch candidates' cap. Profiling runs it after the forward, so the peak it
-    reads holds the sampler's workspace."""
+    and once at the torch candidates' cap; min_tokens' bans make every step an edited float32
+    copy (penalties alone are read by the Triton kernels without one). Profiling runs it after
+    the forward, so the peak it reads holds the sampler's workspace."""
     num_rows, vocab_size = logits.shape
     num_logprobs = vocab_size if max_logprobs == -1 else min(max_logprobs, vocab_size)
     for top_k in sorted({0, sampler.kernel_top_k_cap, TOP_K_CAP}):

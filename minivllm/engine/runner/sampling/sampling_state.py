@@ -247,6 +247,7 @@ class SamplingState:
                 "penalty_rows": dev["penalty_rows"],
                 "penalty_slots": dev["penalty_slots"],
                 "penalty_drafts": dev.get("penalty_drafts"),
+                "penalty_row_slots": dev.get("penalty_row_slots"),
             }
         filters = _filter_fields(rows)
         num_random = int(rows.random.sum())
@@ -320,8 +321,8 @@ class SamplingState:
     ) -> dict:
         """The penalized rows' arrays for the step's upload (added to arrays: the rows, their
         requests' slots of the penalty tables, filled where new, and in a drafted step each
-        row's drafts before it, padded with -1), and the SamplingMetadata fields that need no
-        upload."""
+        row's drafts before it, padded with -1, else for the Triton sampler each row's slot,
+        -1 where none), and the SamplingMetadata fields that need no upload."""
         if not rows:
             return {"no_penalties": True}
         row_req_ids = [req_ids[row] for row in rows]
@@ -334,6 +335,10 @@ class SamplingState:
             slots = [slot_of[r] for r in row_req_ids]
         arrays["penalty_rows"] = np.array(rows, np.int64)
         arrays["penalty_slots"] = np.array(slots, np.int64)
+        if drafted is None and self.keyed_draws:  # the Triton filters and draw read them
+            row_slots = np.full(len(req_ids), -1, np.int64)
+            row_slots[arrays["penalty_rows"]] = arrays["penalty_slots"]
+            arrays["penalty_row_slots"] = row_slots
         if drafted is not None:
             width = max(1, max(len(drafted[row]) for row in rows))
             arrays["penalty_drafts"] = np.array(
