@@ -43,11 +43,15 @@ def row_penalty_args(
     penalties: RowPenalties | None, num_rows: int, stand_in: torch.Tensor
 ) -> tuple:
     """The kernels' penalty arguments (row_slots, counts, prompt, rep, freq, pres pointers,
-    stride_table, table_width) from penalties, checked against num_rows; with None, stand_in
-    (any tensor on the device) for each pointer, which a kernel told that no row is penalized
-    never reads."""
+    stride_table, table_width) from penalties, checked against num_rows. With None, empty
+    stand-ins of the real ones' dtypes (a pointer's type is part of a Triton variant: one
+    variant serves steps with penalties and without), stand_in (float32, on the device) for the
+    per-row floats; a kernel told that no row is penalized never reads them."""
     if penalties is None:
-        return (stand_in,) * 6 + (0, 0)
+        device = stand_in.device
+        empty = [torch.empty(0, dtype=dtype, device=device)
+                 for dtype in (torch.int64, torch.int32, torch.uint8)]  # fmt: skip
+        return (*empty, stand_in, stand_in, stand_in, 0, 0)
     p = penalties
     check_tensor("row_slots", p.row_slots, 1, (torch.int64,))
     check_tensor("output_counts", p.output_counts, 2, (torch.int32,))
@@ -98,7 +102,7 @@ def row_slot(row_slots_ptr, row, has_penalties):
     """The row's table slot, -1 where no row is penalized (has_penalties 0: nothing read)."""
     slot = tl.full([], -1, tl.int64)
     if has_penalties != 0:
-        slot = tl.load(row_slots_ptr + row)
+        slot = tl.load(row_slots_ptr + row).to(tl.int64)  # any stand-in's type compiles
     return slot
 
 

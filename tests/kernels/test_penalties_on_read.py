@@ -11,7 +11,11 @@ import torch
 from paged_case import DEVICE
 
 from minivllm.kernels import filter_thresholds as kernel
-from minivllm.kernels.penalties import RowPenalties, apply_penalties_from_tables
+from minivllm.kernels.penalties import (
+    RowPenalties,
+    apply_penalties_from_tables,
+    row_penalty_args,
+)
 from minivllm.kernels.sampling import sample_plain
 from minivllm.layers.sampling_filters import keep_thresholds
 from tests.kernels.test_penalties_kernel import make_case
@@ -133,3 +137,17 @@ def test_row_penalties_are_checked() -> None:
     with pytest.raises(ValueError, match="repetition has dtype"):
         kernel.filter_thresholds(logits, ones, None, None, None, 0, penalties=penalties._replace(
             repetition=penalties.repetition.double()))  # fmt: skip
+
+
+def test_steps_without_penalties_pass_pointers_of_the_same_types() -> None:
+    # A pointer's element type is part of a Triton variant: stand-ins of other types made the
+    # first penalized step compile the filter kernels again, mid-run, on the GPU.
+    logits, penalties, _ = penalized_case(torch.float32, 6, 100)
+    temperature = torch.ones(6, device=DEVICE)
+    real = row_penalty_args(penalties, 6, temperature)
+    stand_ins = row_penalty_args(None, 6, temperature)
+    assert len(real) == len(stand_ins)
+    for got, want in zip(stand_ins, real, strict=True):
+        assert type(got) is type(want)
+        if isinstance(want, torch.Tensor):
+            assert got.dtype == want.dtype and got.device == want.device
