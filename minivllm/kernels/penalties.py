@@ -40,18 +40,19 @@ class RowPenalties(NamedTuple):
 
 
 def row_penalty_args(
-    penalties: RowPenalties | None, num_rows: int, stand_in: torch.Tensor
+    penalties: RowPenalties | None, num_rows: int, stand_in: torch.Tensor, typed: bool = True
 ) -> tuple:
     """The kernels' penalty arguments (row_slots, counts, prompt, rep, freq, pres pointers,
-    stride_table, table_width) from penalties, checked against num_rows. With None, empty
-    stand-ins of the real ones' dtypes (a pointer's type is part of a Triton variant: one
-    variant serves steps with penalties and without), stand_in (float32, on the device) for the
-    per-row floats; a kernel told that no row is penalized never reads them."""
+    stride_table, table_width) from penalties, checked against num_rows. With None, stand-ins
+    that a kernel told that no row is penalized never reads: stand_in (float32, on the device)
+    for each, but with typed, empty tensors of the real pointers' dtypes (a pointer's type is
+    part of a Triton variant: then one variant serves steps with penalties and without)."""
     if penalties is None:
-        device = stand_in.device
-        empty = [torch.empty(0, dtype=dtype, device=device)
-                 for dtype in (torch.int64, torch.int32, torch.uint8)]  # fmt: skip
-        return (*empty, stand_in, stand_in, stand_in, 0, 0)
+        pointers = [stand_in] * 3
+        if typed:
+            pointers = [torch.empty(0, dtype=dtype, device=stand_in.device)
+                        for dtype in (torch.int64, torch.int32, torch.uint8)]  # fmt: skip
+        return (*pointers, stand_in, stand_in, stand_in, 0, 0)
     p = penalties
     check_tensor("row_slots", p.row_slots, 1, (torch.int64,))
     check_tensor("output_counts", p.output_counts, 2, (torch.int32,))

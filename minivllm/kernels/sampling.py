@@ -208,7 +208,8 @@ def sample_plain(
     _chunk_max_kernel[(num_rows, num_chunks)](
         logits, temperature, seeds, offsets, temperature if thresholds is None else thresholds,
         chunk_scores, chunk_ids, logits.stride(0), vocab_size, num_chunks,
-        *row_penalty_args(penalties, num_rows, temperature),
+        # PENALTIES picks the variant: without, the pointers' types do not matter.
+        *row_penalty_args(penalties, num_rows, temperature, typed=False),
         PENALTIES=penalties is not None, BLOCK=block, U_MIN=U_MIN, U_MAX=U_MAX,
         FAST_LOG=runs_inline_ptx(logits),
         HAS_THRESHOLDS=thresholds is not None,
