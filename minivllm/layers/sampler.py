@@ -232,23 +232,24 @@ class Sampler(nn.Module):
     def compile_kernels(self, logits: torch.Tensor) -> None:
         """Compiles the Triton variants a step's filtered draw can take, now (engine start):
         thresholds and draw over logits in their own dtype (no row edited) and in float32,
-        at each candidate width. logits: [1, V] as the model computes them."""
+        at each candidate width, and the draw's variants with penalties read as it reads the
+        model's logits (penalties_on_read), filtered or not. logits: [1, V] as the model
+        computes them."""
         if not self.use_triton:
             return
         device = logits.device
         ones = torch.ones(1, device=device)
         keys = torch.zeros(1, dtype=torch.int64, device=device)
-        counts = torch.zeros(1, 1, dtype=torch.int32, device=device)
-        penalties = self._row_penalties(keys, counts, counts.bool(), ones, ones * 0, ones * 0)
         for x in (logits, logits.float()):
             for width in self._candidate_widths:
                 top_k = torch.full((1,), width, dtype=torch.int64, device=device)
                 thresholds = self._kernel_thresholds(x, ones, top_k, ones, ones * 0, width)
                 self._sample_plain(x, ones, keys, keys, thresholds=thresholds)
-        # Penalties read with the logits (penalties_on_read): the draw's variants of their
-        # own, filtered or not, on the model's logits.
-        for kept in (thresholds, None):
-            self._sample_plain(logits, ones, keys, keys, thresholds=kept, penalties=penalties)
+        counts = torch.zeros(1, 1, dtype=torch.int32, device=device)
+        penalties = self._row_penalties(keys, counts, counts.bool(), ones, ones * 0, ones * 0)
+        for thresholds in (ones.view(1, 1), None):
+            self._sample_plain(logits, ones, keys, keys, thresholds=thresholds,
+                               penalties=penalties)  # fmt: skip
 
     def thresholds(
         self, logits: torch.Tensor, meta: SamplingMetadata, on_read: RowPenalties | None = None
