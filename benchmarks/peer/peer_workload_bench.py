@@ -14,7 +14,9 @@ Usage: [TP=N] [GPU_UTIL=0.9] [KV_CACHE_DTYPE=fp8] [DETERMINISTIC=1] [SPEC='{"met
             prompt ids shifted: workloads.shifted)
 Needs only benchmarks/workloads.py (run from the repository's root); vLLM keeps its defaults
 except what the workload needs (max_model_len, temperature 0.6, ignore_eos) and, for a
-vision-language config (Qwen3.5's), language_model_only: the text path minivllm runs.
+vision-language config (Qwen3.5's), language_model_only: the text path minivllm runs, and for
+Gated DeltaNet layers gdn_prefill_backend "triton" (its Hopper default needs flashinfer, which
+the peer kit does not ship).
 DETERMINISTIC=1 turns on minivllm's deterministic mode; vLLM's counterpart is its own
 environment variable, VLLM_BATCH_INVARIANT=1. SPEC: a speculative_config (JSON) for either
 engine. PREFILL_KERNEL: minivllm's prefill_attention_kernel. SAMPLING: SamplingParams options
@@ -56,6 +58,8 @@ def build(engine: str, model_dir: str, max_model_len: int):
 
         if _is_vision_language(model_dir):  # the text path alone, as minivllm runs it
             common.setdefault("language_model_only", True)
+        if _has_linear_attention(model_dir):  # the peer kit ships no flashinfer, its default
+            common.setdefault("gdn_prefill_backend", "triton")  # prefill on Hopper
         llm = LLM(
             model=model_dir,
             load_format="dummy",
@@ -81,6 +85,13 @@ def _is_vision_language(model_dir: str) -> bool:
     """Whether model_dir's config is a vision-language model's (a text_config inside)."""
     with open(os.path.join(model_dir, "config.json")) as f:
         return "text_config" in json.load(f)
+
+
+def _has_linear_attention(model_dir: str) -> bool:
+    """Whether model_dir's config has Gated DeltaNet layers (Qwen3.5's, Qwen3-Next's)."""
+    with open(os.path.join(model_dir, "config.json")) as f:
+        config = json.load(f)
+    return "linear_attention" in config.get("text_config", config).get("layer_types", [])
 
 
 def _options(options: dict) -> dict:
