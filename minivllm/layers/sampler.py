@@ -109,8 +109,10 @@ class Sampler(nn.Module):
     read it (penalties_on_read); else penalties run as one kernel over the penalized rows of a
     float32 copy (kernels/penalties.py).
 
-    Workspace: one float32 copy of the logits (two with logprobs: their log_softmax), [N, V]
-    masks of one byte, and the filters' candidates (layers/sampling_filters.py, or
+    Workspace: one float32 copy of the logits (two with logprobs: their log_softmax, but for
+    up to kernel_logprobs_cap top logprobs on the Triton path, read from the raw logits by
+    kernels/logprobs.py),
+    [N, V] masks of one byte, and the filters' candidates (layers/sampling_filters.py, or
     kernels/filter_thresholds.py's few KiB a row); the filters' thresholds drop tokens inside
     the Triton draw, without a mask.
     """
@@ -121,12 +123,16 @@ class Sampler(nn.Module):
         self._penalize = penalize
         # The largest top-k the Triton thresholds take (0: the torch path's torch.topk always).
         self.kernel_top_k_cap = 0
+        # The most top logprobs the Triton logprobs take (more: log_softmax and torch.topk).
+        self.kernel_logprobs_cap = 0
         if use_triton:
-            from minivllm.kernels import filter_thresholds
+            from minivllm.kernels import filter_thresholds, logprobs
             from minivllm.kernels.penalties import RowPenalties, apply_penalties_from_tables
             from minivllm.kernels.sampling import sample_plain
 
             self._sample_plain = sample_plain
+            self._token_logprobs = logprobs.token_logprobs
+            self.kernel_logprobs_cap = logprobs.MAX_TOP_K
             self._row_penalties = RowPenalties
             self._penalize = apply_penalties_from_tables
             self._kernel_thresholds = filter_thresholds.filter_thresholds
@@ -139,11 +145,10 @@ class Sampler(nn.Module):
             return SamplerOutput(
                 self._sample_plain(logits, meta.temperature, meta.seeds, meta.offsets)
             )
-        raw_logprobs = None
-        if meta.max_num_logprobs is not None:
-            rows = meta.logprob_rows
-            asked = logits if rows is None else logits.index_select(0, rows)
-            raw_logprobs = torch.log_softmax(asked, dim=-1, dtype=torch.float32)
+        raw_logits, raw_logprobs = logits, None
+        if meta.max_num_logprobs is not None and not self.use_triton:
+            # Before the torch draw, which edits the logits in place.
+            raw_logprobs = _log_softmax(logits, meta.logprob_rows)
         on_read = self.penalties_on_read(meta)
         if on_read is None:
             logits = self.edited(logits, meta)
@@ -172,13 +177,17 @@ class Sampler(nn.Module):
                 if greedy_ids is not None:
                     sampled = torch.where(meta.temperature == 0.0, greedy_ids, sampled)
         out = SamplerOutput(sampled_token_ids=sampled)
-        if raw_logprobs is not None:
-            rows = meta.logprob_rows
-            out.logprob_token_ids, out.logprobs, out.ranks = gather_logprobs(
-                raw_logprobs,
-                sampled if rows is None else sampled.index_select(0, rows),
-                meta.max_num_logprobs,
-            )
+        if meta.max_num_logprobs is not None:
+            # The Triton path leaves the raw logits as they are: read after the draw.
+            rows, k = meta.logprob_rows, meta.max_num_logprobs
+            if self.use_triton and k <= self.kernel_logprobs_cap:
+                logprobs = self._token_logprobs(raw_logits, sampled, k, rows)
+            else:
+                if raw_logprobs is None:
+                    raw_logprobs = _log_softmax(raw_logits, rows)
+                asked = sampled if rows is None else sampled.index_select(0, rows)
+                logprobs = gather_logprobs(raw_logprobs, asked, k)
+            out.logprob_token_ids, out.logprobs, out.ranks = logprobs
             out.logprob_rows = rows
         return out
 
@@ -233,8 +242,8 @@ class Sampler(nn.Module):
         """Compiles the Triton variants a step's filtered draw can take, now (engine start):
         thresholds and draw over logits in their own dtype (no row edited) and in float32,
         at each candidate width, and the draw's variants with penalties read as it reads the
-        model's logits (penalties_on_read), filtered or not. logits: [1, V] as the model
-        computes them."""
+        model's logits (penalties_on_read), filtered or not, and the logprobs' passes.
+        logits: [1, V] as the model computes them."""
         if not self.use_triton:
             return
         device = logits.device
@@ -250,6 +259,8 @@ class Sampler(nn.Module):
         for thresholds in (ones.view(1, 1), None):
             self._sample_plain(logits, ones, keys, keys, thresholds=thresholds,
                                penalties=penalties)  # fmt: skip
+        for rows in (None, keys):  # the logprobs of every row, of some
+            self._token_logprobs(logits, keys, 1, rows)
 
     def thresholds(
         self, logits: torch.Tensor, meta: SamplingMetadata, on_read: RowPenalties | None = None
@@ -296,6 +307,12 @@ class Sampler(nn.Module):
 def _filters(meta: SamplingMetadata) -> bool:
     """Whether a random row of the step has top-k, top-p or min-p."""
     return not (meta.no_top_k and meta.no_top_p and meta.no_min_p)
+
+
+def _log_softmax(logits: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+    """[R, V] float32 log_softmax of logits' rows (all where rows is None)."""
+    asked = logits if rows is None else logits.index_select(0, rows)
+    return torch.log_softmax(asked, dim=-1, dtype=torch.float32)
 
 
 def filter_thresholds(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:

@@ -10,6 +10,7 @@ from minivllm.kernels import (
     decode_attention,
     filter_thresholds,
     kv_store,
+    logprobs,
     penalties,
     prefill_attention,
     rope,
@@ -61,6 +62,9 @@ VARYING = {
         {"has_top_k", "has_top_p", "has_min_p", "stride_table", "table_width", "has_penalties"},
         {"temperature_ptr", "top_k_ptr", "top_p_ptr", "min_p_ptr", *PENALTY_PTRS},
     ),
+    # A step's most logprobs asked for, and the rows that asked (a view into its upload).
+    logprobs._chunk_kernel: ({"k"}, {"rows_ptr"}),
+    logprobs._row_kernel: ({"k"}, {"rows_ptr"}),
     # The penalized rows' views into the step's upload; drafts_ptr is rows_ptr without drafts.
     penalties._penalties_kernel: (
         set(),

@@ -100,3 +100,40 @@ def test_penalties_read_by_the_kernels_sample_as_the_penalized_copy() -> None:
     assert sampler(logits.clone(), unpenalized).sampled_token_ids.tolist() != (
         got.sampled_token_ids.tolist()
     )
+
+
+def test_triton_logprobs_are_the_raw_logits_log_softmax_at_the_drawn_tokens() -> None:
+    # A penalized, filtered step whose rows ask for 2 or 5 logprobs or none: the Triton path
+    # reads them from the raw logits after its draw (kernels/logprobs.py) and gives what
+    # log_softmax and gather_logprobs give for its tokens; 21 is past the kernels' cap, where
+    # torch gives them; an all-greedy step reads them too.
+    from minivllm.engine.runner.sampling.sampling_state import SamplingState
+    from minivllm.engine.types import NewRequestData
+    from minivllm.layers.sampler import gather_logprobs
+    from minivllm.sampling_params import SamplingParams
+
+    vocab = 300
+    gen = torch.Generator().manual_seed(7)
+    sampler = Sampler(use_triton=True)
+    for most, temperature in ((5, 0.8), (21, 0.8), (5, 0.0)):
+        state = SamplingState(DEVICE, max_num_seqs=6, vocab_size=vocab)
+        state.keyed_draws = True
+        req_ids = [f"r{i}" for i in range(6)]
+        for i, req_id in enumerate(req_ids):
+            params = SamplingParams(temperature=temperature, top_k=20, top_p=0.9,
+                                    repetition_penalty=1.2 if i % 2 else 1.0,
+                                    logprobs=[2, None, most][i % 3])  # fmt: skip
+            state.add_request(NewRequestData(req_id, [1, 2, 3], params))
+        meta = state.build_metadata(req_ids)
+        logits = torch.randn(6, vocab, generator=gen).to(DEVICE) * 3
+        raw = logits.clone()
+        out = sampler(logits, meta)
+        assert torch.equal(logits, raw)
+        rows = out.logprob_rows
+        assert rows is not None and rows.tolist() == [0, 2, 3, 5]
+        ids, values, ranks = gather_logprobs(
+            torch.log_softmax(raw[rows], dim=-1), out.sampled_token_ids[rows], most
+        )
+        assert out.logprob_token_ids.tolist() == ids.tolist()
+        assert out.ranks.tolist() == ranks.tolist()
+        torch.testing.assert_close(out.logprobs, values, rtol=0, atol=2e-5)
