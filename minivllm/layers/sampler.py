@@ -109,10 +109,9 @@ class Sampler(nn.Module):
     read it (penalties_on_read); else penalties run as one kernel over the penalized rows of a
     float32 copy (kernels/penalties.py).
 
-    Workspace: one float32 copy of the logits (two with logprobs: their log_softmax, but for
-    up to kernel_logprobs_cap top logprobs on the Triton path, read from the raw logits by
-    kernels/logprobs.py),
-    [N, V] masks of one byte, and the filters' candidates (layers/sampling_filters.py, or
+    Workspace: one float32 copy of the logits (two with logprobs: their log_softmax, but where
+    the Triton logprobs read the raw logits, kernels/logprobs.py's few KiB a row), [N, V]
+    masks of one byte, and the filters' candidates (layers/sampling_filters.py, or
     kernels/filter_thresholds.py's few KiB a row); the filters' thresholds drop tokens inside
     the Triton draw, without a mask.
     """
