@@ -151,8 +151,10 @@ class Sampler(nn.Module):
         on_read = self.penalties_on_read(meta)
         if on_read is None:
             logits = self.edited(logits, meta)
-        if meta.all_greedy:
+        if meta.all_greedy and on_read is None:
             sampled = logits.argmax(dim=-1)
+        elif meta.all_greedy:  # the draw kernel's argmax of the logits penalized as it reads
+            sampled = self.draw_kept(logits, meta, on_read=on_read)
         else:
             # The torch draw leaves greedy rows to an argmax before the filters (the Triton
             # draw takes it itself).
@@ -192,13 +194,13 @@ class Sampler(nn.Module):
 
     def penalties_on_read(self, meta: SamplingMetadata) -> RowPenalties | None:
         """The step's penalties for the Triton filters and draw to apply as they read the
-        logits (no float32 copy, no penalty pass), where they are its only edit, its rows
-        draw (an all-greedy step takes the argmax of an edited copy) and its thresholds come
-        from the Triton kernels; else None."""
+        logits (no float32 copy, no penalty pass), where they are its only edit, it has the
+        draw's keys (an all-greedy step's are zeros: the draw takes its argmax) and its
+        thresholds come from the Triton kernels; else None."""
         if (
             not self.use_triton
             or meta.penalty_row_slots is None
-            or meta.all_greedy
+            or meta.seeds is None
             or meta.suppressed_token_ids is not None
             or meta.logit_bias_ids is not None
             or meta.allowed_token_ids is not None

@@ -137,3 +137,36 @@ def test_triton_logprobs_are_the_raw_logits_log_softmax_at_the_drawn_tokens() ->
         assert out.logprob_token_ids.tolist() == ids.tolist()
         assert out.ranks.tolist() == ranks.tolist()
         torch.testing.assert_close(out.logprobs, values, rtol=0, atol=2e-5)
+
+
+def test_an_all_greedy_penalized_step_takes_the_draw_kernels_argmax() -> None:
+    # Greedy rows, a repetition penalty on some (batch-1 latency with the checkpoints'
+    # penalty): the draw kernel's argmax of the logits penalized as read, the copy's tokens.
+    from dataclasses import replace
+
+    from minivllm.engine.runner.sampling.sampling_state import SamplingState
+    from minivllm.engine.types import NewRequestData
+    from minivllm.sampling_params import SamplingParams
+
+    vocab = 200
+    state = SamplingState(DEVICE, max_num_seqs=4, vocab_size=vocab)
+    state.keyed_draws = True
+    gen = torch.Generator().manual_seed(3)
+    req_ids = ["a", "b", "c"]
+    for i, req_id in enumerate(req_ids):
+        params = SamplingParams(temperature=0.0, repetition_penalty=[3.0, 1.0, 2.0][i])
+        prompt = torch.randint(vocab, (30,), generator=gen).tolist()
+        state.add_request(NewRequestData(req_id, prompt, params))
+    sampler = Sampler(use_triton=True)
+    meta = state.build_metadata(req_ids)
+    assert meta.all_greedy and meta.seeds.tolist() == [0, 0, 0]
+    assert sampler.penalties_on_read(meta) is not None
+    # The prompts' tokens lead: the penalty moves rows a and c elsewhere.
+    logits = torch.randn(3, vocab, generator=gen).to(DEVICE)
+    for row, req_id in enumerate(req_ids):
+        logits[row, state.requests[req_id].prompt_token_ids] += 1.5
+    got = sampler(logits.clone(), meta).sampled_token_ids.tolist()
+    copy = replace(meta, penalty_row_slots=None)
+    assert got == sampler(logits.clone(), copy).sampled_token_ids.tolist()
+    unpenalized = logits.argmax(dim=-1).tolist()
+    assert got[1] == unpenalized[1] and got != unpenalized

@@ -259,10 +259,11 @@ class SamplingState:
             and not len(rows.logprob_rows)
             and filters["no_top_k"] and filters["no_top_p"] and filters["no_min_p"]
         )  # fmt: skip
-        # Greedy rows never draw, so an all-greedy batch keeps zeros; for the others
+        # Greedy rows never draw, so an all-greedy batch that the Triton draw takes (plain, or
+        # with penalties it reads: Sampler.penalties_on_read) keeps zeros; for the others
         # build_metadata puts in each step's seeds and offsets.
         draws = None
-        if is_plain and not num_random:
+        if not num_random and (is_plain or "penalty_row_slots" in dev):
             draws = torch.zeros(2, num_rows, dtype=torch.int64, device=device)
         generators = {}
         if self._num_seeded:
