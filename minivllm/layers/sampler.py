@@ -82,8 +82,9 @@ class SamplingMetadata:
     # logprobs): a Triton sampler samples it in one fused pass (kernels/sampling.py).
     is_plain: bool = False
     # [N] int64 keys of the Triton draw: row i's noise is philox(seeds[i], offsets[i] + token
-    # id). Set for every batch with random rows when the sampler uses Triton, and for every
-    # plain batch; None otherwise.
+    # id). Set for every batch with random rows when the sampler uses Triton, for every plain
+    # batch, and (zeros) for an all-greedy one whose penalties the Triton draw reads; None
+    # otherwise.
     seeds: torch.Tensor | None = None
     offsets: torch.Tensor | None = None
 
