@@ -1,5 +1,5 @@
-"""Kernel benchmarks on one GPU: paged decode and prefill attention, fused ops, sampling,
-the grammar bitmask, draft verification.
+"""Kernel benchmarks on one GPU: paged decode and prefill attention, fused ops, sampling (the
+draw, the filters' thresholds, the logprobs), the grammar bitmask, draft verification.
 
 Prints one JSON line per case: time, achieved TB/s or TFLOP/s, and the ratio to a torch
 reference timed in the same run (speedup = reference time / kernel time). A failing case
@@ -296,6 +296,30 @@ def filter_case(batch: int, vocab_size: int, quick: bool) -> dict:
     }  # fmt: skip
 
 
+def logprobs_case(rows: int, k: int, vocab_size: int, quick: bool) -> dict:
+    """The logprobs of bf16 logits' sampled tokens and top k: the Triton passes
+    (kernels/logprobs.py) against log_softmax + gather_logprobs (the torch path), values close,
+    ranks equal."""
+    from minivllm.kernels.logprobs import token_logprobs
+    from minivllm.layers.sampler import gather_logprobs
+
+    logits = (torch.randn(rows, vocab_size, device="cuda") * 3).to(DTYPE)
+    tokens = torch.randint(0, vocab_size, (rows,), device="cuda")
+
+    def reference():
+        return gather_logprobs(torch.log_softmax(logits, dim=-1, dtype=torch.float32), tokens, k)
+
+    ms = bench(lambda: token_logprobs(logits, tokens, k), quick)
+    ref_ms = bench(reference, quick)
+    (_, values, ranks), (_, ref_values, ref_ranks) = token_logprobs(logits, tokens, k), reference()
+    return {
+        "kernel": "token_logprobs", "rows": rows, "k": k, "vocab_size": vocab_size,
+        "ranks_equal": torch.equal(ranks, ref_ranks),
+        "max_abs_diff": float((values - ref_values).abs().max()), "ms": round(ms, 4),
+        "torch_ms": round(ref_ms, 4), "speedup": round(ref_ms / ms, 2),
+    }  # fmt: skip
+
+
 def bitmask_case(rows: int, vocab_size: int, quick: bool) -> dict:
     """A grammar's bitmask applied to fp32 logits: the kernel against apply_bitmask's torch
     definition (unpack to bool, gather, select, scatter), on the device; equal results."""
@@ -380,6 +404,8 @@ def cases(quick: bool, every_case: bool = False):
     yield "sample_plain_b1024_v151936", lambda: sample_plain_case(1024, 151936, quick)
     for batch in (1, 64, 256, 1024):
         yield f"filter_b{batch}_v151936", lambda b=batch: filter_case(b, 151936, quick)
+    for rows, k in ((1, 5), (128, 5), (1024, 5), (1024, 20)):
+        yield f"logprobs_r{rows}_k{k}", lambda r=rows, k=k: logprobs_case(r, k, 151936, quick)
     for rows, vocab in ((1, 151936), (256, 49152), (256, 151936)):
         yield f"bitmask_r{rows}_v{vocab}", lambda r=rows, v=vocab: bitmask_case(r, v, quick)
     for rows, drafts in ((1, 4), (256, 4), (256, 16)):
