@@ -148,7 +148,7 @@ class Sampler(nn.Module):
         raw_logits, raw_logprobs = logits, None
         if meta.max_num_logprobs is not None and not self.use_triton:
             # Before the torch draw, which edits the logits in place.
-            raw_logprobs = _log_softmax(logits, meta.logprob_rows)
+            raw_logprobs = log_softmax_rows(logits, meta.logprob_rows)
         on_read = self.penalties_on_read(meta)
         if on_read is None:
             logits = self.edited(logits, meta)
@@ -186,7 +186,7 @@ class Sampler(nn.Module):
                 logprobs = self._token_logprobs(raw_logits, sampled, k, rows)
             else:
                 if raw_logprobs is None:
-                    raw_logprobs = _log_softmax(raw_logits, rows)
+                    raw_logprobs = log_softmax_rows(raw_logits, rows)
                 asked = sampled if rows is None else sampled.index_select(0, rows)
                 logprobs = gather_logprobs(raw_logprobs, asked, k)
             out.logprob_token_ids, out.logprobs, out.ranks = logprobs
@@ -311,8 +311,9 @@ def _filters(meta: SamplingMetadata) -> bool:
     return not (meta.no_top_k and meta.no_top_p and meta.no_min_p)
 
 
-def _log_softmax(logits: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
-    """[R, V] float32 log_softmax of logits' rows (all where rows is None)."""
+def log_softmax_rows(logits: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+    """[R, V] float32 log_softmax of logits' rows [R] (all where rows is None): the torch
+    path's logprobs, before gather_logprobs."""
     asked = logits if rows is None else logits.index_select(0, rows)
     return torch.log_softmax(asked, dim=-1, dtype=torch.float32)
 

@@ -25,7 +25,7 @@ from minivllm.engine.runner.sampling.logprob_packing import pack_logprobs, to_ru
 from minivllm.engine.runner.sampling.sampling_state import SamplingState
 from minivllm.engine.runner.step_handle import StepHandle
 from minivllm.engine.types import RunnerOutput, SchedulerOutput
-from minivllm.layers.sampler import Sampler, SamplerOutput, gather_logprobs
+from minivllm.layers.sampler import Sampler, SamplerOutput, gather_logprobs, log_softmax_rows
 from minivllm.spec_decode.config import SpeculativeConfig
 from minivllm.spec_decode.verify import (
     VerifyOutput,
@@ -256,8 +256,8 @@ def _rescored(
     token_ids = torch.where(is_kept, kept, sampler_out.sampled_token_ids)
     rows = sampler_out.logprob_rows  # the rows that asked ([R]), or None: all
     if rows is not None:
-        logits, token_ids = logits.index_select(0, rows), token_ids.index_select(0, rows)
-    logprobs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
+        token_ids = token_ids.index_select(0, rows)
+    logprobs = log_softmax_rows(logits, rows)
     ids, values, ranks = gather_logprobs(logprobs, token_ids, 0)  # [R, 1], [R, 1], [R]
     assert sampler_out.logprob_token_ids is not None and sampler_out.logprobs is not None
     return replace(
