@@ -85,7 +85,9 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
         default=None,
         help="the model's tool-call format (hermes: <tool_call>{json}</tool_call>, Qwen2.5/3; "
         'llama3_json: {"name": ..., "parameters": ...} after an optional <|python_tag|>, '
-        "Llama 3.x); both also take a bare JSON call",
+        "Llama 3.x), both also taking a bare JSON call; qwen3_coder (or qwen3_xml): "
+        "<tool_call><function=NAME><parameter=KEY>value</parameter></function></tool_call>, "
+        "Qwen3-Coder and Qwen3.5/3.6, values typed by the tool's schema",
     )
     serve.add_argument(
         "--reasoning-parser",

@@ -4,7 +4,7 @@ request's tool mode with the constraint a forced tool choice puts on the output.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from minivllm.entrypoints.openai.constraints import named_tool_schema, required_tool_schema
@@ -35,6 +35,8 @@ class ChatOutputSpec:
     reasoning_call_marker: str | None = None  # starts content inside the reasoning too
     include_reasoning: bool = True
     parallel_tool_calls: bool = True  # False: "auto" keeps the first call only (as vLLM)
+    # The tools' parameter schemas by name: how the XML format's values are typed.
+    tool_schemas: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def parses(self) -> bool:
@@ -61,6 +63,7 @@ def output_spec(
         reasoning_call_marker=CALL_MARKERS.get(tool_parser) if mode == "auto" else None,
         include_reasoning=req.include_reasoning,
         parallel_tool_calls=req.parallel_tool_calls,
+        tool_schemas={t.function.name: t.function.parameters or {} for t in req.tools or []},
     )
 
 
@@ -104,7 +107,7 @@ class ChoiceParser:
             )
         self._tools = None
         if spec.tool_mode == "auto":
-            self._tools = TOOL_PARSERS[spec.tool_parser][1]()
+            self._tools = TOOL_PARSERS[spec.tool_parser][1](spec.tool_schemas)
         elif spec.tool_mode == "named":
             self._tools = NamedToolStream(spec.tool_name)
         elif spec.tool_mode == "required":
@@ -170,7 +173,7 @@ def full_message(
     content: str | None = text
     calls: list[ToolCall] | None = None
     if spec.tool_mode == "auto":
-        calls, content = TOOL_PARSERS[spec.tool_parser][0](text)
+        calls, content = TOOL_PARSERS[spec.tool_parser][0](text, spec.tool_schemas)
         calls = calls if spec.parallel_tool_calls else calls[:1]
     elif spec.tool_mode == "named":
         # Nothing after the reasoning (cut short while thinking): no call, as streamed.

@@ -23,10 +23,11 @@ START, END = "<tool_call>", "</tool_call>"
 _CALLS = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)$", re.DOTALL)
 
 
-def extract_tool_calls(text: str) -> tuple[list[ToolCall], str | None]:
+def extract_tool_calls(text: str, schemas: object = None) -> tuple[list[ToolCall], str | None]:
     """(calls, content) of a whole output. Content is the text before the first call (None if
     blank; text after the calls is dropped, as vLLM does); one call that does not parse
-    means no calls, and all the text is content."""
+    means no calls, and all the text is content. schemas: unused (JSON calls carry their
+    types)."""
     if header_verdict(text.lstrip()) is True:
         return extract_json_calls(text)
     if START not in text:
@@ -48,7 +49,7 @@ class HermesToolStream:
     that starts with a bare JSON call's header goes to a JsonCallsStream instead (until the
     start is decided, nothing is sent)."""
 
-    def __init__(self) -> None:
+    def __init__(self, schemas: object = None) -> None:  # schemas: as extract_tool_calls
         self._buffer = ""
         self._call: CallScanner | None = None
         self._num_calls = 0
