@@ -9,6 +9,8 @@ import json
 
 import jsonschema
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from minivllm.entrypoints.openai.chat.output import ChatOutputSpec, ChoiceParser, full_message
 from minivllm.entrypoints.parsers.tools import TOOL_PARSERS
@@ -94,6 +96,7 @@ CASES = [
     # A block with no function in it, or a function name never closed: content.
     (JSON_BLOCK, JSON_BLOCK, []),
     ("see <tool_call>\n<function=sea", "see <tool_call>\n<function=sea", []),
+    ("<function=\n<tool_call>\n<function=f>\n</function>", "<function=\n", [("f", {})]),
 ]  # fmt: skip
 
 
@@ -192,3 +195,28 @@ def test_a_call_while_thinking_ends_the_reasoning():
     arguments = "".join(c["function"]["arguments"] for f in fields for c in f.get("tool_calls", []))
     assert arguments == '{"city": "Oslo", "days": 2}'
     assert parser.finish_reason("stop") == "tool_calls"
+
+
+# Text made of the format's tags, layout and a few characters: every way a model can get the
+# format wrong comes out of these.
+PIECES = [
+    "<tool_call>", "</tool_call>", "<function=", "</function>", "<parameter=", "</parameter>",
+    "get_weather", "days", "city", "note", ">", "<", "\n", "3", "x", '"', "\\", "é", " ",
+]  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.sampled_from(PIECES), max_size=30), st.integers(0, 400), st.integers(1, 9))
+def test_any_text_parses_the_same_whole_and_streamed(pieces, cut, size):
+    text = "".join(pieces)
+    calls, content = TOOL_PARSERS["qwen3_coder"][0](text, SCHEMAS)
+    for call in calls:
+        json.loads(call.arguments)  # always JSON
+    arguments = [(c.name, c.arguments) for c in calls]
+    cut = min(cut, len(text))
+    chunks = [text[i : i + size] for i in range(0, len(text), size)]
+    for parts in ([text[:cut], text[cut:]], chunks):
+        stream_content, stream_arguments, num_calls = streamed(parts)
+        # Whole, blank content before calls is None; streamed, it went out as it came.
+        assert stream_content == content or (content is None and not stream_content.strip())
+        assert (stream_arguments, num_calls) == (arguments, len(calls))

@@ -142,9 +142,16 @@ class Qwen3XmlToolStream:
             return True
         if state == "name":
             index = buffer.find(">")
+            name = buffer[: len(buffer) if index == -1 else index]
+            if "<" in name or "\n" in name or (index != -1 and not name.strip()):
+                # No function name (another tag, a line break, nothing): not a call after
+                # all; the text goes on as content.
+                self._content(delta, self._opening + self._raw + FUNCTION)
+                self._state = "content"
+                return True
             if index == -1:
                 return False
-            self._name = buffer[:index].strip()
+            self._name = name.strip()
             self._buffer = buffer[index + 1 :]
             self._params = 0
             delta.tool_calls.append(header_delta(self.num_calls, new_call_id(), self._name))
