@@ -13,6 +13,7 @@ import openai
 import pytest
 
 from tests.entrypoints.conftest import MODEL_NAME, WEATHER_PARAMS, Server
+from tests.entrypoints.openai.test_server_structured import collect_stream
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER_PARAMS}}]
 MESSAGES = [{"role": "user", "content": "What is the weather?"}]
@@ -43,27 +44,15 @@ def chat(client: openai.OpenAI, regex: str, stream: bool):
         stream=stream,
         extra_body={"guided_regex": regex, "chat_template_kwargs": {"enable_thinking": False}},
     )
-    if not stream:
-        choice = response.choices[0]
-        message = choice.message
-        calls = [(c.function.name, c.function.arguments) for c in message.tool_calls or []]
-        reasoning = (message.model_extra or {}).get("reasoning") or ""
-        return reasoning, message.content or "", calls, choice.finish_reason
-    reasoning = content = ""
-    calls: dict[int, list[str]] = {}
-    finish = None
-    for chunk in response:
-        for choice in chunk.choices:
-            delta = choice.delta
-            content += delta.content or ""
-            reasoning += (delta.model_extra or {}).get("reasoning") or ""
-            for tc in delta.tool_calls or []:
-                if tc.id:
-                    assert tc.index not in calls, "a call's id and name come once"
-                    calls[tc.index] = [tc.function.name, ""]
-                calls[tc.index][1] += tc.function.arguments or ""
-            finish = choice.finish_reason or finish
-    return reasoning, content, [tuple(calls[i]) for i in sorted(calls)], finish
+    if stream:
+        out, finish = collect_stream(response)
+        calls = [(c["name"], c["arguments"]) for c in out["calls"].values()]
+        return out["reasoning"], out["content"], calls, finish
+    choice = response.choices[0]
+    message = choice.message
+    calls = [(c.function.name, c.function.arguments) for c in message.tool_calls or []]
+    reasoning = (message.model_extra or {}).get("reasoning") or ""
+    return reasoning, message.content or "", calls, choice.finish_reason
 
 
 def test_an_xml_call_becomes_a_typed_tool_call_whole_and_streamed(client):
