@@ -230,9 +230,21 @@ def default_tiny_model_dir() -> str:
     return out_dir
 
 
-def make_dummy_model_dir(name: str, out_dir: str) -> str:
+# config.json's quantization_config of Qwen's official -FP8 checkpoints (block-wise W8A8).
+FP8_BLOCK_QUANTIZATION = {
+    "quant_method": "fp8",
+    "weight_block_size": [128, 128],
+    "activation_scheme": "dynamic",
+}
+
+
+def make_dummy_model_dir(name: str, out_dir: str, quantization: str | None = None) -> str:
     """Writes config.json (minivllm/configs/<name>.json: real hyperparameters, no weights) and
-    a full-vocabulary word-level tokenizer into out_dir, for load_format="dummy" runs."""
+    a full-vocabulary word-level tokenizer into out_dir, for load_format="dummy" runs.
+    quantization "fp8": the config says what Qwen's -FP8 checkpoints say (block-wise FP8
+    weights), so that both engines load the dummy weights in that layout."""
+    if quantization not in (None, "fp8"):
+        raise ValueError(f"quantization must be None or 'fp8', got {quantization!r}")
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -242,6 +254,10 @@ def make_dummy_model_dir(name: str, out_dir: str) -> str:
         shutil.copy(path, os.path.join(out_dir, "config.json"))
     with open(os.path.join(out_dir, "config.json")) as f:
         cfg = json.load(f)
+    if quantization == "fp8":
+        cfg["quantization_config"] = FP8_BLOCK_QUANTIZATION
+        with open(os.path.join(out_dir, "config.json"), "w") as f:
+            json.dump(cfg, f, indent=2)
     cfg = cfg.get("text_config", cfg)  # a vision-language config's language model
     if not os.path.exists(os.path.join(out_dir, "tokenizer.json")):
         vocab = {f"t{i}": i for i in range(cfg["vocab_size"])}

@@ -4,6 +4,8 @@ dequantized to float32 (the only difference left: activations quantized per toke
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -14,7 +16,7 @@ from minivllm.engine.setup import resolve_setup
 from minivllm.layers.ops import LayerOps
 from minivllm.model_loader import build_model
 from minivllm.models.model_config import ModelConfig
-from minivllm.tiny_model import build_tiny_model
+from minivllm.tiny_model import build_tiny_model, make_dummy_model_dir
 from tests.fp8_checkpoint import (
     COMPRESSED_TENSORS_FP8,
     FP8_MOE_SIZES,
@@ -145,3 +147,17 @@ def test_greedy_tokens_match_the_dequantized_model(fp8_dirs) -> None:
         llm.shutdown()
     assert all(a[:2] == b[:2] for a, b in zip(*runs, strict=True)), runs
     assert sum(a == b for a, b in zip(*runs, strict=True)) >= len(texts) // 2, runs
+
+
+def test_a_dummy_directory_says_fp8_as_qwens_fp8_checkpoints_do(tmp_path) -> None:
+    """make_dummy_model_dir(..., quantization="fp8"): the benchmarks' FP8 weights beside vLLM
+    (both engines read config.json's quantization_config and load dummy weights in it)."""
+    model_dir = make_dummy_model_dir("qwen3-8b", str(tmp_path / "fp8"), quantization="fp8")
+    with open(f"{model_dir}/config.json") as f:
+        assert json.load(f)["quantization_config"] == QWEN_FP8
+    quantization = ModelConfig.from_hf(model_dir).quantization
+    assert quantization.method == "fp8" and not quantization.quantize_at_load
+    plain = make_dummy_model_dir("qwen3-8b", str(tmp_path / "bf16"))
+    assert ModelConfig.from_hf(plain).quantization is None
+    with pytest.raises(ValueError, match="quantization must be None or 'fp8'"):
+        make_dummy_model_dir("qwen3-8b", str(tmp_path / "awq"), quantization="awq")
