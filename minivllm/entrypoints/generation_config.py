@@ -7,8 +7,16 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-# generation_config.json keys that become SamplingParams defaults (vLLM's list).
-_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+# generation_config.json keys that become SamplingParams defaults (vLLM's list), by the name
+# they take there: transformers' max_new_tokens is max_tokens.
+_SAMPLING_KEYS = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty",
+    "max_new_tokens": "max_tokens",
+}
 
 
 @dataclass(frozen=True)
@@ -32,5 +40,7 @@ def read_generation_defaults(model_dir: str, tokenizer) -> GenerationDefaults:
         for token_id in gen_eos if isinstance(gen_eos, list) else [gen_eos]:
             if isinstance(token_id, int) and token_id not in eos:
                 eos.append(token_id)
-        sampling = {k: gen[k] for k in _SAMPLING_KEYS if gen.get(k) is not None}
+        sampling = {
+            name: gen[key] for key, name in _SAMPLING_KEYS.items() if gen.get(key) is not None
+        }
     return GenerationDefaults(tuple(eos), sampling)

@@ -166,15 +166,19 @@ def sampling_params(
     prompt_logprobs: int | None = None,
     structured_outputs: StructuredOutputsParams | None = None,
 ) -> SamplingParams:
-    """SamplingParams of one prompt. max_tokens defaults to what fits in max_model_len; a
-    larger one is a 400, as in OpenAI and vLLM (a prompt that does not fit at all is refused
-    by the engine's checks, in their words)."""
+    """SamplingParams of one prompt. max_tokens defaults to what fits in max_model_len (at most
+    generation_config.json's max_new_tokens, as in vLLM); a larger one is a 400, as in OpenAI
+    and vLLM (a prompt that does not fit at all is refused by the engine's checks, in their
+    words)."""
     _check_limits(req, logprobs)
     values = dict(defaults)
+    default_max_tokens = values.pop("max_tokens", None)
     for name in _SAMPLING_FIELDS:
         if getattr(req, name) is not None:
             values[name] = getattr(req, name)
     room = max(max_model_len - num_prompt_tokens, 1)
+    if max_tokens is None and default_max_tokens is not None:
+        max_tokens = min(default_max_tokens, room)
     if max_tokens is not None and max_tokens > room and num_prompt_tokens < max_model_len:
         raise APIError(
             f"max_tokens is too large: {max_tokens}. This model's maximum context length is "

@@ -43,6 +43,15 @@ def test_max_tokens_defaults_to_the_room_left_and_more_is_400() -> None:
         _params({"max_tokens": -1})
 
 
+def test_generation_configs_max_new_tokens_is_the_default_max_tokens() -> None:
+    """As in vLLM: a request without max_tokens gets max_new_tokens, or the room left where
+    that is less; one that says max_tokens gets it."""
+    defaults = {"max_tokens": 7, "temperature": 0.6}
+    assert _params({}, defaults).max_tokens == 7
+    assert _params({}, defaults, num_prompt=508).max_tokens == 4
+    assert _params({"max_tokens": 30}, defaults).max_tokens == 30
+
+
 def test_chat_template_flag(tmp_path) -> None:
     path = tmp_path / "t.jinja"
     path.write_text("{{ messages[0]['content'] }}")
@@ -57,12 +66,13 @@ def test_generation_config_flag(tiny_qwen3_dir, tmp_path) -> None:
     engine = SimpleNamespace(tokenizer=AutoTokenizer.from_pretrained(tiny_qwen3_dir))
     other = tmp_path / "gen"
     other.mkdir()
-    (other / "generation_config.json").write_text(json.dumps({"temperature": 0.3}))
+    generation_config = {"temperature": 0.3, "max_new_tokens": 64, "do_sample": True}
+    (other / "generation_config.json").write_text(json.dumps(generation_config))
     model_defaults = _generation_defaults(tiny_qwen3_dir, "auto", engine)
     assert len(model_defaults.eos_token_ids) == 2  # <|im_end|> and <|endoftext|>
     assert _generation_defaults(tiny_qwen3_dir, "vllm", engine).sampling == {}
     custom = _generation_defaults(tiny_qwen3_dir, str(other), engine)
-    assert custom.sampling == {"temperature": 0.3}
+    assert custom.sampling == {"temperature": 0.3, "max_tokens": 64}  # vLLM's names
     assert custom.eos_token_ids == model_defaults.eos_token_ids
 
 
