@@ -61,6 +61,9 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
+    # False: no text (vLLM's): the output's text stays "" and logprob entries' decoded_token
+    # None, where only the token ids are read (benchmarks, RL rollouts). Stop strings need it.
+    detokenize: bool = True
     # token id -> a number added to its logit before penalties, temperature and filters
     # (OpenAI's logit_bias; +-100 effectively forces or bans a token; clamped to [-100, 100]
     # as the OpenAI API and vLLM's server do: 1e300 would be an inf logit, NaN probabilities).
@@ -131,6 +134,13 @@ class SamplingParams:
                 raise TypeError(f"{name} must be an integer, got {value!r}")
             if not _INT64_MIN <= value <= _INT64_MAX:
                 raise ValueError(f"{name} must fit in 64 bits (|{name}| < 2**63), got {value}")
+        if not isinstance(self.detokenize, bool):
+            raise TypeError(f"detokenize must be a bool, got {self.detokenize!r}")
+        if self.stop and not self.detokenize:
+            raise ValueError(
+                "stop strings are only supported when detokenize is True (as in vLLM); "
+                "stop_token_ids end an output without text"
+            )
         for name, values, kind in (
             ("stop", self.stop, str),
             ("stop_token_ids", self.stop_token_ids, int),

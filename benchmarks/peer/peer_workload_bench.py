@@ -12,11 +12,12 @@ Usage: [TP=N] [GPU_UTIL=0.9] [KV_CACHE_DTYPE=fp8] [DETERMINISTIC=1] [SPEC='{"met
             greedy) or latency-penalty (the same with a repetition penalty of 1.05); several,
             comma-separated, run on one engine, a JSON line each (each later workload's
             prompt ids shifted: workloads.shifted)
-Needs only benchmarks/workloads.py (run from the repository's root); vLLM keeps its defaults
-except what the workload needs (max_model_len, temperature 0.6, ignore_eos) and, for a
-vision-language config (Qwen3.5's), language_model_only: the text path minivllm runs, and for
-Gated DeltaNet layers gdn_prefill_backend "triton" (its Hopper default needs flashinfer, which
-the peer kit does not ship).
+Needs only benchmarks/workloads.py (run from the repository's root); both engines return token
+ids only (detokenize=False: no text, no logprob texts; vLLM also skips its tokenizer), and vLLM
+keeps its defaults except what the workload needs (max_model_len, temperature 0.6, ignore_eos)
+and, for a vision-language config (Qwen3.5's), language_model_only: the text path minivllm
+runs, and for Gated DeltaNet layers gdn_prefill_backend "triton" (its Hopper default needs
+flashinfer, which the peer kit does not ship).
 DETERMINISTIC=1 turns on minivllm's deterministic mode; vLLM's counterpart is its own
 environment variable, VLLM_BATCH_INVARIANT=1. SPEC: a speculative_config (JSON) for either
 engine. PREFILL_KERNEL: minivllm's prefill_attention_kernel. SAMPLING: SamplingParams options
@@ -77,7 +78,7 @@ def build(engine: str, model_dir: str, max_model_len: int):
     common["prefill_attention_kernel"] = os.environ.get("PREFILL_KERNEL", "auto")
     llm = LLM(model_dir, load_format="dummy", deterministic=deterministic, **common)
     return llm, lambda n, **options: SamplingParams(
-        ignore_eos=True, max_tokens=n, **_options(options)
+        ignore_eos=True, max_tokens=n, detokenize=False, **_options(options)
     )
 
 

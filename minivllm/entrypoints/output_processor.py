@@ -197,9 +197,11 @@ class OutputProcessor:
         parent.metrics.num_cached_tokens = max(
             parent.metrics.num_cached_tokens, out.num_cached_tokens
         )
+        detokenize = child.params.detokenize
         if out.prompt_logprobs is not None:
             parent.prompt_logprobs = (parent.prompt_logprobs or []) + out.prompt_logprobs
-            new_logprobs.extend(d for d in out.prompt_logprobs if d is not None)
+            if detokenize:
+                new_logprobs.extend(d for d in out.prompt_logprobs if d is not None)
         if out.pooled is not None:
             parent.pooled = out.pooled
         child.token_ids.extend(out.new_token_ids)
@@ -207,16 +209,18 @@ class OutputProcessor:
             child.routed_experts.append(out.routed_experts)
         if child.logprobs is not None and out.new_logprobs:
             child.logprobs.extend(out.new_logprobs)
-            new_logprobs.extend(out.new_logprobs)
+            if detokenize:
+                new_logprobs.extend(out.new_logprobs)
             child.cumulative_logprob += sum(
                 d[t].logprob for t, d in zip(out.new_token_ids, out.new_logprobs)
             )
         # A core stop ("stop") on an EOS or stop token id leaves that token's text out; a
         # grammar's end (structured outputs) is a stop on an ordinary token, which stays.
         by_token = out.finished and out.finish_reason == "stop" and _ends_on_stop_token(out, child)
-        if child.incremental:
+        # Without detokenize no text at all (nor stop strings: SamplingParams refuses them).
+        if detokenize and child.incremental:
             child.detokenizer.add_tokens(out.new_token_ids, out.finished, by_token)
-        elif out.finished:
+        elif detokenize and out.finished:
             child.detokenizer.add_tokens(child.token_ids, True, by_token)
         if child.detokenizer.stopped:
             child.finish_reason = "stop"

@@ -192,6 +192,29 @@ def test_stop_token_ids_and_min_tokens(llm: LLM) -> None:
     assert stop_id not in out.token_ids[: cut + 2]
 
 
+def test_detokenize_false_gives_the_same_tokens_without_text(llm: LLM) -> None:
+    """vLLM's detokenize=False: the same tokens, logprobs and finish, but no text (the output's
+    text "", every logprob entry's decoded_token None); stop strings need text."""
+    options = dict(temperature=0.8, seed=3, n=2, max_tokens=12, logprobs=2, prompt_logprobs=1)
+    with_text = llm.generate(PROMPT, SamplingParams(**options), use_tqdm=False)[0]
+    plain = llm.generate(PROMPT, SamplingParams(**options, detokenize=False), use_tqdm=False)[0]
+    assert [o.token_ids for o in plain.outputs] == [o.token_ids for o in with_text.outputs]
+    assert all(o.text for o in with_text.outputs) and all(o.text == "" for o in plain.outputs)
+    for ours, theirs in zip(plain.outputs, with_text.outputs, strict=True):
+        assert ours.finish_reason == theirs.finish_reason == "length"
+        assert [{t: lp.logprob for t, lp in d.items()} for d in ours.logprobs] == [
+            {t: lp.logprob for t, lp in d.items()} for d in theirs.logprobs
+        ]
+        assert all(lp.decoded_token is None for d in ours.logprobs for lp in d.values())
+        assert all(lp.decoded_token is not None for d in theirs.logprobs for lp in d.values())
+    entries = [d for d in plain.prompt_logprobs if d is not None]
+    assert entries and all(lp.decoded_token is None for d in entries for lp in d.values())
+    with pytest.raises(ValueError, match="stop strings are only supported when detokenize"):
+        SamplingParams(stop=["x"], detokenize=False)
+    with pytest.raises(TypeError, match="detokenize must be a bool"):
+        SamplingParams(detokenize="no")
+
+
 def test_logprobs_match_hf(llm: LLM, tiny_qwen3_dir: str) -> None:
     params = SamplingParams(
         temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=3, prompt_logprobs=2
