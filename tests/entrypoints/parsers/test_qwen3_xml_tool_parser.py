@@ -165,6 +165,10 @@ def test_a_string_value_streams_as_it_comes():
         ("[1, 'x']", {"type": "array"}, [1, "x"]),
         ("[1]", {"type": "object"}, "[1]"),
         ("{1, 2}", {"type": "array"}, "{1, 2}"),  # a Python set is no JSON value
+        ("NaN", {"type": "number"}, "NaN"),  # nor are NaN and the infinities
+        ("1e999", {"type": "number"}, "1e999"),
+        ("[1e999]", {"type": "array"}, "[1e999]"),
+        ("[Infinity]", {"type": "array"}, "[Infinity]"),
         (" 42 ", None, " 42 "),  # no schema: the text
     ],
 )

@@ -305,10 +305,7 @@ def coerce(value: str, schema: dict[str, Any] | None) -> Any:
     if "boolean" in types and text.lower() in ("true", "false"):
         return text.lower() == "true"
     if types & {"integer", "number"}:
-        try:
-            number = json.loads(text)
-        except ValueError:
-            number = None
+        number = _json(text)
         if isinstance(number, int) and not isinstance(number, bool):
             return number
         if isinstance(number, float) and "number" in types:
@@ -322,17 +319,30 @@ def coerce(value: str, schema: dict[str, Any] | None) -> Any:
     return value
 
 
+def _json(text: str) -> Any:
+    """The JSON value of text, or None (also for NaN and the infinities, which Python's json
+    reads but JSON has not)."""
+    try:
+        return _strict(json.loads(text))
+    except (ValueError, RecursionError):
+        return None
+
+
+def _strict(value: Any) -> Any:
+    """value if JSON can hold it (no NaN or infinities, no sets, bytes or tuple keys), else
+    None."""
+    try:
+        return json.loads(json.dumps(value, allow_nan=False))
+    except (TypeError, ValueError, RecursionError):
+        return None
+
+
 def _container(text: str) -> Any:
     """JSON text, or a Python literal (single quotes, True / None: what models also write)."""
+    parsed = _json(text)
+    if parsed is not None:
+        return parsed
     try:
-        return json.loads(text)
-    except ValueError:
-        pass
-    try:
-        parsed = ast.literal_eval(text)
+        return _strict(ast.literal_eval(text))
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-        return None
-    try:  # only what JSON can hold (no tuples as keys, sets, bytes)
-        return json.loads(json.dumps(parsed))
-    except (TypeError, ValueError):
         return None
