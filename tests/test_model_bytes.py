@@ -13,7 +13,9 @@ import torch
 
 from benchmarks.common import model_bytes, roofline_seconds
 
-CONFIGS = ("qwen3-0.6b", "qwen3-8b", "qwen3-30b-a3b", "qwen3.5-9b", "qwen3.5-35b-a3b")
+CONFIGS = (
+    "qwen3-0.6b", "qwen3-8b", "qwen3-30b-a3b", "qwen3.5-9b", "qwen3.5-27b", "qwen3.5-35b-a3b",
+)  # fmt: skip
 
 
 def real_config(name: str) -> dict:
