@@ -255,7 +255,7 @@ def make_dummy_model_dir(name: str, out_dir: str, quantization: str | None = Non
     with open(os.path.join(out_dir, "config.json")) as f:
         cfg = json.load(f)
     if quantization == "fp8":
-        cfg["quantization_config"] = FP8_BLOCK_QUANTIZATION
+        cfg["quantization_config"] = _fp8_quantization_config(cfg)
         with open(os.path.join(out_dir, "config.json"), "w") as f:
             json.dump(cfg, f, indent=2)
     cfg = cfg.get("text_config", cfg)  # a vision-language config's language model
@@ -268,6 +268,21 @@ def make_dummy_model_dir(name: str, out_dir: str, quantization: str | None = Non
             out_dir
         )
     return out_dir
+
+
+def _fp8_quantization_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Qwen's FP8 quantization_config for cfg: block FP8, and for a hybrid model the projections
+    its FP8 checkpoints keep in bf16 by full name (each Gated DeltaNet layer's b and a: 48
+    outputs, no whole 128-block), as vLLM needs them named (it matches names exactly)."""
+    text = cfg.get("text_config", cfg)
+    prefix = "model.language_model.layers" if "text_config" in cfg else "model.layers"
+    keep = [
+        f"{prefix}.{i}.linear_attn.{proj}"
+        for i, kind in enumerate(text.get("layer_types") or [])
+        if kind == "linear_attention"
+        for proj in ("in_proj_b", "in_proj_a")
+    ]
+    return {**FP8_BLOCK_QUANTIZATION, **({"modules_to_not_convert": keep} if keep else {})}
 
 
 def write_sentence_transformers_files(model_dir: str, mode: str, normalize: bool) -> None:

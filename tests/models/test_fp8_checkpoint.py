@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+from transformers import AutoConfig, AutoModelForImageTextToText
 
 from minivllm import LLM, SamplingParams
 from minivllm.attention.torch_sdpa import TorchSDPABackend
@@ -157,6 +158,15 @@ def test_a_dummy_directory_says_fp8_as_qwens_fp8_checkpoints_do(tmp_path) -> Non
         assert json.load(f)["quantization_config"] == QWEN_FP8
     quantization = ModelConfig.from_hf(model_dir).quantization
     assert quantization.method == "fp8" and not quantization.quantize_at_load
+    hybrid = make_dummy_model_dir("qwen3.5-9b", str(tmp_path / "hybrid"), quantization="fp8")
+    with open(f"{hybrid}/config.json") as f:
+        kept = json.load(f)["quantization_config"]["modules_to_not_convert"]
+    # Each Gated DeltaNet layer's b and a projections, by the checkpoint's own module names.
+    assert len(kept) == 2 * 24 and ModelConfig.from_hf(hybrid).quantization.ignored == tuple(kept)
+    with torch.device("meta"):
+        names = {n for n, _ in AutoModelForImageTextToText.from_config(
+            AutoConfig.from_pretrained(hybrid)).named_modules()}  # fmt: skip
+    assert set(kept) <= names, sorted(set(kept) - names)[:3]
     plain = make_dummy_model_dir("qwen3-8b", str(tmp_path / "bf16"))
     assert ModelConfig.from_hf(plain).quantization is None
     with pytest.raises(ValueError, match="quantization must be None or 'fp8'"):
