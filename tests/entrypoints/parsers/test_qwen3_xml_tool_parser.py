@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from minivllm.entrypoints.openai.chat.output import ChatOutputSpec, ChoiceParser, full_message
 from minivllm.entrypoints.parsers.tools import TOOL_PARSERS
-from minivllm.entrypoints.parsers.tools.qwen3_xml import coerce
+from minivllm.entrypoints.parsers.tools.schema_values import coerce
 
 WEATHER = {
     "type": "object",

@@ -26,9 +26,9 @@ as the other parsers drop it. A `<tool_call>` block with no function in it is co
 
 from __future__ import annotations
 
-import ast
 import json
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Literal
 
 from minivllm.entrypoints.parsers.tools.base import (
     StreamDelta,
@@ -39,6 +39,7 @@ from minivllm.entrypoints.parsers.tools.base import (
     new_call_id,
     partial_suffix,
 )
+from minivllm.entrypoints.parsers.tools.schema_values import coerce, is_string_schema
 
 START, END = "<tool_call>", "</tool_call>"
 FUNCTION, FUNCTION_END = "<function=", "</function>"
@@ -49,6 +50,10 @@ _VALUE_ENDS = (PARAMETER_END, PARAMETER, FUNCTION_END, END)
 
 # A request's tools: name -> its parameters' JSON schema (an object schema's "properties").
 ToolSchemas = dict[str, dict[str, Any]]
+# Where the scanner is: text before any call, after <tool_call> before its function, in a
+# function's name, between its parameters, in a parameter's name, in its value, after the
+# function's end.
+State = Literal["content", "preamble", "name", "args", "param", "value", "between"]
 
 
 def extract_tool_calls(text: str, schemas: ToolSchemas) -> tuple[list[ToolCall], str | None]:
@@ -67,7 +72,7 @@ class Qwen3XmlToolStream:
     def __init__(self, schemas: ToolSchemas) -> None:
         self.schemas = schemas
         self.num_calls = 0
-        self._state = "content"  # content, preamble, name, args, param, value, between
+        self._state: State = "content"
         self._buffer = ""
         # The opening of a call not yet known to be one (content if it is not): the
         # <tool_call> tag or nothing (a bare <function=), and the text after it.
@@ -110,115 +115,126 @@ class Qwen3XmlToolStream:
 
     def _step(self, delta: StreamDelta, final: bool) -> bool:
         """Consumes what the buffer decides; True while there may be more to decide."""
-        state, buffer = self._state, self._buffer
-        if state == "content":
-            found = _first(buffer, (START, FUNCTION))
-            if found is None:
-                keep = _held(buffer, (START, FUNCTION), final)
-                self._content(delta, buffer[: len(buffer) - keep])
-                self._buffer = buffer[len(buffer) - keep :]
-                return False
-            index, marker = found
-            self._content(delta, buffer[:index])
-            self._buffer = buffer[index + len(marker) :]
-            self._opening, self._raw = (START if marker == START else ""), ""
-            self._state = "preamble" if marker == START else "name"
+        return _HANDLERS[self._state](self, delta, final)
+
+    def _take(
+        self, markers: tuple[str, ...], final: bool, hold_newline: bool = False
+    ) -> tuple[str, str | None]:
+        """(the text before the first of markers in the buffer, that marker), both consumed; or,
+        none there yet, (the text no marker can start in, None), the rest held back (and a
+        last newline with hold_newline: a value's layout, if the value ends there)."""
+        buffer = self._buffer
+        found = _first(buffer, markers)
+        if found is None:
+            keep = _held(buffer, markers, final)
+            if hold_newline and buffer[: len(buffer) - keep].endswith("\n"):
+                keep += 1
+            self._buffer = buffer[len(buffer) - keep :]
+            return buffer[: len(buffer) - keep], None
+        index, marker = found
+        self._buffer = buffer[index + len(marker) :]
+        return buffer[:index], marker
+
+    def _on_content(self, delta: StreamDelta, final: bool) -> bool:
+        text, marker = self._take((START, FUNCTION), final)
+        self._content(delta, text)
+        if marker is None:
+            return False
+        self._open(marker)
+        return True
+
+    def _open(self, marker: str) -> None:
+        """A call may start: a <tool_call> block (its function next) or a bare <function=."""
+        self._opening, self._raw = (START if marker == START else ""), ""
+        self._state = "preamble" if marker == START else "name"
+
+    def _on_preamble(self, delta: StreamDelta, final: bool) -> bool:
+        text, marker = self._take((FUNCTION, END), final)
+        self._raw += text
+        if marker is None:
+            return False
+        if marker == END:  # a block with no function: its text is content
+            self._content(delta, self._opening + self._raw + END)
+            self._state = "content"
+        else:
+            self._state = "name"
+        return True
+
+    def _on_name(self, delta: StreamDelta, final: bool) -> bool:
+        buffer = self._buffer
+        index = buffer.find(">")
+        name = buffer[: len(buffer) if index == -1 else index]
+        if "<" in name or "\n" in name or (index != -1 and not name.strip()):
+            # No function name (another tag, a line break, nothing): not a call after all;
+            # the text goes on as content.
+            self._content(delta, self._opening + self._raw + FUNCTION)
+            self._state = "content"
             return True
-        if state == "preamble":
-            found = _first(buffer, (FUNCTION, END))
-            if found is None:
-                keep = _held(buffer, (FUNCTION, END), final)
-                self._raw += buffer[: len(buffer) - keep]
-                self._buffer = buffer[len(buffer) - keep :]
-                return False
-            index, marker = found
-            self._raw += buffer[:index]
-            self._buffer = buffer[index + len(marker) :]
-            if marker == END:  # a block with no function: its text is content
-                self._content(delta, self._opening + self._raw + END)
-                self._state = "content"
-            else:
-                self._state = "name"
-            return True
-        if state == "name":
-            index = buffer.find(">")
-            name = buffer[: len(buffer) if index == -1 else index]
-            if "<" in name or "\n" in name or (index != -1 and not name.strip()):
-                # No function name (another tag, a line break, nothing): not a call after
-                # all; the text goes on as content.
-                self._content(delta, self._opening + self._raw + FUNCTION)
-                self._state = "content"
-                return True
-            if index == -1:
-                return False
-            self._name = name.strip()
-            self._buffer = buffer[index + 1 :]
-            self._params = 0
-            delta.tool_calls.append(header_delta(self.num_calls, new_call_id(), self._name))
-            self.num_calls += 1
+        if index == -1:
+            return False
+        self._name = name.strip()
+        self._buffer = buffer[index + 1 :]
+        self._params = 0
+        delta.tool_calls.append(header_delta(self.num_calls, new_call_id(), self._name))
+        self.num_calls += 1
+        self._state = "args"
+        return True
+
+    def _on_args(self, delta: StreamDelta, final: bool) -> bool:
+        _, marker = self._take((PARAMETER, FUNCTION_END, END), final)  # between: layout
+        if marker is None:
+            return False
+        if marker == PARAMETER:
+            self._state = "param"
+        else:
+            self._end_function(delta, marker)
+        return True
+
+    def _on_param(self, delta: StreamDelta, final: bool) -> bool:
+        index = self._buffer.find(">")
+        if index == -1:
+            return False
+        self._param = self._buffer[:index].strip()
+        self._buffer = self._buffer[index + 1 :]
+        self._streamed = is_string_schema(self._property(self._param))
+        self._value_started = False
+        self._value = ""
+        if self._streamed:
+            self._arguments(delta, self._key() + '"')
+        self._state = "value"
+        return True
+
+    def _on_value(self, delta: StreamDelta, final: bool) -> bool:
+        if final and _first(self._buffer, _VALUE_ENDS) is None:
+            return False  # an unterminated value: finish() ends it
+        text, marker = self._take(_VALUE_ENDS, final, hold_newline=True)
+        if marker is None:
+            self._value_text(delta, text)
+            return False
+        self._end_value(delta, text)
+        if marker == PARAMETER_END:
             self._state = "args"
-            return True
-        if state == "args":
-            found = _first(buffer, (PARAMETER, FUNCTION_END, END))
-            if found is None:
-                keep = _held(buffer, (PARAMETER, FUNCTION_END, END), final)
-                self._buffer = buffer[len(buffer) - keep :]  # text between parameters: layout
-                return False
-            index, marker = found
-            self._buffer = buffer[index + len(marker) :]
-            if marker == PARAMETER:
-                self._state = "param"
-            else:
-                self._close_function(delta)
-                self._state = "between" if marker == FUNCTION_END else "content"
-            return True
-        if state == "param":
-            index = buffer.find(">")
-            if index == -1:
-                return False
-            self._param = buffer[:index].strip()
-            self._buffer = buffer[index + 1 :]
-            self._streamed = _is_string(self._property(self._param))
-            self._value_started = False
-            self._value = ""
-            if self._streamed:
-                self._arguments(delta, self._key() + '"')
-            self._state = "value"
-            return True
-        if state == "value":
-            found = _first(buffer, _VALUE_ENDS)
-            if found is None:
-                if final:  # an unterminated value: finish() ends it
-                    return False
-                keep = _held(buffer, _VALUE_ENDS, final)
-                if buffer[: len(buffer) - keep].endswith("\n"):
-                    keep += 1  # the layout's newline, if the value ends here
-                self._value_text(delta, buffer[: len(buffer) - keep])
-                self._buffer = buffer[len(buffer) - keep :]
-                return False
-            index, marker = found
-            self._end_value(delta, buffer[:index])
-            self._buffer = buffer[index + len(marker) :]
-            if marker == PARAMETER_END:
-                self._state = "args"
-            elif marker == PARAMETER:
-                self._state = "param"
-            else:
-                self._close_function(delta)
-                self._state = "between" if marker == FUNCTION_END else "content"
-            return True
-        if state == "between":  # after </function>: </tool_call>, or another function
-            found = _first(buffer, (END, START, FUNCTION))
-            if found is None:
-                keep = _held(buffer, (END, START, FUNCTION), final)
-                self._buffer = buffer[len(buffer) - keep :]
-                return False
-            index, marker = found
-            self._buffer = buffer[index + len(marker) :]
-            self._opening, self._raw = (START if marker == START else ""), ""
-            self._state = {END: "content", START: "preamble", FUNCTION: "name"}[marker]
-            return True
-        raise AssertionError(state)
+        elif marker == PARAMETER:
+            self._state = "param"
+        else:
+            self._end_function(delta, marker)
+        return True
+
+    def _on_between(self, delta: StreamDelta, final: bool) -> bool:
+        """After </function>: </tool_call>, or another function (bare or in a block)."""
+        _, marker = self._take((END, START, FUNCTION), final)
+        if marker is None:
+            return False
+        if marker == END:
+            self._state = "content"
+        else:
+            self._open(marker)
+        return True
+
+    def _end_function(self, delta: StreamDelta, marker: str) -> None:
+        """</function> (more may follow in the block) or </tool_call> (the block ends)."""
+        self._close_function(delta)
+        self._state = "between" if marker == FUNCTION_END else "content"
 
     def _value_text(self, delta: StreamDelta, text: str) -> None:
         """A piece of the value (not its end): dropped leading newline, then written (a string)
@@ -262,6 +278,18 @@ class Qwen3XmlToolStream:
             delta.content += text
 
 
+# Each state's step: (stream, delta, final) -> whether it may decide more.
+_HANDLERS: dict[State, Callable[[Qwen3XmlToolStream, StreamDelta, bool], bool]] = {
+    "content": Qwen3XmlToolStream._on_content,
+    "preamble": Qwen3XmlToolStream._on_preamble,
+    "name": Qwen3XmlToolStream._on_name,
+    "args": Qwen3XmlToolStream._on_args,
+    "param": Qwen3XmlToolStream._on_param,
+    "value": Qwen3XmlToolStream._on_value,
+    "between": Qwen3XmlToolStream._on_between,
+}
+
+
 def _held(text: str, markers: tuple[str, ...], final: bool) -> int:
     """How many of text's last characters to hold back: a start of one of markers, which the
     next piece may complete (none at the end of the output)."""
@@ -273,76 +301,3 @@ def _first(text: str, markers: tuple[str, ...]) -> tuple[int, str] | None:
     found = [(text.find(m), m) for m in markers]
     found = [(i, m) for i, m in found if i != -1]
     return min(found) if found else None
-
-
-def _types(schema: dict[str, Any] | None) -> list[str]:
-    """The JSON types a property's schema allows ("type", or its anyOf / oneOf members')."""
-    if not isinstance(schema, dict):
-        return []
-    kind = schema.get("type")
-    if isinstance(kind, str):
-        return [kind]
-    if isinstance(kind, list):
-        return [k for k in kind if isinstance(k, str)]
-    members = schema.get("anyOf") or schema.get("oneOf") or []
-    return [t for m in members if isinstance(m, dict) for t in _types(m)]
-
-
-def _is_string(schema: dict[str, Any] | None) -> bool:
-    """A value streamed as a string: the schema allows strings only, or says nothing."""
-    types = set(_types(schema))
-    return not types or types == {"string"}
-
-
-def coerce(value: str, schema: dict[str, Any] | None) -> Any:
-    """A parameter's text as the JSON value its schema asks for, else the text itself."""
-    types = set(_types(schema))
-    if not types or types == {"string"}:
-        return value
-    text = value.strip()
-    if "null" in types and text == "null":
-        return None
-    if "boolean" in types and text.lower() in ("true", "false"):
-        return text.lower() == "true"
-    if types & {"integer", "number"}:
-        number = _json(text)
-        if isinstance(number, int) and not isinstance(number, bool):
-            return number
-        if isinstance(number, float) and "number" in types:
-            return number
-    if types & {"object", "array"}:
-        parsed = _container(text)
-        if isinstance(parsed, dict) and "object" in types:
-            return parsed
-        if isinstance(parsed, list) and "array" in types:
-            return parsed
-    return value
-
-
-def _json(text: str) -> Any:
-    """The JSON value of text, or None (also for NaN and the infinities, which Python's json
-    reads but JSON has not)."""
-    try:
-        return _strict(json.loads(text))
-    except (ValueError, RecursionError):
-        return None
-
-
-def _strict(value: Any) -> Any:
-    """value if JSON can hold it (no NaN or infinities, no sets, bytes or tuple keys), else
-    None."""
-    try:
-        return json.loads(json.dumps(value, allow_nan=False))
-    except (TypeError, ValueError, RecursionError):
-        return None
-
-
-def _container(text: str) -> Any:
-    """JSON text, or a Python literal (single quotes, True / None: what models also write)."""
-    parsed = _json(text)
-    if parsed is not None:
-        return parsed
-    try:
-        return _strict(ast.literal_eval(text))
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-        return None
