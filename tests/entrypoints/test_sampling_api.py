@@ -267,8 +267,10 @@ def test_generation_config_eos(llm: LLM, tiny_qwen3_dir: str, tmp_path) -> None:
     gen_path = target / "generation_config.json"
     gen = json.loads(gen_path.read_text())
     gen["eos_token_id"] = [eos]
+    gen["max_new_tokens"] = 6  # vLLM's default max_tokens from the file
     gen_path.write_text(json.dumps(gen))
     eos_llm = LLM(str(target), dtype="float32", device="cpu", block_size=4)
+    assert eos_llm.get_default_sampling_params().max_tokens == 6
     out = eos_llm.generate(PROMPT, SamplingParams(temperature=0.0, max_tokens=16), use_tqdm=False)[
         0
     ]
