@@ -3,7 +3,7 @@ reasoning, the text after it the content."""
 
 from __future__ import annotations
 
-from minivllm.entrypoints.parsers.tools.base import partial_suffix
+from minivllm.entrypoints.parsers.tools.base import first_marker, held_back
 
 START, END = "<think>", "</think>"
 
@@ -45,13 +45,13 @@ class ThinkReasoningStream:
             else:
                 self._state = "content"
         if self._state == "reasoning":
-            found = [(i, tag) for tag in self._ends if (i := self._buffer.find(tag)) != -1]
-            if not found:
-                keep = max(partial_suffix(self._buffer, tag) for tag in self._ends)
+            found = first_marker(self._buffer, self._ends)
+            if found is None:
+                keep = held_back(self._buffer, self._ends)
                 reasoning = self._buffer[: len(self._buffer) - keep]
                 self._buffer = self._buffer[len(reasoning) :]
                 return reasoning, ""
-            index, tag = min(found)
+            index, tag = found
             reasoning = self._buffer[:index]
             # </think> is dropped; a call marker starts the content.
             self._buffer = self._buffer[index + len(tag) if tag == END else index :]

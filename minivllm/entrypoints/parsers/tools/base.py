@@ -73,6 +73,18 @@ def partial_suffix(text: str, token: str) -> int:
     return 0
 
 
+def held_back(text: str, markers: tuple[str, ...]) -> int:
+    """How many of text's last characters may start one of markers (held back: the next piece
+    may complete it)."""
+    return max(partial_suffix(text, marker) for marker in markers)
+
+
+def first_marker(text: str, markers: tuple[str, ...]) -> tuple[int, str] | None:
+    """(index, marker) of the marker that occurs first in text, or None."""
+    found = [(i, marker) for marker in markers if (i := text.find(marker)) != -1]
+    return min(found) if found else None
+
+
 _CALL_HEAD = re.compile(
     r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:'
 )

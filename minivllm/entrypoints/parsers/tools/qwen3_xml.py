@@ -35,9 +35,10 @@ from minivllm.entrypoints.parsers.tools.base import (
     ToolCall,
     arguments_delta,
     calls_of,
+    first_marker,
     header_delta,
+    held_back,
     new_call_id,
-    partial_suffix,
 )
 from minivllm.entrypoints.parsers.tools.schema_values import coerce, is_string_schema
 
@@ -124,9 +125,9 @@ class Qwen3XmlToolStream:
         none there yet, (the text no marker can start in, None), the rest held back (and a
         last newline with hold_newline: a value's layout, if the value ends there)."""
         buffer = self._buffer
-        found = _first(buffer, markers)
+        found = first_marker(buffer, markers)
         if found is None:
-            keep = _held(buffer, markers, final)
+            keep = 0 if final else held_back(buffer, markers)  # none held at the end
             if hold_newline and buffer[: len(buffer) - keep].endswith("\n"):
                 keep += 1
             self._buffer = buffer[len(buffer) - keep :]
@@ -205,7 +206,7 @@ class Qwen3XmlToolStream:
         return True
 
     def _on_value(self, delta: StreamDelta, final: bool) -> bool:
-        if final and _first(self._buffer, _VALUE_ENDS) is None:
+        if final and first_marker(self._buffer, _VALUE_ENDS) is None:
             return False  # an unterminated value: finish() ends it
         text, marker = self._take(_VALUE_ENDS, final, hold_newline=True)
         if marker is None:
@@ -288,16 +289,3 @@ _HANDLERS: dict[State, Callable[[Qwen3XmlToolStream, StreamDelta, bool], bool]] 
     "value": Qwen3XmlToolStream._on_value,
     "between": Qwen3XmlToolStream._on_between,
 }
-
-
-def _held(text: str, markers: tuple[str, ...], final: bool) -> int:
-    """How many of text's last characters to hold back: a start of one of markers, which the
-    next piece may complete (none at the end of the output)."""
-    return 0 if final else max(partial_suffix(text, m) for m in markers)
-
-
-def _first(text: str, markers: tuple[str, ...]) -> tuple[int, str] | None:
-    """(index, marker) of the marker that occurs first in text, or None."""
-    found = [(text.find(m), m) for m in markers]
-    found = [(i, m) for i, m in found if i != -1]
-    return min(found) if found else None
