@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from minivllm.cache_dir import cache_root, publish_dir
+from minivllm.layers.quantization.config import BLOCK as FP8_BLOCK
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 CHAT_TEMPLATE = (
@@ -233,7 +234,7 @@ def default_tiny_model_dir() -> str:
 # config.json's quantization_config of Qwen's official -FP8 checkpoints (block-wise W8A8).
 FP8_BLOCK_QUANTIZATION = {
     "quant_method": "fp8",
-    "weight_block_size": [128, 128],
+    "weight_block_size": list(FP8_BLOCK),
     "activation_scheme": "dynamic",
 }
 
